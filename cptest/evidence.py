@@ -1,0 +1,289 @@
+"""Evidence record types: the contract between what observes (probe, runner) and what judges (checks).
+
+Every record is one JSON object on one line, with `v` (schema version) and `kind`. Rank-local
+records are written by the probe *inside* each engine rank to `evidence/rank<world_rank>.jsonl`;
+runner-side records go to `evidence/<source>.jsonl` (requests, processes, gpu, logs, server). A
+reader never guesses: an unknown `kind` or a newer `v` is an `EvidenceError`; a truncated last line
+(a rank killed mid-write) is dropped and counted, so a checker can say `unknown` with the reason.
+
+Position sets are carried as sorted, merged half-open ranges `[[start, end), ...]` so that a 100k
+token prompt is one pair, not 100k integers; `ranges_*` helpers below are the only code that
+builds or reads them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from cptest.errors import EvidenceError, Problem, Span
+
+SCHEMA_VERSION = 1
+Ranges = list[tuple[int, int]]
+"""Sorted, disjoint, merged half-open integer ranges."""
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    v: int = SCHEMA_VERSION
+    t: float = 0.0
+    """Seconds since the writer started (monotonic); for ordering and timing only."""
+
+
+class RankId(BaseModel):
+    """Which rank wrote a record; every probe record carries it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    world: int
+    tp: int = 0
+    dcp: int = 0
+    attn_cp: int = 0
+    attn_tp: int = 0
+    attn_dp: int = 0
+    pid: int = 0
+
+
+# ---------------------------------------------------------------- probe records (inside ranks)
+class Geometry(_Record):
+    """Rank geometry and process groups as the engine built them (world ranks in each group)."""
+
+    kind: Literal["geometry"] = "geometry"
+    rank: RankId
+    sizes: dict[str, int]
+    """tp, dcp, attn_cp, attn_tp, attn_dp, pp, world."""
+    groups: dict[str, list[int]]
+    """Group name (tp, dcp, attn_cp, attn_tp, ...) -> world ranks of *this rank's* group."""
+    gpu: int | None = None
+    hostname: str = ""
+
+
+class KvPool(_Record):
+    """Physical KV pool of this rank and the allocator's token space over it."""
+
+    kind: Literal["kv_pool"] = "kv_pool"
+    rank: RankId
+    rows: int
+    """Physical token rows of the pool on this rank."""
+    allocator_size: int | None = None
+    """Token slots the allocator hands out (logical); rows * dcp under DCP."""
+    page_size: int | None = None
+    allocator_page_size: int | None = None
+    head_num: int | None = None
+    head_dim: int | None = None
+    layer_num: int | None = None
+    dtype: str = ""
+
+
+class Capacity(_Record):
+    """The scheduler's admission capacity as this rank sees it."""
+
+    kind: Literal["capacity"] = "capacity"
+    rank: RankId
+    max_total_num_tokens: int
+    max_running_requests: int | None = None
+    context_len: int | None = None
+
+
+class Step(_Record):
+    """One eager forward step on this rank. Not written on CUDA-graph replay (hooks do not fire)."""
+
+    kind: Literal["step"] = "step"
+    rank: RankId
+    step: int
+    mode: Literal["extend", "decode", "mixed", "idle", "other"]
+    batch_size: int
+    rows_in: int
+    """Tokens of the forward batch as it reached the model on this rank."""
+    attn_rows: int | None = None
+    """Rows entering attention on this rank (after any CP split)."""
+    ffn_rows: int | None = None
+    """Rows entering the first MLP on this rank."""
+    logits_rows: int | None = None
+    cp_active: bool | None = None
+    positions: Ranges = Field(default_factory=list)
+    """Positions of the rows this rank computes attention for, per request merged (see `rids`)."""
+    seq_positions: dict[str, Ranges] = Field(default_factory=dict)
+    """Request id -> positions of its rows in this step on this rank (attention rows)."""
+    kv_written: dict[str, Ranges] = Field(default_factory=dict)
+    """Request id -> token positions whose K/V this rank wrote into its own pool in this step."""
+    extend_lens: list[int] = Field(default_factory=list)
+    prefix_lens: list[int] = Field(default_factory=list)
+
+
+class Graph(_Record):
+    """CUDA-graph capture and replay as observed by the probe."""
+
+    kind: Literal["graph"] = "graph"
+    rank: RankId
+    event: Literal["capture", "replay", "eager", "disabled"]
+    phase: Literal["decode", "prefill"]
+    batch_sizes: list[int] = Field(default_factory=list)
+    count: int = 1
+
+
+class ProbeNote(_Record):
+    """Something the probe could not observe or an error inside it (never raised into the engine)."""
+
+    kind: Literal["probe_note"] = "probe_note"
+    rank: RankId | None = None
+    level: Literal["info", "warning", "error"] = "info"
+    message: str
+
+
+# ---------------------------------------------------------------- runner records (outside ranks)
+class RequestResult(_Record):
+    """One workload request as sent and as answered."""
+
+    kind: Literal["request"] = "request"
+    run: Literal["main", "baseline"] = "main"
+    index: int
+    prompt_len: int
+    max_new_tokens: int
+    prompt_sha256: str
+    status: Literal["ok", "error", "timeout", "not_sent"]
+    error: str = ""
+    output_ids: list[int] = Field(default_factory=list)
+    output_logprobs: list[float] = Field(default_factory=list)
+    sent_at: float = 0.0
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+
+
+class ProcessSample(_Record):
+    """The process tree of a launch at one moment."""
+
+    kind: Literal["processes"] = "processes"
+    phase: str
+    """before, running, after, final."""
+    procs: list[dict[str, Any]]
+    """pid, ppid, name (process title), status, rss."""
+
+
+class GpuSample(_Record):
+    kind: Literal["gpu"] = "gpu"
+    phase: str
+    used_mib: dict[str, int]
+    """GPU index -> memory in use."""
+
+
+class LogLine(_Record):
+    """A log line that a known pattern matched (the whole logs are in logs/)."""
+
+    kind: Literal["log"] = "log"
+    source: str
+    pattern: str
+    line: str
+    fields: dict[str, Any] = Field(default_factory=dict)
+
+
+class ServerInfo(_Record):
+    kind: Literal["server_info"] = "server_info"
+    run: Literal["main", "baseline"] = "main"
+    info: dict[str, Any]
+
+
+class Lifecycle(_Record):
+    """Launch, readiness, faults, exit: what happened to the server and when."""
+
+    kind: Literal["lifecycle"] = "lifecycle"
+    run: Literal["main", "baseline"] = "main"
+    event: str
+    """launched, ready, launch_failed, fault, signal, exited, timeout, teardown, interrupted."""
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+Record = Annotated[
+    Geometry
+    | KvPool
+    | Capacity
+    | Step
+    | Graph
+    | ProbeNote
+    | RequestResult
+    | ProcessSample
+    | GpuSample
+    | LogLine
+    | ServerInfo
+    | Lifecycle,
+    Field(discriminator="kind"),
+]
+_ADAPTER: TypeAdapter[Record] = TypeAdapter(Record)
+
+
+def parse_record(line: str, where: Span | None = None) -> Record:
+    """One JSON line -> record. Raises EvidenceError naming the file and line."""
+    try:
+        raw = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise EvidenceError(Problem(where, f"not JSON: {e.msg}")) from None
+    if isinstance(raw, dict) and isinstance(raw.get("v"), int) and raw["v"] > SCHEMA_VERSION:
+        raise EvidenceError(
+            Problem(where, f"evidence schema v{raw['v']} is newer than this cptest (v{SCHEMA_VERSION})",
+                    hint="upgrade cptest to check this archive")
+        )
+    try:
+        return _ADAPTER.validate_python(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise EvidenceError(Problem(where, f"bad evidence record at {loc}: {first['msg']}")) from None
+
+
+def dump_record(record: BaseModel) -> str:
+    return record.model_dump_json()
+
+
+def read_records(path: Path) -> tuple[list[Record], int]:
+    """All records of a JSON-lines file and how many truncated trailing lines were dropped."""
+    records: list[Record] = []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    dropped = 0
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(parse_record(line, Span(str(path), i, 1)))
+        except EvidenceError:
+            if i == len(lines):  # a rank killed mid-write leaves half a line; not an error
+                dropped += 1
+                continue
+            raise
+    return records, dropped
+
+
+# ---------------------------------------------------------------- position ranges
+def ranges_from(values: Iterable[int]) -> Ranges:
+    """Sorted merged half-open ranges covering exactly `values`."""
+    out: Ranges = []
+    for v in sorted(set(values)):
+        if out and out[-1][1] == v:
+            out[-1] = (out[-1][0], v + 1)
+        else:
+            out.append((v, v + 1))
+    return out
+
+
+def ranges_merge(ranges: Iterable[tuple[int, int]]) -> Ranges:
+    out: Ranges = []
+    for a, b in sorted((int(a), int(b)) for a, b in ranges):
+        if a >= b:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def ranges_len(ranges: Iterable[tuple[int, int]]) -> int:
+    return sum(b - a for a, b in ranges)
+
+
+def ranges_iter(ranges: Iterable[tuple[int, int]]) -> Iterator[int]:
+    for a, b in ranges:
+        yield from range(a, b)
