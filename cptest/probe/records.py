@@ -1,0 +1,341 @@
+"""Pure record builders for the probe: plain values in, `cptest.evidence` records out.
+
+Nothing here imports torch or SGLang, reads the clock or touches files; the hook adapters in
+`cptest.probe.hooks` pull plain values (ints, lists, strings) out of SGLang objects and pass them
+here. That keeps every decision about *what* a record says testable on a CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from cptest.evidence import (
+    Capacity,
+    Geometry,
+    Graph,
+    KvPool,
+    Ranges,
+    RankId,
+    Step,
+    ranges_from,
+    ranges_merge,
+)
+
+StepMode = Literal["extend", "decode", "mixed", "idle", "other"]
+
+MODE_NAMES: dict[str, StepMode] = {
+    "EXTEND": "extend",
+    "DECODE": "decode",
+    "MIXED": "mixed",
+    "IDLE": "idle",
+}
+"""SGLang `ForwardMode` member name -> Step.mode (model_executor/forward_batch_info.py:98 in 0.5.17).
+TARGET_VERIFY, DRAFT_EXTEND_V2, SPLIT_PREFILL, DLLM_EXTEND, PREBUILT map to "other"."""
+
+
+class GroupLike(Protocol):
+    """What the probe reads from an SGLang `GroupCoordinator` (distributed/parallel_state.py:221)."""
+
+    ranks: list[int]
+    rank_in_group: int
+    world_size: int
+
+
+def mode_of(forward_mode_name: str) -> StepMode:
+    return MODE_NAMES.get(forward_mode_name.upper(), "other")
+
+
+def geometry(
+    *,
+    world_rank: int,
+    groups: Mapping[str, GroupLike | None],
+    pid: int,
+    gpu: int | None,
+    hostname: str,
+    t: float,
+) -> tuple[RankId, Geometry]:
+    """Geometry of one rank from its process groups as SGLang built them.
+
+    `groups` maps our group names (world, tp, dcp, attn_cp, attn_tp, pp) to the coordinator or
+    None when SGLang did not build it (0.5.17 leaves `_DCP` None unless dcp_size > 1,
+    parallel_state.py:2336). A missing group is recorded as size 1 with this rank alone.
+    attn_dp is derived, not read: `tp_rank = (attn_dp*attn_cp + attn_cp_rank)*attn_tp + attn_tp_rank`
+    (parallel_state.py:2357-2359), so attn_dp = tp_rank // (attn_cp*attn_tp).
+    """
+    sizes: dict[str, int] = {}
+    ranks_of: dict[str, list[int]] = {}
+    rank_in: dict[str, int] = {}
+    for name in ("world", "tp", "dcp", "attn_cp", "attn_tp", "pp"):
+        g = groups.get(name)
+        if g is None:
+            sizes[name] = 1
+            ranks_of[name] = [world_rank]
+            rank_in[name] = 0
+        else:
+            ranks_of[name] = [int(r) for r in g.ranks]
+            sizes[name] = int(g.world_size)
+            rank_in[name] = int(g.rank_in_group)
+    tp_rank = rank_in["tp"]
+    cp_tp = sizes["attn_cp"] * sizes["attn_tp"]
+    sizes["attn_dp"] = max(sizes["tp"] // cp_tp, 1) if cp_tp else 1
+    attn_dp_rank = tp_rank // cp_tp if cp_tp else 0
+    rank = RankId(
+        world=world_rank,
+        tp=tp_rank,
+        dcp=rank_in["dcp"],
+        attn_cp=rank_in["attn_cp"],
+        attn_tp=rank_in["attn_tp"],
+        attn_dp=attn_dp_rank,
+        pid=pid,
+    )
+    return rank, Geometry(t=t, rank=rank, sizes=sizes, groups=ranks_of, gpu=gpu, hostname=hostname)
+
+
+def kv_pool(
+    *,
+    rank: RankId,
+    t: float,
+    rows: int,
+    allocator_size: int | None,
+    page_size: int | None,
+    allocator_page_size: int | None,
+    head_num: int | None,
+    head_dim: int | None,
+    layer_num: int | None,
+    dtype: str,
+) -> KvPool:
+    return KvPool(
+        t=t,
+        rank=rank,
+        rows=rows,
+        allocator_size=allocator_size,
+        page_size=page_size,
+        allocator_page_size=allocator_page_size,
+        head_num=head_num,
+        head_dim=head_dim,
+        layer_num=layer_num,
+        dtype=dtype.removeprefix("torch."),
+    )
+
+
+def capacity(
+    *, rank: RankId, t: float, max_total_num_tokens: int, max_running_requests: int | None,
+    context_len: int | None,
+) -> Capacity:
+    return Capacity(
+        t=t,
+        rank=rank,
+        max_total_num_tokens=max_total_num_tokens,
+        max_running_requests=max_running_requests,
+        context_len=context_len,
+    )
+
+
+# ---------------------------------------------------------------- per-step evidence
+@dataclass
+class StepDraft:
+    """What the hooks of one forward step collect before the step's record is written.
+
+    Created when `ModelRunner.forward` is entered, filled by the inner hooks (CP split, KV write,
+    `--forward-hooks`), turned into a `Step` by `finish_step` when the forward returns eagerly.
+    """
+
+    step: int
+    mode: StepMode
+    batch_size: int
+    rows_in: int
+    rids: list[str]
+    extend_lens: list[int] | None = None
+    prefix_lens: list[int] | None = None
+    cp_configured: bool | None = None
+    """True when a PCP strategy is bound in this process; None when unknown."""
+    cp_active: bool = False
+    cp_rank: int = 0
+    cp_logical_rows: list[int] | None = None
+    """Per CP rank logical (unpadded) token counts from the CP metadata."""
+    cp_local_positions: dict[str, list[int]] | None = None
+    """Request id -> positions of this rank's rows after the PCP split (observed)."""
+    attn_rows_seen: int | None = None
+    ffn_rows: int | None = None
+    logits_rows: int | None = None
+    kv_rows: int | None = None
+    """Rows handed to the KV pool's write in the first layer of this step."""
+    kv_mask: list[bool] | None = None
+    """The DCP owner mask SGLang passed to that write (True = this rank stores the row)."""
+    notes: list[str] = field(default_factory=list)
+
+
+def request_lens(
+    n_positions: int, rids: Sequence[str], extend_lens: Sequence[int] | None, mode: StepMode
+) -> list[int] | None:
+    """Rows per request of a packed batch, or None when they cannot be known.
+
+    Extend and mixed batches are packed request after request with `extend_seq_lens_cpu` rows each
+    (forward_batch_info.py:535-536); a decode batch has one row per request.
+    """
+    if extend_lens is not None and len(extend_lens) == len(rids) and sum(extend_lens) == n_positions:
+        return [int(n) for n in extend_lens]
+    if mode == "decode" and n_positions == len(rids):
+        return [1] * len(rids)
+    return None
+
+
+def split_per_request(
+    values: Sequence[int], rids: Sequence[str], lens: Sequence[int]
+) -> dict[str, list[int]]:
+    """Cut a packed per-row list into one list per request (rows of a repeated rid are joined)."""
+    out: dict[str, list[int]] = {}
+    at = 0
+    for rid, n in zip(rids, lens, strict=True):
+        out.setdefault(rid, []).extend(values[at : at + n])
+        at += n
+    return out
+
+
+def split_zigzag_local(
+    local_positions: Sequence[int], split_list: Sequence[int], zigzag_index: Sequence[int],
+    rids: Sequence[str],
+) -> dict[str, list[int]] | None:
+    """This rank's positions after a zigzag PCP split, per request, or None when they do not fit.
+
+    SGLang's zigzag metadata (layers/cp/zigzag.py:121-200 in 0.5.17) cuts each request's extend
+    tokens into 2*cp blocks (`split_list`, request-major) and a rank takes the blocks listed in
+    `zigzag_index` in that order (`shard_position_ids`, zigzag.py:308-313), padding at the end.
+    Block k belongs to request k // (2*cp).
+    """
+    bs = len(rids)
+    if bs == 0 or len(split_list) % bs:
+        return None
+    seg = len(split_list) // bs
+    out: dict[str, list[int]] = {rid: [] for rid in rids}
+    at = 0
+    for k in zigzag_index:
+        if not 0 <= k < len(split_list):
+            return None
+        n = int(split_list[k])
+        if at + n > len(local_positions):
+            return None
+        out[rids[k // seg]].extend(local_positions[at : at + n])
+        at += n
+    return out
+
+
+def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence[int] | None) -> Step:
+    """The Step record of an eager forward from its draft and the batch's (full) positions.
+
+    Attention rows and their positions: under an active PCP split, this rank's share from the CP
+    metadata (logical rows, padding excluded) and the observed sharded positions; otherwise every
+    row of the batch. KV positions written: the rows whose DCP owner mask was true when SGLang
+    passed one to the pool write, all rows when the write took the whole batch, and nothing
+    (the request is absent from `kv_written`, a note says why) when the write was not seen or its
+    size does not match the batch.
+    """
+    lens = None
+    per_req = None
+    if positions is not None:
+        lens = request_lens(len(positions), draft.rids, draft.extend_lens, draft.mode)
+        per_req = split_per_request(positions, draft.rids, lens) if lens is not None else None
+    if positions is not None and lens is None and draft.rids:
+        draft.notes.append(
+            f"step {draft.step}: could not cut {len(positions)} positions into {len(draft.rids)} requests"
+        )
+
+    attn_rows: int | None
+    seq_positions: dict[str, Ranges] = {}
+    if draft.cp_active:
+        logical = draft.cp_logical_rows
+        attn_rows = logical[draft.cp_rank] if logical and draft.cp_rank < len(logical) else None
+        if draft.cp_local_positions is not None:
+            seq_positions = {rid: ranges_from(p) for rid, p in draft.cp_local_positions.items()}
+        else:
+            draft.notes.append(f"step {draft.step}: PCP active but the sharded positions were not seen")
+    else:
+        attn_rows = draft.attn_rows_seen  # None unless the --forward-hooks attention hook saw it
+        if per_req is not None:
+            seq_positions = {rid: ranges_from(p) for rid, p in per_req.items()}
+
+    kv_written: dict[str, Ranges] = {}
+    if per_req is not None and positions is not None and draft.kv_rows is not None:
+        if draft.kv_mask is not None and len(draft.kv_mask) == len(positions) and lens is not None:
+            owned = [p if m else -1 for p, m in zip(positions, draft.kv_mask, strict=True)]
+            kv_written = {
+                rid: ranges_from(p for p in ps if p >= 0)
+                for rid, ps in split_per_request(owned, draft.rids, lens).items()
+            }
+        elif draft.kv_mask is None and draft.kv_rows == len(positions):
+            kv_written = {rid: ranges_from(p) for rid, p in per_req.items()}
+        else:
+            draft.notes.append(
+                f"step {draft.step}: KV write of {draft.kv_rows} rows "
+                f"(mask {'of ' + str(len(draft.kv_mask)) if draft.kv_mask is not None else 'none'}) "
+                f"does not match the batch's {len(positions)} rows; kv_written left empty"
+            )
+    elif draft.kv_rows is None and draft.mode in ("extend", "decode", "mixed"):
+        draft.notes.append(f"step {draft.step}: no KV write seen; kv_written left empty")
+
+    all_local: list[tuple[int, int]] = [r for rs in seq_positions.values() for r in rs]
+    return Step(
+        t=t,
+        rank=rank,
+        step=draft.step,
+        mode=draft.mode,
+        batch_size=draft.batch_size,
+        rows_in=draft.rows_in,
+        attn_rows=attn_rows,
+        ffn_rows=draft.ffn_rows,
+        logits_rows=draft.logits_rows,
+        cp_active=None if draft.cp_configured is None else (draft.cp_active and draft.cp_configured),
+        positions=ranges_merge(all_local),
+        seq_positions=seq_positions,
+        kv_written=kv_written,
+        extend_lens=list(draft.extend_lens or []),
+        prefix_lens=list(draft.prefix_lens or []),
+    )
+
+
+# ---------------------------------------------------------------- graph counters
+GraphKey = tuple[Literal["capture", "replay", "eager", "disabled"], Literal["decode", "prefill"]]
+
+
+@dataclass
+class GraphCounter:
+    """Replay/eager decisions counted between flushes, so that replays cost no line each.
+
+    Each flushed `Graph` record carries the count *since the previous flush*: a checker sums them.
+    """
+
+    pending: dict[GraphKey, int] = field(default_factory=dict)
+    last_flush: float = 0.0
+
+    def add(self, event: Literal["replay", "eager"], phase: Literal["decode", "prefill"]) -> None:
+        key: GraphKey = (event, phase)
+        self.pending[key] = self.pending.get(key, 0) + 1
+
+    def due(self, now: float, every_s: float) -> bool:
+        return bool(self.pending) and now - self.last_flush >= every_s
+
+    def flush(self, *, rank: RankId, now: float) -> list[Graph]:
+        out = [
+            Graph(t=now, rank=rank, event=ev, phase=ph, count=n)
+            for (ev, ph), n in sorted(self.pending.items())
+        ]
+        self.pending.clear()
+        self.last_flush = now
+        return out
+
+
+def graph_capture(
+    *, rank: RankId, t: float, phase: Literal["decode", "prefill"], runner_kind: str,
+    batch_sizes: Sequence[int] | None,
+) -> Graph:
+    """A capture record, or `disabled` when SGLang bound the eager runner (or nothing) to the phase.
+
+    0.5.17 always builds an EagerRunner and points a phase at it when its graph is disabled
+    (model_executor/model_runner_components/cuda_graph_setup.py:105-155).
+    """
+    if runner_kind in ("", "NoneType", "EagerRunner"):
+        return Graph(t=t, rank=rank, event="disabled", phase=phase, batch_sizes=[], count=1)
+    sizes = sorted(int(b) for b in batch_sizes or [])
+    return Graph(t=t, rank=rank, event="capture", phase=phase, batch_sizes=sizes, count=1)

@@ -1,0 +1,167 @@
+"""The probe's state inside one engine process: where records go, which rank this is, error containment.
+
+Contracts:
+- Active only when `CPTEST_PROBE_DIR` is set (`enabled()`); otherwise nothing here is created.
+- One JSON line per record, written with a single `os.write` on an O_APPEND descriptor, so a rank
+  SIGKILLed at any moment leaves at most one half line (which `cptest.evidence.read_records` drops).
+- Records go to `$CPTEST_PROBE_DIR/rank<world_rank>.jsonl` once the rank is known (Geometry is the
+  first rank-local event). Records made earlier are held in memory and written there first; if a
+  process never learns its rank (the HTTP/launcher process) and holds a warning or error, it is
+  written at exit to `pid<pid>.jsonl` so that a failed hook registration is not silent.
+- `guarded(name)` turns any exception of a probe function into a `ProbeNote(level="error")` and
+  returns None: the probe never raises into SGLang. After `MAX_ERRORS_PER_HOOK` errors of one hook,
+  its further errors are counted, not written.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel
+
+from cptest.evidence import ProbeNote, RankId, dump_record
+from cptest.probe.records import GraphCounter, StepDraft
+
+ENV_DIR = "CPTEST_PROBE_DIR"
+ENV_POSITIONS = "CPTEST_PROBE_POSITIONS"
+"""`0` stops the per-step copy of position and mask tensors to the host (one sync per eager step)."""
+ENV_GRAPH_FLUSH_S = "CPTEST_PROBE_GRAPH_FLUSH_S"
+MAX_ERRORS_PER_HOOK = 5
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def enabled(environ: dict[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    return bool(env.get(ENV_DIR, "").strip())
+
+
+class Probe:
+    """Per-process probe state. Tests build one with a tmp dir and a fake clock."""
+
+    def __init__(self, out_dir: Path, *, clock: Callable[[], float] = time.monotonic,
+                 observe_positions: bool = True, graph_flush_s: float = 1.0) -> None:
+        self.out_dir = out_dir
+        self.clock = clock
+        self.t0 = clock()
+        self.observe_positions = observe_positions
+        self.graph_flush_s = graph_flush_s
+        self.rank: RankId | None = None
+        self.pid = os.getpid()
+        self._fd: int | None = None
+        self._held: list[BaseModel] = []
+        self._lock = threading.Lock()
+        self.errors: dict[str, int] = {}
+        self.step_index = 0
+        self.current: StepDraft | None = None
+        self.graph = GraphCounter()
+        self.cp_configured: bool | None = None
+        self.warned: set[str] = set()
+
+    # ------------------------------------------------------------ writing
+    def now(self) -> float:
+        return round(self.clock() - self.t0, 6)
+
+    def set_rank(self, rank: RankId) -> None:
+        """Bind this process to its rank file and write what was held until now."""
+        with self._lock:
+            self.rank = rank
+            self.graph.last_flush = self.clock()
+        held, self._held = self._held, []
+        for rec in held:
+            if isinstance(rec, ProbeNote) and rec.rank is None:
+                rec = rec.model_copy(update={"rank": rank})
+            self.write(rec)
+
+    def write(self, record: BaseModel) -> None:
+        line = (dump_record(record) + "\n").encode()
+        with self._lock:
+            if self.rank is None:
+                self._held.append(record)
+                return
+            if self._fd is None:
+                self.out_dir.mkdir(parents=True, exist_ok=True)
+                path = self.out_dir / f"rank{self.rank.world}.jsonl"
+                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.write(self._fd, line)
+
+    def note(self, message: str, level: Literal["info", "warning", "error"] = "info") -> None:
+        self.write(ProbeNote(t=self.now(), rank=self.rank, level=level, message=message[:2000]))
+
+    def warn_once(self, key: str, message: str) -> None:
+        if key not in self.warned:
+            self.warned.add(key)
+            self.note(message, "warning")
+
+    def flush_held_at_exit(self) -> None:
+        """Write held warnings of a process that never learned its rank to pid<pid>.jsonl."""
+        if self.rank is not None or not self._held:
+            return
+        if not any(isinstance(r, ProbeNote) and r.level != "info" for r in self._held):
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.out_dir / f"pid{self.pid}.jsonl", "a", encoding="utf-8") as f:
+            for rec in self._held:
+                f.write(dump_record(rec) + "\n")
+        self._held = []
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    # ------------------------------------------------------------ containment
+    def error(self, hook: str, exc: BaseException) -> None:
+        n = self.errors.get(hook, 0) + 1
+        self.errors[hook] = n
+        if n <= MAX_ERRORS_PER_HOOK:
+            suffix = " (further errors of this hook are not written)" if n == MAX_ERRORS_PER_HOOK else ""
+            self.note(f"{hook}: {type(exc).__name__}: {exc}{suffix}", "error")
+
+    def guarded(self, name: str) -> Callable[[F], F]:
+        """Decorator: the wrapped function never raises; an exception becomes a ProbeNote."""
+
+        def deco(fn: F) -> F:
+            @functools.wraps(fn)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return fn(*args, **kwargs)
+                except Exception as e:  # the whole point: nothing escapes into the engine
+                    with contextlib.suppress(Exception):
+                        self.error(name, e)
+                    return None
+
+            return wrapper  # type: ignore[return-value]
+
+        return deco
+
+
+_PROBE: Probe | None = None
+
+
+def get_probe() -> Probe | None:
+    """The process's probe, created on first use when enabled; None when the probe is off."""
+    global _PROBE
+    if _PROBE is None and enabled():
+        _PROBE = Probe(
+            Path(os.environ[ENV_DIR]),
+            observe_positions=os.environ.get(ENV_POSITIONS, "1") != "0",
+            graph_flush_s=float(os.environ.get(ENV_GRAPH_FLUSH_S, "1.0")),
+        )
+        atexit.register(_PROBE.flush_held_at_exit)
+    return _PROBE
+
+
+def set_probe(probe: Probe | None) -> None:
+    """Install a probe (tests) or remove it."""
+    global _PROBE
+    _PROBE = probe

@@ -1,0 +1,259 @@
+"""cptest/probe/hooks.py against fake SGLang objects holding small CPU tensors."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cptest.evidence import Capacity, Geometry, Graph, KvPool, ProbeNote, RankId, Step, read_records  # noqa: E402
+from cptest.probe import hooks, runtime  # noqa: E402
+from cptest.probe.runtime import Probe  # noqa: E402
+
+MP = pytest.MonkeyPatch
+
+
+@pytest.fixture
+def probe(tmp_path: Path) -> Iterator[Probe]:
+    p = Probe(tmp_path, graph_flush_s=0.0)
+    runtime.set_probe(p)
+    yield p
+    runtime.set_probe(None)
+    p.close()
+
+
+def _records(p: Probe) -> list[Any]:
+    assert p.rank is not None
+    return read_records(p.out_dir / f"rank{p.rank.world}.jsonl")[0]
+
+
+@dataclass
+class Group:
+    ranks: list[int]
+    rank: int
+    local_rank: int = 0
+
+    @property
+    def rank_in_group(self) -> int:
+        return self.ranks.index(self.rank)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+
+def _fake_parallel_state(monkeypatch: MP, rank: int) -> None:
+    ps = types.ModuleType("sglang.srt.distributed.parallel_state")
+    ps._WORLD = Group([0, 1], rank, local_rank=rank)  # type: ignore[attr-defined]
+    ps._TP = Group([0, 1], rank)  # type: ignore[attr-defined]
+    ps._DCP = Group([0, 1], rank)  # type: ignore[attr-defined]
+    ps._ATTN_CP = Group([rank], rank)  # type: ignore[attr-defined]
+    ps._ATTN_TP = Group([0, 1], rank)  # type: ignore[attr-defined]
+    ps._PP = Group([rank], rank)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sglang.srt.distributed.parallel_state", ps)
+
+
+def test_geometry_hook_binds_the_rank_file_and_returns_none(probe: Probe, monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 1)
+    assert hooks.after_initialize_model_parallel(None, tensor_model_parallel_size=2) is None
+    (geo,) = _records(probe)
+    assert isinstance(geo, Geometry) and geo.rank.dcp == 1 and geo.gpu == 1 and geo.groups["tp"] == [0, 1]
+
+
+@dataclass
+class Mode:
+    name: str
+
+
+@dataclass
+class Batch:
+    forward_mode: Mode
+    input_ids: Any
+    positions: Any
+    rids: list[str]
+    batch_size: int
+    extend_seq_lens_cpu: list[int] | None = None
+    extend_prefix_lens_cpu: list[int] | None = None
+    attn_cp_metadata: Any = None
+
+
+@dataclass
+class Output:
+    can_run_graph: bool
+    logits: Any = None
+
+
+@dataclass
+class Runner:
+    is_draft_worker: bool = False
+    calls: list[Any] = field(default_factory=list)
+
+
+class Layer(torch.nn.Module):
+    def forward(self, x: Any) -> Any:
+        return x * 2
+
+
+def _dcp_forward(dcp_rank: int, mlp: Layer) -> Any:
+    """Stands in for ModelRunner.forward: SGLang's pool write and first MLP, as the hooks see them."""
+
+    def forward(runner: Runner, fb: Batch, *a: Any, **k: Any) -> Output:
+        runner.calls.append(fb)
+        mask = fb.positions % 2 == dcp_rank  # triton_backend.py:1236
+        k_rows = torch.zeros(fb.positions.shape[0], 1, 4)
+        loc = fb.positions // 2
+        hooks.after_set_kv_buffer(None, object(), object(), loc, k_rows, k_rows, dcp_kv_mask=mask)
+        hooks.after_set_kv_buffer(None, object(), object(), loc, k_rows, k_rows)  # layer 1: ignored
+        out = mlp(torch.ones(fb.input_ids.shape[0], 8))
+        return Output(can_run_graph=False, logits=out)
+
+    return forward
+
+
+def test_an_eager_dcp_step_records_rows_and_owned_kv_positions(probe: Probe, monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 1)
+    hooks.after_initialize_model_parallel(None)
+    mlp = Layer()
+    mlp.register_forward_hook(hooks.on_mlp_input)
+    fb = Batch(Mode("EXTEND"), torch.arange(7), torch.tensor([0, 1, 2, 3, 4, 0, 1]), ["r0", "r1"], 2,
+               [5, 2], [0, 0])
+    before = fb.positions.clone()
+    result = hooks.around_model_runner_forward(_dcp_forward(1, mlp), Runner(), fb)
+    assert isinstance(result, Output) and torch.equal(result.logits, torch.full((7, 8), 2.0))
+    assert torch.equal(fb.positions, before)
+    steps = [r for r in _records(probe) if isinstance(r, Step)]
+    (s,) = steps
+    assert (s.mode, s.batch_size, s.rows_in, s.ffn_rows) == ("extend", 2, 7, 7)
+    assert s.kv_written == {"r0": [(1, 2), (3, 4)], "r1": [(1, 2)]}
+    assert s.seq_positions == {"r0": [(0, 5)], "r1": [(0, 2)]}
+    assert s.extend_lens == [5, 2] and s.rank.dcp == 1
+
+
+def test_a_replayed_decode_step_is_counted_not_recorded(probe: Probe, monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([9, 4]), ["a", "b"], 2)
+    for _ in range(3):
+        hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=True), Runner(), fb)
+    recs = _records(probe)
+    assert not [r for r in recs if isinstance(r, Step)]
+    replays = [r for r in recs if isinstance(r, Graph) and (r.event, r.phase) == ("replay", "decode")]
+    assert sum(r.count for r in replays) == 3
+
+
+def test_an_exception_inside_the_probe_never_reaches_the_engine(probe: Probe, monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    sentinel = Output(can_run_graph=False)
+    broken_batch = object()  # no forward_mode, no positions: every probe read fails
+    assert hooks.around_model_runner_forward(lambda r, b: sentinel, Runner(), broken_batch) is sentinel
+    notes = [r for r in _records(probe) if isinstance(r, ProbeNote)]
+    assert notes and notes[0].level == "error" and notes[0].message.startswith("step_begin")
+
+
+def test_an_engine_exception_passes_through_unchanged_and_is_noted(probe: Probe,
+                                                                   monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    fb = Batch(Mode("DECODE"), torch.arange(1), torch.tensor([3]), ["a"], 1)
+
+    def forward(r: Runner, b: Batch) -> Output:
+        raise RuntimeError("CUDA error: out of memory")
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        hooks.around_model_runner_forward(forward, Runner(), fb)
+    notes = [r for r in _records(probe) if isinstance(r, ProbeNote)]
+    assert "SGLang forward raised RuntimeError" in notes[-1].message
+
+
+def test_a_draft_worker_forward_is_not_observed(probe: Probe, monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    fb = Batch(Mode("DECODE"), torch.arange(1), torch.tensor([3]), ["a"], 1)
+    hooks.around_model_runner_forward(lambda r, b: Output(False), Runner(is_draft_worker=True), fb)
+    assert [type(r) for r in _records(probe)] == [Geometry]
+
+
+@dataclass
+class Meta:
+    split_list: list[int]
+    zigzag_index: list[int]
+    per_rank_actual_token: list[int]
+    per_rank_logical_token: list[int]
+
+
+class Zigzag:
+    cp_rank = 1
+
+
+def test_a_zigzag_step_records_this_ranks_blocks(probe: Probe, monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 1)
+    hooks.after_initialize_model_parallel(None)
+    probe.cp_configured = True
+    probe.rank = probe.rank.model_copy(update={"attn_cp": 1})  # type: ignore[union-attr]
+    # one request of 10 tokens, cp=2: blocks [3,3,2,2]; rank 1 owns blocks 1 and 2 -> positions 3..7
+    meta = Meta([3, 3, 2, 2], [1, 2], per_rank_actual_token=[6, 6], per_rank_logical_token=[5, 5])
+    fb = Batch(Mode("EXTEND"), torch.arange(10), torch.arange(10), ["q"], 1, [10], [0])
+    loaded = Batch(Mode("EXTEND"), torch.arange(10), torch.arange(10), ["q"], 1, [10], [0],
+                   attn_cp_metadata=meta)
+
+    def forward(r: Runner, b: Batch) -> Output:
+        hooks.after_prepare_cp_forward(None, loaded)
+        sharded = torch.tensor([3, 4, 5, 6, 7, 0])  # padded to the physical 6 rows
+        hooks.after_zigzag_shard_positions(sharded, Zigzag(), loaded.positions, loaded)
+        k = torch.zeros(10, 1, 4)
+        hooks.after_set_kv_buffer(None, object(), object(), None, k, k)
+        return Output(False)
+
+    hooks.around_model_runner_forward(forward, Runner(), fb)
+    (s,) = [r for r in _records(probe) if isinstance(r, Step)]
+    assert (s.cp_active, s.attn_rows) == (True, 5)
+    assert s.seq_positions == {"q": [(3, 8)]}
+    assert s.kv_written == {"q": [(0, 10)]}
+
+
+@dataclass
+class Pool:
+    size: int = 1000
+    page_size: int = 1
+    head_num: int = 1
+    head_dim: int = 64
+    layer_num: int = 4
+    dtype: str = "torch.bfloat16"
+
+
+@dataclass
+class Alloc:
+    size: int = 2000
+    page_size: int = 2
+
+
+@dataclass
+class KvResult:
+    token_to_kv_pool: Pool = field(default_factory=Pool)
+    token_to_kv_pool_allocator: Alloc = field(default_factory=Alloc)
+
+
+def test_pool_and_capacity_hooks_record_what_sglang_built(probe: Probe, monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    for draft in (False, True):
+        configurator = types.SimpleNamespace(is_draft_worker=draft)
+        hooks.after_kv_configure(KvResult(), configurator, pre_model_load_memory=1)
+    sched = types.SimpleNamespace(max_total_num_tokens=1000, max_running_requests=48,
+                                  model_config=types.SimpleNamespace(context_len=4096))
+    assert hooks.after_scheduler_init_info({"status": "ready"}, sched) is None
+    recs = _records(probe)
+    (pool,) = [r for r in recs if isinstance(r, KvPool)]
+    (cap,) = [r for r in recs if isinstance(r, Capacity)]
+    assert (pool.rows, pool.allocator_size, pool.allocator_page_size) == (1000, 2000, 2)
+    assert pool.dtype == "bfloat16"
+    assert (cap.max_total_num_tokens, cap.max_running_requests, cap.context_len) == (1000, 48, 4096)
+    assert cap.rank == RankId(world=0, tp=0, dcp=0, attn_cp=0, attn_tp=0, attn_dp=0, pid=cap.rank.pid)

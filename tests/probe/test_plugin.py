@@ -1,0 +1,143 @@
+"""cptest/probe/plugin.py against SGLang 0.5.17's real HookRegistry and source.
+
+The real `hook_registry.py` is loaded from an unpacked 0.5.17 wheel (its own imports are stdlib
+only; the `sglang.srt.plugins` package around it needs SGLang's dependencies, so the test loads the
+file alone). Point `CPTEST_SGLANG_SRC` at the folder holding `sglang/` (default: /tmp/sgl/site or
+/tmp/sgl/src); the tests are skipped where no such folder exists.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cptest.evidence import ProbeNote, RankId, read_records
+from cptest.probe import plugin, runtime
+from cptest.probe.plugin import Target
+from cptest.probe.runtime import Probe
+
+
+def _sglang_root() -> Path | None:
+    for cand in (os.environ.get("CPTEST_SGLANG_SRC", ""), "/tmp/sgl/site", "/tmp/sgl/src"):
+        if cand and (Path(cand) / "sglang/srt/plugins/hook_registry.py").is_file():
+            return Path(cand)
+    return None
+
+
+ROOT = _sglang_root()
+needs_sglang = pytest.mark.skipif(ROOT is None, reason="no unpacked SGLang 0.5.17 (set CPTEST_SGLANG_SRC)")
+
+
+@pytest.fixture
+def real_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    assert ROOT is not None
+    for name in ("sglang", "sglang.srt", "sglang.srt.plugins"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    spec = importlib.util.spec_from_file_location(
+        "sglang.srt.plugins.hook_registry", ROOT / "sglang/srt/plugins/hook_registry.py"
+    )
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", mod)
+    spec.loader.exec_module(mod)
+    mod.HookRegistry.reset()
+    yield mod
+    mod.HookRegistry.reset()
+
+
+@pytest.fixture
+def probe(tmp_path: Path) -> Iterator[Probe]:
+    p = Probe(tmp_path)
+    runtime.set_probe(p)
+    p.set_rank(RankId(world=0))
+    yield p
+    runtime.set_probe(None)
+
+
+class Engine:
+    """A stand-in SGLang class whose method a hook patches."""
+
+    def compute(self, x: int) -> dict[str, int]:
+        return {"x": x}
+
+
+def _after_raises(result: Any, *args: Any, **kwargs: Any) -> None:
+    raise KeyError("probe bug")
+
+
+def _after_observes(result: Any, *args: Any, **kwargs: Any) -> None:
+    runtime.get_probe().note(f"saw {result}")  # type: ignore[union-attr]
+
+
+def test_register_does_nothing_when_the_probe_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(runtime.ENV_DIR, raising=False)
+    runtime.set_probe(None)
+    monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", None)  # import would fail
+    plugin.register()  # returns before importing SGLang
+
+
+@needs_sglang
+def test_a_raising_after_hook_keeps_the_original_result_under_the_real_registry(
+    real_registry: Any, probe: Probe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = f"{__name__}.Engine.compute"
+    monkeypatch.setattr(plugin, "TARGETS", (
+        Target(target, "after", _after_raises, "test", "-"),
+        Target(target, "after", _after_observes, "test", "-"),
+    ))
+    original = Engine.compute
+    try:
+        plugin.register()
+        real_registry.HookRegistry.apply_hooks()
+        assert Engine.compute is not original
+        assert Engine().compute(3) == {"x": 3}
+    finally:
+        Engine.compute = original  # type: ignore[method-assign]
+    recs, _ = read_records(probe.out_dir / "rank0.jsonl")
+    msgs = [(r.level, r.message) for r in recs if isinstance(r, ProbeNote)]
+    assert ("error", "_after_raises: KeyError: 'probe bug'") in msgs
+    assert ("info", "saw {'x': 3}") in msgs
+
+
+@needs_sglang
+def test_a_target_missing_from_the_release_is_a_warning_not_a_failure(
+    real_registry: Any, probe: Probe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(plugin, "TARGETS", (
+        Target(f"{__name__}.Engine.no_such_method", "after", _after_observes, "graph capture", "x.py:1"),
+    ))
+    plugin.register()
+    assert dict(real_registry.HookRegistry._hooks) == {}
+    recs, _ = read_records(probe.out_dir / "rank0.jsonl")
+    (note,) = recs
+    assert isinstance(note, ProbeNote) and note.level == "warning"
+    assert "no graph capture evidence" in note.message
+
+
+@needs_sglang
+@pytest.mark.parametrize("target", plugin.TARGETS_0_5_17, ids=lambda t: t.path.rsplit(".", 2)[-2])
+def test_every_0_5_17_target_is_defined_at_its_cited_line(target: Target) -> None:
+    assert ROOT is not None
+    rel, line = target.cite.rsplit(":", 1)
+    src = ROOT / "sglang/srt" / rel
+    assert src.is_file(), f"{src} missing"
+    module_path = "sglang/srt/" + rel.removesuffix(".py")
+    assert target.path.replace(".", "/").startswith(module_path), (target.path, rel)
+    names = target.path[len(module_path.replace("/", ".")) + 1:].split(".")
+    tree = ast.parse(src.read_text())
+    body: list[ast.stmt] = tree.body
+    node: ast.AST | None = None
+    for name in names:
+        defs = (n for n in body if isinstance(n, ast.FunctionDef | ast.ClassDef))
+        node = next((n for n in defs if n.name == name), None)
+        assert node is not None, f"{name} not found in {src}"
+        body = node.body  # type: ignore[attr-defined]
+    assert isinstance(node, ast.FunctionDef) and node.lineno == int(line)

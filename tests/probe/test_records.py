@@ -1,0 +1,160 @@
+"""cptest/probe/records.py: plain values in, evidence records out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cptest.evidence import RankId, parse_record
+from cptest.probe import records
+from cptest.probe.records import GraphCounter, StepDraft
+
+RANK = RankId(world=1, tp=1, dcp=1)
+
+
+@dataclass
+class G:
+    ranks: list[int]
+    rank_in_group: int
+    world_size: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.world_size = len(self.ranks)
+
+
+def test_geometry_of_tp2_dcp2_rank1_names_its_groups_and_ranks() -> None:
+    groups = {"world": G([0, 1], 1), "tp": G([0, 1], 1), "dcp": G([0, 1], 1), "attn_cp": G([1], 0),
+              "attn_tp": G([0, 1], 1), "pp": G([1], 0)}
+    rank, geo = records.geometry(world_rank=1, groups=groups, pid=42, gpu=1, hostname="h", t=0.5)
+    assert rank == RankId(world=1, tp=1, dcp=1, attn_cp=0, attn_tp=1, attn_dp=0, pid=42)
+    assert geo.sizes == {"world": 2, "tp": 2, "dcp": 2, "attn_cp": 1, "attn_tp": 2, "pp": 1, "attn_dp": 1}
+    assert geo.groups["dcp"] == [0, 1]
+    assert parse_record(geo.model_dump_json()) == geo
+
+
+def test_geometry_without_a_dcp_group_records_dcp_size_one_and_this_rank_alone() -> None:
+    groups = {"world": G([0, 1, 2, 3], 3), "tp": G([0, 1, 2, 3], 3), "dcp": None,
+              "attn_cp": G([1, 3], 1), "attn_tp": G([2, 3], 1)}
+    rank, geo = records.geometry(world_rank=3, groups=groups, pid=1, gpu=None, hostname="", t=0)
+    assert geo.sizes["dcp"] == 1 and geo.groups["dcp"] == [3]
+    assert (rank.attn_cp, rank.attn_tp, rank.attn_dp) == (1, 1, 0)
+
+
+def test_attn_dp_rank_is_derived_from_the_tp_rank_layout() -> None:
+    # tp=8, attn_dp=2, attn_cp=2, attn_tp=2: tp rank 5 = (1*2 + 0)*2 + 1
+    groups = {"world": G(list(range(8)), 5), "tp": G(list(range(8)), 5), "attn_cp": G([5, 7], 0),
+              "attn_tp": G([4, 5], 1)}
+    rank, geo = records.geometry(world_rank=5, groups=groups, pid=1, gpu=5, hostname="", t=0)
+    assert rank.attn_dp == 1 and geo.sizes["attn_dp"] == 2
+
+
+def test_unknown_forward_modes_are_other() -> None:
+    assert records.mode_of("DECODE") == "decode"
+    assert records.mode_of("TARGET_VERIFY") == "other"
+
+
+def test_kv_pool_dtype_drops_the_torch_prefix() -> None:
+    rec = records.kv_pool(rank=RANK, t=0, rows=1000, allocator_size=2000, page_size=1, allocator_page_size=2,
+                          head_num=1, head_dim=64, layer_num=4, dtype="torch.bfloat16")
+    assert rec.dtype == "bfloat16" and rec.allocator_size == 2000
+
+
+def test_zigzag_local_positions_are_assigned_to_their_requests() -> None:
+    # cp=2, two requests of 8 and 4 tokens -> 4 blocks each; rank 0 takes blocks 0 and 3 of each.
+    split_list = [2, 2, 2, 2, 1, 1, 1, 1]
+    zigzag_index = [0, 4, 3, 7]  # rank 0: block 0 of each, then block 3 of each (zigzag.py:158-166)
+    local = [0, 1, 0, 6, 7, 3]
+    out = records.split_zigzag_local(local, split_list, zigzag_index, ["a", "b"])
+    assert out == {"a": [0, 1, 6, 7], "b": [0, 3]}
+
+
+def test_zigzag_positions_that_do_not_fit_the_metadata_give_none() -> None:
+    assert records.split_zigzag_local([0, 1], [2, 2, 2, 2], [0, 3], ["a"]) is None
+
+
+def _draft(**kw: object) -> StepDraft:
+    base: dict[str, object] = dict(step=3, mode="extend", batch_size=2, rows_in=6, rids=["a", "b"],
+                                   extend_lens=[4, 2], prefix_lens=[0, 0], cp_configured=False)
+    base.update(kw)
+    return StepDraft(**base)  # type: ignore[arg-type]
+
+
+def test_dcp_step_records_only_positions_whose_owner_mask_is_true() -> None:
+    positions = [0, 1, 2, 3, 0, 1]
+    mask = [p % 2 == 1 for p in positions]  # dcp=2, dcp_rank=1
+    step = records.finish_step(_draft(kv_rows=6, kv_mask=mask, attn_rows_seen=6), rank=RANK, t=1.0,
+                               positions=positions)
+    assert step.kv_written == {"a": [(1, 2), (3, 4)], "b": [(1, 2)]}
+    assert step.seq_positions == {"a": [(0, 4)], "b": [(0, 2)]}
+    assert step.attn_rows == 6 and step.cp_active is False
+
+
+def test_a_write_of_the_whole_batch_without_mask_records_every_position() -> None:
+    step = records.finish_step(_draft(kv_rows=6), rank=RANK, t=0, positions=[5, 6, 7, 8, 0, 1])
+    assert step.kv_written == {"a": [(5, 9)], "b": [(0, 2)]}
+
+
+def test_a_write_that_does_not_match_the_batch_leaves_kv_written_empty_with_a_note() -> None:
+    d = _draft(kv_rows=3)
+    step = records.finish_step(d, rank=RANK, t=0, positions=[0, 1, 2, 3, 0, 1])
+    assert step.kv_written == {}
+    assert any("does not match" in n for n in d.notes)
+
+
+def test_no_kv_write_seen_is_noted_not_guessed() -> None:
+    d = _draft()
+    step = records.finish_step(d, rank=RANK, t=0, positions=[0, 1, 2, 3, 0, 1])
+    assert step.kv_written == {} and any("no KV write" in n for n in d.notes)
+
+
+def test_attn_rows_are_unknown_without_the_attention_forward_hook() -> None:
+    step = records.finish_step(_draft(kv_rows=6), rank=RANK, t=0, positions=[0, 1, 2, 3, 0, 1])
+    assert step.attn_rows is None
+
+
+def test_decode_batch_has_one_row_per_request() -> None:
+    d = _draft(mode="decode", rows_in=2, extend_lens=None, prefix_lens=None, kv_rows=2)
+    step = records.finish_step(d, rank=RANK, t=0, positions=[10, 4])
+    assert step.seq_positions == {"a": [(10, 11)], "b": [(4, 5)]}
+    assert step.extend_lens == []
+
+
+def test_pcp_step_uses_the_logical_rows_and_observed_local_positions_of_this_rank() -> None:
+    d = _draft(cp_configured=True, cp_active=True, cp_rank=1, cp_logical_rows=[3, 3],
+               cp_local_positions={"a": [1, 2], "b": [1]}, kv_rows=6, attn_rows_seen=4)
+    step = records.finish_step(d, rank=RANK, t=0, positions=[0, 1, 2, 3, 0, 1])
+    assert step.attn_rows == 3  # logical, not the padded 4 rows the layer saw
+    assert step.cp_active is True
+    assert step.seq_positions == {"a": [(1, 3)], "b": [(1, 2)]}
+    assert step.positions == [(1, 3)]
+    assert step.kv_written == {"a": [(0, 4)], "b": [(0, 2)]}
+
+
+def test_pcp_configured_but_not_applied_is_cp_inactive() -> None:
+    step = records.finish_step(_draft(cp_configured=True, kv_rows=6), rank=RANK, t=0,
+                               positions=[0, 1, 2, 3, 0, 1])
+    assert step.cp_active is False
+
+
+def test_cp_state_unknown_when_the_cp_module_was_not_seen() -> None:
+    step = records.finish_step(_draft(cp_configured=None, kv_rows=6), rank=RANK, t=0,
+                               positions=[0, 1, 2, 3, 0, 1])
+    assert step.cp_active is None
+
+
+def test_graph_counter_flushes_deltas_and_then_starts_again() -> None:
+    c = GraphCounter(last_flush=0.0)
+    for _ in range(3):
+        c.add("replay", "decode")
+    c.add("eager", "prefill")
+    assert not c.due(0.5, 1.0) and c.due(1.0, 1.0)
+    recs = c.flush(rank=RANK, now=1.0)
+    assert {(r.event, r.phase, r.count) for r in recs} == {("replay", "decode", 3), ("eager", "prefill", 1)}
+    assert not c.due(5.0, 1.0)
+
+
+def test_eager_runner_bound_to_a_phase_means_its_graph_is_disabled() -> None:
+    g = records.graph_capture(rank=RANK, t=0, phase="decode", runner_kind="EagerRunner", batch_sizes=None)
+    assert g.event == "disabled"
+    g = records.graph_capture(rank=RANK, t=0, phase="decode", runner_kind="DecodeCudaGraphRunner",
+                              batch_sizes=[4, 1, 2])
+    assert (g.event, g.batch_sizes) == ("capture", [1, 2, 4])

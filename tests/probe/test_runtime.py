@@ -1,0 +1,90 @@
+"""cptest/probe/runtime.py: the switch, the rank file, error containment."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cptest.evidence import ProbeNote, RankId, read_records
+from cptest.probe import runtime
+from cptest.probe.runtime import Probe
+
+
+def test_probe_is_off_without_the_directory_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(runtime.ENV_DIR, raising=False)
+    runtime.set_probe(None)
+    assert runtime.get_probe() is None
+    assert not runtime.enabled({runtime.ENV_DIR: "  "})
+
+
+def test_probe_is_on_with_the_directory_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(runtime.ENV_DIR, str(tmp_path))
+    runtime.set_probe(None)
+    try:
+        p = runtime.get_probe()
+        assert p is not None and p.out_dir == tmp_path and runtime.get_probe() is p
+    finally:
+        runtime.set_probe(None)
+
+
+def test_records_before_the_rank_is_known_go_to_the_rank_file_once_it_is(tmp_path: Path) -> None:
+    p = Probe(tmp_path, clock=lambda: 10.0)
+    p.note("early")
+    assert list(tmp_path.iterdir()) == []
+    p.set_rank(RankId(world=3))
+    p.note("late")
+    recs, dropped = read_records(tmp_path / "rank3.jsonl")
+    assert dropped == 0
+    assert [r.message for r in recs if isinstance(r, ProbeNote)] == ["early", "late"]
+    assert all(r.rank == RankId(world=3) for r in recs if isinstance(r, ProbeNote))
+
+
+def test_each_record_is_on_disk_when_write_returns(tmp_path: Path) -> None:
+    p = Probe(tmp_path)
+    p.set_rank(RankId(world=0))
+    p.note("one")
+    # read through a separate descriptor, as a reader would after a SIGKILL
+    assert (tmp_path / "rank0.jsonl").read_text().count("\n") == 1
+    p.close()
+
+
+def test_a_raising_hook_becomes_an_error_note_and_returns_none(tmp_path: Path) -> None:
+    p = Probe(tmp_path)
+    p.set_rank(RankId(world=0))
+
+    @p.guarded("boom")
+    def hook(x: int) -> int:
+        raise ValueError(f"bad {x}")
+
+    assert hook(7) is None
+    recs, _ = read_records(tmp_path / "rank0.jsonl")
+    notes = [(r.level, r.message) for r in recs if isinstance(r, ProbeNote)]
+    assert notes == [("error", "boom: ValueError: bad 7")]
+
+
+def test_a_hook_that_keeps_raising_is_written_at_most_five_times(tmp_path: Path) -> None:
+    p = Probe(tmp_path)
+    p.set_rank(RankId(world=0))
+    hook = p.guarded("again")(lambda: 1 / 0)
+    for _ in range(20):
+        hook()
+    recs, _ = read_records(tmp_path / "rank0.jsonl")
+    assert len(recs) == runtime.MAX_ERRORS_PER_HOOK and p.errors["again"] == 20
+    assert "not written" in recs[-1].message  # type: ignore[union-attr]
+
+
+def test_a_process_that_never_learns_its_rank_leaves_its_warnings_in_a_pid_file(tmp_path: Path) -> None:
+    p = Probe(tmp_path)
+    p.note("hook target x not found", "warning")
+    p.flush_held_at_exit()
+    recs, _ = read_records(tmp_path / f"pid{os.getpid()}.jsonl")
+    assert len(recs) == 1
+
+
+def test_a_process_with_only_info_notes_and_no_rank_writes_nothing(tmp_path: Path) -> None:
+    p = Probe(tmp_path)
+    p.note("hello")
+    p.flush_held_at_exit()
+    assert list(tmp_path.iterdir()) == []
