@@ -1,0 +1,166 @@
+"""capacity: physical rows x multiplier == every surface that reports logical KV capacity.
+
+params: {"multiplier": float, "tolerance": float (relative, default 0.0), "role": "main"}
+
+The oracle of sglang-cp.md §4.3: per-rank pool rows x D == the rank's scheduler capacity
+(`Capacity.max_total_num_tokens`) == the allocator's token space (`KvPool.allocator_size`) ==
+`/server_info` `max_total_num_tokens` == TP0's `max_total_num_tokens=` log line; and each rank's
+`KV Cache is allocated ... #tokens: N` line equals its pool rows. sgl-project/sglang#32730 once
+reported per-rank values while allocating logical capacity, so every surface is compared.
+
+Required surfaces (missing => unknown): KvPool and Capacity of every planned rank, ServerInfo.
+The allocator size and the log lines are compared when present and listed under `not_seen` when
+not (the probe already reads the same numbers; a log format change must not hide them silently).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cptest.checks.load import Archive
+from cptest.checks.patterns import find_all, log_patterns
+from cptest.checks.verdict import Verdict, failed, passed, unknown
+from cptest.plan_model import Expectation
+
+NAME = "capacity"
+
+
+def _close(found: float, want: float, tol: float) -> bool:
+    return abs(found - want) <= tol * abs(want)
+
+
+def check(archive: Archive, expect: Expectation) -> Verdict:
+    p = expect.params
+    role = p.get("role", "main")
+    mult = float(p["multiplier"])
+    tol = float(p.get("tolerance") or 0.0)
+    ev = archive.role(role)
+    server = archive.server(role)
+    if server is None:
+        return unknown(NAME, f"the plan has no {role} server")
+    ranks = list(range(server.world_size))
+    absent = [w for w in ranks if w not in ev.ranks]
+    if absent:
+        return unknown(NAME, f"no evidence from rank {absent[0]} of {role}", missing_ranks=absent)
+    no_pool = [w for w in ranks if not ev.ranks[w].kv_pools]
+    if no_pool:
+        return unknown(NAME, f"no KvPool record from rank {no_pool[0]} of {role}", missing_ranks=no_pool)
+    no_cap = [w for w in ranks if not ev.ranks[w].capacities]
+    if no_cap:
+        return unknown(NAME, f"no Capacity record from rank {no_cap[0]} of {role}", missing_ranks=no_cap)
+
+    mismatches: list[dict[str, Any]] = []
+    not_seen: list[str] = []
+    per_rank: dict[str, dict[str, Any]] = {}
+    for w in ranks:
+        pool = ev.ranks[w].kv_pools[-1]
+        cap = ev.ranks[w].capacities[-1]
+        want = pool.rows * mult
+        row = {
+            "rows": pool.rows,
+            "expected_logical": want,
+            "scheduler": cap.max_total_num_tokens,
+            "allocator": pool.allocator_size,
+        }
+        per_rank[str(w)] = row
+        if not _close(cap.max_total_num_tokens, want, tol):
+            mismatches.append(
+                {"surface": "scheduler", "rank": w, "found": cap.max_total_num_tokens, "expected": want}
+            )
+        if pool.allocator_size is None:
+            not_seen.append(f"allocator size of rank {w}")
+        elif not _close(pool.allocator_size, want, tol):
+            mismatches.append(
+                {"surface": "allocator", "rank": w, "found": pool.allocator_size, "expected": want}
+            )
+
+    # One logical number for the server: rank 0's (TP0 logs it and answers /server_info).
+    logical = ev.ranks[0].kv_pools[-1].rows * mult if 0 in ev.ranks else None
+    figures: dict[str, Any] = {
+        "multiplier": mult,
+        "tolerance": tol,
+        "per_rank": per_rank,
+        "expected_logical": logical,
+    }
+    infos = ev.runner.server_info if ev.runner else []
+    server_tokens = infos[-1].info.get("max_total_num_tokens") if infos else None
+    figures["server_info"] = server_tokens
+    if server_tokens is not None and logical is not None and not _close(server_tokens, logical, tol):
+        mismatches.append({"surface": "server_info", "found": server_tokens, "expected": logical})
+
+    patterns, patterns_from = log_patterns(server.release)
+    figures["patterns_from"] = patterns_from
+    text = ev.log_text
+    tp_to_world = _tp_to_world(archive, role)
+    kv_lines = find_all(patterns["kv_allocated"], text) if text else []
+    figures["log_kv_allocated"] = {}
+    for m in kv_lines:
+        w = tp_to_world.get(int(m["tp"])) if m.get("tp") is not None else (0 if len(ranks) == 1 else None)
+        if w is None or w not in ev.ranks:
+            continue
+        tokens = int(m["tokens"])
+        figures["log_kv_allocated"][str(w)] = tokens
+        rows = ev.ranks[w].kv_pools[-1].rows
+        if tokens != rows:
+            mismatches.append(
+                {
+                    "surface": "log kv_allocated",
+                    "rank": w,
+                    "found": tokens,
+                    "expected": rows,
+                    "line": m["line"],
+                }
+            )
+    if not kv_lines:
+        not_seen.append("'KV Cache is allocated' log lines")
+    mt_lines = find_all(patterns["max_total_num_tokens"], text) if text else []
+    if mt_lines:
+        tokens = int(mt_lines[-1]["tokens"])
+        figures["log_max_total_num_tokens"] = tokens
+        if logical is not None and not _close(tokens, logical, tol):
+            mismatches.append(
+                {
+                    "surface": "log max_total_num_tokens",
+                    "found": tokens,
+                    "expected": logical,
+                    "line": mt_lines[-1]["line"],
+                }
+            )
+    else:
+        not_seen.append("'max_total_num_tokens=' log line")
+    figures["not_seen"] = not_seen
+    figures["mismatches"] = mismatches
+
+    if mismatches:
+        m = mismatches[0]
+        where = f" of rank {m['rank']}" if "rank" in m else ""
+        hint = ""
+        if m["surface"] in ("scheduler", "server_info", "log max_total_num_tokens") and logical:
+            ratio = m["found"] / (m["expected"] / mult) if m["expected"] else 0
+            hint = f" (= {ratio:g} x physical rows; declared {mult:g} x)"
+        return failed(
+            NAME,
+            f"{m['surface']}{where} reports {m['found']} tokens, expected {m['expected']:g}{hint}"
+            + (f"; and {len(mismatches) - 1} more mismatch(es)" if len(mismatches) > 1 else ""),
+            **figures,
+        )
+    if server_tokens is None:
+        return unknown(
+            NAME,
+            f"per-rank capacity agrees ({mult:g} x rows) but /server_info has no max_total_num_tokens",
+            **figures,
+        )
+    return passed(
+        NAME,
+        f"capacity {logical:g} tokens == {mult:g} x {ev.ranks[0].kv_pools[-1].rows} rows on every "
+        "surface" + (f" (not seen: {', '.join(not_seen)})" if not_seen else ""),
+        **figures,
+    )
+
+
+def _tp_to_world(archive: Archive, role: str) -> dict[int, int]:
+    """Log prefixes name the TP rank; map it to the world rank (probe geometry first, else equal)."""
+    out = {}
+    for w, r in archive.role(role).ranks.items():
+        out[r.geometry[-1].rank.tp if r.geometry else w] = w
+    return out

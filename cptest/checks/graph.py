@@ -1,0 +1,111 @@
+"""graph: the declared CUDA-graph state is what ran, on every rank.
+
+params: {"phase": "decode" | "prefill", "state": "captured" | "disabled" | "eager", "role": "main"}
+
+Evidence: Graph records (capture at capture time; replay/eager counts from the runner's
+`can_run_graph` hook) and Step records (hooks fire only on eager forwards, never on replay:
+sglang-cp.md §7).
+- captured: every rank recorded a capture for the phase; if replay/eager counts were recorded, at
+  least one replay (captured but never replayed means it ran eager).
+- disabled: no rank recorded a capture for the phase, and every rank has Step records of the phase
+  (proof the forwards ran eager, not that the probe was silent).
+- eager: no replay for the phase on any rank, and every rank has Step records of the phase.
+"""
+
+from __future__ import annotations
+
+from cptest.checks.load import Archive
+from cptest.checks.verdict import Verdict, failed, passed, unknown
+from cptest.plan_model import Expectation
+
+NAME = "graph"
+_STEP_MODES = {"decode": ("decode",), "prefill": ("extend", "mixed")}
+
+
+def check(archive: Archive, expect: Expectation) -> Verdict:
+    p = expect.params
+    role = p.get("role", "main")
+    phase, state = p["phase"], p["state"]
+    if phase not in _STEP_MODES or state not in ("captured", "disabled", "eager"):
+        raise ValueError(f"unknown graph expectation {phase}/{state}")
+    ev = archive.role(role)
+    server = archive.server(role)
+    if server is None:
+        return unknown(NAME, f"the plan has no {role} server")
+    ranks = list(range(server.world_size))
+    absent = [w for w in ranks if w not in ev.ranks]
+    if absent:
+        return unknown(NAME, f"no evidence from rank {absent[0]} of {role}", missing_ranks=absent)
+    sizes: dict[str, list[int]] = {}
+    replays: dict[str, int] = {}
+    eagers: dict[str, int] = {}
+    steps: dict[str, int] = {}
+    for w in ranks:
+        g = [r for r in ev.ranks[w].graphs if r.phase == phase]
+        sizes[str(w)] = sorted({b for r in g if r.event == "capture" for b in r.batch_sizes})
+        replays[str(w)] = sum(r.count for r in g if r.event == "replay")
+        eagers[str(w)] = sum(r.count for r in g if r.event == "eager")
+        steps[str(w)] = sum(1 for s in ev.ranks[w].steps if s.mode in _STEP_MODES[phase])
+    captured_any = any(
+        any(r.event == "capture" and r.phase == phase for r in ev.ranks[w].graphs) for w in ranks
+    )
+    figures = {
+        "phase": phase,
+        "state": state,
+        "captured_sizes": sizes,
+        "replays": replays,
+        "eager": eagers,
+        "steps": steps,
+    }
+    counted = any(replays.values()) or any(eagers.values())
+    if state == "captured":
+        missing = [
+            w for w in ranks if not any(r.event == "capture" and r.phase == phase for r in ev.ranks[w].graphs)
+        ]
+        if missing:
+            if not captured_any and all(steps[str(w)] for w in ranks):
+                return failed(
+                    NAME, f"no {phase} CUDA graph captured on any rank and {phase} ran eager", **figures
+                )
+            return unknown(NAME, f"no {phase} graph capture recorded by rank {missing[0]}", **figures)
+        if counted and sum(replays.values()) == 0:
+            return failed(
+                NAME,
+                f"{phase} graphs captured but never replayed: {sum(eagers.values())} eager forward(s)",
+                **figures,
+            )
+        return passed(
+            NAME,
+            f"{phase} graphs captured on every rank (sizes {sizes[str(ranks[0])]}), "
+            f"{sum(replays.values())} replay(s)",
+            **figures,
+        )
+    if state == "disabled" and captured_any:
+        w = next(
+            w
+            for w in ranks
+            if sizes[str(w)] or any(r.event == "capture" and r.phase == phase for r in ev.ranks[w].graphs)
+        )
+        return failed(
+            NAME, f"{phase} graphs should be disabled but rank {w} captured sizes {sizes[str(w)]}", **figures
+        )
+    if sum(replays.values()):
+        w = next(w for w in ranks if replays[str(w)])
+        return failed(
+            NAME,
+            f"{phase} should run eager but rank {w} replayed graphs {replays[str(w)]} time(s)",
+            **figures,
+        )
+    quiet = [w for w in ranks if not steps[str(w)]]
+    if quiet:
+        return unknown(
+            NAME,
+            f"no {phase} Step records from rank {quiet[0]}: cannot tell eager from a silent probe",
+            **figures,
+        )
+    return passed(
+        NAME,
+        f"{phase} ran eager on every rank ({sum(steps.values())} step records"
+        + (", no capture)" if state == "disabled" else ")"),
+        **figures,
+    )

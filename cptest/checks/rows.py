@@ -1,0 +1,464 @@
+"""rows: which rank computed which token rows, and who wrote which K/V positions.
+
+params: {"mode": "dcp_owner" | "pcp_split" | "replicated", "dcp": int, "cp": int,
+         "strategy": "zigzag" | "interleave" | None, "ffn": "local" | "gathered" | None,
+         "interleave": int (DCP interleave size, default 1), "role": "main"}
+
+A *row* is one token of one request in one forward step (architecture.md §3). Evidence: the Step
+records of every rank of the role; ranks of one group are matched by `Step.step` (they run the
+same batches in lockstep).
+
+- dcp_owner: in every DCP group and for every request, each K/V position is written exactly once,
+  by DCP rank `(p // interleave) % dcp`; the positions written form `[0, end)`; for a request that
+  completed and whose rid names its index (`cptest-<role>-<index>`, `<role>-<index>` or `<index>`),
+  `end` is `prompt_len + len(output_ids) - 1` (the last sampled token is never fed back) or one more
+  (an overlap-scheduled step). Queries are not split: attn_rows == rows_in on each DCP rank.
+- pcp_split: in every extend step and every ATTN_CP group, the CP ranks' attention rows of each
+  request are disjoint and their union is one contiguous extend `[lo, hi)`; zigzag: rank r holds
+  blocks r and 2cp-1-r of it (sizes differ by at most one, larger first; 0.5.17 zigzag.py:150-160);
+  interleave: packed token i goes to rank i % cp. A CP extend step with `cp_active == False` is the
+  silent fallback of sglang-cp.md §5 and fails. ffn local: ffn_rows == attn_rows; gathered:
+  ffn_rows == rows_in.
+- replicated: every rank of a TP group saw the same rows in each step (and attn_rows == rows_in).
+
+Findings: a *hard* violation (a position written twice or by the wrong rank, a wrong split) fails
+whatever else is missing; a *hole* fails only when no evidence was truncated (a rank killed
+mid-write would also leave holes), else unknown.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+from cptest.checks._layout import groups, zigzag_blocks
+from cptest.checks.load import Archive, RoleEvidence
+from cptest.checks.verdict import Verdict, failed, passed, unknown
+from cptest.evidence import ranges_len, ranges_merge
+from cptest.plan_model import Expectation
+
+NAME = "rows"
+_RID_INDEX = re.compile(r"^(?:cptest-)?(?:(?:main|baseline)-)?(\d+)$")
+
+
+def check(archive: Archive, expect: Expectation) -> Verdict:
+    p = expect.params
+    role = p.get("role", "main")
+    ev = archive.role(role)
+    server = archive.server(role)
+    if server is None:
+        return unknown(NAME, f"the plan has no {role} server")
+    absent = [w for w in range(server.world_size) if w not in ev.ranks]
+    if absent:
+        return unknown(
+            NAME,
+            f"no evidence from rank {absent[0]} of {role} (evidence/{role}/rank{absent[0]}.jsonl missing)",
+            missing_ranks=absent,
+        )
+    if not any(r.steps for r in ev.ranks.values()):
+        return unknown(
+            NAME,
+            f"no Step records from any rank of {role}: per-step hooks do not fire on "
+            "CUDA-graph replay; plan an eager run for row evidence",
+        )
+    mode = p.get("mode")
+    if mode == "dcp_owner":
+        return _dcp_owner(archive, ev, role, int(p.get("dcp") or 1), int(p.get("interleave") or 1))
+    if mode == "pcp_split":
+        return _pcp_split(
+            archive, ev, role, int(p.get("cp") or 1), p.get("strategy") or "zigzag", p.get("ffn")
+        )
+    if mode == "replicated":
+        return _replicated(archive, ev, role)
+    raise ValueError(f"unknown rows mode {mode!r} (known: dcp_owner, pcp_split, replicated)")
+
+
+def _truncated(ev: RoleEvidence, ranks: list[int]) -> list[int]:
+    return [w for w in ranks if ev.ranks[w].dropped]
+
+
+def _finish(
+    violations: list[dict[str, Any]],
+    holes: list[dict[str, Any]],
+    truncated: list[int],
+    figures: dict[str, Any],
+    ok: str,
+) -> Verdict:
+    figures = {**figures, "violations": len(violations), "holes": len(holes)}
+    if violations:
+        v = violations[0]
+        return failed(NAME, v["what"], first=v, **figures)
+    if holes:
+        h = holes[0]
+        if truncated:
+            return unknown(
+                NAME,
+                f"{h['what']}, but evidence of rank {truncated[0]} is truncated (killed mid-write?)",
+                first=h,
+                truncated_ranks=truncated,
+                **figures,
+            )
+        return failed(NAME, h["what"], first=h, **figures)
+    if truncated:
+        return unknown(
+            NAME,
+            f"{ok}, but evidence of rank {truncated[0]} is truncated",
+            truncated_ranks=truncated,
+            **figures,
+        )
+    return passed(NAME, ok, **figures)
+
+
+# ---------------------------------------------------------------- DCP: K/V owner
+def _expected_end(ev: RoleEvidence) -> dict[str, tuple[int, int]]:
+    """rid -> (min end, max end) for completed requests whose rid names their index."""
+    if ev.runner is None:
+        return {}
+    by_index = {r.index: r for r in ev.runner.requests if r.status == "ok"}
+    return {
+        str(i): (r.prompt_len + len(r.output_ids) - 1, r.prompt_len + len(r.output_ids))
+        for i, r in by_index.items()
+    }
+
+
+def _dcp_owner(archive: Archive, ev: RoleEvidence, role: str, dcp: int, inter: int) -> Verdict:
+    dcp_groups, source = groups(archive, role, "dcp")
+    if not dcp_groups:
+        return unknown(NAME, f"no DCP groups known for {role}")
+    violations: list[dict[str, Any]] = []
+    holes: list[dict[str, Any]] = []
+    ends = _expected_end(ev)
+    n_requests = n_positions = n_ranges = tail_checked = 0
+    for group in dcp_groups:
+        if len(group) != dcp:
+            violations.append(
+                {"what": f"DCP group {group} has {len(group)} ranks, expected {dcp}", "group": group}
+            )
+            continue
+        written: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+        for d, world in enumerate(group):
+            for step in ev.ranks[world].steps:
+                if step.attn_rows is not None and step.attn_rows != step.rows_in and len(violations) < 100:
+                    violations.append(
+                        {
+                            "what": f"rank {world} computed attention for {step.attn_rows} of "
+                            f"{step.rows_in} rows in step {step.step}: DCP must not split queries",
+                            "rank": world,
+                            "step": step.step,
+                        }
+                    )
+                for rid, rngs in step.kv_written.items():
+                    bucket = written[rid]
+                    for a, b in rngs:
+                        bucket.append((a, b, world))
+                        # positions [a, b) all owned by DCP rank d <=> one interleave chunk whose owner is d
+                        wrong = a // inter != (b - 1) // inter or (a // inter) % dcp != d
+                        if wrong and dcp > 1 and len(violations) < 100:
+                            pos = a if (a // inter) % dcp != d else (a // inter + 1) * inter
+                            owner = (pos // inter) % dcp
+                            violations.append(
+                                {
+                                    "what": f"request {rid}: position {pos} written by rank {world} "
+                                    f"(DCP rank {d}), owner is DCP rank {owner} (rank {group[owner]})",
+                                    "rid": rid,
+                                    "position": pos,
+                                    "rank": world,
+                                    "owner_rank": group[owner],
+                                }
+                            )
+        for rid, items in written.items():
+            n_requests += 1
+            n_ranges += len(items)
+            items.sort()
+            end = 0
+            prev_rank = -1
+            for a, b, world in items:
+                if a < end:
+                    if len(violations) < 100:
+                        violations.append(
+                            {
+                                "what": f"request {rid}: position {a} written by rank {prev_rank} and "
+                                f"rank {world}: every position must be written exactly once",
+                                "rid": rid,
+                                "position": a,
+                                "ranks": [prev_rank, world],
+                            }
+                        )
+                elif a > end and len(holes) < 100:
+                    holes.append(
+                        {
+                            "what": f"request {rid}: positions [{end}, {a}) written by no rank of DCP "
+                            f"group {group}",
+                            "rid": rid,
+                            "position": end,
+                            "group": group,
+                        }
+                    )
+                if b > end:
+                    n_positions += b - max(a, end)
+                    end = b
+                    prev_rank = world
+            m = _RID_INDEX.match(rid)
+            if m and m.group(1) in ends:
+                lo, hi = ends[m.group(1)]
+                tail_checked += 1
+                if not lo <= end <= hi and len(holes) < 100:
+                    holes.append(
+                        {
+                            "what": f"request {rid}: K/V written up to position {end}, the request has "
+                            f"{lo} positions to write (prompt + output - 1)",
+                            "rid": rid,
+                            "position": end,
+                        }
+                    )
+    if n_ranges == 0:
+        return unknown(
+            NAME, f"no kv_written evidence from any rank of {role}: the probe did not see K/V writes"
+        )
+    figures = {
+        "mode": "dcp_owner",
+        "dcp": dcp,
+        "interleave": inter,
+        "groups": len(dcp_groups),
+        "groups_from": source,
+        "requests": n_requests,
+        "positions": n_positions,
+        "tail_checked": tail_checked,
+    }
+    ok = f"{n_positions} K/V positions of {n_requests} request(s) each written once, by rank p % {dcp}" + (
+        f" (interleave {inter})" if inter != 1 else ""
+    )
+    return _finish(violations, holes, _truncated(ev, [w for g in dcp_groups for w in g]), figures, ok)
+
+
+# ---------------------------------------------------------------- PCP: row split
+def _pcp_split(
+    archive: Archive, ev: RoleEvidence, role: str, cp: int, strategy: str, ffn: str | None
+) -> Verdict:
+    if strategy not in ("zigzag", "interleave"):
+        raise ValueError(f"unknown cp strategy {strategy!r} (known: zigzag, interleave)")
+    cp_groups, source = groups(archive, role, "attn_cp")
+    violations: list[dict[str, Any]] = []
+    holes: list[dict[str, Any]] = []
+    n_steps = n_rows = n_requests = ffn_checked = 0
+    for group in cp_groups:
+        if len(group) != cp:
+            violations.append(
+                {"what": f"ATTN_CP group {group} has {len(group)} ranks, expected {cp}", "group": group}
+            )
+            continue
+        # step -> per CP rank the Step record
+        by_step: dict[int, list[Any]] = defaultdict(lambda: [None] * cp)
+        for c, world in enumerate(group):
+            for s in ev.ranks[world].steps:
+                if s.mode in ("extend", "mixed"):
+                    by_step[s.step][c] = s
+        for step_no in sorted(by_step):
+            recs = by_step[step_no]
+            if any(r is None for r in recs):
+                lacking = group[recs.index(None)]
+                if len(holes) < 100:
+                    holes.append(
+                        {
+                            "what": f"extend step {step_no}: no Step record from rank {lacking}",
+                            "step": step_no,
+                            "rank": lacking,
+                        }
+                    )
+                continue
+            n_steps += 1
+            if any(r.cp_active is False for r in recs):
+                short = min((n for r in recs for n in r.extend_lens), default=None)
+                violations.append(
+                    {
+                        "what": f"extend step {step_no}: CP not active on rank "
+                        f"{group[[r.cp_active for r in recs].index(False)]}, every rank computed all "
+                        f"rows (silent fallback; shortest extend {short}, zigzag needs >= {2 * cp})",
+                        "step": step_no,
+                        "shortest_extend": short,
+                    }
+                )
+                continue
+            if ffn in ("local", "gathered"):
+                for c, r in enumerate(recs):
+                    if r.ffn_rows is None:
+                        continue
+                    ffn_checked += 1
+                    want = r.attn_rows if ffn == "local" else r.rows_in
+                    if r.ffn_rows != want and len(violations) < 100:
+                        violations.append(
+                            {
+                                "what": f"extend step {step_no}: rank {group[c]} fed {r.ffn_rows} "
+                                f"rows to the MLP, {ffn} FFN means {want}",
+                                "step": step_no,
+                                "rank": group[c],
+                                "ffn_rows": r.ffn_rows,
+                                "expected": want,
+                            }
+                        )
+            rids: dict[str, None] = {}
+            for r in recs:
+                rids.update(dict.fromkeys(r.seq_positions))
+            for rid in rids:
+                per_rank = [ranges_merge(r.seq_positions.get(rid, ())) for r in recs]
+                counts = [ranges_len(x) for x in per_rank]
+                union = ranges_merge(x for rr in per_rank for x in rr)
+                total = ranges_len(union)
+                n_requests += 1
+                n_rows += total
+                if total != sum(counts):
+                    pos = _first_overlap(per_rank)
+                    violations.append(
+                        {
+                            "what": f"extend step {step_no}, request {rid}: position {pos} computed "
+                            "by more than one CP rank",
+                            "step": step_no,
+                            "rid": rid,
+                            "position": pos,
+                        }
+                    )
+                    continue
+                if len(union) != 1:
+                    if len(holes) < 100:
+                        holes.append(
+                            {
+                                "what": f"extend step {step_no}, request {rid}: positions "
+                                f"[{union[0][1]}, {union[1][0]}) computed by no CP rank",
+                                "step": step_no,
+                                "rid": rid,
+                                "position": union[0][1],
+                            }
+                        )
+                    continue
+                lo, hi = union[0]
+                want = _expected_split(strategy, lo, hi, cp, per_rank)
+                for c in range(cp):
+                    if per_rank[c] != want[c]:
+                        violations.append(
+                            {
+                                "what": f"extend step {step_no}, request {rid}: rank {group[c]} "
+                                f"(CP rank {c}) has positions {_short(per_rank[c])}, {strategy} "
+                                f"gives {_short(want[c])}",
+                                "step": step_no,
+                                "rid": rid,
+                                "rank": group[c],
+                                "found": _short(per_rank[c]),
+                                "expected": _short(want[c]),
+                            }
+                        )
+                        break
+    if n_steps == 0 and not violations:
+        return unknown(NAME, f"no extend Step records from the ATTN_CP groups of {role}")
+    figures = {
+        "mode": "pcp_split",
+        "cp": cp,
+        "strategy": strategy,
+        "groups": len(cp_groups),
+        "groups_from": source,
+        "steps": n_steps,
+        "request_extends": n_requests,
+        "rows": n_rows,
+        "ffn": ffn,
+        "ffn_checked": ffn_checked,
+    }
+    if ffn in ("local", "gathered") and ffn_checked == 0 and not violations:
+        return unknown(
+            NAME, f"{ffn} FFN declared but no Step record carries ffn_rows (MLP hook missing?)", **figures
+        )
+    ok = (
+        f"{n_rows} rows of {n_requests} request extend(s) in {n_steps} step(s) "
+        f"split by {strategy} over {cp} ranks"
+    )
+    return _finish(violations, holes, _truncated(ev, [w for g in cp_groups for w in g]), figures, ok)
+
+
+def _expected_split(
+    strategy: str, lo: int, hi: int, cp: int, per_rank: list[list[tuple[int, int]]]
+) -> list[list[tuple[int, int]]]:
+    if strategy == "zigzag":
+        return [ranges_merge((lo + a, lo + b) for a, b in zigzag_blocks(hi - lo, cp, c)) for c in range(cp)]
+    # interleave: packed index i -> rank i % cp; the request's first token sits at packed offset `off`,
+    # and the rank holding position lo tells off % cp.
+    first = next(c for c in range(cp) if per_rank[c] and per_rank[c][0][0] == lo)
+    out: list[list[tuple[int, int]]] = [[] for _ in range(cp)]
+    for j in range(hi - lo):
+        out[(first + j) % cp].append((lo + j, lo + j + 1))
+    return [ranges_merge(x) for x in out]
+
+
+def _first_overlap(per_rank: list[list[tuple[int, int]]]) -> int:
+    items = sorted(x for rr in per_rank for x in rr)
+    end = -1
+    for a, b in items:
+        if a < end:
+            return a
+        end = max(end, b)
+    return -1
+
+
+def _short(r: list[tuple[int, int]]) -> str:
+    s = " ".join(f"[{a},{b})" for a, b in r[:4])
+    return s + (f" ... ({len(r)} ranges)" if len(r) > 4 else "") if r else "none"
+
+
+# ---------------------------------------------------------------- TP only: replicated rows
+def _replicated(archive: Archive, ev: RoleEvidence, role: str) -> Verdict:
+    tp_groups, source = groups(archive, role, "tp")
+    violations: list[dict[str, Any]] = []
+    holes: list[dict[str, Any]] = []
+    n_steps = n_rows = 0
+    for group in tp_groups:
+        by_step: dict[int, dict[int, Any]] = defaultdict(dict)
+        for world in group:
+            for s in ev.ranks[world].steps:
+                by_step[s.step][world] = s
+        for step_no in sorted(by_step):
+            recs = by_step[step_no]
+            lacking = [w for w in group if w not in recs]
+            if lacking:
+                if len(holes) < 100:
+                    holes.append(
+                        {
+                            "what": f"step {step_no}: no Step record from rank {lacking[0]}",
+                            "step": step_no,
+                            "rank": lacking[0],
+                        }
+                    )
+                continue
+            n_steps += 1
+            first = recs[group[0]]
+            n_rows += first.rows_in
+            for w in group:
+                r = recs[w]
+                if r.attn_rows is not None and r.attn_rows != r.rows_in:
+                    violations.append(
+                        {
+                            "what": f"step {step_no}: rank {w} computed attention for {r.attn_rows} of "
+                            f"{r.rows_in} rows; TP replicates rows",
+                            "step": step_no,
+                            "rank": w,
+                        }
+                    )
+                    break
+                if r.rows_in != first.rows_in or r.seq_positions != first.seq_positions:
+                    violations.append(
+                        {
+                            "what": f"step {step_no}: rank {w} saw other rows than rank {group[0]} "
+                            f"({r.rows_in} vs {first.rows_in})",
+                            "step": step_no,
+                            "rank": w,
+                        }
+                    )
+                    break
+            if len(violations) >= 100:
+                break
+    figures = {
+        "mode": "replicated",
+        "groups": len(tp_groups),
+        "groups_from": source,
+        "steps": n_steps,
+        "rows": n_rows,
+    }
+    ok = f"{n_rows} rows in {n_steps} step(s) seen by every rank of each TP group"
+    return _finish(violations, holes, _truncated(ev, [w for g in tp_groups for w in g]), figures, ok)

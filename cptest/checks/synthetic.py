@@ -1,0 +1,228 @@
+"""Synthetic plans and evidence that satisfy the CP contracts, for tests and the checks benchmark.
+
+Everything here builds *correct* evidence (the layout SGLang 0.5.17 should produce); a test breaks
+one record to show a checker notices. Writers follow the archive layout of `cptest.checks.load`.
+Pure except `write_archive`, which writes the files it is given and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from cptest.checks._layout import dcp_owner, zigzag_blocks
+from cptest.evidence import RankId, Step, dump_record, ranges_from, ranges_merge
+from cptest.plan_model import Expectation, NodeLaunch, Pins, Plan, PlannedRequest, ServerPlan, WorkloadPlan
+
+
+def rid(index: int, role: str = "main") -> str:
+    """The request id the workload driver is expected to send: `cptest-<role>-<index>`."""
+    return f"cptest-{role}-{index}"
+
+
+def server_plan(
+    role: str = "main",
+    *,
+    world: int = 1,
+    tp: int | None = None,
+    dcp: int = 1,
+    attn_cp: int = 1,
+    engine: str = "sglang",
+    release: str = "0.5.17",
+    nodes: int = 1,
+    cp_strategy: str | None = None,
+) -> ServerPlan:
+    tp = tp or world
+    per_node = max(world // nodes, 1)
+    return ServerPlan(
+        role=role,  # type: ignore[arg-type]
+        engine=engine,  # type: ignore[arg-type]
+        release=release,
+        nodes=[
+            NodeLaunch(
+                node_rank=k,
+                gpu_ids=list(range(per_node)),
+                env={},
+                argv=["python3", "-m", "sglang"],
+                port=30000 + k,
+            )
+            for k in range(nodes)
+        ],
+        base_url="http://127.0.0.1:30000",
+        world_size=world,
+        topology={
+            "tp": tp,
+            "dcp": dcp,
+            "attn_cp": attn_cp,
+            "attn_dp": 1,
+            "cp_strategy": cp_strategy,
+            "gpus": world,
+            "nodes": nodes,
+        },
+        geometry=[{"world": w, "tp": w % tp} for w in range(world)],
+    )
+
+
+def make_plan(
+    main: ServerPlan,
+    expectations: Iterable[Expectation] = (),
+    *,
+    baseline: ServerPlan | None = None,
+    requests: int = 4,
+    prompt_len: int = 16,
+    max_new_tokens: int = 4,
+    scenario: str = "synthetic",
+) -> Plan:
+    return Plan(
+        scenario=scenario,
+        main=main,
+        baseline=baseline,
+        workload=WorkloadPlan(
+            seed=0,
+            concurrency=requests,
+            rate_per_s=None,
+            timeout_s=60.0,
+            requests=[
+                PlannedRequest(
+                    index=i,
+                    input_ids=[1] * prompt_len,
+                    max_new_tokens=max_new_tokens,
+                    sampling={"temperature": 0.0},
+                )
+                for i in range(requests)
+            ],
+        ),
+        expectations=list(expectations),
+        pins=Pins(
+            engine=main.engine,
+            release=main.release,
+            model={"path": "synthetic"},
+            cptest_version="0.1.0",
+            scenario_sha256="0" * 64,
+        ),
+    )
+
+
+def rank_id(world: int, *, dcp: int = 1, cp: int = 1, tp: int | None = None) -> RankId:
+    return RankId(
+        world=world, tp=world if tp is None else tp, dcp=world % dcp, attn_cp=world % cp if cp > 1 else 0
+    )
+
+
+def dcp_steps(
+    world: int,
+    dcp: int,
+    prompts: dict[str, int],
+    decode_steps: int,
+    *,
+    batch: int | None = None,
+    first_step: int = 0,
+) -> Iterator[Step]:
+    """Correct Step records of one DCP rank (DCP group = world ranks 0..dcp-1, interleave 1): one
+    extend step of all prompts, then `decode_steps` decode steps; K/V of position p written by the rank
+    with p % dcp == its DCP rank; queries not split."""
+    d = world % dcp
+    rank = rank_id(world, dcp=dcp)
+    n = len(prompts)
+    kv = {r: ranges_from(range(d, plen, dcp)) for r, plen in prompts.items()}
+    total = sum(prompts.values())
+    yield Step(
+        rank=rank,
+        step=first_step,
+        mode="extend",
+        batch_size=n,
+        rows_in=total,
+        attn_rows=total,
+        kv_written={r: v for r, v in kv.items() if v},
+        extend_lens=list(prompts.values()),
+        prefix_lens=[0] * n,
+    )
+    for k in range(decode_steps):
+        written = {}
+        for r, plen in prompts.items():
+            pos = plen + k
+            if dcp_owner(pos, dcp) == d:
+                written[r] = [(pos, pos + 1)]
+        yield Step(
+            rank=rank,
+            step=first_step + 1 + k,
+            mode="decode",
+            batch_size=batch or n,
+            rows_in=n,
+            attn_rows=n,
+            kv_written=written,
+        )
+
+
+def zigzag_steps(
+    world: int,
+    cp: int,
+    prompts: dict[str, int],
+    *,
+    step: int = 0,
+    ffn: str = "local",
+    prefix: dict[str, int] | None = None,
+) -> Step:
+    """The correct extend Step record of CP rank `world % cp` (ATTN_CP group = 0..cp-1) under zigzag."""
+    c = world % cp
+    seq: dict[str, list[tuple[int, int]]] = {}
+    for r, n in prompts.items():
+        lo = (prefix or {}).get(r, 0)
+        seq[r] = ranges_merge((lo + a, lo + b) for a, b in zigzag_blocks(n, cp, c))
+    mine = sum(b - a for v in seq.values() for a, b in v)
+    total = sum(prompts.values())
+    return Step(
+        rank=rank_id(world, cp=cp),
+        step=step,
+        mode="extend",
+        batch_size=len(prompts),
+        rows_in=total,
+        attn_rows=mine,
+        ffn_rows=mine if ffn == "local" else total,
+        cp_active=True,
+        seq_positions=seq,
+        extend_lens=list(prompts.values()),
+        prefix_lens=[(prefix or {}).get(r, 0) for r in prompts],
+    )
+
+
+def write_jsonl(path: Path, records: Iterable[BaseModel | str]) -> int:
+    """Write records (or pre-dumped lines) one per line; returns the count."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with path.open("w", encoding="utf-8") as f:
+        for r in records:
+            f.write(r if isinstance(r, str) else dump_record(r))
+            f.write("\n")
+            n += 1
+    return n
+
+
+def write_archive(
+    dir: Path,
+    plan: Plan,
+    *,
+    ranks: dict[str, dict[int, Iterable[BaseModel | str]]] | None = None,
+    runner: dict[str, Iterable[BaseModel]] | None = None,
+    logs: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write plan.json, evidence/<role>/rank<k>.jsonl, evidence/<role>/runner.jsonl and logs/<name>.
+    `logs` maps a file name (`main-node0.log`) to its text."""
+    dir.mkdir(parents=True, exist_ok=True)
+    (dir / "plan.json").write_text(plan.model_dump_json(indent=2), encoding="utf-8")
+    for role, per_rank in (ranks or {}).items():
+        for world, recs in per_rank.items():
+            write_jsonl(dir / "evidence" / role / f"rank{world}.jsonl", recs)
+    for role, recs in (runner or {}).items():
+        write_jsonl(dir / "evidence" / role / "runner.jsonl", recs)
+    for name, text in (logs or {}).items():
+        (dir / "logs").mkdir(exist_ok=True)
+        (dir / "logs" / name).write_text(text, encoding="utf-8")
+    for name, value in (extra or {}).items():
+        (dir / name).write_text(json.dumps(value) if not isinstance(value, str) else value, encoding="utf-8")
+    return dir

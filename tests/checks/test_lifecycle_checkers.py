@@ -1,0 +1,188 @@
+"""Specifications of cptest/checks/{launch,serving,shutdown,graph,log}.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cptest.checks import check_loaded, load_archive
+from cptest.checks.synthetic import make_plan, rank_id, server_plan, write_archive
+from cptest.checks.verdict import Verdict
+from cptest.evidence import GpuSample, Graph, Lifecycle, ProcessSample, RequestResult, Step
+from cptest.plan_model import Expectation
+
+
+def _one(
+    tmp_path: Path,
+    expect: Expectation,
+    runner: list,
+    *,
+    ranks=None,
+    logs=None,
+    world: int = 1,
+    requests: int = 2,
+) -> Verdict:
+    plan = make_plan(server_plan(world=world), [expect], requests=requests)
+    write_archive(tmp_path, plan, ranks={"main": ranks or {}}, runner={"main": runner}, logs=logs)
+    return check_loaded(load_archive(tmp_path)).verdicts[0]
+
+
+# ---------------------------------------------------------------- launch
+REJECT = Expectation(checker="launch", params={"accepted": False, "match": "does not support"})
+FAILED = Lifecycle(event="launch_failed", detail={"status": 1, "after_s": 3.0, "reason": "exit 1"})
+
+
+def test_expected_rejection_with_matching_log_passes(tmp_path: Path) -> None:
+    v = _one(tmp_path, REJECT, [FAILED], logs={"main-node0.log": "x\nValueError: PCP does not support DCP\n"})
+    assert v == Verdict(
+        checker="launch",
+        status="pass",
+        figures={"status": 1, "matched": "ValueError: PCP does not support DCP"},
+        reason="main was rejected as expected: ValueError: PCP does not support DCP",
+    )
+
+
+def test_rejection_for_another_reason_fails(tmp_path: Path) -> None:
+    v = _one(tmp_path, REJECT, [FAILED], logs={"main-node0.log": "CUDA out of memory\n"})
+    assert v.status == "fail" and "no log line matches" in v.reason
+
+
+def test_launch_expected_rejected_but_ready_fails(tmp_path: Path) -> None:
+    v = _one(tmp_path, REJECT, [Lifecycle(event="ready", detail={"after_s": 40.0})])
+    assert v.status == "fail"
+
+
+def test_launch_with_neither_ready_nor_failure_is_unknown(tmp_path: Path) -> None:
+    v = _one(
+        tmp_path, Expectation(checker="launch", params={"accepted": True}), [Lifecycle(event="launched")]
+    )
+    assert v.status == "unknown"
+
+
+# ---------------------------------------------------------------- serving
+SERVING = Expectation(checker="serving", params={"completed_min": 2, "of": 3})
+
+
+def _req(i: int, status: str) -> RequestResult:
+    return RequestResult(index=i, prompt_len=1, max_new_tokens=1, prompt_sha256="x", status=status)
+
+
+def test_request_without_outcome_fails_as_hung(tmp_path: Path) -> None:
+    v = _one(tmp_path, SERVING, [_req(0, "ok"), _req(1, "ok")], requests=3)
+    assert v.status == "fail" and v.figures["first_no_outcome"] == 2 and "hung" in v.reason
+
+
+def test_timeouts_short_of_the_minimum_are_unknown(tmp_path: Path) -> None:
+    v = _one(tmp_path, SERVING, [_req(0, "ok"), _req(1, "timeout"), _req(2, "error")], requests=3)
+    assert v.status == "unknown" and "indeterminate" in v.reason
+
+
+def test_enough_completed_passes_despite_a_timeout(tmp_path: Path) -> None:
+    v = _one(tmp_path, SERVING, [_req(0, "ok"), _req(1, "ok"), _req(2, "timeout")], requests=3)
+    assert v.status == "pass"
+
+
+def test_errors_short_of_the_minimum_fail(tmp_path: Path) -> None:
+    v = _one(tmp_path, SERVING, [_req(0, "ok"), _req(1, "error"), _req(2, "error")], requests=3)
+    assert v.status == "fail"
+
+
+# ---------------------------------------------------------------- shutdown
+SHUTDOWN = Expectation(
+    checker="shutdown",
+    params={"within_s": 30, "gpu_memory_released": True, "no_orphans": True, "exit_statuses": [0, -9]},
+)
+CLEAN = [
+    GpuSample(phase="before", used_mib={"0": 500}),
+    Lifecycle(event="signal", detail={"sig": 15, "pid": 10}),
+    Lifecycle(event="exited", detail={"node": 0, "status": -9, "after_s_since_signal": 12.0}),
+    Lifecycle(event="teardown", detail={"leftover_pids": [], "killed": []}),
+    ProcessSample(phase="final", procs=[]),
+    GpuSample(phase="after", used_mib={"0": 540}),
+]
+
+
+def test_clean_shutdown_passes(tmp_path: Path) -> None:
+    v = _one(tmp_path, SHUTDOWN, CLEAN)
+    assert v.status == "pass", v.reason
+    assert v.figures["parts"] == {
+        "within": "pass",
+        "no_orphans": "pass",
+        "gpu_memory": "pass",
+        "exit_status": "pass",
+    }
+
+
+def test_gpu_memory_held_after_shutdown_fails(tmp_path: Path) -> None:
+    v = _one(tmp_path, SHUTDOWN, [*CLEAN[:-1], GpuSample(phase="after", used_mib={"0": 1800})])
+    assert v.status == "fail" and v.reason == "gpu_memory: GPU 0 still holds 1300 MiB more than before launch"
+
+
+def test_slow_exit_and_orphan_both_fail(tmp_path: Path) -> None:
+    runner = [*CLEAN]
+    runner[2] = Lifecycle(event="exited", detail={"node": 0, "status": -9, "after_s_since_signal": 45.0})
+    runner[4] = ProcessSample(phase="final", procs=[{"pid": 77, "name": "sglang::scheduler_TP1"}])
+    v = _one(tmp_path, SHUTDOWN, runner)
+    assert v.status == "fail"
+    assert v.figures["parts"]["within"] == "fail" and v.figures["parts"]["no_orphans"] == "fail"
+
+
+def test_exit_status_outside_the_accepted_set_fails(tmp_path: Path) -> None:
+    runner = [*CLEAN]
+    runner[2] = Lifecycle(event="exited", detail={"node": 0, "status": 1, "after_s_since_signal": 2.0})
+    assert _one(tmp_path, SHUTDOWN, runner).figures["parts"]["exit_status"] == "fail"
+
+
+def test_shutdown_without_gpu_samples_is_unknown(tmp_path: Path) -> None:
+    v = _one(tmp_path, SHUTDOWN, [r for r in CLEAN if not isinstance(r, GpuSample)])
+    assert v.status == "unknown" and v.figures["parts"]["gpu_memory"] == "unknown"
+
+
+# ---------------------------------------------------------------- graph
+def _graph(state: str) -> Expectation:
+    return Expectation(checker="graph", params={"phase": "decode", "state": state})
+
+
+def test_decode_graph_captured_and_replayed_passes(tmp_path: Path) -> None:
+    recs = [
+        Graph(rank=rank_id(0), event="capture", phase="decode", batch_sizes=[1, 2, 4]),
+        Graph(rank=rank_id(0), event="replay", phase="decode", count=30),
+    ]
+    v = _one(tmp_path, _graph("captured"), [], ranks={0: recs})
+    assert v.status == "pass" and v.figures["captured_sizes"] == {"0": [1, 2, 4]}
+
+
+def test_decode_graph_captured_but_never_replayed_fails(tmp_path: Path) -> None:
+    recs = [
+        Graph(rank=rank_id(0), event="capture", phase="decode", batch_sizes=[1]),
+        Graph(rank=rank_id(0), event="eager", phase="decode", count=30),
+    ]
+    assert _one(tmp_path, _graph("captured"), [], ranks={0: recs}).status == "fail"
+
+
+def test_graph_disabled_with_decode_steps_and_no_capture_passes(tmp_path: Path) -> None:
+    step = Step(rank=rank_id(0), step=1, mode="decode", batch_size=1, rows_in=1)
+    assert _one(tmp_path, _graph("disabled"), [], ranks={0: [step]}).status == "pass"
+
+
+def test_graph_disabled_without_step_records_is_unknown(tmp_path: Path) -> None:
+    assert _one(tmp_path, _graph("disabled"), [], ranks={0: []}).status == "unknown"
+
+
+def test_graph_disabled_but_captured_fails(tmp_path: Path) -> None:
+    recs = [Graph(rank=rank_id(0), event="capture", phase="decode", batch_sizes=[8])]
+    assert _one(tmp_path, _graph("disabled"), [], ranks={0: recs}).status == "fail"
+
+
+# ---------------------------------------------------------------- log
+def test_log_pattern_expected_absent_but_present_fails(tmp_path: Path) -> None:
+    expect = Expectation(checker="log", params={"pattern": r"Traceback", "present": False})
+    v = _one(tmp_path, expect, [], logs={"main-node0.log": "ok\nTraceback (most recent call last):\n"})
+    assert v.status == "fail" and v.figures == {
+        "file": "logs/main-node0.log",
+        "line": "Traceback (most recent call last):",
+    }
+
+
+def test_log_pattern_without_logs_is_unknown(tmp_path: Path) -> None:
+    expect = Expectation(checker="log", params={"pattern": r"Traceback", "present": False})
+    assert _one(tmp_path, expect, []).status == "unknown"

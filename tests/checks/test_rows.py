@@ -1,0 +1,210 @@
+"""Specifications of cptest/checks/rows.py: hand-written Step evidence in, Verdict out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cptest.checks import check_loaded, load_archive
+from cptest.checks.synthetic import (
+    dcp_steps,
+    make_plan,
+    rank_id,
+    rid,
+    server_plan,
+    write_archive,
+    zigzag_steps,
+)
+from cptest.evidence import Geometry, RequestResult, Step
+from cptest.plan_model import Expectation
+
+DCP = Expectation(checker="rows", params={"mode": "dcp_owner", "dcp": 2}, source="s.cps:9:5")
+PROMPTS = {rid(0): 5, rid(1): 8}
+
+
+def _dcp_archive(tmp_path: Path, rank_records: dict[int, list], expect: Expectation = DCP, runner=None):
+    plan = make_plan(server_plan(world=2, dcp=2), [expect], requests=2)
+    write_archive(tmp_path, plan, ranks={"main": rank_records}, runner={"main": runner or []})
+    return check_loaded(load_archive(tmp_path)).verdicts[0]
+
+
+def test_dcp_positions_written_once_by_their_owner_pass(tmp_path: Path) -> None:
+    v = _dcp_archive(tmp_path, {w: list(dcp_steps(w, 2, PROMPTS, decode_steps=3)) for w in (0, 1)})
+    assert v.status == "pass", v.reason
+    assert v.figures["positions"] == (5 + 3) + (8 + 3)
+    assert v.figures["requests"] == 2
+    assert v.source == "s.cps:9:5"
+
+
+def test_dcp_position_written_by_two_ranks_fails_with_the_position(tmp_path: Path) -> None:
+    r0 = list(dcp_steps(0, 2, PROMPTS, decode_steps=0))
+    r1 = list(dcp_steps(1, 2, PROMPTS, decode_steps=0))
+    # rank 1 also writes position 4 of request 0 (owner is rank 0): a double write and a wrong owner
+    r1.append(
+        Step(
+            rank=rank_id(1, dcp=2),
+            step=1,
+            mode="decode",
+            batch_size=1,
+            rows_in=1,
+            kv_written={rid(0): [(4, 5)]},
+        )
+    )
+    v = _dcp_archive(tmp_path, {0: r0, 1: r1})
+    assert v.status == "fail"
+    assert v.figures["first"]["position"] == 4
+    assert v.figures["first"]["rid"] == rid(0)
+    assert "position 4" in v.reason
+    assert v.figures["violations"] == 2
+
+
+def test_dcp_position_written_by_no_rank_fails_as_a_hole(tmp_path: Path) -> None:
+    r0 = list(dcp_steps(0, 2, {rid(0): 8}, decode_steps=0))
+    r1 = [
+        s.model_copy(update={"kv_written": {rid(0): [(1, 2), (5, 6), (7, 8)]}})
+        for s in dcp_steps(1, 2, {rid(0): 8}, decode_steps=0)
+    ]  # position 3 missing
+    v = _dcp_archive(tmp_path, {0: r0, 1: r1})
+    assert (v.status, v.figures["first"]["position"]) == ("fail", 3)
+    assert "[3, 4) written by no rank" in v.reason
+
+
+def test_dcp_hole_with_truncated_rank_evidence_is_unknown(tmp_path: Path) -> None:
+    r0 = list(dcp_steps(0, 2, {rid(0): 8}, decode_steps=0))
+    r1 = [
+        s.model_copy(update={"kv_written": {rid(0): [(1, 2), (5, 6), (7, 8)]}})
+        for s in dcp_steps(1, 2, {rid(0): 8}, decode_steps=0)
+    ]
+    v = _dcp_archive(tmp_path, {0: r0, 1: [*r1, '{"v": 1, "kind": "st']})
+    assert v.status == "unknown"
+    assert v.figures["truncated_ranks"] == [1]
+
+
+def test_dcp_request_shorter_than_its_output_fails(tmp_path: Path) -> None:
+    ranks = {w: list(dcp_steps(w, 2, {rid(0): 5}, decode_steps=2)) for w in (0, 1)}  # positions 0..6
+    done = RequestResult(
+        index=0, prompt_len=5, max_new_tokens=8, prompt_sha256="x", status="ok", output_ids=[1, 2, 3, 4, 5]
+    )  # needs positions 0..8 written
+    v = _dcp_archive(tmp_path, ranks, runner=[done])
+    assert v.status == "fail"
+    assert "written up to position 7" in v.reason
+
+
+def test_dcp_queries_split_over_ranks_fails(tmp_path: Path) -> None:
+    r0 = [s.model_copy(update={"attn_rows": 6}) for s in dcp_steps(0, 2, PROMPTS, decode_steps=0)]
+    r1 = list(dcp_steps(1, 2, PROMPTS, decode_steps=0))
+    v = _dcp_archive(tmp_path, {0: r0, 1: r1})
+    assert v.status == "fail" and "must not split queries" in v.reason
+
+
+def test_missing_rank_evidence_is_unknown(tmp_path: Path) -> None:
+    v = _dcp_archive(tmp_path, {0: list(dcp_steps(0, 2, PROMPTS, decode_steps=1))})
+    assert v.status == "unknown"
+    assert v.reason.startswith("no evidence from rank 1")
+    assert v.figures == {"missing_ranks": [1]}
+
+
+def test_no_step_records_is_unknown_not_pass(tmp_path: Path) -> None:
+    geo = {
+        w: [Geometry(rank=rank_id(w, dcp=2), sizes={"tp": 2, "dcp": 2}, groups={"dcp": [0, 1]})]
+        for w in (0, 1)
+    }
+    v = _dcp_archive(tmp_path, geo)
+    assert v.status == "unknown" and "no Step records" in v.reason
+
+
+def test_dcp_groups_come_from_probe_geometry_when_present(tmp_path: Path) -> None:
+    geo = [
+        Geometry(rank=rank_id(w, dcp=2), sizes={"tp": 2, "dcp": 2}, groups={"dcp": [0, 1]}) for w in (0, 1)
+    ]
+    v = _dcp_archive(tmp_path, {w: [geo[w], *dcp_steps(w, 2, PROMPTS, decode_steps=1)] for w in (0, 1)})
+    assert (v.status, v.figures["groups_from"]) == ("pass", "probe")
+
+
+PCP = Expectation(checker="rows", params={"mode": "pcp_split", "cp": 2, "strategy": "zigzag", "ffn": "local"})
+
+
+def _pcp(tmp_path: Path, steps: dict[int, list[Step]], expect: Expectation = PCP):
+    plan = make_plan(server_plan(world=2, attn_cp=2, cp_strategy="zigzag"), [expect])
+    write_archive(tmp_path, plan, ranks={"main": steps})
+    return check_loaded(load_archive(tmp_path)).verdicts[0]
+
+
+def test_zigzag_split_rows_pass(tmp_path: Path) -> None:
+    prompts = {rid(0): 10, rid(1): 7}
+    v = _pcp(tmp_path, {w: [zigzag_steps(w, 2, prompts)] for w in (0, 1)})
+    assert v.status == "pass", v.reason
+    assert (v.figures["rows"], v.figures["request_extends"], v.figures["ffn_checked"]) == (17, 2, 2)
+
+
+def test_zigzag_rows_in_the_wrong_blocks_fail_naming_rank_and_request(tmp_path: Path) -> None:
+    prompts = {rid(0): 8}
+    r0 = zigzag_steps(0, 2, prompts).model_copy(update={"seq_positions": {rid(0): [(0, 4)]}})
+    r1 = zigzag_steps(1, 2, prompts).model_copy(update={"seq_positions": {rid(0): [(4, 8)]}})
+    v = _pcp(tmp_path, {0: [r0], 1: [r1]})
+    assert v.status == "fail"
+    assert v.figures["first"]["rank"] == 0
+    assert v.figures["first"]["expected"] == "[0,2) [6,8)"
+
+
+def test_pcp_rows_computed_twice_fail(tmp_path: Path) -> None:
+    prompts = {rid(0): 8}
+    r1 = zigzag_steps(1, 2, prompts).model_copy(update={"seq_positions": {rid(0): [(0, 6)]}})
+    v = _pcp(tmp_path, {0: [zigzag_steps(0, 2, prompts)], 1: [r1]})
+    assert v.status == "fail" and "position 0 computed by more than one CP rank" in v.reason
+
+
+def test_silent_zigzag_fallback_fails(tmp_path: Path) -> None:
+    prompts = {rid(0): 3}
+    steps = {w: [zigzag_steps(w, 2, prompts).model_copy(update={"cp_active": False})] for w in (0, 1)}
+    v = _pcp(tmp_path, steps)
+    assert v.status == "fail"
+    assert v.figures["first"]["shortest_extend"] == 3
+    assert "silent fallback" in v.reason
+
+
+def test_gathered_ffn_declared_but_local_observed_fails(tmp_path: Path) -> None:
+    expect = PCP.model_copy(update={"params": {**PCP.params, "ffn": "gathered"}})
+    v = _pcp(tmp_path, {w: [zigzag_steps(w, 2, {rid(0): 8})] for w in (0, 1)}, expect)
+    assert v.status == "fail" and "MLP" in v.reason
+
+
+def test_interleave_split_rows_pass(tmp_path: Path) -> None:
+    expect = Expectation(checker="rows", params={"mode": "pcp_split", "cp": 2, "strategy": "interleave"})
+    # packed batch: request 0 (3 tokens) at packed 0..2, request 1 (4 tokens) at 3..6; token i -> rank i % 2
+    r0 = Step(
+        rank=rank_id(0, cp=2),
+        step=0,
+        mode="extend",
+        batch_size=2,
+        rows_in=7,
+        cp_active=True,
+        seq_positions={rid(0): [(0, 1), (2, 3)], rid(1): [(1, 2), (3, 4)]},
+    )
+    r1 = Step(
+        rank=rank_id(1, cp=2),
+        step=0,
+        mode="extend",
+        batch_size=2,
+        rows_in=7,
+        cp_active=True,
+        seq_positions={rid(0): [(1, 2)], rid(1): [(0, 1), (2, 3)]},
+    )
+    assert _pcp(tmp_path, {0: [r0], 1: [r1]}, expect).status == "pass"
+
+
+def test_replicated_rows_seen_differently_by_one_tp_rank_fail(tmp_path: Path) -> None:
+    expect = Expectation(checker="rows", params={"mode": "replicated"})
+    plan = make_plan(server_plan(world=2), [expect])
+    s0 = Step(
+        rank=rank_id(0),
+        step=0,
+        mode="extend",
+        batch_size=1,
+        rows_in=8,
+        attn_rows=8,
+        seq_positions={rid(0): [(0, 8)]},
+    )
+    s1 = s0.model_copy(update={"rank": rank_id(1), "seq_positions": {rid(0): [(0, 4)]}})
+    write_archive(tmp_path, plan, ranks={"main": {0: [s0], 1: [s1]}})
+    v = check_loaded(load_archive(tmp_path)).verdicts[0]
+    assert v.status == "fail" and "rank 1 saw other rows than rank 0" in v.reason

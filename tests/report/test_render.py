@@ -1,0 +1,61 @@
+"""Specifications of cptest/report/__init__.py."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from cptest.checks.synthetic import make_plan, server_plan
+from cptest.checks.verdict import Verdict, scenario_verdict
+from cptest.report import render, render_junit, render_matrix
+
+VERDICTS = [
+    Verdict(checker="launch", status="pass", reason="ready after 3 s", source="a.cps:4:5"),
+    Verdict(checker="capacity", status="fail", reason="scheduler | reports 1000", figures={"found": 1000}),
+    Verdict(checker="graph", status="unknown", reason="no capture <recorded> & more"),
+]
+
+
+def test_report_lists_every_verdict_with_its_reason_and_escapes_pipes() -> None:
+    sv = scenario_verdict("dcp2", "sglang", "0.5.17", VERDICTS)
+    md = render(sv, make_plan(server_plan(world=2, dcp=2)))
+    assert md.startswith("# dcp2: FAIL\n")
+    assert "| capacity | FAIL | scheduler \\| reports 1000 |  |" in md
+    assert "| launch | PASS | ready after 3 s | a.cps:4:5 |" in md
+    assert '"found": 1000' in md
+    assert "never count as SGLang" not in md
+
+
+def test_reference_engine_report_says_it_does_not_qualify_sglang() -> None:
+    md = render(scenario_verdict("x", "reference", "", VERDICTS[:1]))
+    assert "never count as SGLang qualification" in md
+
+
+def test_junit_has_one_testcase_per_checker_failure_and_error() -> None:
+    root = ET.fromstring(render_junit(scenario_verdict("dcp2", "sglang", "0.5.17", VERDICTS)))
+    cases = root.findall("./testsuite/testcase")
+    assert [c.get("name") for c in cases] == ["1-launch", "2-capacity", "3-graph"]
+    assert cases[1].find("failure").get("message") == "scheduler | reports 1000"
+    assert cases[2].find("error").get("message") == "no capture <recorded> & more"
+    assert root.find("testsuite").get("failures") == "1"
+
+
+def test_render_reads_an_archive_directory(tmp_path: Path) -> None:
+    (tmp_path / "verdict.json").write_text(scenario_verdict("s", "sglang", "0.5.17", VERDICTS[:1]).to_json())
+    assert render(tmp_path).startswith("# s: PASS")
+
+
+def test_matrix_has_one_row_per_archive_sorted_with_engine_and_checker_columns(tmp_path: Path) -> None:
+    dirs = []
+    for name, engine, vs in (("zeta", "sglang", VERDICTS), ("alpha", "reference", VERDICTS[:1])):
+        d = tmp_path / name / "20250101T000000Z-00000000"
+        d.mkdir(parents=True)
+        (d / "verdict.json").write_text(scenario_verdict(name, engine, "", vs).to_json())
+        dirs.append(d)
+    unchecked = tmp_path / "beta" / "20250101T000000Z-11111111"
+    unchecked.mkdir(parents=True)
+    lines = render_matrix([*dirs, unchecked]).splitlines()
+    assert lines[0] == "| scenario | engine | verdict | launch | capacity | graph | archive |"
+    assert lines[2] == "| alpha | reference | **PASS** | PASS | - | - | 20250101T000000Z-00000000 |"
+    assert lines[3].startswith("| beta | ? | **not checked** |")
+    assert lines[4] == "| zeta | sglang | **FAIL** | PASS | FAIL | UNKNOWN | 20250101T000000Z-00000000 |"
