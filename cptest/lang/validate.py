@@ -1,0 +1,1117 @@
+"""The semantic pass: `Doc`s (one per file of an `extends` chain) -> a typed, checked `Scenario`.
+
+Contract:
+- `resolve(doc, base_dir, read)` follows `extends`, merges the chain (the extending file wins, see
+  `merge`), checks types, ranges and cross-field rules, reads a local model's `config.json`, and
+  returns a `Scenario`.  It collects *all* problems of the chain and raises one `ScenarioError`
+  (sorted by position); nothing else escapes.
+- It reads files (the extends targets and `config.json`) only through `read`, so tests can give it
+  an in-memory file system.  It never touches the network, the clock or processes.
+- It does not know SGLang releases or flag tables: unknown releases and pass-through flags are the
+  plan/lint stage's business.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+
+from cptest.errors import ProblemCollector, ScenarioError, Span, did_you_mean, one_of
+from cptest.lang import tables as T
+from cptest.lang.syntax import BLOCK, Call, Doc, Duration, Ident, Stmt, read_doc
+from cptest.scenario import (
+    Baseline,
+    CapacityExpect,
+    Dist,
+    Engine,
+    Expect,
+    Fault,
+    GenerationExpect,
+    GraphExpect,
+    LaunchExpect,
+    LogExpect,
+    Model,
+    ModelFacts,
+    RowsExpect,
+    Sampling,
+    Scenario,
+    Serve,
+    ServingExpect,
+    ShutdownExpect,
+    Topology,
+    Workload,
+    baseline_topology,
+)
+
+LANGUAGE_VERSION = 1
+MISSING: Any = object()
+
+Reader = Callable[[str], str]
+"""Reads a file's text by path; raises OSError (or UnicodeDecodeError) when it cannot."""
+
+
+def read_path(path: str) -> str:
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
+
+
+# ---------------------------------------------------------------------------------------- extends
+
+
+class _Chain:
+    """The files of one scenario: their texts (for carets) and directories (for relative paths)."""
+
+    def __init__(self, read: Reader, probe_dir: Callable[[str], bool]):
+        self.read = read
+        self.is_dir = probe_dir
+        self.sources: dict[str, str] = {}
+        self.dirs: dict[str, str] = {}
+        self.problems = ProblemCollector()
+        self.includes: list[str] = []
+        self.broken = False
+        """An extends target could not be loaded: later problems would only be noise."""
+
+    def dir_of(self, span: Span | None) -> str:
+        return self.dirs.get(span.file, os.getcwd()) if span else os.getcwd()
+
+
+def _check_doc(doc: Doc, chain: _Chain) -> None:
+    """Per-file rules: version header, duplicates (reported at the second occurrence)."""
+    p = chain.problems
+    if doc.version != LANGUAGE_VERSION:
+        p.add(
+            doc.version_span,
+            f"unsupported language version {doc.version}",
+            expected=f"cptest {LANGUAGE_VERSION}",
+        )
+    seen: dict[tuple[str, str], Stmt] = {}
+    for s in doc.stmts:
+        slot = (s.block, s.key)
+        if slot in T.LIST_KEYS or s.key == "model {":
+            continue
+        first = seen.get(slot)
+        if first is None:
+            seen[slot] = s
+            continue
+        what = (
+            f"{s.key} block" if s.value is BLOCK else (f"'{s.key}'" + (f" in {s.block}" if s.block else ""))
+        )
+        p.add(s.span, f"duplicate {what} (first at line {first.span.line})", hint="merge the two into one")
+
+
+def _load_chain(doc: Doc, chain: _Chain, base_dir: str, stack: list[str]) -> list[Stmt]:
+    """Statements of `doc` with its extends chain merged in (parents first)."""
+    chain.sources[doc.filename] = doc.text
+    chain.dirs[doc.filename] = base_dir
+    _check_doc(doc, chain)
+    ext = [s for s in doc.stmts if s.block == "" and s.key == "extends"]
+    own = [s for s in doc.stmts if not (s.block == "" and s.key == "extends")]
+    if not ext:
+        return own
+    stmt = ext[0]
+    path = os.path.normpath(os.path.join(base_dir, stmt.value))
+    if path in stack:
+        cycle = " -> ".join(os.path.basename(x) for x in [*stack[stack.index(path) :], path])
+        chain.problems.add(stmt.span, f"extends cycle: {cycle}")
+        chain.broken = True
+        return own
+    try:
+        text = chain.read(path)
+    except (OSError, UnicodeDecodeError) as err:
+        chain.problems.add(
+            stmt.span,
+            f"cannot read extended file {stmt.value!r}: {_os_reason(err)}",
+            hint=f"paths are relative to {base_dir or '.'}",
+        )
+        chain.broken = True
+        return own
+    try:
+        parent = read_doc(text, path)
+    except ScenarioError as err:
+        chain.problems.problems.extend(err.problems)
+        chain.sources.update(err.sources)
+        chain.broken = True
+        return own
+    parent_stmts = _load_chain(parent, chain, os.path.dirname(path), [*stack, path])
+    chain.includes.append(path)
+    return merge(parent_stmts, own)
+
+
+def _os_reason(err: BaseException) -> str:
+    if isinstance(err, FileNotFoundError):
+        return "no such file"
+    if isinstance(err, IsADirectoryError):
+        return "it is a directory"
+    if isinstance(err, UnicodeDecodeError):
+        return "not UTF-8 text"
+    return getattr(err, "strerror", None) or type(err).__name__
+
+
+_UNITS: tuple[tuple[Callable[[Stmt], bool], Callable[[Stmt], bool]], ...] = (
+    # (the child has a statement like this, then drop every parent statement like that)
+    (
+        lambda s: s.block == "" and s.key == "model",
+        lambda s: s.block in ("model", "facts") or (s.block == "" and s.key in ("model", "facts", "model {")),
+    ),
+    (
+        lambda s: s.block == "" and s.key == "baseline",
+        lambda s: s.block == "baseline" or (s.block == "" and s.key == "baseline"),
+    ),
+    (
+        lambda s: s.block == "workload" and s.key == "sampling",
+        lambda s: s.block == "sampling" or (s.block == "workload" and s.key == "sampling"),
+    ),
+)
+
+
+def merge(parent: list[Stmt], child: list[Stmt]) -> list[Stmt]:
+    """The extends rule: the child's statements win, field by field.
+
+    - `model` (with its geometry and `facts`), `baseline` and `sampling` are units: if the child
+      writes one, the parent's whole unit is dropped.
+    - Repeating statements (`fault`, `flag`, `log`) are lists: if the child writes any, it replaces
+      the parent's whole list.
+    - Everything else (block settings, expectations, `engine`, `description`) merges key by key.
+    """
+    drop: list[Callable[[Stmt], bool]] = []
+    for has, unit in _UNITS:
+        if any(has(s) for s in child):
+            drop.append(unit)
+    slots = {(s.block, s.key) for s in child if s.value is not BLOCK}
+    openers = {s.key for s in child if s.value is BLOCK}
+    kept = [
+        s
+        for s in parent
+        if not any(d(s) for d in drop)
+        and (s.block, s.key) not in slots
+        and not (s.value is BLOCK and s.key in openers)
+    ]
+    return kept + child
+
+
+# ---------------------------------------------------------------------------------------- values
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Duration):
+        return f"duration {value.seconds:g}s"
+    if isinstance(value, Call):
+        return f"{value.name}(...)"
+    if isinstance(value, Ident):
+        return f"word {str(value)!r}"
+    if isinstance(value, str):
+        return f'string "{value}"'
+    return repr(value)
+
+
+class _Values:
+    """Typed access to the merged statements, adding a problem for every bad value."""
+
+    def __init__(self, stmts: list[Stmt], p: ProblemCollector):
+        self.p = p
+        self.one: dict[tuple[str, str], Stmt] = {}
+        self.many: dict[tuple[str, str], list[Stmt]] = {}
+        for s in stmts:
+            if (s.block, s.key) in T.LIST_KEYS:
+                self.many.setdefault((s.block, s.key), []).append(s)
+            else:
+                self.one[(s.block, s.key)] = s
+
+    def stmt(self, block: str, key: str) -> Stmt | None:
+        return self.one.get((block, key))
+
+    def block(self, block: str, spec_block: str | None = None) -> tuple[dict[str, Any], dict[str, Span]]:
+        """Every setting of `block` checked against SETTINGS: (field -> value, field -> span)."""
+        specs = T.SETTINGS[spec_block or block]
+        values: dict[str, Any] = {}
+        spans: dict[str, Span] = {}
+        for (b, key), s in self.one.items():
+            if b != block or key not in specs:
+                continue
+            spec = specs[key]
+            v = self.check(s, key, spec)
+            if v is not MISSING:
+                values[spec.field] = v
+                spans[spec.field] = s.span
+        return values, spans
+
+    def check(self, s: Stmt, key: str, spec: T.Setting) -> Any:
+        v = s.value
+        kind = spec.kind
+        if kind == "int":
+            if isinstance(v, bool) or not isinstance(v, int):
+                return self._bad(s, key, "an integer", v)
+            return self._range(s, key, v, spec)
+        if kind == "float":
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                return self._bad(s, key, "a number", v)
+            return self._range(s, key, float(v), spec)
+        if kind == "bool":
+            if not isinstance(v, bool):
+                return self._bad(s, key, "true or false", v)
+            return v
+        if kind == "duration":
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                self.p.add(
+                    s.span, f"{key} needs a unit", expected=f"a duration such as {v}s or {v}ms", found=repr(v)
+                )
+                return MISSING
+            if not isinstance(v, Duration):
+                return self._bad(s, key, "a duration (30s, 500ms, 2m)", v)
+            return self._range(s, key, v.seconds, spec)
+        if kind == "word":
+            if not isinstance(v, str) or str(v) not in spec.choices:
+                close = did_you_mean(str(v), spec.choices) if isinstance(v, str) else None
+                self.p.add(
+                    s.span,
+                    f"invalid {key}",
+                    expected=one_of(spec.choices),
+                    found=_describe(v),
+                    hint=f"did you mean '{close}'?" if close else None,
+                )
+                return MISSING
+            return str(v)
+        if kind == "text":
+            if not isinstance(v, str):
+                return self._bad(s, key, "a name or a string", v)
+            return str(v)
+        if kind == "dist":
+            return self._dist(s, key, v, spec)
+        raise AssertionError(kind)
+
+    def _bad(self, s: Stmt, key: str, expected: str, v: Any) -> Any:
+        self.p.add(s.span, f"wrong type for {key}", expected=expected, found=_describe(v))
+        return MISSING
+
+    def _range(self, s: Stmt, key: str, v: float, spec: T.Setting) -> Any:
+        lo_ok = spec.min is None or (v > spec.min if spec.min_exclusive else v >= spec.min)
+        hi_ok = spec.max is None or v <= spec.max
+        if lo_ok and hi_ok:
+            return v
+        lo = "" if spec.min is None else (f"> {spec.min:g}" if spec.min_exclusive else f">= {spec.min:g}")
+        hi = "" if spec.max is None else f"<= {spec.max:g}"
+        self.p.add(
+            s.span,
+            f"{key} is out of range",
+            expected=" and ".join(x for x in (lo, hi) if x),
+            found=f"{v:g}" if isinstance(v, float) else str(v),
+        )
+        return MISSING
+
+    def _dist(self, s: Stmt, key: str, v: Any, spec: T.Setting) -> Any:
+        lo = int(spec.min or 1)
+        if isinstance(v, int) and not isinstance(v, bool):
+            if v < lo:
+                self.p.add(s.span, f"{key} is out of range", expected=f">= {lo}", found=str(v))
+                return MISSING
+            return Dist(kind="fixed", n=v, span=s.span)
+        if not isinstance(v, Call):
+            return self._bad(s, key, "a token count: 128, uniform(lo, hi) or choice(a, b, ...)", v)
+        if v.name not in T.DIST_FUNCS:
+            close = did_you_mean(v.name, T.DIST_FUNCS)
+            self.p.add(
+                s.span,
+                f"unknown distribution {v.name!r} for {key}",
+                expected=one_of(T.DIST_FUNCS),
+                hint=f"did you mean '{close}'?" if close else None,
+            )
+            return MISSING
+        if not all(isinstance(a, int) and not isinstance(a, bool) for a in v.args):
+            self.p.add(
+                s.span, f"{v.name}() takes integer token counts", found=", ".join(map(_describe, v.args))
+            )
+            return MISSING
+        args = list(v.args)
+        if any(a < lo for a in args):
+            self.p.add(
+                s.span,
+                f"{key} is out of range",
+                expected=f"token counts >= {lo}",
+                found=", ".join(map(str, args)),
+            )
+            return MISSING
+        if v.name == "uniform":
+            if len(args) != 2:
+                self.p.add(
+                    s.span,
+                    "uniform() takes two bounds",
+                    expected="uniform(lo, hi)",
+                    found=f"{len(args)} arguments",
+                )
+                return MISSING
+            if args[0] > args[1]:
+                self.p.add(s.span, f"uniform({args[0]}, {args[1]}) has lo > hi", expected="lo <= hi")
+                return MISSING
+            return Dist(kind="uniform", lo=args[0], hi=args[1], span=s.span)
+        if not args:
+            self.p.add(s.span, "choice() needs at least one value", expected="choice(a, b, ...)")
+            return MISSING
+        return Dist(kind="choice", choices=args, span=s.span)
+
+
+# ---------------------------------------------------------------------------------------- build
+
+
+def resolve(
+    doc: Doc,
+    base_dir: str,
+    *,
+    read: Reader = read_path,
+    is_dir: Callable[[str], bool] = os.path.isdir,
+) -> Scenario:
+    """Check `doc` (and what it extends) and build the Scenario. Raises ScenarioError only."""
+    chain = _Chain(read, is_dir)
+    p = chain.problems
+    if doc.kind != "scenario":
+        p.add(
+            doc.name_span,
+            "this is a defaults file, not a scenario",
+            hint='a scenario uses it with: extends "<this file>"',
+        )
+    stmts = _load_chain(doc, chain, base_dir, [os.path.normpath(os.path.join(base_dir, doc.filename))])
+    if chain.broken:
+        raise ScenarioError(p.problems, sources=chain.sources)
+    v = _Values(stmts, p)
+    # Admission rules SGLang enforces itself are relaxed when the scenario is *about* admission:
+    # it expects the launch to be rejected, or declares the launch contract violated.
+    launch = v.stmt("expect", "launch")
+    about_admission = bool(launch and (not launch.value.get("accepted") or launch.value.get("violated")))
+    where = doc.name_span
+    engine = _engine(v, where)
+    model = _model(v, where, chain)
+    topology = _topology(v, where, about_admission)
+    serve = _serve(v)
+    baseline = _baseline(v, topology)
+    workload = _workload(v, where)
+    faults = _faults(v, topology)
+    expect = _expect(v, workload)
+    if p.problems:
+        raise ScenarioError(p.problems, sources=chain.sources)
+    try:
+        return Scenario(
+            name=doc.name or "",
+            description=_description(v),
+            includes=list(chain.includes),
+            engine=engine,
+            model=model,
+            topology=topology,
+            serve=serve,
+            baseline=baseline,
+            workload=workload,
+            faults=faults,
+            expect=expect,
+            source_file=doc.filename,
+            span=doc.name_span,
+        )
+    except ValidationError as err:  # a gap in the checks above; still the stage's one error type
+        raise ScenarioError(_pydantic_problem(err, where), sources=chain.sources) from None
+
+
+def _pydantic_problem(err: ValidationError, where: Span) -> Any:
+    from cptest.errors import Problem
+
+    first = err.errors()[0]
+    loc = ".".join(str(x) for x in first.get("loc", ()))
+    return Problem(where, f"invalid value for {loc}: {first.get('msg', 'invalid')}")
+
+
+def _node(cls: Any, p: ProblemCollector, span: Span | None, **kw: Any) -> Any:
+    try:
+        return cls(span=span, **kw)
+    except ValidationError as err:
+        p.problems.append(_pydantic_problem(err, span or Span("<input>", 1, 1)))
+        return None
+
+
+def _description(v: _Values) -> str | None:
+    s = v.stmt("", "description")
+    return s.value if s else None
+
+
+def _missing_block(v: _Values, name: str, where: Span) -> None:
+    v.p.add(where, f"the scenario has no {name}", hint=f"add a `{name}` statement (docs/language.md)")
+
+
+def _engine(v: _Values, where: Span) -> Engine | None:
+    s = v.stmt("", "engine")
+    if s is None:
+        _missing_block(v, "engine", where)
+        return None
+    kind, release, image = str(s.value["kind"]), s.value["release"], s.value["image"]
+    if kind not in T.ENGINE_KINDS:
+        close = did_you_mean(kind, T.ENGINE_KINDS)
+        v.p.add(
+            s.parts["kind"],
+            f"unknown engine {kind!r}",
+            expected=one_of(T.ENGINE_KINDS),
+            hint=f"did you mean '{close}'?" if close else None,
+        )
+        return None
+    if kind == "sglang" and not release:
+        v.p.add(s.span, "engine sglang needs a release", expected='engine sglang "0.5.17"')
+        return None
+    return _node(Engine, v.p, s.span, kind=kind, release=release or "builtin", image=image)
+
+
+def _model(v: _Values, where: Span, chain: _Chain) -> Model | None:
+    s = v.stmt("", "model")
+    if s is None:
+        _missing_block(v, "model", where)
+        return None
+    kind, arg = str(s.value["kind"]), s.value["arg"]
+    if kind not in T.MODEL_KINDS:
+        close = did_you_mean(kind, T.MODEL_KINDS)
+        v.p.add(
+            s.parts["kind"],
+            f"unknown model kind {kind!r}",
+            expected=one_of(T.MODEL_KINDS),
+            hint=f"did you mean '{close}'?" if close else None,
+        )
+        return None
+    geometry, gspans = v.block("model")
+    facts_block, fspans = v.block("facts")
+    has_facts = v.stmt("", "facts") is not None
+    for opt in ("revision", "sha256"):
+        if opt in s.value and kind != "hub":
+            v.p.add(s.parts[opt], f"'{opt}' applies to hub models only")
+    fields: dict[str, Any] = {"kind": kind}
+    spans: dict[str, Span] = {}
+    if kind != "synthetic" and gspans:
+        first = min(gspans.values())
+        v.p.add(
+            first,
+            f"a {kind} model takes no geometry block",
+            hint="declare what the model is in a `facts { ... }` block",
+        )
+    if kind in ("local", "hub") and not (isinstance(arg, str) and not isinstance(arg, Ident)):
+        v.p.add(
+            s.span,
+            f"model {kind} needs a quoted {'path' if kind == 'local' else 'id'}",
+            expected=f'model {kind} "{"../.tiny-models/llama-kv1" if kind == "local" else "org/name"}"',
+        )
+        return None
+    facts: ModelFacts | None = None
+    if kind == "synthetic":
+        if has_facts:
+            v.p.add(
+                v.stmt("", "facts").span,
+                "a synthetic model's facts are derived from its geometry",  # type: ignore[union-attr]
+                hint="remove the facts block",
+            )
+        if not isinstance(arg, Ident) or str(arg) not in T.SYNTHETIC_ARCHITECTURES:
+            close = did_you_mean(str(arg), T.SYNTHETIC_ARCHITECTURES) if arg is not None else None
+            v.p.add(
+                s.span,
+                "synthetic model needs an architecture",
+                expected=one_of(T.SYNTHETIC_ARCHITECTURES),
+                found=_describe(arg) if arg is not None else "nothing",
+                hint=f"did you mean '{close}'?" if close else None,
+            )
+            return None
+        arch = str(arg)
+        is_mla = arch == "deepseek_mla"
+        required = ["layers", "hidden", "heads", "kv_heads", "vocab", "intermediate"]
+        required += list(T.MLA_KEYS) if is_mla else ["head_dim"]
+        absent = [k for k in required if k not in geometry and not _was_written(v, "model", k)]
+        if absent:
+            v.p.add(
+                s.span,
+                f"synthetic {arch} model misses {', '.join(absent)}",
+                expected="model synthetic " + arch + " { " + " ".join(f"{k} N" for k in required) + " }",
+            )
+        if not is_mla:
+            for k in T.MLA_KEYS:
+                if k in gspans:
+                    v.p.add(gspans[k], f"{k} applies to deepseek_mla only")
+        heads, kv = geometry.get("heads"), geometry.get("kv_heads")
+        if heads and kv and heads % kv:
+            v.p.add(gspans["kv_heads"], f"heads ({heads}) must be a multiple of kv_heads ({kv})")
+        if not all(k in geometry for k in required):
+            return None
+        fields.update(geometry, architecture=arch)
+        fields.setdefault("seed", 0)
+        spans.update(gspans)
+        head_dim = (
+            geometry["qk_nope_head_dim"] + geometry["qk_rope_head_dim"] if is_mla else geometry["head_dim"]
+        )
+        facts = _node(
+            ModelFacts,
+            v.p,
+            s.span,
+            architecture=T.SYNTHETIC_ARCHITECTURES[arch],
+            layers=geometry["layers"],
+            hidden=geometry["hidden"],
+            heads=geometry["heads"],
+            kv_heads=geometry["kv_heads"],
+            head_dim=head_dim,
+            vocab=geometry["vocab"],
+            is_mla=is_mla,
+        )
+    elif kind == "hub":
+        fields["id"] = arg
+        if "revision" not in s.value:
+            v.p.add(s.span, "a hub model needs a pinned revision", expected='revision "<commit>"')
+        fields["revision"] = s.value.get("revision")
+        fields["sha256"] = s.value.get("sha256")
+        if not has_facts:
+            v.p.add(
+                s.span,
+                "a hub model needs a facts block (cptest never downloads to find out)",
+                expected='facts { architecture "..." layers N hidden N heads N kv_heads N '
+                "head_dim N vocab N }",
+            )
+            return None
+        facts = _declared_facts(v, facts_block, s.span)
+    else:
+        path = os.path.normpath(os.path.join(chain.dir_of(s.span), arg))
+        fields["path"] = path
+        facts = _local_facts(v, s, path, facts_block, fspans, has_facts, chain)
+    if facts is None:
+        return None
+    return _node(Model, v.p, s.span, field_spans=spans, facts=facts, **fields)
+
+
+def _was_written(v: _Values, block: str, key: str) -> bool:
+    return (block, key) in v.one
+
+
+def _declared_facts(v: _Values, facts: dict[str, Any], where: Span) -> ModelFacts | None:
+    need = ["architecture", "layers", "hidden", "heads", "kv_heads", "head_dim", "vocab"]
+    absent = [k for k in need if k not in facts and not _was_written(v, "facts", k)]
+    fs = v.stmt("", "facts")
+    if absent:
+        v.p.add(fs.span if fs else where, f"facts block misses {', '.join(absent)}")
+        return None
+    if any(k not in facts for k in need):
+        return None
+    return _node(ModelFacts, v.p, fs.span if fs else where, **{"is_mla": False, **facts})
+
+
+_CONFIG_KEYS = {
+    "layers": "num_hidden_layers",
+    "hidden": "hidden_size",
+    "heads": "num_attention_heads",
+    "vocab": "vocab_size",
+}
+
+
+def facts_from_config(config: dict[str, Any]) -> dict[str, Any]:
+    """ModelFacts fields from a Hugging Face config.json. Raises KeyError/TypeError/ValueError."""
+    out: dict[str, Any] = {"architecture": str(config["architectures"][0])}
+    for fact, key in _CONFIG_KEYS.items():
+        out[fact] = int(config[key])
+    out["kv_heads"] = int(config.get("num_key_value_heads") or out["heads"])
+    out["is_mla"] = "kv_lora_rank" in config
+    if out["is_mla"]:
+        out["head_dim"] = int(config["qk_nope_head_dim"]) + int(config["qk_rope_head_dim"])
+    else:
+        out["head_dim"] = int(config.get("head_dim") or out["hidden"] // out["heads"])
+    return out
+
+
+def _local_facts(
+    v: _Values,
+    s: Stmt,
+    path: str,
+    declared: dict[str, Any],
+    fspans: dict[str, Span],
+    has_facts: bool,
+    chain: _Chain,
+) -> ModelFacts | None:
+    config_path = os.path.join(path, "config.json")
+    if not chain.is_dir(path):
+        if has_facts:
+            return _declared_facts(v, declared, s.span)
+        v.p.add(
+            s.span,
+            f"model directory {path!r} does not exist and no facts block declares the model",
+            hint="generate it (make-tiny-models) or add facts { ... }",
+        )
+        return None
+    try:
+        config = json.loads(chain.read(config_path))
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+        found = facts_from_config(config)
+    except (OSError, UnicodeDecodeError) as err:
+        v.p.add(s.span, f"cannot read {config_path}: {_os_reason(err)}")
+        return None
+    except (ValueError, KeyError, TypeError, IndexError) as err:
+        v.p.add(
+            s.span,
+            f"malformed {config_path}: {type(err).__name__} {err}",
+            expected="a Hugging Face config.json with architectures, num_hidden_layers, hidden_size, ...",
+        )
+        return None
+    for field, value in declared.items():
+        if found.get(field) != value:
+            v.p.add(
+                fspans[field],
+                f"facts say {field} {value} but config.json says {found.get(field)}",
+                hint=f"see {config_path}",
+            )
+    return _node(ModelFacts, v.p, s.span, **found)
+
+
+def _topology(v: _Values, where: Span, about_admission: bool) -> Topology | None:
+    opener = v.stmt("", "topology")
+    if opener is None:
+        _missing_block(v, "topology", where)
+        return None
+    values, spans = v.block("topology")
+    for key in ("gpus", "tp"):
+        if key not in values and not _was_written(v, "topology", key):
+            v.p.add(opener.span, f"topology needs {key}")
+    if (
+        "gpus" not in values
+        or "tp" not in values
+        or len(values) < len([k for (b, k) in v.one if b == "topology"])
+    ):
+        return None
+    values.setdefault("prefill_cp", values.get("cp_strategy") is not None)
+    topo = _node(Topology, v.p, opener.span, field_spans=spans, **values)
+    if topo is None:
+        return None
+    _check_geometry(v.p, topo, "topology", about_admission)
+    return topo
+
+
+def _check_geometry(p: ProblemCollector, t: Topology, label: str, about_admission: bool) -> None:
+    """Arithmetic rules of a topology; SGLang's own admission rules are skipped when `about_admission`."""
+    if t.gpus != t.tp * t.pp:
+        p.add(
+            t.where("gpus"),
+            f"{label}: gpus {t.gpus} != tp {t.tp} x pp {t.pp}",
+            expected=f"gpus {t.tp * t.pp}",
+        )
+    if t.gpus % t.nodes:
+        p.add(t.where("nodes"), f"{label}: nodes {t.nodes} does not divide gpus {t.gpus}")
+    if about_admission:
+        return
+    hint = 'a scenario about this rejection declares: expect { launch rejected matching "..." }'
+    if t.tp % t.dcp:
+        # parallel_state.py (0.5.17) initialize_model_parallel raises RuntimeError in every worker.
+        p.add(t.where("dcp"), f"{label}: dcp {t.dcp} does not divide tp {t.tp}", hint=hint)
+    if t.tp % t.attn_cp:
+        p.add(t.where("attn_cp"), f"{label}: attn_cp {t.attn_cp} does not divide tp {t.tp}", hint=hint)
+    elif t.tp % (t.attn_dp * t.attn_cp):
+        p.add(
+            t.where("attn_dp"),
+            f"{label}: attn_dp x attn_cp ({t.attn_dp * t.attn_cp}) does not divide tp {t.tp}",
+            hint=hint,
+        )
+    if t.prefill_cp and t.cp_strategy is None:
+        # server_args.py (0.5.17) 6319: "--cp-strategy must be set when --enable-prefill-cp is enabled."
+        p.add(
+            t.where("prefill_cp"),
+            f"{label}: prefill_cp needs a cp_strategy",
+            expected=one_of(T.CP_STRATEGIES),
+            hint=hint,
+        )
+    if t.prefill_cp and t.attn_cp <= 1:
+        # layers/cp/base.py init_cp_strategy: attn_cp_size <= 1 silently runs without CP.
+        p.add(
+            t.where("prefill_cp"),
+            f"{label}: prefill CP needs attn_cp > 1 (SGLang would silently run without CP)",
+            hint=hint,
+        )
+    if t.prefill_cp and t.dcp > 1:
+        p.add(
+            t.where("dcp"), f"{label}: prefill CP together with DCP is not a supported combination", hint=hint
+        )
+
+
+def _serve(v: _Values) -> Serve:
+    opener = v.stmt("", "serve")
+    values, spans = v.block("serve")
+    flags: list[list[str]] = []
+    for s in v.many.get(("serve", "flag"), []):
+        if not s.value[0].startswith("--"):
+            v.p.add(s.span, f"flag {s.value[0]!r} must start with --", expected='flag "--name" ["value"]')
+        flags.append(list(s.value))
+    env: dict[str, str] = {}
+    for s in v.many.get(("serve", "env"), []):
+        name, value = s.value
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            v.p.add(s.span, f"invalid environment variable name {name!r}", expected='env "NAME" "value"')
+        elif name in env:
+            v.p.add(s.span, f"duplicate env {name!r}")
+        env[name] = value
+    return (
+        _node(
+            Serve,
+            v.p,
+            opener.span if opener else None,
+            field_spans=spans,
+            extra_flags=flags,
+            env=env,
+            **values,
+        )
+        or Serve()
+    )
+
+
+def _baseline(v: _Values, topo: Topology | None) -> Baseline | None:
+    s = v.stmt("", "baseline")
+    if s is None:
+        return None
+    if s.value is not BLOCK:
+        if str(s.value) != "none":
+            v.p.add(
+                s.span,
+                f"unknown baseline {str(s.value)!r}",
+                expected="baseline none or baseline { tp N ... }",
+            )
+        return None
+    values, spans = v.block("baseline")
+    base = _node(Baseline, v.p, s.span, field_spans=spans, **values)
+    if base is not None and topo is not None:
+        resolved = baseline_topology(topo, base)
+        if resolved is not None:
+            _check_geometry(v.p, resolved, "baseline", about_admission=False)
+    return base
+
+
+def _workload(v: _Values, where: Span) -> Workload | None:
+    opener = v.stmt("", "workload")
+    if opener is None:
+        _missing_block(v, "workload", where)
+        return None
+    values, spans = v.block("workload")
+    ok = True
+    for key, field in (
+        ("requests", "requests"),
+        ("prompt_tokens", "prompt_tokens"),
+        ("output_tokens", "output_tokens"),
+    ):
+        if field not in values:
+            ok = False
+            if not _was_written(v, "workload", key):
+                v.p.add(opener.span, f"workload needs {key}")
+    conc, rate = v.stmt("workload", "concurrency"), v.stmt("workload", "rate")
+    if conc and rate:
+        later = max(conc, rate, key=lambda s: (s.span.file, s.span.line, s.span.col))
+        v.p.add(
+            later.span,
+            "workload sets both concurrency and rate",
+            hint="closed loop: concurrency N; open loop: rate R (requests per second)",
+        )
+        ok = False
+    elif not conc and not rate:
+        v.p.add(opener.span, "workload needs concurrency (closed loop) or rate (open loop)")
+        ok = False
+    samp = v.stmt("workload", "sampling")
+    if samp is not None:
+        mode = str(samp.value)
+        body, bspans = v.block("sampling")
+        if mode not in ("greedy", "sample"):
+            close = did_you_mean(mode, ("greedy", "sample"))
+            v.p.add(
+                samp.parts["mode"],
+                f"unknown sampling {mode!r}",
+                expected="greedy or sample { ... }",
+                hint=f"did you mean '{close}'?" if close else None,
+            )
+        elif mode == "greedy" and any(b == "sampling" for (b, _k) in v.one):
+            v.p.add(
+                samp.span,
+                "greedy sampling takes no settings",
+                hint="write: sampling sample { temperature ... }",
+            )
+        else:
+            sampling = _node(Sampling, v.p, samp.span, field_spans=bspans, mode=mode, **body)
+            if sampling is not None:
+                values["sampling"] = sampling
+                spans["sampling"] = samp.span
+    src = v.stmt("workload", "source")
+    if src is not None:
+        kind, path = src.value
+        if str(kind) == "synthetic" and path is None:
+            values["source"] = "synthetic"
+        elif str(kind) == "dataset" and path is not None:
+            values["source"] = "dataset"
+            values["dataset_path"] = os.path.normpath(os.path.join(os.path.dirname(src.span.file), path))
+        else:
+            v.p.add(src.span, "invalid source", expected='source synthetic or source dataset "path.jsonl"')
+        spans["source"] = src.span
+    if not ok or len(values) < len(
+        [k for (b, k) in v.one if b == "workload" and k not in ("sampling", "source")]
+    ):
+        return None
+    return _node(Workload, v.p, opener.span, field_spans=spans, **values)
+
+
+def _faults(v: _Values, topo: Topology | None) -> list[Fault]:
+    out: list[Fault] = []
+    seen: dict[tuple[Any, ...], Stmt] = {}
+    world = topo.gpus if topo else None
+    for s in v.many.get(("", "fault"), []):
+        d = s.value
+        action = str(d["action"])
+        bad = False
+        if action not in T.FAULT_ACTIONS:
+            close = did_you_mean(action, T.FAULT_ACTIONS)
+            v.p.add(
+                s.parts["action"],
+                f"unknown fault action {action!r}",
+                expected=one_of(T.FAULT_ACTIONS),
+                hint=f"did you mean '{close}'?" if close else None,
+            )
+            bad = True
+        if action in T.SERVER_ONLY_ACTIONS and d["target"] == "rank":
+            v.p.add(
+                s.parts["rank"],
+                f"{action} is sent to the server, not to a rank",
+                expected=f"fault {action} server ...",
+            )
+            bad = True
+        rank = d["rank"]
+        if rank is not None and (rank < 0 or (world is not None and rank >= world)):
+            v.p.add(
+                s.parts["rank"],
+                f"fault rank {rank} is outside the world",
+                expected=f"0 <= rank < {world}" if world else "rank >= 0",
+            )
+            bad = True
+        fields: dict[str, Any] = {"action": action, "target": d["target"], "rank": rank}
+        if "at" in d:
+            at = d["at"]
+            if isinstance(at, int | float) and not isinstance(at, bool):
+                v.p.add(s.parts["trigger"], "fault time needs a unit", expected=f"at {at}s", found=str(at))
+                bad = True
+            elif not isinstance(at, Duration) or at.seconds < 0:
+                v.p.add(
+                    s.parts["trigger"],
+                    "invalid fault time",
+                    expected="a duration >= 0 (at 10s)",
+                    found=_describe(at),
+                )
+                bad = True
+            else:
+                fields["at_s"] = at.seconds
+        for trig in ("after_requests", "after_decode_steps"):
+            if trig in d:
+                if d[trig] < 1:
+                    v.p.add(s.parts["trigger"], f"{trig.replace('_', ' ')} must be >= 1", found=str(d[trig]))
+                    bad = True
+                fields[trig] = d[trig]
+        heal = d["for"]
+        if heal is not None:
+            if action != "stop":
+                v.p.add(s.parts["for"], f"'for' applies to stop faults only, not {action}")
+                bad = True
+            elif not isinstance(heal, Duration) or heal.seconds <= 0:
+                v.p.add(
+                    s.parts["for"],
+                    "invalid stop duration",
+                    expected="a duration > 0 (for 5s)",
+                    found=_describe(heal),
+                )
+                bad = True
+            else:
+                fields["heal_after_s"] = heal.seconds
+        key = (
+            d["target"],
+            rank,
+            *(sorted((k, str(d[k])) for k in ("at", "after_requests", "after_decode_steps") if k in d)),
+        )
+        if key in seen:
+            v.p.add(
+                s.span,
+                f"fault conflicts with the fault at line {seen[key].span.line} (same target, same trigger)",
+            )
+            bad = True
+        seen.setdefault(key, s)
+        if not bad:
+            f = _node(Fault, v.p, s.span, field_spans=dict(s.parts), **fields)
+            if f is not None:
+                out.append(f)
+    return out
+
+
+def _num(
+    v: _Values, s: Stmt, what: str, x: Any, lo: float, hi: float | None = None, *, lo_open: bool = False
+) -> Any:
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        v.p.add(s.span, f"wrong type for {what}", expected="a number", found=_describe(x))
+        return MISSING
+    if (x <= lo if lo_open else x < lo) or (hi is not None and x > hi):
+        rng = (f"> {lo:g}" if lo_open else f">= {lo:g}") + (f" and <= {hi:g}" if hi is not None else "")
+        v.p.add(s.span, f"{what} is out of range", expected=rng, found=f"{x:g}")
+        return MISSING
+    return float(x)
+
+
+def _regex(v: _Values, s: Stmt, pattern: str | None) -> bool:
+    if pattern is None:
+        return True
+    try:
+        re.compile(pattern)
+    except re.error as err:
+        v.p.add(s.span, f"invalid regular expression: {err}", found=pattern)
+        return False
+    return True
+
+
+def _expect(v: _Values, workload: Workload | None) -> Expect:
+    opener = v.stmt("", "expect")
+    fields: dict[str, Any] = {}
+    spans: dict[str, Span] = {}
+    graphs: list[GraphExpect] = []
+    stmts = [s for (b, _k), s in v.one.items() if b == "expect"] + v.many.get(("expect", "log"), [])
+    for s in stmts:
+        key = s.key
+        entry = _entry(v, s, key, workload)
+        if entry is None:
+            continue
+        if key.startswith("graph"):
+            graphs.append(entry)
+        elif key == "log":
+            fields.setdefault("log", []).append(entry)
+        else:
+            fields[key] = entry
+            spans[key] = s.span
+    graphs.sort(key=lambda g: list(T.GRAPH_MODES).index(g.phase))
+    return (
+        _node(Expect, v.p, opener.span if opener else None, field_spans=spans, graph=graphs, **fields)
+        or Expect()
+    )
+
+
+def _entry(v: _Values, s: Stmt, key: str, workload: Workload | None) -> Any:
+    d = dict(s.value)
+    common = {
+        "violated": d.pop("violated", False),
+        "because": d.pop("because", None),
+        "span": s.span,
+        "field_spans": dict(s.parts),
+    }
+    p = v.p
+    if key == "launch":
+        if not _regex(v, s, d.get("matching")):
+            return None
+        return _make(p, LaunchExpect, common, accepted=d["accepted"], matching=d.get("matching"))
+    if key == "rows":
+        if d["mode"] == "kv_owner":
+            m = d["modulus"]
+            if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+                p.add(s.span, "kv_owner modulus must be an integer >= 1", found=_describe(m))
+                return None
+            return _make(p, RowsExpect, common, mode="kv_owner", modulus=m)
+        if d["mode"] == "split":
+            strat, ffn = str(d["strategy"]), d["ffn"]
+            if strat not in T.CP_STRATEGIES:
+                p.add(
+                    s.parts["strategy"],
+                    f"unknown split strategy {strat!r}",
+                    expected=one_of(T.CP_STRATEGIES),
+                    hint=_dym(strat, T.CP_STRATEGIES),
+                )
+                return None
+            if ffn is not None and str(ffn) not in T.FFN_MODES:
+                p.add(
+                    s.parts["ffn"],
+                    f"unknown ffn row mode {str(ffn)!r}",
+                    expected=one_of(T.FFN_MODES),
+                    hint=_dym(str(ffn), T.FFN_MODES),
+                )
+                return None
+            return _make(p, RowsExpect, common, mode="split", strategy=strat, ffn=str(ffn) if ffn else None)
+        return _make(p, RowsExpect, common, mode="replicated")
+    if key == "capacity":
+        mult = _num(v, s, "capacity multiplier", d["multiplier"], 0.0, lo_open=True)
+        tol = _num(v, s, "capacity tolerance", d["tolerance"], 0.0, 1.0)
+        if mult is MISSING or tol is MISSING:
+            return None
+        return _make(p, CapacityExpect, common, multiplier=mult, tolerance=tol or 0.0)
+    if key == "generation":
+        agree = _num(v, s, "tokens_agree", d["tokens_agree"], 0.0, 1.0)
+        lp = _num(v, s, "logprob_within", d["logprob_within"], 0.0)
+        if agree is MISSING or lp is MISSING:
+            return None
+        if agree is None and lp is None:
+            p.add(s.span, "generation expects nothing", expected="tokens_agree >= R and/or logprob_within X")
+            return None
+        return _make(p, GenerationExpect, common, tokens_agree=agree, logprob_within=lp)
+    if key.startswith("graph"):
+        phase, mode = str(d["phase"]), str(d["mode"])
+        if phase not in T.GRAPH_MODES:
+            p.add(
+                s.parts["phase"],
+                f"unknown graph phase {phase!r}",
+                expected=one_of(T.GRAPH_MODES),
+                hint=_dym(phase, T.GRAPH_MODES),
+            )
+            return None
+        if mode not in T.GRAPH_MODES[phase]:
+            p.add(
+                s.parts["mode"],
+                f"unknown {phase} graph mode {mode!r}",
+                expected=one_of(T.GRAPH_MODES[phase]),
+                hint=_dym(mode, T.GRAPH_MODES[phase]),
+            )
+            return None
+        return _make(p, GraphExpect, common, phase=phase, mode=mode)
+    if key == "serving":
+        if d["all_complete"]:
+            return _make(p, ServingExpect, common, all_complete=True)
+        done, of = d["completed"], d["of"]
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (done, of)):
+            p.add(
+                s.span, "serving counts must be integers >= 0", found=f"{_describe(done)} of {_describe(of)}"
+            )
+            return None
+        if done > of:
+            p.add(s.span, f"serving expects {done} completed of only {of}", expected=f"completed <= {of}")
+            return None
+        if workload is not None and of != workload.requests:
+            p.add(
+                s.span,
+                f"serving counts 'of {of}' but the workload sends {workload.requests} requests",
+                expected=f"of {workload.requests}",
+            )
+            return None
+        return _make(p, ServingExpect, common, completed=done, of=of)
+    if key == "shutdown":
+        within = d.get("within", Duration(30.0))
+        if not isinstance(within, Duration) or within.seconds <= 0:
+            hint = "durations need a unit: 30s" if isinstance(within, int | float) else None
+            p.add(s.span, "shutdown 'within' needs a duration > 0", found=_describe(within), hint=hint)
+            return None
+        statuses = d.get("exit_status")
+        return _make(
+            p,
+            ShutdownExpect,
+            common,
+            within_s=within.seconds,
+            gpu_memory_released=d.get("gpu_memory_released", False),
+            no_orphans=d.get("no_orphans", False),
+            exit_status=list(statuses) if statuses is not None else None,
+        )
+    if key == "log":
+        if not _regex(v, s, d["pattern"]):
+            return None
+        return _make(p, LogExpect, common, mode=d["mode"], pattern=d["pattern"])
+    raise AssertionError(key)
+
+
+def _dym(word: str, choices: Any) -> str | None:
+    close = did_you_mean(word, choices)
+    return f"did you mean '{close}'?" if close else None
+
+
+def _make(p: ProblemCollector, cls: Any, common: dict[str, Any], **kw: Any) -> Any:
+    try:
+        return cls(**common, **kw)
+    except ValidationError as err:
+        p.problems.append(_pydantic_problem(err, common["span"]))
+        return None

@@ -1,0 +1,327 @@
+"""The typed scenario model: what a `.cps` file means, independent of its syntax.
+
+`cptest.lang.parse_text` / `parse_file` build these values; nothing else should construct them from
+text.  Every node is frozen and keeps where it came from (`span`, and `field_spans` per setting), so
+later stages (plan, lint) can point at the exact line of a setting.  Positions are excluded from
+`model_dump()`, from the JSON Schema and from equality: formatting a file moves text around, and
+`parse(fmt(x)) == parse(x)` must still hold.
+
+Field names are the contract the plan, lint and check stages code against; change them only together.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.json_schema import SkipJsonSchema
+
+from cptest.errors import Span
+
+SCHEMA_VERSION = 1
+"""The `cptest N` header this model implements."""
+
+
+class Node(BaseModel):
+    """Common base: frozen, no unknown fields, positions kept aside from the value."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    span: SkipJsonSchema[Span | None] = Field(default=None, exclude=True, repr=False)
+    """Where the node's statement or block starts (None when built in code)."""
+    field_spans: SkipJsonSchema[dict[str, Span]] = Field(default_factory=dict, exclude=True, repr=False)
+    """Where each explicitly written setting is; a default has no entry."""
+
+    def __eq__(self, other: object) -> bool:
+        # Compare values only: spans differ between a file and its formatted form.
+        if not isinstance(other, Node) or type(self) is not type(other):
+            return NotImplemented
+        return self.model_dump() == other.model_dump()
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, json.dumps(self.model_dump(mode="json"), sort_keys=True)))
+
+    def where(self, field: str) -> Span | None:
+        """The span of `field` if it was written, else the node's own span."""
+        return self.field_spans.get(field, self.span)
+
+
+class Engine(Node):
+    kind: Literal["sglang", "reference"]
+    release: str
+    """SGLang release ("0.5.17"); "builtin" for the reference engine. Checked by the plan stage."""
+    image: str | None = None
+
+
+class ModelFacts(Node):
+    """What later stages need to know about the model, whatever its kind."""
+
+    architecture: str
+    """HF architecture class name, e.g. "LlamaForCausalLM"."""
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    """Query/key head dimension; for MLA, qk_nope_head_dim + qk_rope_head_dim."""
+    vocab: int
+    is_mla: bool = False
+
+
+class Model(Node):
+    kind: Literal["local", "hub", "synthetic"]
+    path: str | None = None
+    """local: directory, resolved against the scenario file's directory."""
+    id: str | None = None
+    revision: str | None = None
+    sha256: str | None = None
+    architecture: Literal["llama", "qwen3", "deepseek_mla"] | None = None
+    """synthetic only, as are the geometry fields below."""
+    layers: int | None = None
+    hidden: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    vocab: int | None = None
+    intermediate: int | None = None
+    seed: int | None = None
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    facts: ModelFacts
+
+
+class Topology(Node):
+    gpus: int
+    nodes: int = 1
+    tp: int
+    dcp: int = 1
+    attn_cp: int = 1
+    attn_dp: int = 1
+    pp: int = 1
+    prefill_cp: bool = False
+    """Defaults to True iff cp_strategy is set (resolved by the parser)."""
+    cp_strategy: Literal["zigzag", "interleave"] | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+
+GraphMode = Literal["full", "breakable", "disabled"]
+
+
+class Serve(Node):
+    attention_backend: str | None = None
+    cuda_graph_decode: GraphMode | None = None
+    cuda_graph_prefill: GraphMode | None = None
+    page_size: int | None = None
+    max_total_tokens: int | None = None
+    mem_fraction: float | None = None
+    context_length: int | None = None
+    sampling_backend: str | None = None
+    skip_tokenizer_init: bool = True
+    extra_flags: list[list[str]] = Field(default_factory=list)
+    """Pass-through flags with their values, checked against the release flag table by lint/plan."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment of the server processes (e.g. SGLANG_ENABLE_CP_V2=1 on 0.5.17)."""
+
+
+class Baseline(Node):
+    """Overrides applied to the scenario's topology to get the baseline (parity reference) run."""
+
+    tp: int | None = None
+    dcp: int | None = None
+    attn_cp: int | None = None
+    attn_dp: int | None = None
+    prefill_cp: bool | None = None
+    cp_strategy: Literal["zigzag", "interleave"] | None = None
+    gpus: int | None = None
+
+
+class Dist(Node):
+    """A token-count distribution: fixed(n), uniform(lo, hi) inclusive, or choice(a, b, ...)."""
+
+    kind: Literal["fixed", "uniform", "choice"]
+    n: int | None = None
+    lo: int | None = None
+    hi: int | None = None
+    choices: list[int] | None = None
+
+    def bounds(self) -> tuple[int, int]:
+        """Smallest and largest value the distribution can produce."""
+        if self.kind == "fixed":
+            return (self.n or 0, self.n or 0)
+        if self.kind == "uniform":
+            return (self.lo or 0, self.hi or 0)
+        return (min(self.choices or [0]), max(self.choices or [0]))
+
+
+class Sampling(Node):
+    mode: Literal["greedy", "sample"] = "greedy"
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+
+
+class Workload(Node):
+    requests: int
+    concurrency: int | None = None
+    rate: float | None = None
+    """Open-loop arrivals per second; exactly one of concurrency and rate is set."""
+    seed: int = 0
+    prompt_tokens: Dist
+    output_tokens: Dist
+    sampling: Sampling = Field(default_factory=Sampling)
+    logprobs: bool = True
+    source: Literal["synthetic", "dataset"] = "synthetic"
+    dataset_path: str | None = None
+    """When source is "dataset": the file, resolved against the scenario file's directory."""
+    timeout_s: float = 120.0
+    ignore_eos: bool = True
+
+
+class Fault(Node):
+    action: Literal["kill", "stop", "cont", "sigterm", "sigint"]
+    target: Literal["rank", "server"]
+    rank: int | None = None
+    at_s: float | None = None
+    after_requests: int | None = None
+    after_decode_steps: int | None = None
+    heal_after_s: float | None = None
+    """stop only: send SIGCONT this long after SIGSTOP (`for 5s`)."""
+
+
+class ExpectEntry(Node):
+    violated: bool = False
+    """The scenario declares this contract is broken: a no-go is the expected, valid result."""
+    because: str | None = None
+
+
+class LaunchExpect(ExpectEntry):
+    accepted: bool
+    matching: str | None = None
+    """rejected only: a regex the rejection message (log) must match."""
+
+
+class RowsExpect(ExpectEntry):
+    mode: Literal["replicated", "kv_owner", "split"]
+    modulus: int | None = None
+    """kv_owner: KV position p is written only by DCP rank p % modulus."""
+    strategy: Literal["zigzag", "interleave"] | None = None
+    ffn: Literal["gathered", "local"] | None = None
+
+
+class CapacityExpect(ExpectEntry):
+    multiplier: float
+    """logical capacity == multiplier * physical rows per rank."""
+    tolerance: float = 0.0
+    """Relative tolerance (`within 0.01`)."""
+
+
+class GenerationExpect(ExpectEntry):
+    tokens_agree: float | None = None
+    logprob_within: float | None = None
+    vs: Literal["baseline"] = "baseline"
+
+
+class GraphExpect(ExpectEntry):
+    phase: Literal["decode", "prefill"]
+    mode: Literal["captured", "disabled", "eager"]
+
+
+class ServingExpect(ExpectEntry):
+    all_complete: bool = False
+    completed: int | None = None
+    of: int | None = None
+
+
+class ShutdownExpect(ExpectEntry):
+    within_s: float = 30.0
+    gpu_memory_released: bool = False
+    no_orphans: bool = False
+    exit_status: list[int] | None = None
+    """Accepted exit statuses of the server process; None: not checked."""
+
+
+class LogExpect(ExpectEntry):
+    mode: Literal["contains", "absent"]
+    pattern: str
+
+
+class Expect(Node):
+    launch: LaunchExpect | None = None
+    rows: RowsExpect | None = None
+    capacity: CapacityExpect | None = None
+    generation: GenerationExpect | None = None
+    graph: list[GraphExpect] = Field(default_factory=list)
+    """At most one per phase, decode before prefill."""
+    serving: ServingExpect | None = None
+    shutdown: ShutdownExpect | None = None
+    log: list[LogExpect] = Field(default_factory=list)
+
+    def entries(self) -> list[tuple[str, ExpectEntry]]:
+        """Every declared expectation as (checker name, entry), in canonical order."""
+        out: list[tuple[str, ExpectEntry]] = []
+        for name in ("launch", "rows", "capacity", "generation"):
+            entry = getattr(self, name)
+            if entry is not None:
+                out.append((name, entry))
+        out += [("graph", g) for g in self.graph]
+        for name in ("serving", "shutdown"):
+            entry = getattr(self, name)
+            if entry is not None:
+                out.append((name, entry))
+        out += [("log", g) for g in self.log]
+        return out
+
+
+class Scenario(Node):
+    name: str
+    description: str | None = None
+    includes: list[str] = Field(default_factory=list)
+    """Resolved paths of the files pulled in through `extends`, nearest first."""
+    engine: Engine
+    model: Model
+    topology: Topology
+    serve: Serve = Field(default_factory=Serve)
+    baseline: Baseline | None = None
+    workload: Workload
+    faults: list[Fault] = Field(default_factory=list)
+    expect: Expect = Field(default_factory=Expect)
+    source_file: SkipJsonSchema[str] = Field(default="<input>", exclude=True)
+
+    def baseline_topology(self) -> Topology | None:
+        """The baseline run's topology (see `baseline_topology`), or None without a baseline."""
+        return baseline_topology(self.topology, self.baseline) if self.baseline is not None else None
+
+
+def baseline_topology(topo: Topology, base: Baseline) -> Topology | None:
+    """The baseline's topology: the main topology with CP removed, then the overrides applied.
+
+    Unset overrides mean: tp and pp and nodes from the main topology, dcp 1, attn_cp 1, attn_dp 1,
+    no prefill CP, and gpus = tp x pp.  So `baseline { tp 2 }` is a TP-only run on 2 GPUs.
+    Returns None when the result is not a valid Topology (the caller reports it).
+    """
+    tp = base.tp if base.tp is not None else topo.tp
+    strategy = base.cp_strategy
+    spans = {k: sp for k, sp in base.field_spans.items()}
+    try:
+        return Topology(
+            gpus=base.gpus if base.gpus is not None else tp * topo.pp,
+            nodes=topo.nodes if (base.gpus or tp * topo.pp) % topo.nodes == 0 else 1,
+            tp=tp, dcp=base.dcp or 1, attn_cp=base.attn_cp or 1, attn_dp=base.attn_dp or 1, pp=topo.pp,
+            prefill_cp=base.prefill_cp if base.prefill_cp is not None else strategy is not None,
+            cp_strategy=strategy, span=base.span, field_spans=spans,
+        )  # fmt: skip
+    except ValidationError:
+        return None
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema that `cptest schema` prints."""
+    return Scenario.model_json_schema()

@@ -1,0 +1,35 @@
+# Shared settings of the tiny-model suite (scenarios/*.cps extend this file).
+# Tiny models come from /work/shared/device/make-tiny-models (.tiny-models/<name>: hidden 256,
+# 4 layers, 8 heads, head_dim 64, vocab 4096, context 8192, no tokenizer).
+cptest 1
+defaults {
+  engine sglang "0.5.17"
+  serve {
+    # fa3 is stripped on the GPU machine; triton is also the MHA backend with a DCP path
+    # (sglang-cp.md §3.1).
+    attention_backend triton
+    # Python hooks do not fire on CUDA-graph replay (§7): per-step row evidence needs eager decode.
+    cuda_graph_decode disabled
+    max_total_tokens 65536
+    mem_fraction 0.3
+    sampling_backend pytorch
+    skip_tokenizer_init true
+  }
+  workload {
+    requests 32
+    concurrency 8
+    seed 7
+    # zigzag needs every prompt >= 2 * attn_cp tokens or silently runs without CP (§5).
+    prompt_tokens uniform(64, 1024)
+    output_tokens 32
+    sampling greedy
+    timeout 120s
+  }
+  expect {
+    launch accepted
+    graph decode disabled
+    serving all_complete
+    shutdown within 60s gpu_memory_released no_orphans
+    log absent "Traceback"
+  }
+}

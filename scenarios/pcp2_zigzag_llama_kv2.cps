@@ -1,0 +1,36 @@
+# PCP2 zigzag on tiny Llama (TP2, attn_cp 2 -> attention TP 1).
+# - Row split: each sequence's extend tokens form 4 blocks; CP rank r owns blocks r and 3-r
+#   (sglang-cp.md §5). The split itself is strategy code, independent of the model.
+# - Generation is expected to diverge: Llama shards attention heads over full TP, not attention TP,
+#   so CP gathers K/V from a partner holding other heads (§3.2 Llama row, inferred); and the triton
+#   backend has no PCP path at all (§3.1). Not rejected by 0.5.17 (server_args.py 6319-6343 only
+#   checks the strategy and divisibility).
+# - PCP adds no KV capacity (§5 "written in full to every CP rank's pool"): no capacity entry.
+cptest 1
+scenario pcp2_zigzag_llama_kv2 {
+  description "PCP2 zigzag on TP2, tiny Llama with 2 KV heads (expected no-go)"
+  extends "defaults/tiny.cps"
+  model local "../.tiny-models/llama-kv2"
+  facts {
+    architecture "LlamaForCausalLM"
+    layers 4
+    hidden 256
+    heads 8
+    kv_heads 2
+    head_dim 64
+    vocab 4096
+  }
+  topology {
+    gpus 2
+    tp 2
+    attn_cp 2
+    cp_strategy zigzag
+  }
+  baseline {
+    tp 2
+  }
+  expect {
+    rows split zigzag
+    violated generation tokens_agree >= 0.95 logprob_within 0.05 vs baseline because "Llama attention is sharded over full TP and triton has no PCP path (sglang-cp.md §3.1, §3.2)"
+  }
+}
