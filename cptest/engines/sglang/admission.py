@@ -1,0 +1,164 @@
+"""Predict whether SGLang admits a launch, where it would reject it, and what it would silently get wrong.
+
+Pure. The *conditions* below are the same for every release; whether a condition rejects (and with
+which message, at which stage) is data in the release table (`releases.Release.rules`). So a rule
+that is silent in 0.5.17 and a parse error in 0.5.23 (PCP with DCP) needs no version check here.
+Used by `cptest lint` and by `plan` to compare a scenario's `expect launch ...` with the release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from cptest.engines.sglang.releases import Release, Rule
+from cptest.topology import kv_replicated_in_dcp_group
+
+AdmissionStage = Literal["parse", "worker_start", "runtime", "accepted"]
+
+ATTENTION_OVER_FULL_TP = frozenset({"LlamaForCausalLM"})
+"""Architectures whose attention shards heads over the full TP group rather than attention-TP
+(0.5.17 `models/llama.py:158-166`), so prefill CP hands CP partners different head shards."""
+
+DSA_ARCHITECTURES = frozenset({"DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "DeepseekV4ForCausalLM"})
+"""Architectures whose attention backend runs interleave CP itself (`layers/cp/interleave.py:222-233`)."""
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """What admission depends on: degrees, CP switches, model facts, backend, platform.
+
+    `heads`/`kv_heads` of 0 mean unknown: rules that need them are skipped, not guessed.
+    `min_prompt_len` is the shortest prompt the workload sends (None: unknown).
+    """
+
+    tp: int
+    dcp: int = 1
+    attn_cp: int = 1
+    attn_dp: int = 1
+    pp: int = 1
+    prefill_cp: bool = False
+    cp_strategy: str | None = None
+    architecture: str = ""
+    heads: int = 0
+    kv_heads: int = 0
+    is_mla: bool = False
+    attention_backend: str | None = None
+    platform: str = "cuda"
+    min_prompt_len: int | None = None
+
+    @property
+    def attn_tp(self) -> int:
+        return max(self.tp // max(self.attn_dp, 1) // max(self.attn_cp, 1), 1)
+
+
+@dataclass(frozen=True)
+class AdmissionWarning:
+    """Something SGLang accepts but gets wrong or ignores without saying so."""
+
+    code: str
+    message: str
+    citation: str
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The prediction. `accepted` is False only for a rule with an exception in this release;
+    `message` is then SGLang's text (what `expect launch rejected matching "..."` should match)."""
+
+    accepted: bool
+    stage: AdmissionStage
+    message: str | None
+    citation: str
+    warnings: tuple[AdmissionWarning, ...] = field(default_factory=tuple)
+    exception: str | None = None
+
+
+Predicate = Callable[[LaunchConfig], bool]
+
+# SGLang's evaluation order: `_handle_dcp_validation` (server_args.py:3501) runs before the CP block
+# (server_args.py:6319-6345); worker-start checks run in `initialize_model_parallel` afterwards.
+CONDITIONS: tuple[tuple[str, Predicate], ...] = (
+    ("dcp_at_least_1", lambda c: c.dcp < 1),
+    ("pcp_with_dcp", lambda c: c.prefill_cp and c.dcp > 1),
+    ("cp_strategy_required", lambda c: c.prefill_cp and c.cp_strategy is None),
+    ("tp_divisible_by_attn_cp", lambda c: c.attn_cp > 1 and c.tp % c.attn_cp != 0),
+    ("tp_divisible_by_dp_attn_cp", lambda c: c.attn_cp > 1 and c.tp % (c.attn_dp * c.attn_cp) != 0),
+    ("dcp_platform", lambda c: c.dcp > 1 and c.platform not in ("cuda", "hip")),
+    ("tp_divisible_by_dcp", lambda c: c.dcp >= 1 and c.tp % c.dcp != 0),
+    ("prefill_cp_needs_attn_cp", lambda c: c.prefill_cp and c.attn_cp <= 1),
+    ("attn_cp_without_prefill_cp", lambda c: c.attn_cp > 1 and not c.prefill_cp),
+    (
+        "zigzag_short_prompt",
+        lambda c: _pcp(c, "zigzag") and c.min_prompt_len is not None and c.min_prompt_len < 2 * c.attn_cp,
+    ),
+    (
+        "interleave_short_batch",
+        lambda c: _pcp(c, "interleave") and c.min_prompt_len is not None and c.min_prompt_len < c.attn_cp,
+    ),
+    ("interleave_no_attention", lambda c: _pcp(c, "interleave") and c.architecture not in DSA_ARCHITECTURES),
+    ("llama_pcp", lambda c: _pcp(c, None) and c.architecture in ATTENTION_OVER_FULL_TP),
+    (
+        "mha_dcp_kv_not_replicated",
+        lambda c: (
+            c.dcp > 1
+            and not c.is_mla
+            and c.kv_heads > 0
+            and c.tp % c.dcp == 0
+            and not kv_replicated_in_dcp_group(c.attn_tp, c.dcp, c.kv_heads)
+        ),
+    ),
+    (
+        "dcp_backend_without_dcp_path",
+        lambda c: c.dcp > 1 and not c.is_mla and c.attention_backend != "triton",
+    ),
+    ("dcp_disables_prefill_graph", lambda c: c.dcp > 1),
+)
+
+
+def _pcp(c: LaunchConfig, strategy: str | None) -> bool:
+    return c.prefill_cp and c.attn_cp > 1 and (strategy is None or c.cp_strategy == strategy)
+
+
+# What applies to *this* config, said before a silent rule's general note.
+SITUATIONS: dict[str, str] = {
+    "pcp_with_dcp": "--enable-prefill-cp with --dcp-size {dcp}",
+    "prefill_cp_needs_attn_cp": "--enable-prefill-cp with --attn-cp-size {attn_cp}",
+    "attn_cp_without_prefill_cp": "--attn-cp-size {attn_cp} without --enable-prefill-cp",
+    "zigzag_short_prompt": "zigzag with attn_cp {attn_cp} and prompts as short as {min_prompt_len} tokens",
+    "interleave_short_batch": "interleave with attn_cp {attn_cp} and prompts as short as {min_prompt_len}",
+    "interleave_no_attention": "--cp-strategy interleave on {architecture}",
+    "llama_pcp": "prefill CP on {architecture}",
+    "mha_dcp_kv_not_replicated": "{kv_heads} KV heads with tp {tp} and dcp {dcp}",
+    "dcp_backend_without_dcp_path": "DCP with attention backend {attention_backend}",
+}
+
+
+def _render(rule: Rule, cfg: LaunchConfig) -> str:
+    values = asdict(cfg)
+    if rule.message is not None:
+        return rule.message.format(**values)
+    situation = SITUATIONS.get(rule.code)
+    return f"{situation.format(**values)}: {rule.note}" if situation else rule.note
+
+
+def predict(release: Release, cfg: LaunchConfig) -> Admission:
+    """What `release` does with `cfg`: the first rejecting rule (in SGLang's order), else accepted,
+    with a warning for every silent or inferred problem that applies. Never raises for a config."""
+    warnings: list[AdmissionWarning] = []
+    for code, cond in CONDITIONS:
+        rule = release.rules.get(code)
+        if rule is None or not cond(cfg):
+            continue
+        if rule.exception is not None and rule.stage in ("parse", "worker_start", "runtime"):
+            return Admission(
+                accepted=False,
+                stage=rule.stage,
+                message=_render(rule, cfg),
+                citation=rule.citation,
+                warnings=tuple(warnings),
+                exception=rule.exception,
+            )
+        warnings.append(AdmissionWarning(code, _render(rule, cfg), rule.citation))
+    return Admission(accepted=True, stage="accepted", message=None, citation="", warnings=tuple(warnings))

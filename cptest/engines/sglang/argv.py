@@ -1,0 +1,173 @@
+"""Build the argv of `python3 -m sglang.launch_server` for one release. Pure; argv only, never a shell.
+
+Every flag emitted is checked against the release's extracted flag table (`flags-<release>.json`),
+so a flag the release lacks is a `PlanError` here, not a launch failure on a GPU machine. Flags
+whose spelling differs by release come from `Release.spellings`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cptest.engines.sglang.releases import Release
+from cptest.errors import PlanError, did_you_mean, one_of
+
+LAUNCHER = ("python3", "-m", "sglang.launch_server")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """One server's launch settings. None means "SGLang's default": the flag is not emitted."""
+
+    model_path: str
+    host: str = "127.0.0.1"
+    port: int = 30000
+    tp: int = 1
+    dcp: int = 1
+    attn_cp: int = 1
+    attn_dp: int = 1
+    pp: int = 1
+    prefill_cp: bool = False
+    cp_strategy: str | None = None
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+    attention_backend: str | None = None
+    cuda_graph: Mapping[str, str] = field(default_factory=dict)
+    """Phase ("decode", "prefill") -> backend (e.g. "full", "breakable", "disabled")."""
+    eager: bool = False
+    """Disable CUDA graphs in every phase (hooks do not fire on graph replay; sglang-cp.md §7)."""
+    page_size: int | None = None
+    max_total_tokens: int | None = None
+    mem_fraction_static: float | None = None
+    context_length: int | None = None
+    sampling_backend: str | None = None
+    skip_tokenizer_init: bool = True
+    """cptest sends token ids and reads token ids; the tokenizer is not part of what is qualified."""
+    random_seed: int | None = None
+    enable_metrics: bool = False
+    forward_hooks: tuple[Mapping[str, Any], ...] = ()
+    """`--forward-hooks` specs: {"name", "target_modules", "hook_factory", "config"}."""
+    extra: tuple[tuple[str, str | None], ...] = ()
+    """Pass-through flags (flag, value or None for a switch), checked against the release's table."""
+
+
+# Flags build_argv manages itself: a pass-through must not set them behind the topology's back.
+MANAGED_DESTS = frozenset(
+    {
+        "model_path", "host", "port", "tp_size", "dcp_size", "attn_cp_size", "dp_size", "attn_dp_size",
+        "enable_dp_attention", "pp_size", "enable_prefill_cp", "cp_strategy", "nnodes", "node_rank",
+        "dist_init_addr", "forward_hooks",
+    }
+)  # fmt: skip
+
+
+def build_argv(release: Release, cfg: ServeConfig) -> list[str]:
+    """argv for `cfg` under `release`. Raises `PlanError` listing every bad flag or value at once."""
+    out: list[str] = list(LAUNCHER)
+    problems: list[str] = []
+
+    def emit(flag: str, value: Any = None) -> None:
+        entry = release.flags.get(flag)
+        if entry is None:
+            problems.append(f"SGLang {release.name} has no flag {flag}")
+            return
+        if value is None:
+            out.append(flag)
+            return
+        text = value if isinstance(value, str) else str(value)
+        if entry["choices"] is not None and text not in [str(c) for c in entry["choices"]]:
+            problems.append(f"{flag} {text}: expected {one_of(str(c) for c in entry['choices'])}")
+            return
+        out.extend([flag, text])
+
+    def spelled(concept: str, n: Any) -> None:
+        parts = release.spellings[concept]
+        i = 0
+        while i < len(parts):
+            flag = parts[i]
+            if i + 1 < len(parts) and parts[i + 1] == "{n}":
+                emit(flag, n)
+                i += 2
+            else:
+                emit(flag)
+                i += 1
+
+    emit("--model-path", cfg.model_path)
+    emit("--host", cfg.host)
+    emit("--port", cfg.port)
+    emit("--tp-size", cfg.tp)
+    if cfg.pp != 1:
+        emit("--pp-size", cfg.pp)
+    if cfg.dcp != 1:
+        spelled("dcp", cfg.dcp)
+    if cfg.attn_cp != 1:
+        spelled("attn_cp", cfg.attn_cp)
+    if cfg.prefill_cp:
+        spelled("prefill_cp", None)
+    if cfg.cp_strategy is not None:
+        spelled("cp_strategy", cfg.cp_strategy)
+    if cfg.attn_dp != 1:
+        spelled("attn_dp", cfg.attn_dp)
+    if cfg.nnodes != 1:
+        emit("--nnodes", cfg.nnodes)
+        emit("--node-rank", cfg.node_rank)
+        if cfg.dist_init_addr is None:
+            problems.append("nnodes > 1 needs dist_init_addr (host:port of node 0)")
+        else:
+            emit("--dist-init-addr", cfg.dist_init_addr)
+    if cfg.attention_backend is not None:
+        emit("--attention-backend", cfg.attention_backend)
+    phases = dict(cfg.cuda_graph)
+    if cfg.eager:
+        phases = {phase: "disabled" for phase in release.graph_phases}
+    for phase, backend in sorted(phases.items()):
+        flag = release.graph_phases.get(phase)
+        if flag is None:
+            problems.append(f"unknown CUDA-graph phase {phase!r}: expected {one_of(release.graph_phases)}")
+            continue
+        emit(flag, backend)
+    for flag, value in (
+        ("--page-size", cfg.page_size),
+        ("--max-total-tokens", cfg.max_total_tokens),
+        ("--mem-fraction-static", cfg.mem_fraction_static),
+        ("--context-length", cfg.context_length),
+        ("--sampling-backend", cfg.sampling_backend),
+        ("--random-seed", cfg.random_seed),
+    ):
+        if value is not None:
+            emit(flag, value)
+    if cfg.skip_tokenizer_init:
+        emit("--skip-tokenizer-init")
+    if cfg.enable_metrics:
+        emit("--enable-metrics")
+    if cfg.forward_hooks:
+        emit("--forward-hooks", json.dumps([dict(h) for h in cfg.forward_hooks], separators=(",", ":")))
+    for flag, value in cfg.extra:
+        if _passthrough_ok(release, flag, value, problems):
+            emit(flag, value)
+    if problems:
+        raise PlanError("; ".join(dict.fromkeys(problems)))
+    return out
+
+
+def _passthrough_ok(release: Release, flag: str, value: str | None, problems: list[str]) -> bool:
+    """False (with a problem added) for an unknown flag, wrong arity, or a flag the topology owns."""
+    before = len(problems)
+    entry = release.flags.get(flag)
+    if entry is None:
+        guess = did_you_mean(flag, release.flags)
+        hint = f"; did you mean {guess}?" if guess else ""
+        problems.append(f"{flag}: SGLang {release.name} has no such flag{hint}")
+        return False
+    if entry["dest"] in MANAGED_DESTS:
+        problems.append(f"{flag}: cptest sets it from the scenario's topology/serve block")
+        return False
+    if entry["arity"] == "flag" and value is not None:
+        problems.append(f"{flag}: is a switch and takes no value (found {value!r})")
+    elif entry["arity"] == "value" and value is None:
+        problems.append(f"{flag}: takes a value")
+    return len(problems) == before

@@ -1,0 +1,580 @@
+"""What each SGLang release is known to do, as data: one table per release, `{**PREVIOUS, ...changes}`.
+
+Every entry cites `path:line` inside that release's wheel (relative to `sglang/srt/`). 0.5.17 entries
+were read in its source (`/tmp/sgl/src/sglang`) and, for the parse-time rules, confirmed by running
+its own `ServerArgs.from_cli_args` on a CPU machine. 0.5.23 entries cite the 0.5.23 wheel as
+summarised in `shared/reference/sglang-cp.md`, grep-checked against the wheel.
+
+Nothing outside this package may branch on a release name: callers ask `get_release(name)` for the
+table and read fields. An unknown release raises `PlanError` naming the closest known one.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Literal
+
+from cptest.errors import PlanError, did_you_mean, one_of
+from cptest.topology import KvHeadsRule
+
+Stage = Literal["parse", "worker_start", "runtime", "silent"]
+"""Where a rule fires: `parse` (launcher exits before any GPU work), `worker_start` (every scheduler
+raises in `initialize_model_parallel`), `runtime` (first forward), `silent` (no error; wrong or
+degraded behaviour that only evidence can show)."""
+
+Support = Literal["supported", "untested", "rejected", "silently-wrong", "runtime-error"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One admission rule: when it fires, SGLang's exact message, and where it is in the release.
+
+    `message` is a `str.format` template over `LaunchConfig` fields (`{tp}`, `{dcp}`, ...); the
+    rendered text is what SGLang prints (after the exception type). `None` means the release has no
+    message for it (a `silent` rule).
+    """
+
+    code: str
+    stage: Stage
+    exception: str | None
+    message: str | None
+    citation: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class LogPattern:
+    """A log line cptest parses. `regex` is searched (not matched) in one line, named groups are figures."""
+
+    regex: str
+    citation: str
+    present: bool = True
+    """False: the line does not exist in this release; parsers must not wait for it."""
+
+    @functools.cached_property
+    def compiled(self) -> re.Pattern[str]:
+        return re.compile(self.regex)
+
+
+@dataclass(frozen=True)
+class SupportEntry:
+    status: Support
+    citation: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Release:
+    """Everything release-specific cptest knows about one SGLang release."""
+
+    name: str
+    wheel: str
+    wheel_sha256: str
+    flags_file: str
+    rules: Mapping[str, Rule]
+    log_patterns: Mapping[str, LogPattern]
+    support: Mapping[tuple[str, str, str], SupportEntry]
+    """(model family, mode, attention backend) -> status. Families: mha (GQA/MHA with attention
+    sharded over attention-TP, e.g. Qwen3), llama (attention sharded over full TP), mla, dsa.
+    Modes: pcp-zigzag, pcp-interleave, dcp. Backend "*" is the family/mode default."""
+    spellings: Mapping[str, tuple[str, ...]]
+    """Concept -> argv fragment with `{n}` placeholders, for concepts whose flags differ by release."""
+    kv_heads_rule: KvHeadsRule
+    dcp_interleave_sizes: tuple[int, ...]
+    sigterm_exit_statuses: frozenset[int]
+    """Exit statuses of the launcher after a SIGTERM shutdown. SGLang SIGKILLs itself by design."""
+    rank_kill_exit_statuses: frozenset[int]
+    """Exit statuses of the launcher after one scheduler rank is killed (SIGQUIT path, then SIGKILL)."""
+    graph_phases: Mapping[str, str]
+    """Phase -> flag choosing its CUDA-graph backend; the values it accepts are in the flag table."""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @functools.cached_property
+    def flags(self) -> Mapping[str, Mapping[str, Any]]:
+        """Every CLI flag of the release (primary spelling and aliases) -> its entry in flags-<r>.json."""
+        table = _load_flags(self.flags_file)["flags"]
+        out: dict[str, Mapping[str, Any]] = {}
+        for name, entry in table.items():
+            out[name] = entry
+            for alias in entry["aliases"]:
+                out.setdefault(alias, entry)
+        return out
+
+    def log_pattern(self, name: str) -> LogPattern:
+        return self.log_patterns[name]
+
+
+@functools.cache
+def _load_flags(filename: str) -> dict[str, Any]:
+    text = resources.files("cptest.engines.sglang").joinpath(filename).read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+# ------------------------------------------------------------------------------------------ 0.5.17
+
+RULES_0_5_17: dict[str, Rule] = {
+    "dcp_at_least_1": Rule(
+        "dcp_at_least_1",
+        "parse",
+        "ValueError",
+        "Decode context parallel size (--dcp-size / --decode-context-parallel-size) must be >= 1, "
+        "but got dcp_size={dcp}.",
+        "server_args.py:3818-3823",
+    ),
+    "cp_strategy_required": Rule(
+        "cp_strategy_required",
+        "parse",
+        "ValueError",
+        "--cp-strategy must be set when --enable-prefill-cp is enabled.",
+        "server_args.py:6319-6322",
+    ),
+    "tp_divisible_by_attn_cp": Rule(
+        "tp_divisible_by_attn_cp",
+        "parse",
+        "AssertionError",
+        "tp_size must be divisible by attn_cp_size",
+        "server_args.py:6339-6342",
+        note="only checked when attn_cp > 1",
+    ),
+    "tp_divisible_by_dp_attn_cp": Rule(
+        "tp_divisible_by_dp_attn_cp",
+        "parse",
+        "AssertionError",
+        "tp_size must be divisible by dp_size * attn_cp_size",
+        "server_args.py:6343-6345",
+        note="only checked when attn_cp > 1",
+    ),
+    "pcp_with_dcp": Rule(
+        "pcp_with_dcp",
+        "silent",
+        None,
+        None,
+        "server_args.py:3817-3847",
+        note="0.5.17 does not reject --enable-prefill-cp with --dcp-size > 1 (confirmed with its own "
+        "ServerArgs.from_cli_args); 0.5.23 does. Untested combination.",
+    ),
+    "dcp_at_least_1_worker": Rule(
+        "dcp_at_least_1_worker",
+        "worker_start",
+        "RuntimeError",
+        "decode_context_parallel_size ({dcp}) must be >= 1",
+        "distributed/parallel_state.py:2272-2275",
+    ),
+    "dcp_platform": Rule(
+        "dcp_platform",
+        "worker_start",
+        "RuntimeError",
+        "Decode context parallel (decode_context_parallel_size > 1) is currently only supported on the "
+        "AMD HIP platform or CUDA platform, but got decode_context_parallel_size ({dcp}) on a non-HIP "
+        "or non-CUDA platform.",
+        "distributed/parallel_state.py:2276-2282",
+    ),
+    "tp_divisible_by_dcp": Rule(
+        "tp_divisible_by_dcp",
+        "worker_start",
+        "RuntimeError",
+        "tensor_model_parallel_size ({tp}) must be divisible by decode_context_parallel_size ({dcp})",
+        "distributed/parallel_state.py:2283-2287",
+        note="not checked at parse time: tp 4 dcp 3 passes ServerArgs and fails in every scheduler",
+    ),
+    "zigzag_short_prompt": Rule(
+        "zigzag_short_prompt",
+        "silent",
+        None,
+        None,
+        "layers/cp/zigzag.py:109-119",
+        note="any extend length < 2*attn_cp disables the split for the whole batch, without a log line",
+    ),
+    "interleave_short_batch": Rule(
+        "interleave_short_batch",
+        "silent",
+        None,
+        None,
+        "layers/cp/interleave.py:64-69",
+        note="fewer than attn_cp extend tokens in the batch: no split",
+    ),
+    "prefill_cp_needs_attn_cp": Rule(
+        "prefill_cp_needs_attn_cp",
+        "silent",
+        None,
+        None,
+        "layers/cp/base.py:245-256",
+        note="--enable-prefill-cp with attn_cp <= 1 leaves the strategy unset, no error",
+    ),
+    "attn_cp_without_prefill_cp": Rule(
+        "attn_cp_without_prefill_cp",
+        "silent",
+        None,
+        None,
+        "layers/cp/base.py:249-251",
+        note="--attn-cp-size > 1 without --enable-prefill-cp builds CP groups and shrinks attention-TP "
+        "but never splits tokens",
+    ),
+    "interleave_no_attention": Rule(
+        "interleave_no_attention",
+        "runtime",
+        None,
+        None,
+        "layers/cp/interleave.py:222-233",
+        note="InterleaveCPStrategy.run_attention returns None: only the DSA backend runs attention "
+        "itself; interleave on an fa3 MHA/GQA model fails at the first CP extend (inferred)",
+    ),
+    "llama_pcp": Rule(
+        "llama_pcp",
+        "silent",
+        None,
+        None,
+        "models/llama.py:158-166",
+        note="Llama shards attention heads over the full TP group, not attention-TP "
+        "(cf. models/qwen3.py:86-92); CP partners hold different head shards (inferred wrong output)",
+    ),
+    "mha_dcp_kv_not_replicated": Rule(
+        "mha_dcp_kv_not_replicated",
+        "silent",
+        None,
+        None,
+        "layers/attention/triton_backend.py:1797-1810; mem_cache/kv_cache_configurator.py:491",
+        note="DCP all-gathers Q over the group and attends against each rank's own KV heads "
+        "(pool holds max(1, kv_heads // attn_tp)); right only if the DCP group's ranks hold the same "
+        "KV heads, i.e. kv_heads <= tp/dcp. No check on CUDA (inferred wrong output)",
+    ),
+    "dcp_backend_without_dcp_path": Rule(
+        "dcp_backend_without_dcp_path",
+        "silent",
+        None,
+        None,
+        "layers/attention/triton_backend.py:182-187",
+        note="among MHA backends only triton has DCP code in 0.5.17 (owner-masked writes, Q all-gather, "
+        "LSE merge); fa3/flashinfer get widened slots and no DCP path (inferred wrong output)",
+    ),
+    "dcp_disables_prefill_graph": Rule(
+        "dcp_disables_prefill_graph",
+        "parse",
+        None,
+        "Breakable CUDA graph is incompatible with decode context parallel (dcp_size > 1); "
+        "disabling prefill CUDA graph.",
+        "server_args.py:4440-4446, 4512-4520",
+        note="a warning, not a rejection: the prefill graph is turned off",
+    ),
+}
+
+LOGS_0_5_17: dict[str, LogPattern] = {
+    "log_prefix": LogPattern(
+        r"^\[(?P<time>[^\]]*?)(?: DP(?P<dp>\d+))?(?: PP(?P<pp>\d+))?(?: ATTN_CP(?P<attn_cp>\d+))?"
+        r"(?: MOE_DP(?P<moe_dp>\d+))?(?: TP(?P<tp>\d+))?(?: EP(?P<ep>\d+))?\] ",
+        "managers/scheduler.py:4843-4859; utils/common.py:2173",
+    ),
+    "kv_cache_allocated": LogPattern(
+        r"(?:(?P<label>\S+) )?KV Cache is allocated\. dtype: (?P<dtype>\S+), #tokens: (?P<tokens>\d+), "
+        r"(?:K size: (?P<k_gb>[\d.]+) GB, V size: (?P<v_gb>[\d.]+) GB|KV size: (?P<kv_gb>[\d.]+) GB)",
+        "mem_cache/memory_pool.py:1655-1680",
+    ),
+    "kv_cache_post_capture": LogPattern(
+        r"Post-capture KV sizing: KV cache allocated\. dtype: (?P<dtype>\S+), #tokens: (?P<tokens>\d+), "
+        r"KV size: (?P<kv_gb>[\d.]+) GB, avail mem=(?P<avail_gb>[\d.]+) GB",
+        "model_executor/model_runner_components/kv_pool_runtime.py:121-123",
+    ),
+    "memory_pool_end": LogPattern(
+        r"Memory pool end\. avail mem=(?P<avail_gb>[\d.]+) GB", "mem_cache/kv_cache_configurator.py:257-260"
+    ),
+    "max_total_num_tokens": LogPattern(
+        r"max_total_num_tokens=(?P<tokens>\d+), chunked_prefill_size=(?P<chunked_prefill>-?\d+|None), "
+        r"max_prefill_tokens=(?P<max_prefill>\d+), max_running_requests=(?P<max_running>\d+), "
+        r"context_len=(?P<context_len>\d+), available_(?:gpu|cpu)_mem=(?P<avail_gb>[\d.]+) GB",
+        "managers/scheduler.py:1067-1076",
+    ),
+    "dcp_enabled": LogPattern(
+        r"DCP enabled, dcp_size=(?P<dcp>\d+), tp_size=(?P<tp>\d+)", "distributed/parallel_state.py:2352-2355"
+    ),
+    "forward_hook_registered": LogPattern(
+        r"Registered forward hook '(?P<name>[^']*)' on (?P<module>\S+)", "model_executor/hook_manager.py:56"
+    ),
+    "forward_hook_unmatched": LogPattern(
+        r"No modules matched hook spec '(?P<name>[^']*)'", "model_executor/hook_manager.py:47-51"
+    ),
+    "plugin_executed": LogPattern(r"Executed general plugin: (?P<name>\S+)", "plugins/__init__.py:134"),
+    "plugin_failed": LogPattern(
+        r"Failed to execute general plugin: (?P<name>\S+)", "plugins/__init__.py:136"
+    ),
+    "cuda_graph_captured": LogPattern(
+        r"Capture (?P<phase>\S+) CUDA graph end\. elapsed=(?P<secs>[\d.]+) s, "
+        r"mem usage=(?P<mem_gb>[\d.]+) GB",
+        "model_executor/model_runner_components/cuda_graph_setup.py:373-377",
+    ),
+    "prefill_graph_disabled": LogPattern(
+        r"Breakable CUDA graph is incompatible with (?P<reason>.+); disabling prefill CUDA graph\.",
+        "server_args.py:4512-4520",
+    ),
+    "server_ready": LogPattern(
+        r"The server is fired up and ready to roll!", "entrypoints/http_server.py:2355"
+    ),
+    "sigterm_received": LogPattern(
+        r"SIGTERM received\. signum=(?P<signum>\S+) frame=.*Draining requests and shutting down",
+        "managers/tokenizer_manager.py:3748-3751",
+    ),
+    "sigterm_force_exit": LogPattern(
+        r"Signal SIGTERM received while (?P<why>health check failed|force shutdown flag set)\. "
+        r"Force exiting\.",
+        "managers/tokenizer_manager.py:3099-3111",
+    ),
+    "gracefully_exiting": LogPattern(
+        r"Gracefully exiting\.\.\. Remaining number of requests (?P<remaining>\d+)\.",
+        "managers/tokenizer_manager.py:3114-3116",
+    ),
+    "schedulers_still_alive": LogPattern(
+        r"Schedulers still alive (?P<secs>\d+)s after ShutdownReq",
+        "absent in 0.5.17: it waits 15 s silently (managers/tokenizer_manager.py:3124-3130)",
+        present=False,
+    ),
+    "kill_process_tree": LogPattern(
+        r"kill_process_tree called: parent_pid=(?P<parent_pid>\d+|None), include_parent=(?P<include_parent>"
+        r"True|False), pid=(?P<pid>\d+)",
+        "utils/common.py:2066-2069",
+    ),
+    "subprocess_crashed": LogPattern(
+        r"Subprocess (?P<name>\S+) \(pid=(?P<pid>\d+)\) crashed with exit code (?P<code>-?\d+)\.",
+        "utils/watchdog.py:210-221",
+    ),
+    "scheduler_exception": LogPattern(r"Scheduler hit an exception: ", "managers/scheduler.py:4948-4952"),
+    "sigquit_running": LogPattern(
+        r"SIGQUIT received\. signum=.*It usually means one child failed\.",
+        "managers/tokenizer_manager.py:3753-3757",
+    ),
+    "sigquit_launch": LogPattern(
+        r"Received sigquit from a child process\. It usually means the child failed\.",
+        "entrypoints/engine.py:1650-1652",
+    ),
+    "health_check_failed": LogPattern(
+        r"Health check failed\. Server couldn't get a response from detokenizer for last "
+        r"(?P<secs>\d+) seconds\.",
+        "entrypoints/http_server.py:713-717",
+    ),
+}
+
+_S, _U, _R, _W, _E = "supported", "untested", "rejected", "silently-wrong", "runtime-error"
+
+SUPPORT_0_5_17: dict[tuple[str, str, str], SupportEntry] = {
+    ("mha", "pcp-zigzag", "fa3"): SupportEntry(
+        _S, "layers/attention/flashattention_backend.py:1163-1189, 1381-1382", "Qwen3/Qwen3-MoE; GQA"
+    ),
+    ("mha", "pcp-zigzag", "trtllm_mha"): SupportEntry(
+        _U, "layers/attention/trtllm_mha_backend.py", "SM100 only"
+    ),
+    ("mha", "pcp-zigzag", "*"): SupportEntry(
+        _W, "layers/cp/zigzag.py:415-458", "backends without CP code compute attention on local rows only"
+    ),
+    ("mha", "pcp-interleave", "*"): SupportEntry(
+        _E, "layers/cp/interleave.py:222-233", "run_attention is a no-op"
+    ),
+    ("mha", "dcp", "triton"): SupportEntry(
+        _U,
+        "layers/attention/triton_backend.py:182-187, 1228-1240, 1797-1830",
+        "correct only when kv_heads <= tp/dcp (inferred)",
+    ),
+    ("mha", "dcp", "*"): SupportEntry(
+        _W, "layers/attention/triton_backend.py:182-187", "no DCP path (inferred)"
+    ),
+    ("llama", "pcp-zigzag", "*"): SupportEntry(_W, "models/llama.py:158-166", "heads sharded over full TP"),
+    ("llama", "pcp-interleave", "*"): SupportEntry(_E, "layers/cp/interleave.py:222-233"),
+    ("llama", "dcp", "triton"): SupportEntry(
+        _U, "layers/attention/triton_backend.py:1797-1830", "Llama-3.x (8 KV heads) needs tp/dcp >= 8"
+    ),
+    ("llama", "dcp", "*"): SupportEntry(_W, "layers/attention/triton_backend.py:182-187"),
+    ("mla", "pcp-zigzag", "fa3"): SupportEntry(_S, "layers/attention/flashattention_backend.py:1163-1168"),
+    ("mla", "dcp", "flashinfer"): SupportEntry(_S, "layers/attention/flashinfer_mla_backend.py"),
+    ("mla", "dcp", "flashmla"): SupportEntry(_S, "layers/attention/flashmla_backend.py"),
+    ("mla", "dcp", "trtllm_mla"): SupportEntry(_S, "layers/attention/trtllm_mla_backend.py", "SM100"),
+    ("mla", "dcp", "cutedsl_mla"): SupportEntry(_S, "layers/attention/cutedsl_mla_backend.py", "SM100"),
+    ("dsa", "pcp-interleave", "*"): SupportEntry(_S, "layers/attention/dsa_backend.py"),
+    ("*", "pcp+dcp", "*"): SupportEntry(_U, "server_args.py:3817-3847", "not rejected in 0.5.17"),
+}
+
+RELEASE_0_5_17 = Release(
+    name="0.5.17",
+    wheel="sglang-0.5.17-cp311-cp311-manylinux_2_34_x86_64.whl",
+    wheel_sha256="575e38f5683624ded3b4bb267f637a098e5ed37d13a1d1ff5ea09bd781a04d16",
+    flags_file="flags-0.5.17.json",
+    rules=RULES_0_5_17,
+    log_patterns=LOGS_0_5_17,
+    support=SUPPORT_0_5_17,
+    spellings={
+        # 0.5.17 has no --attn-dp-size: attention DP is data parallelism plus a switch.
+        "attn_dp": ("--dp-size", "{n}", "--enable-dp-attention"),
+        "dcp": ("--dcp-size", "{n}"),
+        "attn_cp": ("--attn-cp-size", "{n}"),
+        "prefill_cp": ("--enable-prefill-cp",),
+        "cp_strategy": ("--cp-strategy", "{n}"),
+    },
+    kv_heads_rule="attn_tp",
+    dcp_interleave_sizes=(1,),
+    # tokenizer_manager.py:3124-3131: kill_process_tree(include_parent=True) SIGKILLs the launcher
+    # before its sys.exit(0); 0 when uvicorn handles a SIGTERM that arrives before any request.
+    sigterm_exit_statuses=frozenset({0, -9, 137}),
+    # A dead scheduler -> watchdog SIGQUIT -> kill_process_tree(os.getpid()) -> SIGKILL of the launcher
+    # (utils/watchdog.py:210-221, managers/tokenizer_manager.py:3753-3763).
+    rank_kill_exit_statuses=frozenset({-9, 137}),
+    graph_phases={"decode": "--cuda-graph-backend-decode", "prefill": "--cuda-graph-backend-prefill"},
+)
+
+# ------------------------------------------------------------------------------------------ 0.5.23
+
+RULES_0_5_23: dict[str, Rule] = {
+    **RULES_0_5_17,
+    "dcp_at_least_1": Rule(
+        "dcp_at_least_1",
+        "parse",
+        "ValueError",
+        "Decode context parallel size (--dcp-size / --decode-context-parallel-size) must be >= 1, "
+        "but got dcp_size={dcp}.",
+        "arg_groups/parallel_hook.py:244-247",
+    ),
+    "cp_strategy_required": Rule(
+        "cp_strategy_required",
+        "parse",
+        "ValueError",
+        "--cp-strategy must be set when --enable-prefill-cp is enabled.",
+        "arg_groups/parallel_hook.py:151-154",
+    ),
+    "tp_divisible_by_attn_cp": Rule(
+        "tp_divisible_by_attn_cp",
+        "parse",
+        "AssertionError",
+        "tp_size must be divisible by attn_cp_size",
+        "arg_groups/parallel_hook.py:157-161",
+    ),
+    "tp_divisible_by_dp_attn_cp": Rule(
+        "tp_divisible_by_dp_attn_cp",
+        "parse",
+        "AssertionError",
+        "tp_size must be divisible by attn_dp_size * attn_cp_size",
+        "arg_groups/parallel_hook.py:157-168",
+    ),
+    "pcp_with_dcp": Rule(
+        "pcp_with_dcp",
+        "parse",
+        "ValueError",
+        "--dcp-size > 1 does not support --enable-prefill-cp.",
+        "arg_groups/parallel_hook.py:249-250",
+    ),
+    "dcp_at_least_1_worker": Rule(
+        "dcp_at_least_1_worker",
+        "worker_start",
+        "RuntimeError",
+        "decode_context_parallel_size ({dcp}) must be >= 1",
+        "distributed/parallel_state.py:2652-2655",
+    ),
+    "tp_divisible_by_dcp": Rule(
+        "tp_divisible_by_dcp",
+        "worker_start",
+        "RuntimeError",
+        "tensor_model_parallel_size ({tp}) must be divisible by decode_context_parallel_size ({dcp})",
+        "distributed/parallel_state.py:2665-2669",
+    ),
+    "mha_dcp_kv_not_replicated": Rule(
+        "mha_dcp_kv_not_replicated",
+        "silent",
+        None,
+        None,
+        "configs/model_config.py:1700-1711",
+        note="pool holds kv_heads // (tp // dcp) heads; the model must replicate KV within the DCP group "
+        "(Qwen3.5 does, models/qwen3_5.py:1286-1341)",
+    ),
+    "dcp_disables_prefill_graph": Rule(
+        "dcp_disables_prefill_graph",
+        "parse",
+        None,
+        "Breakable CUDA graph is incompatible with decode context parallel (dcp_size > 1); "
+        "disabling prefill CUDA graph.",
+        "arg_groups/cuda_graph_hook.py:212-216, 240-252",
+    ),
+}
+
+LOGS_0_5_23: dict[str, LogPattern] = {
+    **LOGS_0_5_17,
+    "kv_cache_allocated": LogPattern(
+        LOGS_0_5_17["kv_cache_allocated"].regex, "mem_cache/memory_pool.py:2073-2099"
+    ),
+    "max_total_num_tokens": LogPattern(
+        LOGS_0_5_17["max_total_num_tokens"].regex, "managers/scheduler.py:1267-1276"
+    ),
+    "dcp_enabled": LogPattern(LOGS_0_5_17["dcp_enabled"].regex, "distributed/parallel_state.py:2736-2739"),
+    "schedulers_still_alive": LogPattern(
+        r"Schedulers still alive (?P<secs>\d+)s after ShutdownReq, killing them before they released: "
+        r"\[(?P<pids>[^\]]*)\]",
+        "managers/tokenizer_manager.py:456, 3508-3571",
+    ),
+    "sigterm_received": LogPattern(
+        r"SIGTERM received\. signum=(?P<signum>\S+) frame=.*Draining requests and shutting down",
+        "managers/tokenizer_manager.py:4062-4070",
+    ),
+}
+
+SUPPORT_0_5_23: dict[tuple[str, str, str], SupportEntry] = {
+    **SUPPORT_0_5_17,
+    ("*", "pcp+dcp", "*"): SupportEntry(_R, "arg_groups/parallel_hook.py:249-250"),
+    ("mha", "dcp", "triton"): SupportEntry(
+        _U, "layers/attention/triton_backend.py:1632-1667, 1998-2140", "Qwen3.5 tested (TP4/DCP4, B200)"
+    ),
+}
+
+RELEASE_0_5_23 = Release(
+    name="0.5.23",
+    wheel="sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl",
+    wheel_sha256="00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937",
+    flags_file="flags-0.5.23.json",
+    rules=RULES_0_5_23,
+    log_patterns=LOGS_0_5_23,
+    support=SUPPORT_0_5_23,
+    spellings={
+        **RELEASE_0_5_17.spellings,
+        # arg_groups/fields/parallel.py:81-90; --dp-size N --enable-dp-attention is deprecated.
+        "attn_dp": ("--attn-dp-size", "{n}"),
+    },
+    kv_heads_rule="attn_tp_over_dcp",
+    dcp_interleave_sizes=(1,),
+    sigterm_exit_statuses=frozenset({0, -9, 137}),
+    rank_kill_exit_statuses=frozenset({-9, 137}),
+    graph_phases=RELEASE_0_5_17.graph_phases,
+)
+
+KNOWN_RELEASES: Mapping[str, Release] = {r.name: r for r in (RELEASE_0_5_17, RELEASE_0_5_23)}
+"""Every release cptest has a table for, oldest first."""
+
+
+def get_release(name: str) -> Release:
+    """The table of release `name`. Raises `PlanError` naming the known releases and the closest one."""
+    try:
+        return KNOWN_RELEASES[name]
+    except KeyError:
+        pass
+    known = list(KNOWN_RELEASES)
+    guess = did_you_mean(name, known)
+    hint = f"; did you mean {guess}?" if guess else ""
+    raise PlanError(
+        f'unknown SGLang release "{name}" (known: {", ".join(known)}{hint})',
+    ) from None
+
+
+def support_of(release: Release, family: str, mode: str, backend: str) -> SupportEntry | None:
+    """Most specific support entry: exact backend, then the family/mode default, then any family."""
+    for key in ((family, mode, backend), (family, mode, "*"), ("*", mode, "*")):
+        if key in release.support:
+            return release.support[key]
+    return None
+
+
+__all__ = [
+    "KNOWN_RELEASES",
+    "LogPattern",
+    "Release",
+    "Rule",
+    "SupportEntry",
+    "get_release",
+    "one_of",
+    "support_of",
+]
