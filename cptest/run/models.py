@@ -1,0 +1,108 @@
+"""Synthetic checkpoints: deterministic random weights with a real model's head geometry.
+
+A scenario can declare `model synthetic llama { heads 32 kv_heads 8 head_dim 128 ... seed 7 }` to
+qualify layout contracts with Llama-3.1-8B's geometry and no download. The weights are drawn from
+torch's CPU generator in a fixed order (the same scheme as shared/device/make-tiny-models, which
+produces identical bytes with torch 2.11 and 2.13 on AVX2/AVX-512 CPUs) and written once into the
+plan's model cache; their sha256 goes into the manifest. This is a run-stage side effect: the plan
+only names the directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from cptest.errors import Problem, RunError
+
+STD = 0.02
+MARKER = "cptest-weights.json"
+"""Written last: a directory without it is an interrupted write and is regenerated."""
+
+
+def _config(model: dict[str, Any]) -> dict[str, Any]:
+    arch = model["architecture"]
+    common = {
+        "hidden_size": model["hidden"], "intermediate_size": model["intermediate"] or 4 * model["hidden"],
+        "num_hidden_layers": model["layers"], "num_attention_heads": model["heads"],
+        "num_key_value_heads": model["kv_heads"], "head_dim": model["head_dim"],
+        "vocab_size": model["vocab"], "max_position_embeddings": 8192, "hidden_act": "silu",
+        "rms_norm_eps": 1e-5, "rope_scaling": None, "attention_bias": False, "attention_dropout": 0.0,
+        "tie_word_embeddings": False, "initializer_range": STD, "use_cache": True, "bos_token_id": 0,
+        "eos_token_id": 1, "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    if arch == "llama":
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "rope_theta": 500000.0,
+                "mlp_bias": False, "pretraining_tp": 1, **common}  # fmt: skip
+    if arch == "qwen3":
+        return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rope_theta": 1000000.0,
+                "use_sliding_window": False, "sliding_window": None,
+                "max_window_layers": model["layers"], **common}  # fmt: skip
+    raise RunError(Problem(None, f"synthetic weights for architecture {arch!r} are not implemented",
+                           hint="use llama or qwen3, or a local checkpoint"))  # fmt: skip
+
+
+def _tensors(torch: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    h, inter, heads, kv, hd = (cfg[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                                "num_key_value_heads", "head_dim"))
+    bf16 = torch.bfloat16
+
+    def rnd(*shape: int) -> Any:
+        return (torch.randn(*shape) * STD).to(bf16)
+
+    def ones(n: int) -> Any:
+        return torch.ones(n, dtype=bf16)
+
+    t = {"model.embed_tokens.weight": rnd(cfg["vocab_size"], h)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t[p + "self_attn.q_proj.weight"] = rnd(heads * hd, h)
+        t[p + "self_attn.k_proj.weight"] = rnd(kv * hd, h)
+        t[p + "self_attn.v_proj.weight"] = rnd(kv * hd, h)
+        t[p + "self_attn.o_proj.weight"] = rnd(h, heads * hd)
+        t[p + "mlp.gate_proj.weight"] = rnd(inter, h)
+        t[p + "mlp.up_proj.weight"] = rnd(inter, h)
+        t[p + "mlp.down_proj.weight"] = rnd(h, inter)
+        t[p + "input_layernorm.weight"] = ones(h)
+        t[p + "post_attention_layernorm.weight"] = ones(h)
+        if cfg["model_type"] == "qwen3":
+            t[p + "self_attn.q_norm.weight"] = ones(hd)
+            t[p + "self_attn.k_norm.weight"] = ones(hd)
+    t["model.norm.weight"] = ones(h)
+    t["lm_head.weight"] = rnd(cfg["vocab_size"], h)
+    return t
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def ensure_synthetic(model: dict[str, Any], directory: Path) -> str:
+    """Write the synthetic checkpoint described by `model` (a scenario Model dump) into `directory`
+    unless a complete one is there; return the sha256 of its model.safetensors."""
+    marker = directory / MARKER
+    if marker.is_file():
+        return json.loads(marker.read_text())["sha256"]
+    try:
+        import torch
+        from safetensors.torch import save_file
+    except ImportError as e:
+        raise RunError(Problem(None, f"synthetic weights need torch and safetensors ({e})",
+                               hint="pip install -e '.[weights]'")) from None  # fmt: skip
+    cfg = _config(model)
+    torch.manual_seed(int(model.get("seed") or 0))
+    tensors = _tensors(torch, cfg)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(cfg, indent=2))
+    (directory / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
+    path = directory / "model.safetensors"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
+    digest = sha256_file(path)
+    marker.write_text(json.dumps({"sha256": digest, "torch": torch.__version__, "model": model}, indent=2))
+    return digest

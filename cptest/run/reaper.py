@@ -1,0 +1,111 @@
+"""Watchdog that kills an engine process tree when cptest itself disappears.
+
+Usage (started by `ProcessLauncher`, never by hand): `python -m cptest.run.reaper <cptest pid>
+<cptest create time> <session id>`. It runs in its own session, so neither Ctrl-C on the terminal
+nor the engine's own `kill_process_tree` reaches it. Every `interval_s` it refreshes a snapshot of
+the engine tree (descendants of the session leader, plus every process whose session or process
+group is the engine's: orphans reparented to init keep their session id). When the cptest pid is
+gone (or became a zombie, or was reused: the create time differs), it SIGKILLs the process group
+and every process of the snapshot, and exits. When the tree ends on its own, it exits quietly.
+
+This covers the one exit path no code inside cptest can: `kill -9` of cptest (and an OOM kill).
+It cannot cover `kill -9` of cptest *and* the reaper together, nor a process of the tree that
+calls `setsid()` and is started after the last snapshot and after its parent died.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+
+import psutil
+
+
+def _ident(pid: int) -> float | None:
+    """Create time of a live, non-zombie process, or None."""
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return p.create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+        return None
+
+
+def session_members(session: int) -> dict[int, float]:
+    """pid -> create time of every live process whose session or process group is `session`."""
+    out: dict[int, float] = {}
+    me = os.getpid()
+    for p in psutil.process_iter(["pid", "create_time", "status"]):
+        pid = p.info["pid"]
+        if pid == me or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            if os.getsid(pid) == session or os.getpgid(pid) == session:
+                out[pid] = p.info["create_time"]
+        except (ProcessLookupError, PermissionError, OSError):
+            continue
+    return out
+
+
+def tree_snapshot(session: int) -> dict[int, float]:
+    """The session leader's descendants plus the session/group members."""
+    found = session_members(session)
+    with contextlib.suppress(psutil.Error):
+        leader = psutil.Process(session)
+        found.setdefault(session, leader.create_time())
+        for c in leader.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                found.setdefault(c.pid, c.create_time())
+    return found
+
+
+def kill_all(session: int, known: dict[int, float]) -> None:
+    """SIGKILL the process group and each known pid that is still the same process."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(session, signal.SIGKILL)
+    for pid, created in known.items():
+        if _ident(pid) == created:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def watch(cptest_pid: int, cptest_created: float, session: int, interval_s: float = 0.2) -> int:
+    known: dict[int, float] = {}
+    rescan_every = max(int(1.0 / interval_s), 1)  # a full process-table scan about once a second
+    tick = 0
+    while True:
+        if tick % rescan_every == 0:
+            snap = tree_snapshot(session)
+            known.update(snap)
+            if not snap and not any(_ident(p) == c for p, c in known.items()):
+                return 0  # the tree ended by itself
+        tick += 1
+        if _ident(cptest_pid) != cptest_created:
+            for _ in range(50):  # up to ~5 s: processes may fork while we kill
+                known.update(tree_snapshot(session))
+                alive = {p: c for p, c in known.items() if _ident(p) == c}
+                if not alive:
+                    break
+                kill_all(session, alive)
+                time.sleep(0.1)
+            return 0
+        time.sleep(interval_s)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: python -m cptest.run.reaper <cptest pid> <cptest create time> <session>",
+              file=sys.stderr)
+        return 2
+    # Ignore terminal signals: only the disappearance of cptest (or SIGKILL) ends the reaper.
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    return watch(int(argv[0]), float(argv[1]), int(argv[2]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,242 @@
+"""The supervisor: the one owner of every started node, and the sampler of processes and GPU memory.
+
+`with Supervisor(launcher, log=log) as sup:` — `sup.start(...)` registers a handle the moment the
+launcher returns it; `__exit__` tears down each handle still owned, separately, logging a failure and
+going on to the next (NixOS `Driver.__exit__`). While the engine runs, a sampler thread writes the
+process tree and per-GPU memory every `sample_interval_s` to the owning role's `runner.jsonl`. A
+crash of that thread is recorded and re-raised on the main thread by `check()` as a RunError, so the
+run unwinds through `__exit__` as on any other error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import psutil
+
+from cptest.errors import RunError
+from cptest.evidence import GpuSample, Lifecycle, ProbeNote, ProcessSample
+from cptest.log import Logger, null_logger
+from cptest.plan_model import NodeLaunch
+from cptest.run.launcher import ExitInfo, Handle, Launcher
+from cptest.run.records import RecordWriter
+
+NVIDIA_SMI_ARGV: list[str] = ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]
+
+Role = Literal["main", "baseline"]
+
+
+class GpuQueryUnavailable(Exception):
+    """GPU memory cannot be read here (no nvidia-smi, no driver). Recorded as a note, not an error."""
+
+
+def query_gpu_memory(argv: list[str] | None = None, timeout_s: float = 10.0) -> dict[str, int]:
+    """GPU index -> MiB in use, from nvidia-smi (argv list, no shell).
+
+    Raises GpuQueryUnavailable when nvidia-smi is absent or fails.
+    """
+    argv = list(argv or NVIDIA_SMI_ARGV)
+    if shutil.which(argv[0]) is None:
+        raise GpuQueryUnavailable(f"{argv[0]} not found on PATH; GPU memory not sampled")
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=True).stdout
+    except (subprocess.SubprocessError, OSError) as e:
+        raise GpuQueryUnavailable(f"{argv[0]} failed: {e}") from None
+    return parse_gpu_memory(out)
+
+
+def parse_gpu_memory(text: str) -> dict[str, int]:
+    """`0, 1234` lines -> {"0": 1234}. Lines that are not `index, number` are skipped."""
+    used: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            used[parts[0]] = int(parts[1])
+    return used
+
+
+def describe_processes(pids: list[int], scope: str = "tree") -> list[dict[str, Any]]:
+    """pid, ppid, name (process title), status, rss of each live pid (vanished ones are skipped)."""
+    procs = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            with p.oneshot():
+                cmd = [c for c in p.cmdline() if c]
+                procs.append({
+                    "pid": pid, "ppid": p.ppid(), "name": p.name(),
+                    "title": " ".join(cmd)[:200], "status": p.status(),
+                    "rss": p.memory_info().rss, "scope": scope,
+                })
+        except (psutil.Error, OSError):
+            continue
+    return procs
+
+
+def host_processes_titled(prefix: str) -> list[int]:
+    """Pids of every host process whose title (cmdline or name) starts with `prefix`.
+
+    Before and after a run this finds engine processes that belong to no tree we know (orphans of
+    this run or leftovers of an earlier one).
+    """
+    found = []
+    for p in psutil.process_iter(["pid", "name", "cmdline"]):
+        cmd = " ".join(c for c in (p.info.get("cmdline") or []) if c)
+        if (p.info.get("name") or "").startswith(prefix) or cmd.startswith(prefix):
+            found.append(p.info["pid"])
+    return found
+
+
+@dataclass
+class Owned:
+    """A handle the supervisor owns and where its role's runner evidence goes."""
+
+    handle: Handle
+    role: Role
+    writer: RecordWriter
+    torn_down: ExitInfo | None = None
+
+
+@dataclass
+class Supervisor:
+    """Owns handles; samples; tears down. See the module docstring."""
+
+    launcher: Launcher
+    log: Logger = field(default_factory=null_logger)
+    sample_interval_s: float = 2.0
+    gpu_query: Callable[[], dict[str, int]] = query_gpu_memory
+    title_prefix: str = "sglang::"
+    teardown_grace_s: float = 10.0
+    owned: list[Owned] = field(default_factory=list)
+    thread_error: BaseException | None = None
+    _gpu_note_written: set[str] = field(default_factory=set)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _sample_hook: Callable[[], None] | None = None
+    """Test seam: called on each sampler tick (a raising hook simulates a sampler crash)."""
+
+    def __enter__(self) -> Supervisor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # A second Ctrl-C or SIGTERM while tearing down would abandon the trees not yet torn down:
+        # hold those signals until every teardown is done (they are delivered right after).
+        held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        try:
+            self.stop_sampling()
+            for owned in reversed(self.owned):
+                try:
+                    self.teardown(owned)
+                except Exception as e:  # one failed teardown must not leave the others running
+                    pid, k = owned.handle.main_pid(), owned.handle.node.node_rank
+                    self.log.error(f"error during teardown of {owned.role} node {k} (pid {pid}): {e}")
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+    # ------------------------------------------------------------------ ownership
+    def start(self, node: NodeLaunch, log_path: Path, labels: dict[str, str], role: Role,
+              writer: RecordWriter) -> Owned:
+        """Start a node through the launcher and own it at once. Writes Lifecycle `launched`."""
+        handle = self.launcher.start(node, log_path, labels)
+        owned = Owned(handle, role, writer)
+        self.owned.append(owned)
+        writer.write(Lifecycle(run=role, event="launched",
+                               detail={"node": node.node_rank, "pid": handle.main_pid(), "argv": node.argv}))
+        return owned
+
+    def teardown(self, owned: Owned, grace_s: float | None = None) -> ExitInfo:
+        """Tear down one owned node (idempotent) and write Lifecycle `teardown`."""
+        if owned.torn_down is not None and not owned.torn_down.leftover_pids:
+            return owned.torn_down
+        before = set(owned.handle.pids())
+        info = self.launcher.teardown(owned.handle, self.teardown_grace_s if grace_s is None else grace_s)
+        owned.torn_down = info
+        owned.writer.write(Lifecycle(run=owned.role, event="teardown", detail={
+            "node": owned.handle.node.node_rank, "leftover_pids": info.leftover_pids,
+            "killed": sorted(before - set(info.leftover_pids)), "status": info.status}))
+        if info.leftover_pids:
+            self.log.error(f"{owned.role} node {owned.handle.node.node_rank}: processes "
+                           f"{info.leftover_pids} survived teardown; kill them by hand")
+        return info
+
+    def check(self) -> None:
+        """Raise RunError if the sampler thread crashed (call between phases and in callbacks)."""
+        if self.thread_error is not None:
+            raise RunError(f"the supervisor's sampler thread crashed: "
+                           f"{type(self.thread_error).__name__}: {self.thread_error}")
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, phase: str, role: Role, writer: RecordWriter, *,
+               host: bool = False) -> dict[str, int] | None:
+        """Write one ProcessSample (the role's trees; with `host`, also every host process titled
+        like the engine) and one GpuSample (or, once per role, a note that GPUs cannot be read).
+        Returns the GPU memory read, or None."""
+        pids: list[int] = []
+        for owned in self.owned:
+            if owned.role == role:
+                pids.extend(p for p in owned.handle.pids() if p not in pids)
+        procs = describe_processes(pids)
+        if host:
+            strays = [p for p in host_processes_titled(self.title_prefix) if p not in pids]
+            procs += describe_processes(strays, scope="host")
+        writer.write(ProcessSample(phase=phase, procs=procs))
+        return self.sample_gpu(phase, role, writer)
+
+    def sample_gpu(self, phase: str, role: Role, writer: RecordWriter) -> dict[str, int] | None:
+        try:
+            used = self.gpu_query()
+        except GpuQueryUnavailable as e:
+            if role not in self._gpu_note_written:
+                self._gpu_note_written.add(role)
+                writer.write(ProbeNote(level="warning", message=str(e)))
+            return None
+        writer.write(GpuSample(phase=phase, used_mib=used))
+        return used
+
+    def start_sampling(self, role: Role, writer: RecordWriter) -> None:
+        """Sample the role's trees every `sample_interval_s` (phase `running`) until stop_sampling."""
+        self.stop_sampling()
+        self._stop = threading.Event()
+
+        def loop() -> None:
+            try:
+                while not self._stop.wait(self.sample_interval_s):
+                    if self._sample_hook is not None:
+                        self._sample_hook()
+                    self.sample("running", role, writer)
+            except BaseException as e:  # recorded, then surfaced on the main thread by check()
+                self.thread_error = e
+                with contextlib.suppress(Exception):
+                    writer.write(ProbeNote(level="error", message=f"sampler thread crashed: "
+                                                                   f"{type(e).__name__}: {e}"))
+
+        self._thread = threading.Thread(target=loop, name=f"cptest-sampler-{role}", daemon=True)
+        self._thread.start()
+
+    def stop_sampling(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(self.sample_interval_s, 1.0) + 10.0)
+            self._thread = None
+
+
+def gpu_settled(sup: Supervisor, before: dict[str, int] | None,
+                tolerance_mib: int = 0) -> Callable[[bool], bool]:
+    """A `retry` predicate: true when every GPU of `before` uses no more than before + tolerance."""
+
+    def ok(last: bool) -> bool:
+        if before is None:
+            return True
+        now = sup.gpu_query()
+        return all(now.get(k, 0) <= v + tolerance_mib for k, v in before.items())
+
+    return ok

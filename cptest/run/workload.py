@@ -1,0 +1,289 @@
+"""The workload driver: sends the plan's requests to SGLang's `/generate`, streaming, and records each.
+
+Request shape (SGLang 0.5.17, `srt/managers/io_struct.py` GenerateReqInput): `input_ids`,
+`sampling_params` (the plan's sampling plus `max_new_tokens`), `return_logprob: true`,
+`logprob_start_len: -1` ("-1 ... will only return logprobs for output tokens", io_struct.py:206-208),
+`stream: true`.
+
+Response shape (`srt/entrypoints/http_server.py:874-904`): server-sent events `data: <json>\\n\\n`,
+ended by `data: [DONE]`; an error inside the stream is `data: {"error": {"message": ...}}`. Each
+chunk has `output_ids` and `meta_info` (`id`, `finish_reason`, `prompt_tokens`, `completion_tokens`,
+`output_token_logprobs` as `[logprob, token_id, text|null]` triples). By default chunks are
+*cumulative* (`tokenizer_manager.py:2365-2395`: the whole `state.output_ids` each time); with
+`--incremental-streaming-output` they are deltas (`incremental=True` here). A `finish_reason` of type
+`abort` is an error.
+
+Outcomes: `ok`; `error` (connection refused/reset, HTTP status, error chunk, abort, stream ended
+without a finish); `timeout` (no finish within the workload's `timeout_s`: indeterminate, not failed);
+`not_sent` (the workload was stopped before its turn). Before sending, every payload is checked
+against its planned request (`conformance`); a mismatch is a cptest bug and raises RunError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+from cptest.errors import RunError
+from cptest.evidence import RequestResult
+from cptest.log import Progress
+from cptest.plan_model import PlannedRequest, WorkloadPlan
+from cptest.run.records import RecordWriter
+
+DONE = object()
+"""`parse_sse_line` result for `data: [DONE]`."""
+
+OnDone = Callable[[RequestResult, int], None]
+"""Called after each request ends with the result and the number of `ok` requests so far."""
+
+
+def prompt_sha256(input_ids: list[int]) -> str:
+    """sha256 of the prompt as compact JSON (`[1,2,3]`): the identity of a prompt in evidence."""
+    return hashlib.sha256(json.dumps(list(input_ids), separators=(",", ":")).encode()).hexdigest()
+
+
+def build_payload(req: PlannedRequest) -> dict[str, Any]:
+    """The /generate body for a planned request."""
+    return {
+        "input_ids": list(req.input_ids),
+        "sampling_params": {**req.sampling, "max_new_tokens": req.max_new_tokens},
+        "return_logprob": req.return_logprob,
+        "logprob_start_len": -1,
+        "stream": True,
+    }
+
+
+def conformance(req: PlannedRequest, payload: dict[str, Any]) -> list[str]:
+    """Differences between what the plan asked for and `payload` (empty when they agree)."""
+    diffs = []
+    ids = payload.get("input_ids")
+    if not isinstance(ids, list) or prompt_sha256(ids) != prompt_sha256(req.input_ids):
+        n = len(ids) if isinstance(ids, list) else None
+        diffs.append(f"prompt differs (planned {len(req.input_ids)} tokens, payload {n})")
+    sp = dict(payload.get("sampling_params") or {})
+    if sp.pop("max_new_tokens", None) != req.max_new_tokens:
+        diffs.append(f"max_new_tokens differs (planned {req.max_new_tokens})")
+    planned = {k: v for k, v in req.sampling.items() if k != "max_new_tokens"}
+    if "max_new_tokens" in req.sampling and req.sampling["max_new_tokens"] != req.max_new_tokens:
+        diffs.append("the plan's sampling.max_new_tokens disagrees with its max_new_tokens")
+    if sp != planned:
+        diffs.append(f"sampling differs (planned {planned}, payload {sp})")
+    if payload.get("return_logprob") != req.return_logprob:
+        diffs.append("return_logprob differs")
+    return diffs
+
+
+def parse_sse_line(line: str) -> dict[str, Any] | object | None:
+    """One line of the event stream -> a chunk dict, `DONE`, or None (blank, comment, non-data)."""
+    line = line.strip()
+    if not line.startswith("data:"):
+        return None
+    body = line[5:].strip()
+    if body == "[DONE]":
+        return DONE
+    obj = json.loads(body)
+    if not isinstance(obj, dict):
+        raise ValueError(f"stream chunk is not an object: {body[:80]}")
+    return obj
+
+
+@dataclass
+class StreamState:
+    """What the stream said so far about one request."""
+
+    incremental: bool = False
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: dict[str, Any] | None = None
+    error: str | None = None
+    first_token_at: float | None = None
+    done: bool = False
+
+    def feed(self, chunk: dict[str, Any] | object, now: float) -> None:
+        if chunk is DONE:
+            self.done = True
+            return
+        assert isinstance(chunk, dict)
+        if "error" in chunk:
+            err = chunk["error"]
+            self.error = str(err.get("message", err) if isinstance(err, dict) else err)
+            return
+        ids = [int(i) for i in chunk.get("output_ids") or []]
+        meta = chunk.get("meta_info") or {}
+        lps = [float(t[0]) if t and t[0] is not None else float("nan")
+               for t in meta.get("output_token_logprobs") or []]
+        if self.incremental:
+            self.output_ids.extend(ids)
+            self.logprobs.extend(lps)
+        else:
+            self.output_ids = ids
+            if lps or not self.logprobs:
+                self.logprobs = lps
+        if self.output_ids and self.first_token_at is None:
+            self.first_token_at = now
+        if meta.get("finish_reason") is not None:
+            fr = meta["finish_reason"]
+            self.finish_reason = fr if isinstance(fr, dict) else {"type": str(fr)}
+
+
+@dataclass
+class WorkloadSummary:
+    completed: int = 0
+    failed: int = 0
+    timeout: int = 0
+    not_sent: int = 0
+    results: list[RequestResult] = field(default_factory=list)
+
+    def as_detail(self) -> dict[str, int]:
+        return {"completed": self.completed, "failed": self.failed, "timeout": self.timeout,
+                "not_sent": self.not_sent}
+
+
+class WorkloadDriver:
+    """Drives one workload against one server. Closed loop (`concurrency`) or open loop (each
+    request sent at `send_after_s` from the start). Writes a RequestResult per request as it ends."""
+
+    def __init__(self, base_url: str, workload: WorkloadPlan, *, role: Literal["main", "baseline"],
+                 writer: RecordWriter, on_done: list[OnDone] | None = None, incremental_stream: bool = False,
+                 progress: Progress | None = None, transport: httpx.AsyncBaseTransport | None = None,
+                 connect_timeout_s: float = 10.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.workload = workload
+        self.role = role
+        self.writer = writer
+        self.on_done = list(on_done or [])
+        self.incremental = incremental_stream
+        self.progress = progress
+        self.transport = transport
+        self.connect_timeout_s = connect_timeout_s
+        self.summary = WorkloadSummary()
+        self.started_at: float | None = None
+        """time.monotonic() when the first request could be sent (faults count time from here)."""
+        self._stop = asyncio.Event()
+        self._abort: BaseException | None = None
+
+    def run(self) -> WorkloadSummary:
+        """Run to the end (blocking). Re-raises an exception raised by an `on_done` callback after
+        the remaining requests were recorded as `not_sent`."""
+        return asyncio.run(self.arun())
+
+    async def arun(self) -> WorkloadSummary:
+        for req in self.workload.requests:  # check all before sending any
+            diffs = conformance(req, build_payload(req))
+            if diffs:
+                raise RunError(f"request {req.index}: the driver would send something else than planned: "
+                               + "; ".join(diffs))
+        self._stop = asyncio.Event()
+        limit = self.workload.concurrency or (None if self.workload.rate_per_s else 1)
+        sem = asyncio.Semaphore(limit) if limit else None
+        timeout = httpx.Timeout(self.connect_timeout_s, read=None, write=self.connect_timeout_s)
+        limits = httpx.Limits(max_connections=max(limit or len(self.workload.requests), 1) + 4)
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=timeout, limits=limits,
+                                     transport=self.transport) as client:
+            self.started_at = time.monotonic()
+            await asyncio.gather(*(self._one(client, req, sem) for req in self.workload.requests))
+        if self.progress is not None:
+            s = self.summary
+            self.progress.update(len(s.results), force=True, ok=s.completed, error=s.failed,
+                                 timeout=s.timeout)
+        if self._abort is not None:
+            raise self._abort
+        return self.summary
+
+    def stop(self) -> None:
+        """Send no further request; those not yet sent are recorded as `not_sent`."""
+        self._stop.set()
+
+    async def _one(self, client: httpx.AsyncClient, req: PlannedRequest,
+                   sem: asyncio.Semaphore | None) -> None:
+        assert self.started_at is not None
+        if req.send_after_s is not None and not self.workload.concurrency:
+            delay = self.started_at + req.send_after_s - time.monotonic()
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), delay)
+        if sem is not None:
+            await sem.acquire()
+        try:
+            if self._stop.is_set():
+                result = self._result(req, "not_sent", error="workload stopped before this request")
+            else:
+                result = await self._send(client, req)
+        finally:
+            if sem is not None:
+                sem.release()
+        self._finish(result)
+
+    def _result(self, req: PlannedRequest, status: str, **kw: Any) -> RequestResult:
+        return RequestResult(run=self.role, index=req.index, prompt_len=len(req.input_ids),
+                             max_new_tokens=req.max_new_tokens, prompt_sha256=prompt_sha256(req.input_ids),
+                             status=status, **kw)  # type: ignore[arg-type]
+
+    async def _send(self, client: httpx.AsyncClient, req: PlannedRequest) -> RequestResult:
+        payload = build_payload(req)
+        state = StreamState(incremental=self.incremental)
+        sent_at = self.writer.now()
+        t0 = time.monotonic()
+        status, error = "ok", ""
+        try:
+            async with asyncio.timeout(self.workload.timeout_s):
+                async with client.stream("POST", "/generate", json=payload) as resp:
+                    if resp.status_code != 200:
+                        body = (await resp.aread()).decode(errors="replace")[:500]
+                        status, error = "error", f"HTTP {resp.status_code}: {body}"
+                    else:
+                        async for line in resp.aiter_lines():
+                            chunk = parse_sse_line(line)
+                            if chunk is not None:
+                                state.feed(chunk, time.monotonic())
+                            if state.done or state.error:
+                                break
+        except TimeoutError:
+            status, error = "timeout", f"no finish within {self.workload.timeout_s} s"
+        except (httpx.HTTPError, ValueError, OSError) as e:
+            status, error = "error", f"{type(e).__name__}: {e}"
+        end = time.monotonic()
+        if status == "ok":
+            fr = state.finish_reason or {}
+            if state.error:
+                status, error = "error", state.error
+            elif state.finish_reason is None:
+                status, error = "error", "stream ended without a finish_reason"
+            elif fr.get("type") == "abort":
+                status, error = "error", f"aborted: {fr.get('message', '')}"
+        ttft = state.first_token_at - t0 if state.first_token_at is not None else None
+        n = len(state.output_ids)
+        tpot = (end - state.first_token_at) / (n - 1) if state.first_token_at is not None and n > 1 else None
+        return self._result(req, status, error=error, output_ids=state.output_ids,
+                            output_logprobs=state.logprobs, sent_at=sent_at, ttft_s=ttft, tpot_s=tpot,
+                            e2e_s=end - t0)
+
+    def _finish(self, result: RequestResult) -> None:
+        s = self.summary
+        s.results.append(result)
+        if result.status == "ok":
+            s.completed += 1
+        elif result.status == "timeout":
+            s.timeout += 1
+        elif result.status == "not_sent":
+            s.not_sent += 1
+        else:
+            s.failed += 1
+        self.writer.write(result)
+        if self.progress is not None:
+            self.progress.update(len(s.results), ok=s.completed, error=s.failed, timeout=s.timeout)
+        for cb in self.on_done:
+            try:
+                cb(result, s.completed)
+            except Exception as e:  # stop sending; surface the error when the workload ends
+                if self._abort is None:
+                    self._abort = e
+                self.stop()

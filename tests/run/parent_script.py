@@ -1,0 +1,65 @@
+"""A cptest-like parent for teardown tests: owns a fake engine tree, then ends in the way asked.
+
+`python parent_script.py <mode> <port> <pids file>`; mode: normal, exception, signal (waits for
+SIGTERM/SIGINT with cptest's handlers), thread_crash (the supervisor's sampler thread crashes),
+wait (waits forever; the test SIGKILLs it). The pids of the whole tree (with create times) are
+written to the pids file once the tree is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from conftest import fake_node  # noqa: E402
+
+from cptest.log import null_logger  # noqa: E402
+from cptest.run.process import ProcessLauncher, install_signal_handlers  # noqa: E402
+from cptest.run.records import RecordWriter  # noqa: E402
+from cptest.run.supervisor import GpuQueryUnavailable, Supervisor  # noqa: E402
+
+EXPECTED = 1 + 2 * 2 + 1  # main, 2 schedulers with a helper each, one orphan
+
+
+def no_gpu() -> dict[str, int]:
+    raise GpuQueryUnavailable("no GPU in tests")
+
+
+def main() -> None:
+    mode, port, pids_file = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+    install_signal_handlers()
+    out = pids_file.parent
+    writer = RecordWriter(out / "runner.jsonl")
+    with Supervisor(ProcessLauncher(), log=null_logger(), gpu_query=no_gpu, sample_interval_s=0.1,
+                    teardown_grace_s=1.0) as sup:
+        owned = sup.start(fake_node(port, "--orphan"), out / "engine.log", {"test": out.name}, "main", writer)
+        deadline = time.monotonic() + 20
+        while len(owned.handle.pids()) < EXPECTED:
+            if time.monotonic() > deadline:
+                raise SystemExit("tree never complete")
+            time.sleep(0.05)
+        import psutil
+
+        pids = {p: psutil.Process(p).create_time() for p in owned.handle.pids()}
+        pids_file.write_text(json.dumps(pids))
+        if mode == "exception":
+            raise RuntimeError("boom inside the run")
+        if mode == "thread_crash":
+            def crash() -> None:
+                raise RuntimeError("sampler bug")
+            sup._sample_hook = crash
+            sup.start_sampling("main", writer)
+            while True:
+                sup.check()
+                time.sleep(0.05)
+        if mode in ("signal", "wait"):
+            while True:
+                time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    main()

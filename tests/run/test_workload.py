@@ -1,0 +1,227 @@
+"""Specification of cptest/run/workload.py: the streaming /generate driver."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cptest.errors import RunError
+from cptest.evidence import RequestResult, read_records
+from cptest.plan_model import PlannedRequest, WorkloadPlan
+from cptest.run.process import ProcessLauncher
+from cptest.run.records import RecordWriter
+from cptest.run.workload import (
+    DONE,
+    StreamState,
+    WorkloadDriver,
+    build_payload,
+    conformance,
+    parse_sse_line,
+    prompt_sha256,
+)
+
+from conftest import fake_node, free_port, requests, wait_until  # isort: skip
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    launcher = ProcessLauncher()
+    handle = launcher.start(
+        fake_node(port, "--token-delay", "0.005"), tmp_path_factory.mktemp("engine") / "engine.log", {}
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(url + "/health_generate").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, 20, "the fake engine")
+    yield url
+    assert launcher.teardown(handle, grace_s=5).leftover_pids == []
+
+
+def workload(
+    reqs: list[PlannedRequest],
+    concurrency: int | None = 2,
+    timeout_s: float = 10.0,
+    rate: float | None = None,
+) -> WorkloadPlan:
+    return WorkloadPlan(seed=0, concurrency=concurrency, rate_per_s=rate, timeout_s=timeout_s, requests=reqs)
+
+
+def expected_ids(req: PlannedRequest) -> list[int]:
+    return [(sum(req.input_ids) + 7 * i) % 1000 for i in range(req.max_new_tokens)]
+
+
+def test_sse_lines_parse_to_chunks_done_or_nothing() -> None:
+    assert parse_sse_line('data: {"output_ids": [1]}') == {"output_ids": [1]}
+    assert parse_sse_line("data: [DONE]") is DONE
+    assert parse_sse_line("") is None
+    assert parse_sse_line(": keep-alive") is None
+    with pytest.raises(ValueError):
+        parse_sse_line("data: {not json")
+
+
+def test_cumulative_chunks_replace_and_incremental_chunks_extend() -> None:
+    def chunk(ids: list[int], fin: dict | None = None) -> dict:
+        return {
+            "output_ids": ids,
+            "meta_info": {"finish_reason": fin, "output_token_logprobs": [[-0.5, i, None] for i in ids]},
+        }
+
+    cum = StreamState()
+    cum.feed(chunk([5]), 1.0)
+    cum.feed(chunk([5, 6], {"type": "length"}), 2.0)
+    assert (cum.output_ids, cum.logprobs, cum.first_token_at) == ([5, 6], [-0.5, -0.5], 1.0)
+    inc = StreamState(incremental=True)
+    inc.feed(chunk([5]), 1.0)
+    inc.feed(chunk([6], {"type": "length"}), 2.0)
+    assert inc.output_ids == [5, 6] and inc.finish_reason == {"type": "length"}
+
+
+def test_payload_asks_for_output_logprobs_only_and_streams() -> None:
+    req = PlannedRequest(index=0, input_ids=[1, 2], max_new_tokens=3, sampling={"temperature": 0.0})
+    assert build_payload(req) == {
+        "input_ids": [1, 2],
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": 3},
+        "return_logprob": True,
+        "logprob_start_len": -1,
+        "stream": True,
+    }
+    assert conformance(req, build_payload(req)) == []
+
+
+def test_conformance_names_every_difference() -> None:
+    req = PlannedRequest(index=0, input_ids=[1, 2], max_new_tokens=3, sampling={"temperature": 0.0})
+    bad = {
+        "input_ids": [1],
+        "sampling_params": {"temperature": 1.0, "max_new_tokens": 4},
+        "return_logprob": False,
+    }
+    diffs = conformance(req, bad)
+    assert len(diffs) == 4
+    assert any("prompt differs" in d for d in diffs)
+
+
+def test_a_plan_whose_sampling_contradicts_max_new_tokens_is_refused_before_sending(tmp_path: Path) -> None:
+    req = PlannedRequest(index=3, input_ids=[1], max_new_tokens=3, sampling={"max_new_tokens": 9})
+    driver = WorkloadDriver(
+        "http://127.0.0.1:9", workload([req]), role="main", writer=RecordWriter(tmp_path / "r.jsonl")
+    )
+    with pytest.raises(RunError, match="request 3"):
+        driver.run()
+    assert not (tmp_path / "r.jsonl").read_text()
+
+
+def test_requests_are_recorded_with_outputs_logprobs_and_timings(engine: str, tmp_path: Path) -> None:
+    reqs = requests(5, max_new=4)
+    seen: list[int] = []
+    driver = WorkloadDriver(
+        engine,
+        workload(reqs),
+        role="baseline",
+        writer=RecordWriter(tmp_path / "r.jsonl"),
+        on_done=[lambda r, completed: seen.append(completed)],
+    )
+    summary = driver.run()
+    assert summary.as_detail() == {"completed": 5, "failed": 0, "timeout": 0, "not_sent": 0}
+    assert seen == [1, 2, 3, 4, 5]
+    records, dropped = read_records(tmp_path / "r.jsonl")
+    assert dropped == 0 and len(records) == 5
+    for rec in records:
+        assert isinstance(rec, RequestResult) and rec.run == "baseline" and rec.status == "ok"
+        req = reqs[rec.index]
+        assert rec.output_ids == expected_ids(req)
+        assert rec.output_logprobs == pytest.approx([-0.01, -0.02, -0.03, -0.04])
+        assert rec.prompt_sha256 == prompt_sha256(req.input_ids) and rec.prompt_len == 4
+        assert rec.ttft_s is not None and rec.tpot_s is not None and rec.e2e_s >= rec.ttft_s
+
+
+def test_a_request_past_its_timeout_is_indeterminate_not_failed(engine: str, tmp_path: Path) -> None:
+    reqs = requests(1, max_new=50, sampling={"fake_delay_s": 0.2})
+    summary = WorkloadDriver(
+        engine, workload(reqs, timeout_s=0.5), role="main", writer=RecordWriter(tmp_path / "r.jsonl")
+    ).run()
+    assert summary.timeout == 1 and summary.failed == 0
+    assert summary.results[0].status == "timeout"
+
+
+def test_an_error_chunk_is_an_error(engine: str, tmp_path: Path) -> None:
+    reqs = requests(1, sampling={"fake_error": "bad input"})
+    summary = WorkloadDriver(
+        engine, workload(reqs), role="main", writer=RecordWriter(tmp_path / "r.jsonl")
+    ).run()
+    assert summary.results[0].status == "error" and "bad input" in summary.results[0].error
+
+
+def test_connection_refused_is_an_error(tmp_path: Path) -> None:
+    summary = WorkloadDriver(
+        f"http://127.0.0.1:{free_port()}",
+        workload(requests(2)),
+        role="main",
+        writer=RecordWriter(tmp_path / "r.jsonl"),
+    ).run()
+    assert [r.status for r in summary.results] == ["error", "error"]
+    assert "ConnectError" in summary.results[0].error
+
+
+def test_a_stream_without_finish_or_with_abort_is_an_error(tmp_path: Path) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if body["input_ids"][0] == 1:
+            text = 'data: {"output_ids": [1], "meta_info": {"finish_reason": null}}\n\n'
+        else:
+            text = (
+                'data: {"output_ids": [], "meta_info": {"finish_reason": {"type": "abort", '
+                '"message": "server shutting down"}}}\n\ndata: [DONE]\n\n'
+            )
+        return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+
+    summary = WorkloadDriver(
+        "http://x",
+        workload(requests(2)),
+        role="main",
+        writer=RecordWriter(tmp_path / "r.jsonl"),
+        transport=httpx.MockTransport(handler),
+    ).run()
+    by_index = {r.index: r for r in summary.results}
+    assert by_index[0].status == "error" and "without a finish_reason" in by_index[0].error
+    assert by_index[1].status == "error" and "server shutting down" in by_index[1].error
+
+
+def test_a_failing_callback_stops_sending_and_is_reraised(engine: str, tmp_path: Path) -> None:
+    def boom(result: RequestResult, completed: int) -> None:
+        if completed == 2:
+            raise RunError("sampler crashed")
+
+    driver = WorkloadDriver(
+        engine,
+        workload(requests(6), concurrency=1),
+        role="main",
+        writer=RecordWriter(tmp_path / "r.jsonl"),
+        on_done=[boom],
+    )
+    with pytest.raises(RunError, match="sampler crashed"):
+        driver.run()
+    assert [r.status for r in driver.summary.results] == ["ok", "ok"] + ["not_sent"] * 4
+
+
+def test_open_loop_sends_each_request_at_its_planned_time(engine: str, tmp_path: Path) -> None:
+    reqs = [
+        PlannedRequest(index=i, input_ids=[1, 2], max_new_tokens=1, sampling={}, send_after_s=0.3 * i)
+        for i in range(3)
+    ]
+    writer = RecordWriter(tmp_path / "r.jsonl")
+    driver = WorkloadDriver(engine, workload(reqs, concurrency=None, rate=3.0), role="main", writer=writer)
+    summary = driver.run()
+    assert summary.completed == 3
+    start = driver.started_at - writer.t0
+    sent = sorted(r.sent_at - start for r in summary.results)
+    assert sent == pytest.approx([0.0, 0.3, 0.6], abs=0.08)
