@@ -14,6 +14,9 @@ defaults {
     mem_fraction 0.3
     sampling_backend pytorch
     skip_tokenizer_init true
+    # As in the probe smoke run that worked on the 2-GPU machine (results/_smoke): custom
+    # all-reduce's CUDA IPC buffers are not what is being qualified here.
+    flag "--disable-custom-all-reduce"
   }
   workload {
     requests 32

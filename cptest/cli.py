@@ -1,0 +1,375 @@
+"""The `cptest` command. It only composes the stages: lang.parse -> plan.plan -> run.run_plan ->
+checks.check -> archive/report. Exit codes: 0 ok/pass, 1 lint findings/fail/would reformat,
+2 bad input, 3 unknown verdict or infrastructure failure. `--json` prints machine output on stdout."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cptest import __version__
+from cptest.errors import CptestError, RunError
+
+RESULTS = Path("results")
+MODEL_CACHE = Path(os.environ.get("CPTEST_MODEL_CACHE", "~/.cache/cptest/models")).expanduser()
+
+
+def _emit(data: Any, as_json: bool, text: str) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True) if as_json else text)
+
+
+def _fail(err: CptestError, as_json: bool = False) -> None:
+    if as_json:
+        click.echo(json.dumps({"error": type(err).__name__, "exit_code": err.exit_code,
+                               "problems": [{"where": str(p.span) if p.span else None, "message": p.message,
+                                             "expected": p.expected, "hint": p.hint} for p in err.problems]},
+                              indent=2))  # fmt: skip
+    click.echo(err.render(), err=True)
+    sys.exit(err.exit_code)
+
+
+def _guard(fn: Callable[..., int | None]) -> Callable[..., None]:
+    """Run a command; a CptestError becomes its message and exit code (never a traceback)."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        try:
+            code = fn(*args, **kwargs)
+        except CptestError as e:
+            _fail(e, kwargs.get("as_json", False))
+        except KeyboardInterrupt:
+            click.echo("cptest: interrupted", err=True)
+            sys.exit(3)
+        sys.exit(code or 0)
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="machine-readable output on stdout")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="cptest")
+def main() -> None:
+    """Qualify SGLang prefill/decode context parallelism with rank-local evidence."""
+
+
+# ------------------------------------------------------------------------------ authoring
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@json_option
+@_guard
+def validate(files: tuple[Path, ...], as_json: bool) -> int:
+    """Parse and check scenario files; report every problem with file:line:col."""
+    from cptest.errors import ScenarioError
+    from cptest.lang import parse_file
+
+    results, code = [], 0
+    for f in files:
+        try:
+            parse_file(f)
+            results.append({"file": str(f), "ok": True})
+            if not as_json:
+                click.echo(f"ok  {f}")
+        except ScenarioError as e:
+            code = 2
+            results.append({"file": str(f), "ok": False, "problems": [p.message for p in e.problems]})
+            click.echo(e.render(), err=True)
+    if as_json:
+        click.echo(json.dumps(results, indent=2))
+    return code
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--check", is_flag=True, help="exit 1 with a diff if a file is not canonical; write nothing")
+@_guard
+def fmt(files: tuple[Path, ...], check: bool) -> int:
+    """Rewrite scenario files in canonical form (comments kept)."""
+    from cptest.lang import format_text
+
+    code = 0
+    for f in files:
+        text = _read(f)
+        out = format_text(text, str(f))
+        if out == text:
+            continue
+        if check:
+            code = 1
+            sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), out.splitlines(True),
+                                                       str(f), f"{f} (formatted)"))  # fmt: skip
+        else:
+            f.write_text(out, encoding="utf-8")
+            click.echo(f"formatted {f}")
+    return code
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@json_option
+@_guard
+def lint(files: tuple[Path, ...], as_json: bool) -> int:
+    """Compare what each scenario expects with what its pinned SGLang release is known to do."""
+    from cptest.lang import parse_file
+    from cptest.lint import lint as lint_scenario
+
+    found = []
+    for f in files:
+        for finding in lint_scenario(parse_file(f)):
+            found.append({"file": str(f), "where": str(finding.span) if finding.span else None,
+                          "code": finding.code, "message": finding.message, "citation": finding.citation})
+            if not as_json:
+                click.echo(finding.render())
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+    elif not found:
+        click.echo(f"lint: {len(files)} file(s), no findings")
+    return 1 if found else 0
+
+
+@main.command(name="compile")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@json_option
+@_guard
+def compile_(file: Path, as_json: bool) -> int:
+    """Print the plan of a scenario (argv, GPUs, environment, requests, faults, expectations, pins)."""
+    from cptest.lang import parse_file
+    from cptest.plan import plan
+
+    p = plan(parse_file(file), model_cache=MODEL_CACHE)
+    if as_json:
+        click.echo(p.model_dump_json(indent=2))
+        return 0
+    for server in filter(None, (p.main, p.baseline)):
+        click.echo(f"{server.role}: {server.engine} {server.release}, world {server.world_size}, "
+                   f"eager {server.eager}")
+        for node in server.nodes:
+            click.echo(f"  node {node.node_rank} gpus {node.gpu_ids}: {' '.join(node.argv)}")
+    w = p.workload
+    click.echo(f"workload: {len(w.requests)} requests, concurrency {w.concurrency}, rate {w.rate_per_s}")
+    for f in p.faults:
+        click.echo(f"fault {f.index}: {f.action} {f.target} {f.rank if f.rank is not None else ''} "
+                   f"{f.process_title or ''}")  # fmt: skip
+    for e in p.expectations:
+        click.echo(f"expect {e.checker}{' (violation expected)' if e.expect_violation else ''}: {e.params}")
+    return 0
+
+
+@main.command()
+@_guard
+def schema() -> int:
+    """Print the JSON Schema of the scenario model."""
+    from cptest.scenario import json_schema
+
+    click.echo(json.dumps(json_schema(), indent=2))
+    return 0
+
+
+# ------------------------------------------------------------------------------ running
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+              show_default=True)
+@click.option("--launcher", type=click.Choice(["process", "docker"]), default="process", show_default=True)
+@click.option("--ignore-lint", is_flag=True, help="run even when lint finds a mismatch")
+@json_option
+@_guard
+def run(file: Path, results: Path, launcher: str, ignore_lint: bool, as_json: bool) -> int:
+    """Plan, lint, launch, drive the workload, inject faults, gather evidence, check, archive."""
+    from cptest.lang import parse_file
+    from cptest.lint import lint as lint_scenario
+    from cptest.plan import canonical_sha256, plan
+
+    scenario = parse_file(file)
+    p = plan(scenario, model_cache=MODEL_CACHE)
+    findings = lint_scenario(scenario)
+    for finding in findings:
+        click.echo(f"lint: {finding.render()}", err=True)
+    if findings and not ignore_lint:
+        click.echo("cptest: lint findings; nothing was launched (--ignore-lint to run anyway)", err=True)
+        return 1
+    if p.main.engine == "sglang" and shutil.which("nvidia-smi") is None:
+        raise RunError("no GPU here (nvidia-smi not found): SGLang cannot run; the CPU reference engine "
+                       "(`engine reference`) is the way to draft scenarios without a GPU")
+    from cptest import archive
+
+    out = archive.archive_dir(results, scenario.name, canonical_sha256(scenario), datetime.now(UTC))
+    includes = {inc: _read(Path(inc)) for inc in scenario.includes}
+    return _execute(p, out, _read(file), launcher, as_json, includes=includes)
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+              show_default=True)
+@click.option("--launcher", type=click.Choice(["process", "docker"]), default="process", show_default=True)
+@json_option
+@_guard
+def rerun(directory: Path, results: Path, launcher: str, as_json: bool) -> int:
+    """Run an archive's plan again with the same pins, then diff the evidence."""
+    from cptest import archive
+    from cptest.plan_model import Plan
+
+    p = Plan.model_validate_json(_read(directory / "plan.json"))
+    out = archive.archive_dir(results, p.scenario, p.pins.scenario_sha256, datetime.now(UTC))
+    code = _execute(p, out, _read(directory / "scenario.cps"), launcher, as_json)
+    report = archive.diff(directory, out)
+    click.echo(report.render())
+    return code if report.same else max(code, 1)
+
+
+def _execute(p: Any, out: Path, scenario_text: str, launcher_name: str, as_json: bool,
+             includes: dict[str, str] | None = None) -> int:
+    from cptest import archive, checks
+    from cptest.log import Logger, TerminalSink
+    from cptest.run.process import install_signal_handlers
+    from cptest.run.runner import run_plan
+
+    log = Logger([TerminalSink(sys.stderr)])
+    if p.pins.model.get("kind") == "synthetic":
+        from cptest.run.models import ensure_synthetic
+
+        with log.step("writing synthetic weights"):
+            digest = ensure_synthetic(p.pins.model["synthetic"], Path(p.main.nodes[0].model_mount or "."))
+        log.info(f"synthetic weights sha256 {digest}")
+    environment = archive.collect_environment(Path.cwd())
+    archive.begin(out, scenario_text, p, environment=environment, includes=includes)
+    log.info(f"archive: {out}")
+    launcher = _launcher(launcher_name)
+    restore = install_signal_handlers()
+    error: CptestError | None = None
+    try:
+        run_plan(p, out, launcher=launcher, log=log)
+    except RunError as e:
+        error = e  # evidence gathered so far is kept; the verdict says unknown with the reason
+    except KeyboardInterrupt:
+        # Ctrl-C: the runner tore everything down; the archive still gets an (unknown) verdict.
+        error = RunError("interrupted by Ctrl-C; every started process was torn down")
+    finally:
+        restore()
+    verdict = checks.check(out)
+    archive.finish(out, verdict, p)
+    _emit(json.loads(verdict.to_json()) | {"archive": str(out)}, as_json, _verdict_text(verdict, out))
+    if error is not None:
+        click.echo(error.render(), err=True)
+        return 3
+    return verdict.exit_code
+
+
+def _launcher(name: str) -> Any:
+    if name == "docker":
+        from cptest.run.docker import DockerLauncher
+
+        return DockerLauncher()
+    from cptest.run.process import ProcessLauncher
+
+    return ProcessLauncher()
+
+
+def _verdict_text(verdict: Any, out: Path) -> str:
+    lines = [f"{verdict.scenario}: {verdict.status.upper()} (engine {verdict.engine})"]
+    for v in verdict.verdicts:
+        tag = " [violation expected]" if v.expect_violation else ""
+        lines.append(f"  {v.status:7} {v.checker}{tag}: {v.reason}")
+    lines.append(f"archive: {out}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ archives
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--write", is_flag=True, help="rewrite verdict.json, report.md and the manifest")
+@json_option
+@_guard
+def check(directory: Path, write: bool, as_json: bool) -> int:
+    """Recompute verdicts from an archive's evidence alone (no GPU); compare with verdict.json."""
+    from cptest import archive, checks
+
+    verdict = checks.check(directory)
+    _emit(json.loads(verdict.to_json()), as_json, _verdict_text(verdict, directory))
+    stored = directory / "verdict.json"
+    if write:
+        archive.finish(directory, verdict)
+    elif stored.is_file() and _read(stored) != verdict.to_json():
+        click.echo(f"cptest: the recomputed verdict differs from {stored}", err=True)
+        return max(verdict.exit_code, 1)
+    return verdict.exit_code
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@json_option
+@_guard
+def verify(directory: Path, as_json: bool) -> int:
+    """Check the sha256 of every archived file against the manifest."""
+    from cptest import archive
+    from cptest.errors import render_problem
+
+    problems = archive.verify(directory)
+    if as_json:
+        click.echo(json.dumps([{"where": str(p.span) if p.span else None, "message": p.message}
+                               for p in problems], indent=2))  # fmt: skip
+    for p in problems:
+        click.echo(render_problem(p, None), err=True)
+    if not problems and not as_json:
+        click.echo(f"ok  {directory}: every file matches the manifest")
+    return 3 if problems else 0
+
+
+@main.command()
+@click.argument("a", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.argument("b", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@_guard
+def diff(a: Path, b: Path) -> int:
+    """Compare the evidence of two archives within the declared tolerances."""
+    from cptest import archive
+
+    report = archive.diff(a, b)
+    click.echo(report.render())
+    return 0 if report.same else 1
+
+
+@main.command()
+@click.argument("directories", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@_guard
+def matrix(directories: tuple[Path, ...]) -> int:
+    """A markdown table of scenario x verdict over archives (or folders of archives)."""
+    from cptest.report import render_matrix
+
+    archives = sorted({m.parent for d in directories for m in Path(d).rglob("verdict.json")})
+    click.echo(render_matrix(archives))
+    return 0
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@_guard
+def report(directory: Path) -> int:
+    """Print an archive's report (recomputed from its evidence)."""
+    from cptest.report import render
+
+    click.echo(render(directory))
+    return 0
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        from cptest.errors import ScenarioError
+
+        raise ScenarioError(f"{path}: cannot read ({e.strerror})") from None
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,122 @@
+"""Lint: what a scenario expects vs what its pinned SGLang release is known to do.
+
+Pure. The knowledge is `cptest.engines.sglang.admission.predict` (rules and silent-wrongness
+warnings as data per release); this module only compares it with the scenario's `expect` block.
+A finding is a mismatch the user should resolve: either the expectation is wrong, or the scenario
+should say `violated ... because "..."` to qualify a known no-go on purpose.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from cptest.engines.sglang.admission import Admission, LaunchConfig, predict
+from cptest.engines.sglang.releases import get_release
+from cptest.errors import Span
+from cptest.scenario import ExpectEntry, Scenario
+
+# Which expectation a silent-wrongness warning contradicts when that expectation is declared to
+# hold: (checker, extra condition on the entry). The warning codes are admission.CONDITIONS'.
+CONTRADICTS: dict[str, tuple[str, ...]] = {
+    "zigzag_short_prompt": ("rows",),
+    "interleave_short_batch": ("rows",),
+    "attn_cp_without_prefill_cp": ("rows",),
+    "prefill_cp_needs_attn_cp": ("rows",),
+    "llama_pcp": ("generation",),
+    "interleave_no_attention": ("generation", "serving"),
+    "mha_dcp_kv_not_replicated": ("generation",),
+    "dcp_backend_without_dcp_path": ("rows", "generation"),
+    "pcp_with_dcp": ("generation",),
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    span: Span | None
+    code: str
+    message: str
+    citation: str = ""
+
+    def render(self) -> str:
+        where = f"{self.span}: " if self.span else ""
+        cite = f" (SGLang {self.citation})" if self.citation else ""
+        return f"{where}{self.code}: {self.message}{cite}"
+
+
+def launch_config(scenario: Scenario) -> LaunchConfig:
+    topo, facts = scenario.topology, scenario.model.facts
+    return LaunchConfig(
+        tp=topo.tp, dcp=topo.dcp, attn_cp=topo.attn_cp, attn_dp=topo.attn_dp, pp=topo.pp,
+        prefill_cp=topo.prefill_cp, cp_strategy=topo.cp_strategy, architecture=facts.architecture,
+        heads=facts.heads, kv_heads=facts.kv_heads, is_mla=facts.is_mla,
+        attention_backend=scenario.serve.attention_backend,
+        min_prompt_len=scenario.workload.prompt_tokens.bounds()[0],
+    )  # fmt: skip
+
+
+def lint(scenario: Scenario) -> list[Finding]:
+    """Every mismatch between the scenario's expectations and the release's known behaviour."""
+    if scenario.engine.kind != "sglang":
+        return []
+    release = get_release(scenario.engine.release)
+    admission = predict(release, launch_config(scenario))
+    findings = _launch_findings(scenario, admission)
+    if admission.accepted:
+        findings += _warning_findings(scenario, admission)
+    return findings
+
+
+def _launch_findings(scenario: Scenario, adm: Admission) -> list[Finding]:
+    launch = scenario.expect.launch
+    release = scenario.engine.release
+    if launch is None:
+        if adm.accepted:
+            return []
+        return [Finding(scenario.topology.span, "launch-rejected",
+                        f"SGLang {release} rejects this launch at {adm.stage}: {adm.message}; "
+                        "declare `launch rejected matching \"...\"`", adm.citation)]  # fmt: skip
+    # `violated launch accepted` means: the scenario expects the launch NOT to be accepted.
+    expects_accepted = launch.accepted != launch.violated
+    if expects_accepted and not adm.accepted:
+        return [Finding(launch.span, "launch-mismatch",
+                        f"expects the launch to be accepted, but SGLang {release} rejects it at "
+                        f"{adm.stage}: {adm.message}", adm.citation)]  # fmt: skip
+    if not expects_accepted and adm.accepted:
+        return [Finding(launch.span, "launch-mismatch",
+                        f"expects the launch to be rejected, but SGLang {release} has no rule that "
+                        "rejects it", "")]  # fmt: skip
+    if not expects_accepted and launch.matching and adm.message and not launch.violated:
+        try:
+            matched = re.search(launch.matching, adm.message) is not None
+        except re.error:
+            matched = False
+        if not matched:
+            return [Finding(launch.span, "launch-message",
+                            f"the rejection pattern {launch.matching!r} does not match SGLang {release}'s "
+                            f"message {adm.message!r}", adm.citation)]  # fmt: skip
+    return []
+
+
+def _holds(entry: ExpectEntry | None) -> bool:
+    return entry is not None and not entry.violated
+
+
+def _warning_findings(scenario: Scenario, adm: Admission) -> list[Finding]:
+    findings = []
+    entries = dict(scenario.expect.entries())
+    for w in adm.warnings:
+        for checker in CONTRADICTS.get(w.code, ()):
+            entry = entries.get(checker)
+            if _holds(entry):
+                findings.append(Finding(
+                    entry.span, f"{w.code}",
+                    f"expects {checker} to hold, but {w.message}; mark it `violated {checker} ... because "
+                    "\"...\"` if this scenario qualifies the no-go", w.citation,
+                ))  # fmt: skip
+                break
+    for g in scenario.expect.graph:
+        if g.phase == "prefill" and g.mode == "captured" and not g.violated and scenario.topology.dcp > 1:
+            findings.append(Finding(g.span, "dcp_disables_prefill_graph",
+                                    "expects prefill CUDA graphs, but SGLang turns them off under DCP"))
+    return findings
