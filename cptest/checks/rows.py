@@ -241,7 +241,8 @@ def _pcp_split(
     cp_groups, source = groups(archive, role, "attn_cp")
     violations: list[dict[str, Any]] = []
     holes: list[dict[str, Any]] = []
-    n_steps = n_rows = n_requests = ffn_checked = 0
+    n_steps = n_rows = n_requests = ffn_checked = fallback_by_rule = 0
+    need_per_extend = 2 * cp if strategy == "zigzag" else 1
     for group in cp_groups:
         if len(group) != cp:
             violations.append(
@@ -270,6 +271,12 @@ def _pcp_split(
             n_steps += 1
             if any(r.cp_active is False for r in recs):
                 short = min((n for r in recs for n in r.extend_lens), default=None)
+                if short is not None and short < need_per_extend:
+                    # SGLang's own rule (zigzag.py:109-119): one short extend disables the split for
+                    # the whole batch, e.g. its 1-3 token health-check request. Not a violation of
+                    # this step; a workload whose every step falls back still fails below.
+                    fallback_by_rule += 1
+                    continue
                 violations.append(
                     {
                         "what": f"extend step {step_no}: CP not active on rank "
@@ -350,8 +357,12 @@ def _pcp_split(
                         break
     if n_steps == 0 and not violations:
         return unknown(NAME, f"no extend Step records from the ATTN_CP groups of {role}")
+    if n_steps == fallback_by_rule and not violations:
+        violations.append({"what": f"none of {n_steps} extend step(s) was split: each held an extend "
+                                   f"shorter than {need_per_extend} tokens, so SGLang fell back to no split"})
     figures = {
         "mode": "pcp_split",
+        "fallback_by_rule": fallback_by_rule,
         "cp": cp,
         "strategy": strategy,
         "groups": len(cp_groups),

@@ -40,6 +40,12 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
         "first_no_outcome": hung[0] if hung else None,
     }
     if hung:
+        failed_launch = ev.events("launch_failed")
+        if failed_launch and not ev.events("ready"):
+            return failed(
+                NAME, f"the {role} server never became ready (launch failed): none of {len(planned)} "
+                "planned request(s) was sent", **figures,
+            )  # fmt: skip
         if ev.dropped or ev.events("interrupted"):
             return unknown(
                 NAME,

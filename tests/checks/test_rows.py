@@ -153,13 +153,31 @@ def test_pcp_rows_computed_twice_fail(tmp_path: Path) -> None:
     assert v.status == "fail" and "position 0 computed by more than one CP rank" in v.reason
 
 
-def test_silent_zigzag_fallback_fails(tmp_path: Path) -> None:
+def test_cp_inactive_on_long_prompts_is_a_silent_fallback_and_fails(tmp_path: Path) -> None:
+    prompts = {rid(0): 8}
+    steps = {w: [zigzag_steps(w, 2, prompts).model_copy(update={"cp_active": False})] for w in (0, 1)}
+    v = _pcp(tmp_path, steps)
+    assert v.status == "fail"
+    assert v.figures["first"]["shortest_extend"] == 8
+    assert "silent fallback" in v.reason
+
+
+def test_fallback_on_a_short_extend_follows_sglangs_rule_and_is_not_a_violation(tmp_path: Path) -> None:
+    # SGLang's health check sends a 3-token request: zigzag with cp 2 may not split that step.
+    short = {w: zigzag_steps(w, 2, {"HEALTH_CHECK_1": 3}).model_copy(update={"cp_active": False, "step": 1})
+             for w in (0, 1)}  # fmt: skip
+    long = {w: zigzag_steps(w, 2, {rid(0): 8}).model_copy(update={"step": 2}) for w in (0, 1)}
+    v = _pcp(tmp_path, {w: [short[w], long[w]] for w in (0, 1)})
+    assert v.status == "pass", v.reason
+    assert v.figures["fallback_by_rule"] == 1
+
+
+def test_every_step_falling_back_on_short_extends_fails(tmp_path: Path) -> None:
     prompts = {rid(0): 3}
     steps = {w: [zigzag_steps(w, 2, prompts).model_copy(update={"cp_active": False})] for w in (0, 1)}
     v = _pcp(tmp_path, steps)
     assert v.status == "fail"
-    assert v.figures["first"]["shortest_extend"] == 3
-    assert "silent fallback" in v.reason
+    assert "none of 1 extend step(s) was split" in v.reason
 
 
 def test_gathered_ffn_declared_but_local_observed_fails(tmp_path: Path) -> None:
