@@ -29,6 +29,8 @@ scenario dcp2_llama_kv4 {
   expect {
     rows kv_owner position % 2
     capacity logical == 2 * physical within 0.01
-    violated generation tokens_agree >= 0.95 logprob_within 0.05 vs baseline because "kv_heads 4 > tp/dcp 1: DCP ranks hold different KV heads (sglang-cp.md §3, §4.2)"
+    # Calibrated on the noise floor, not guessed: TP1 vs TP2 of the same tiny bf16 model agree on
+    # 0.596 of greedy tokens with max logprob diff 0.091 (results/tp2_llama_kv1/20261130T053444Z-65cc93be).
+    violated generation tokens_agree >= 0.5 logprob_within 0.1 vs baseline because "kv_heads 4 > tp/dcp 1: DCP ranks hold different KV heads (sglang-cp.md §3, §4.2)"
   }
 }

@@ -46,7 +46,9 @@ scenario dcp4_llama {
   expect {
     rows kv_owner position % 4
     capacity logical == 4 * physical within 0.01
-    violated generation tokens_agree >= 0.95 logprob_within 0.05 vs baseline because "kv_heads 8 > tp/dcp 1: DCP ranks hold different KV heads (sglang-cp.md §3.2)"
+    # Calibrated on the noise floor, not guessed: TP1 vs TP2 of the same tiny bf16 model agree on
+    # 0.596 of greedy tokens with max logprob diff 0.091 (results/tp2_llama_kv1/20261130T053444Z-65cc93be).
+    violated generation tokens_agree >= 0.5 logprob_within 0.1 vs baseline because "kv_heads 8 > tp/dcp 1: DCP ranks hold different KV heads (sglang-cp.md §3.2)"
     serving completed >= 32 of 64
     shutdown within 30s gpu_memory_released no_orphans exit_status in (-9, 137)
     log contains "DCP enabled, dcp_size=4, tp_size=4"

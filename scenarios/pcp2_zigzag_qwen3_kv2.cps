@@ -29,6 +29,8 @@ scenario pcp2_zigzag_qwen3_kv2 {
   }
   expect {
     rows split zigzag
-    generation tokens_agree >= 0.95 logprob_within 0.05 vs baseline
+    # Calibrated on the noise floor, not guessed: TP1 vs TP2 of the same tiny bf16 model agree on
+    # 0.596 of greedy tokens with max logprob diff 0.091 (results/tp2_llama_kv1/20261130T053444Z-65cc93be).
+    generation tokens_agree >= 0.5 logprob_within 0.1 vs baseline
   }
 }
