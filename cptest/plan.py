@@ -8,6 +8,7 @@ the derived layout contracts; the pins. No clock, no network, no processes, no s
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -68,7 +69,8 @@ def plan(scenario: Scenario, *, model_cache: Path = Path(".cptest/models")) -> P
     """
     problems = ProblemCollector()
     release = _release(scenario, problems)
-    eager = _needs_eager(scenario, problems)
+    eager_reason = _needs_eager(scenario)
+    eager = eager_reason is not None
     main = _server(scenario, scenario.topology, "main", MAIN_PORT, release, eager, problems, model_cache)
     baseline = None
     base_topo = scenario.baseline_topology()
@@ -93,7 +95,7 @@ def plan(scenario: Scenario, *, model_cache: Path = Path(".cptest/models")) -> P
         expectations=_expectations(scenario, release),
         pins=_pins(scenario, release),
         model_facts=scenario.model.facts.model_dump(),
-        contracts=_contracts(scenario, release),
+        contracts=_contracts(scenario, release) | {"eager": eager_reason},
     )
 
 
@@ -109,28 +111,15 @@ def _release(scenario: Scenario, problems: ProblemCollector) -> Release | None:
         return None
 
 
-def _needs_eager(scenario: Scenario, problems: ProblemCollector) -> bool:
-    names = {name for name, _ in scenario.expect.entries()}
-    eager = bool(names & NEEDS_EAGER)
-    if not eager:
-        return False
-    for g in scenario.expect.graph:
-        if g.phase == "decode" and g.mode == "captured":
-            problems.add(
-                g.span,
-                "per-step row evidence needs eager decode, but this scenario expects decode CUDA "
-                "graphs to be captured",
-                hint="Python hooks do not fire on graph replay: put the graph expectation in a "
-                "scenario of its own",
-            )
-    if scenario.serve.cuda_graph_decode not in (None, "disabled"):
-        problems.add(
-            scenario.serve.where("cuda_graph_decode"),
-            f"rows evidence needs eager decode, but serve sets cuda_graph decode "
-            f"{scenario.serve.cuda_graph_decode}",
-            hint="set `cuda_graph decode disabled` or drop the rows expectation",
-        )
-    return True
+def _needs_eager(scenario: Scenario) -> str | None:
+    """Why the servers must run eager, or None. Per-step records (rows) are only written on eager
+    forwards: hooks do not fire on CUDA-graph replay (sglang-cp.md §7). The semantic pass already
+    rejects a scenario that also expects decode graphs to be captured; a declared graph mode in
+    `serve` is overridden, and the plan says so in `contracts["eager"]`."""
+    needs = sorted({name for name, _ in scenario.expect.entries()} & NEEDS_EAGER)
+    if not needs:
+        return None
+    return f"{', '.join(needs)} evidence needs per-step records: every CUDA-graph phase disabled"
 
 
 def _spec(topo: Topology) -> TopologySpec:
@@ -190,11 +179,19 @@ def _server(
         forward_hooks=tuple(json.loads(probe_hooks_spec())),
         extra=tuple((f[0], f[1] if len(f) > 1 else None) for f in serve.extra_flags),
     )
+    geometry = _geometry(topo)
+    title_prefix = ServerPlan.model_fields["process_title_prefix"].default
     if release is None:
         if scenario.engine.kind == "sglang":
             return None
-        argv = ["python3", "-m", "cptest.reference.server", "--port", str(port)]
+        from cptest.reference import plan as reference_plan
+
+        argv = reference_plan.argv(topo, serve, model_path, port)
+        geometry = reference_plan.geometry(geometry)
+        title_prefix = reference_plan.TITLE_PREFIX
     else:
+        if topo.nodes > 1:
+            cfg = dataclasses.replace(cfg, dist_init_addr=f"127.0.0.1:{port + 50}")
         try:
             argv = build_argv(release, cfg)
         except PlanError as e:
@@ -208,9 +205,10 @@ def _server(
     nodes = []
     for n in range(topo.nodes):
         node_argv = list(argv)
-        if topo.nodes > 1:
-            node_argv += ["--nnodes", str(topo.nodes), "--node-rank", str(n),
-                          "--dist-init-addr", f"127.0.0.1:{port + 50}"]
+        if topo.nodes > 1 and release is not None:
+            # Every node runs the same server with its own rank; node 0 hosts the rendezvous.
+            node_cfg = dataclasses.replace(cfg, node_rank=n, dist_init_addr=f"127.0.0.1:{port + 50}")
+            node_argv = build_argv(release, node_cfg)
         nodes.append(
             NodeLaunch(
                 node_rank=n, gpu_ids=list(range(per_node)), env=env, argv=node_argv, port=port,
@@ -225,9 +223,10 @@ def _server(
         base_url=f"http://127.0.0.1:{port}",
         world_size=world,
         topology=topo.model_dump(),
-        geometry=_geometry(topo),
+        geometry=geometry,
         probe=True,
         eager=eager,
+        process_title_prefix=title_prefix,
     )
 
 

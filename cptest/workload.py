@@ -1,14 +1,14 @@
 """Concrete workload requests from a seed: pure and deterministic.
 
-The same (workload, vocab) gives the same token ids on every machine and Python >= 3.11:
-`random.Random(seed)` is a Mersenne Twister whose `randrange`/`random` outputs are part of
-CPython's documented reproducibility guarantee for a given seed. Each request draws from its own
-generator (seeded with `seed` and its index), so changing the request count does not change
-the requests that were already there.
+The same (workload, vocab) gives the same token ids on every machine and Python >= 3.11: lengths
+come from `random.Random` seeded with a string (CPython's documented reproducible path), token ids
+from SHAKE-256 of (seed, request index) — see `synthetic_prompt`. Changing the request count does
+not change the requests that were already there.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import random
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cptest.errors import PlanError, Problem
-from cptest.plan_model import PlannedRequest, WorkloadPlan
+from cptest.plan_model import PlannedRequest, WorkloadPlan, encode_ids
 
 FIRST_ORDINARY_ID = 3
 """Token ids below this are kept out of synthetic prompts: 0/1/2 are BOS/EOS/PAD in the tiny
@@ -36,7 +36,8 @@ class Dist:
             return self.values[0]
         if self.kind == "uniform":
             lo, hi = self.values
-            return rng.randint(lo, hi)
+            # random() * width is a documented, stable path (randint's bit-rejection is 5x slower).
+            return lo + int(rng.random() * (hi - lo + 1))
         if self.kind == "choice":
             return self.values[rng.randrange(len(self.values))]
         raise ValueError(f"unknown distribution {self.kind!r}")
@@ -46,14 +47,27 @@ class Dist:
         return self.values[0] if self.kind != "choice" else min(self.values)
 
 
-def request_rng(seed: int, index: int) -> random.Random:
-    # A string seed is hashed with SHA-512 by CPython: stable, and independent per request.
-    return random.Random(f"cptest-workload/{seed}/{index}")
+def synthetic_prompts(seed: int, lengths: Sequence[int], vocab: int) -> list[bytes]:
+    """Token ids for each length, in [FIRST_ORDINARY_ID, vocab), as little-endian uint32 bytes.
 
+    One stream of numpy's PCG64 *raw* output (NEP 19 guarantees BitGenerator raw streams stay
+    stable across numpy versions; Generator methods are not guaranteed, so none is used), seeded
+    from sha256(`cptest-prompts/<seed>`), is cut into consecutive prompts and reduced modulo the id
+    range (bias < 1e-5 for any real vocabulary). The stream is prefix-stable, so prompt i depends
+    only on the lengths before it: appending requests never changes the earlier prompts.
+    """
+    import numpy as np
 
-def synthetic_prompt(rng: random.Random, length: int, vocab: int) -> list[int]:
-    hi = max(vocab - 1, FIRST_ORDINARY_ID)
-    return [rng.randint(FIRST_ORDINARY_ID, hi) for _ in range(length)]
+    span = max(vocab - FIRST_ORDINARY_ID, 1)
+    key = int.from_bytes(hashlib.sha256(f"cptest-prompts/{seed}".encode()).digest()[:16], "little")
+    total = sum(lengths)
+    raw = np.random.PCG64(key).random_raw((total + 1) // 2).astype("<u8").view("<u4")[:total]
+    data = (raw % np.uint32(span) + np.uint32(FIRST_ORDINARY_ID)).astype("<u4").tobytes()
+    out, at = [], 0
+    for n in lengths:
+        out.append(data[at : at + 4 * n])
+        at += 4 * n
+    return out
 
 
 def prompt_sha256(input_ids: Sequence[int]) -> str:
@@ -101,25 +115,31 @@ def build_workload(
     """The workload as the list of requests the driver will send, in order."""
     planned: list[PlannedRequest] = []
     arrival = 0.0
+    # One generator, drawn in request order: request i's lengths depend only on the draws before
+    # it, so adding requests at the end never changes the earlier ones. A string seed is hashed
+    # with SHA-512 by CPython (stable across platforms and versions).
+    rng = random.Random(f"cptest-workload/{seed}")
     arrivals = random.Random(f"cptest-arrivals/{seed}")
+    lengths, max_new = [], []
+    for _ in range(requests):
+        lengths.append(prompt_tokens.draw(rng) if dataset is None else 0)
+        max_new.append(output_tokens.draw(rng))
+    if dataset is not None:
+        prompts = [encode_ids(dataset[i % len(dataset)]) for i in range(requests)]
+    else:
+        prompts = [base64.b64encode(b).decode("ascii") for b in synthetic_prompts(seed, lengths, vocab)]
     for i in range(requests):
-        rng = request_rng(seed, i)
-        if dataset is not None:
-            ids = list(dataset[i % len(dataset)])
-        else:
-            ids = synthetic_prompt(rng, prompt_tokens.draw(rng), vocab)
-        max_new = output_tokens.draw(rng)
-        params = dict(sampling, max_new_tokens=max_new)
         send_after = None
         if rate is not None:
             send_after = round(arrival, 6)
             arrival += arrivals.expovariate(rate)  # Poisson arrivals at the declared rate
         planned.append(
             PlannedRequest(
-                index=i, input_ids=ids, max_new_tokens=max_new, sampling=params,
-                return_logprob=logprobs, send_after_s=send_after,
+                index=i, prompt=prompts[i], max_new_tokens=max_new[i],
+                sampling=dict(sampling, max_new_tokens=max_new[i]), return_logprob=logprobs,
+                send_after_s=send_after,
             )
-        )
+        )  # fmt: skip
     return WorkloadPlan(
         seed=seed, concurrency=concurrency, rate_per_s=rate, timeout_s=timeout_s, requests=planned
     )

@@ -392,6 +392,7 @@ def resolve(
     workload = _workload(v, where)
     faults = _faults(v, topology)
     expect = _expect(v, workload)
+    _check_evidence_needs(p, expect)
     if p.problems:
         raise ScenarioError(p.problems, sources=chain.sources)
     try:
@@ -960,6 +961,19 @@ def _regex(v: _Values, s: Stmt, pattern: str | None) -> bool:
         v.p.add(s.span, f"invalid regular expression: {err}", found=pattern)
         return False
     return True
+
+
+def _check_evidence_needs(p: ProblemCollector, expect: Expect) -> None:
+    """Expectations whose evidence cannot come from one run: per-step row records need eager decode
+    (Python hooks do not fire on CUDA-graph replay, sglang-cp.md §7), so decode graphs cannot also
+    be expected to be captured in the same scenario."""
+    if expect.rows is None:
+        return
+    for g in expect.graph:
+        if g.phase == "decode" and g.mode == "captured" and not g.violated:
+            p.add(g.span, "decode CUDA graphs cannot be expected here: the rows expectation needs eager "
+                  "decode (hooks do not fire on graph replay)",
+                  hint="put the graph expectation in a scenario of its own")  # fmt: skip
 
 
 def _expect(v: _Values, workload: Workload | None) -> Expect:

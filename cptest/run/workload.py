@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -37,17 +36,13 @@ from cptest.evidence import RequestResult
 from cptest.log import Progress
 from cptest.plan_model import PlannedRequest, WorkloadPlan
 from cptest.run.records import RecordWriter
+from cptest.workload import prompt_sha256
 
 DONE = object()
 """`parse_sse_line` result for `data: [DONE]`."""
 
 OnDone = Callable[[RequestResult, int], None]
 """Called after each request ends with the result and the number of `ok` requests so far."""
-
-
-def prompt_sha256(input_ids: list[int]) -> str:
-    """sha256 of the prompt as compact JSON (`[1,2,3]`): the identity of a prompt in evidence."""
-    return hashlib.sha256(json.dumps(list(input_ids), separators=(",", ":")).encode()).hexdigest()
 
 
 def build_payload(req: PlannedRequest) -> dict[str, Any]:
