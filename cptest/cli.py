@@ -182,29 +182,38 @@ def schema() -> int:
               show_default=True)
 @click.option("--launcher", type=click.Choice(["process", "docker"]), default="process", show_default=True)
 @click.option("--ignore-lint", is_flag=True, help="run even when lint finds a mismatch")
+@click.option("--engine", "engine_name", type=click.Choice(["sglang", "reference"]), default=None,
+              help="override the scenario's engine (with no GPU, sglang scenarios run on the reference)")
 @json_option
 @_guard
-def run(file: Path, results: Path, launcher: str, ignore_lint: bool, as_json: bool) -> int:
+def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name: str | None,
+        as_json: bool) -> int:
     """Plan, lint, launch, drive the workload, inject faults, gather evidence, check, archive."""
     from cptest.lang import parse_file
     from cptest.lint import lint as lint_scenario
     from cptest.plan import canonical_sha256, plan
+    from cptest.reference.choice import choose
 
     scenario = parse_file(file)
-    p = plan(scenario, model_cache=MODEL_CACHE)
-    findings = lint_scenario(scenario)
+    gpu = shutil.which("nvidia-smi") is not None
+    choice = choose(scenario, engine_name, gpu_present=gpu)
+    for note in choice.notes:
+        click.echo(note, err=True)
+    p = plan(choice.scenario, model_cache=MODEL_CACHE)
+    # Lint compares the scenario with the pinned SGLang release: it has nothing to say about the reference.
+    findings = lint_scenario(scenario) if choice.engine == "sglang" else []
     for finding in findings:
         click.echo(f"lint: {finding.render()}", err=True)
     if findings and not ignore_lint:
         click.echo("cptest: lint findings; nothing was launched (--ignore-lint to run anyway)", err=True)
         return 1
-    if p.main.engine == "sglang" and shutil.which("nvidia-smi") is None:
+    if p.main.engine == "sglang" and not gpu:
         raise RunError("no GPU here (nvidia-smi not found): SGLang cannot run; the CPU reference engine "
-                       "(`engine reference`) is the way to draft scenarios without a GPU")
+                       "(`--engine reference`) is the way to draft scenarios without a GPU")
     from cptest import archive
 
     out = archive.archive_dir(results, scenario.name, canonical_sha256(scenario), datetime.now(UTC))
-    includes = {inc: _read(Path(inc)) for inc in scenario.includes}
+    includes = {_include_name(Path(inc), file): _read(Path(inc)) for inc in scenario.includes}
     return _execute(p, out, _read(file), launcher, as_json, includes=includes)
 
 
@@ -243,6 +252,7 @@ def _execute(p: Any, out: Path, scenario_text: str, launcher_name: str, as_json:
             digest = ensure_synthetic(p.pins.model["synthetic"], Path(p.main.nodes[0].model_mount or "."))
         log.info(f"synthetic weights sha256 {digest}")
     environment = archive.collect_environment(Path.cwd())
+    environment["weights_sha256"] = _weights_sha256(p.main.nodes[0].model_mount)
     archive.begin(out, scenario_text, p, environment=environment, includes=includes)
     log.info(f"archive: {out}")
     launcher = _launcher(launcher_name)
@@ -264,6 +274,24 @@ def _execute(p: Any, out: Path, scenario_text: str, launcher_name: str, as_json:
         click.echo(error.render(), err=True)
         return 3
     return verdict.exit_code
+
+
+def _weights_sha256(model_dir: str | None) -> dict[str, str] | None:
+    """sha256 of every weights file of a local checkpoint: what pins a result to its weights."""
+    if not model_dir or not Path(model_dir).is_dir():
+        return None
+    from cptest.run.models import sha256_file
+
+    files = sorted(Path(model_dir).glob("*.safetensors")) + sorted(Path(model_dir).glob("*.bin"))
+    return {f.name: sha256_file(f) for f in files}
+
+
+def _include_name(include: Path, scenario_file: Path) -> str:
+    """Where an extended file is stored in the archive: its path relative to the scenario, so that
+    the archived scenario.cps resolves it again; a file outside the scenario's folder goes under
+    includes/ by name."""
+    rel = os.path.relpath(include.resolve(), scenario_file.resolve().parent)
+    return rel if not rel.startswith("..") else f"includes/{include.name}"
 
 
 def _launcher(name: str) -> Any:
