@@ -5,34 +5,22 @@ only when no rank reported them from the planned topology, with SGLang's numberi
 (shared/reference/sglang-cp.md §6; 0.5.17 `distributed/parallel_state.py`): TP blocks contiguous,
 DCP contiguous slices of a TP block, ATTN_CP strided by attn_tp inside an attention-DP block.
 
-`zigzag_blocks` and `dcp_owner` are private equivalents of `cptest.topology`'s helpers, kept here
-so that checks do not depend on the planner's module (0.5.17 `layers/cp/zigzag.py:150-160`).
+Row layouts come from `cptest.topology` (pure), so the planner and the checkers share one
+implementation of each contract.
 """
 
 from __future__ import annotations
 
 from cptest.checks.load import Archive
+from cptest.topology import dcp_owner, zigzag_split
+
+__all__ = ["dcp_owner", "groups", "zigzag_blocks"]
 
 
 def zigzag_blocks(length: int, cp: int, rank: int) -> list[tuple[int, int]]:
-    """Half-open offsets (within one extend of `length` tokens) that CP rank `rank` owns: blocks
-    `rank` and `2cp-1-rank` of `2cp` blocks whose sizes differ by at most one, larger ones first."""
-    n = 2 * cp
-    base, rem = divmod(length, n)
-    sizes = [base + 1 if b < rem else base for b in range(n)]
-    starts = [0]
-    for s in sizes:
-        starts.append(starts[-1] + s)
-    out = []
-    for b in sorted({rank, n - 1 - rank}):
-        if sizes[b]:
-            out.append((starts[b], starts[b + 1]))
-    return out
-
-
-def dcp_owner(position: int, dcp: int, interleave: int = 1) -> int:
-    """The DCP rank that writes K/V of `position` (layers/dcp/layout.py: slot % dcp, pages aligned)."""
-    return (position // interleave) % dcp
+    """Half-open offsets (within one extend of `length` tokens) that CP rank `rank` owns, empty
+    blocks dropped: `cptest.topology.zigzag_split`, the one implementation of the contract."""
+    return [(lo, hi) for lo, hi in zigzag_split(length, cp)[rank] if hi > lo]
 
 
 def _from_topology(archive: Archive, role: str, name: str) -> list[list[int]]:

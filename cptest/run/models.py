@@ -10,11 +10,11 @@ only names the directory.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
+from cptest.archive import sha256_file
 from cptest.errors import Problem, RunError
 
 STD = 0.02
@@ -73,14 +73,6 @@ def _tensors(torch: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     t["model.norm.weight"] = ones(h)
     t["lm_head.weight"] = rnd(cfg["vocab_size"], h)
     return t
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def ensure_synthetic(model: dict[str, Any], directory: Path) -> str:

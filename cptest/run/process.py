@@ -40,6 +40,7 @@ import psutil
 from cptest.errors import RunError
 from cptest.plan_model import NodeLaunch
 from cptest.run.launcher import ExitInfo
+from cptest.run.reaper import ident as _ident
 from cptest.run.reaper import tree_snapshot
 
 DROPPED_ENV_PREFIXES: tuple[str, ...] = ("SGLANG_", "SGL_", "CPTEST_")
@@ -92,17 +93,6 @@ def resolve_argv(argv: list[str], env: dict[str, str]) -> list[str]:
         raise RunError(f"cannot start the engine: {exe!r} is not an executable on PATH "
                        f"({env.get('PATH', '')!r}); install it or put its directory on PATH")
     return [found, *argv[1:]]
-
-
-def _ident(pid: int) -> float | None:
-    """Create time of a live, non-zombie process, or None."""
-    try:
-        p = psutil.Process(pid)
-        if p.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return p.create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
-        return None
 
 
 @dataclass

@@ -24,7 +24,7 @@ import time
 import psutil
 
 
-def _ident(pid: int) -> float | None:
+def ident(pid: int) -> float | None:
     """Create time of a live, non-zombie process, or None."""
     try:
         p = psutil.Process(pid)
@@ -68,7 +68,7 @@ def kill_all(session: int, known: dict[int, float]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(session, signal.SIGKILL)
     for pid, created in known.items():
-        if _ident(pid) == created:
+        if ident(pid) == created:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -81,13 +81,13 @@ def watch(cptest_pid: int, cptest_created: float, session: int, interval_s: floa
         if tick % rescan_every == 0:
             snap = tree_snapshot(session)
             known.update(snap)
-            if not snap and not any(_ident(p) == c for p, c in known.items()):
+            if not snap and not any(ident(p) == c for p, c in known.items()):
                 return 0  # the tree ended by itself
         tick += 1
-        if _ident(cptest_pid) != cptest_created:
+        if ident(cptest_pid) != cptest_created:
             for _ in range(50):  # up to ~5 s: processes may fork while we kill
                 known.update(tree_snapshot(session))
-                alive = {p: c for p, c in known.items() if _ident(p) == c}
+                alive = {p: c for p, c in known.items() if ident(p) == c}
                 if not alive:
                     break
                 kill_all(session, alive)
