@@ -56,8 +56,9 @@ def main() -> None:
         sizes = list(pool.map(_compile_all, chunks))
         elapsed = time.perf_counter() - t0
     rate = a.count / elapsed
+    kib = sum(sizes) / a.count / 1024
     print(f"validated and compiled {a.count} scenarios on {a.workers} worker(s) in {elapsed:.2f} s: "
-          f"{rate:.0f} scenarios/s ({sum(sizes) / a.count / 1024:.1f} KiB of plan JSON each; target >= 500/s)")
+          f"{rate:.0f} scenarios/s ({kib:.1f} KiB of plan JSON each; target >= 500/s)")
 
 
 if __name__ == "__main__":
