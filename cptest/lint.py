@@ -23,7 +23,7 @@ CONTRADICTS: dict[str, tuple[str, ...]] = {
     "interleave_short_batch": ("rows",),
     "attn_cp_without_prefill_cp": ("rows",),
     "prefill_cp_needs_attn_cp": ("rows",),
-    "llama_pcp": ("generation",),
+    "llama_pcp_silent": ("generation",),
     "interleave_no_attention": ("generation", "serving"),
     "mha_dcp_kv_not_replicated": ("generation",),
     "dcp_backend_without_dcp_path": ("rows", "generation"),

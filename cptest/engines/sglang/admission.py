@@ -98,7 +98,11 @@ CONDITIONS: tuple[tuple[str, Predicate], ...] = (
         lambda c: _pcp(c, "interleave") and c.min_prompt_len is not None and c.min_prompt_len < c.attn_cp,
     ),
     ("interleave_no_attention", lambda c: _pcp(c, "interleave") and c.architecture not in DSA_ARCHITECTURES),
-    ("llama_pcp", lambda c: _pcp(c, None) and c.architecture in ATTENTION_OVER_FULL_TP),
+    # Observed on 0.5.17: with DCP the PCP split never activates (results/pcp_dcp_rejected), and
+    # it crashes only when the KV heads Llama computes per rank (full-TP shard) differ from what
+    # the attention-TP-sized pool row holds (results/pcp2_zigzag_llama_kv2).
+    ("llama_pcp", lambda c: _llama_pcp(c) and _kv_row_mismatch(c)),
+    ("llama_pcp_silent", lambda c: _llama_pcp(c) and not _kv_row_mismatch(c)),
     (
         "mha_dcp_kv_not_replicated",
         lambda c: (
@@ -117,6 +121,15 @@ CONDITIONS: tuple[tuple[str, Predicate], ...] = (
 )
 
 
+def _llama_pcp(c: LaunchConfig) -> bool:
+    return _pcp(c, None) and c.dcp == 1 and c.architecture in ATTENTION_OVER_FULL_TP
+
+
+def _kv_row_mismatch(c: LaunchConfig) -> bool:
+    # Pool rows hold max(1, K // attn_tp) heads; Llama's K projection yields max(1, K // tp).
+    return c.kv_heads > 0 and max(1, c.kv_heads // c.attn_tp) != max(1, c.kv_heads // c.tp)
+
+
 def _pcp(c: LaunchConfig, strategy: str | None) -> bool:
     return c.prefill_cp and c.attn_cp > 1 and (strategy is None or c.cp_strategy == strategy)
 
@@ -130,6 +143,7 @@ SITUATIONS: dict[str, str] = {
     "interleave_short_batch": "interleave with attn_cp {attn_cp} and prompts as short as {min_prompt_len}",
     "interleave_no_attention": "--cp-strategy interleave on {architecture}",
     "llama_pcp": "prefill CP on {architecture}",
+    "llama_pcp_silent": "prefill CP on {architecture} with {kv_heads} KV head(s)",
     "mha_dcp_kv_not_replicated": "{kv_heads} KV heads with tp {tp} and dcp {dcp}",
     "dcp_backend_without_dcp_path": "DCP with attention backend {attention_backend}",
 }

@@ -226,12 +226,22 @@ RULES_0_5_17: dict[str, Rule] = {
     ),
     "llama_pcp": Rule(
         "llama_pcp",
+        "runtime",
+        "RuntimeError",
+        "shape '[-1, <pool row>]' is invalid for input of size <k rows> (first prefill, KV pool write)",
+        "models/llama.py:158-166; mem_cache/memory_pool.py:159",
+        note="Llama shards KV heads over the full TP group while the pool holds the attention-TP "
+        "shard, so the first extend's K does not fit the pool row and the scheduler dies. Observed "
+        "on 2 x H200: results/pcp2_zigzag_llama_kv2/20261130T054143Z-22901f56 (tp 2, attn_cp 2).",
+    ),
+    "llama_pcp_silent": Rule(
+        "llama_pcp_silent",
         "silent",
         None,
         None,
         "models/llama.py:158-166",
         note="Llama shards attention heads over the full TP group, not attention-TP "
-        "(cf. models/qwen3.py:86-92); CP partners hold different head shards (inferred wrong output)",
+        "(cf. models/qwen3.py:86-92); CP partners hold different query-head shards (inferred wrong output)",
     ),
     "mha_dcp_kv_not_replicated": Rule(
         "mha_dcp_kv_not_replicated",

@@ -75,15 +75,32 @@ def test_pcp_plus_dcp_is_accepted_with_a_warning_by_0_5_17_and_rejected_by_0_5_2
     )
 
 
-def test_llama_pcp_is_accepted_but_flagged_silently_wrong():
+def test_llama_pcp_with_kv_heads_split_over_tp_crashes_at_the_first_prefill():
+    # Seen on 2 x H200 (results/pcp2_zigzag_llama_kv2): tp 2, attn_cp 2, 2 KV heads.
     adm = predict(
         R17,
-        LaunchConfig(
-            tp=4, attn_cp=2, prefill_cp=True, cp_strategy="zigzag", attention_backend="fa3", **LLAMA
-        ),
-    )
-    assert adm.accepted and codes(adm) == {"llama_pcp"}
-    assert adm.warnings[0].message.startswith("prefill CP on LlamaForCausalLM: ")
+        LaunchConfig(tp=2, attn_cp=2, prefill_cp=True, cp_strategy="zigzag", attention_backend="triton",
+                     **{**LLAMA, "kv_heads": 2}),
+    )  # fmt: skip
+    assert (adm.accepted, adm.stage, adm.exception) == (False, "runtime", "RuntimeError")
+    assert "is invalid for input of size" in (adm.message or "")
+
+
+def test_llama_pcp_with_one_replicated_kv_head_is_accepted_but_flagged_silently_wrong():
+    adm = predict(
+        R17,
+        LaunchConfig(tp=4, attn_cp=2, prefill_cp=True, cp_strategy="zigzag", attention_backend="fa3",
+                     **{**LLAMA, "kv_heads": 1}),
+    )  # fmt: skip
+    assert adm.accepted and codes(adm) == {"llama_pcp_silent"}
+    assert adm.warnings[0].message.startswith("prefill CP on LlamaForCausalLM with 1 KV head(s): ")
+
+
+def test_llama_pcp_with_dcp_never_splits_so_does_not_crash():
+    # Seen on 2 x H200 (results/pcp_dcp_rejected): PCP + DCP came up and served, cp never active.
+    adm = predict(R17, LaunchConfig(tp=2, dcp=2, attn_cp=2, prefill_cp=True, cp_strategy="zigzag",
+                                    attention_backend="triton", **{**LLAMA, "kv_heads": 2}))  # fmt: skip
+    assert adm.accepted and "llama_pcp" not in codes(adm)
 
 
 def test_mha_dcp_warns_when_kv_heads_exceed_tp_over_dcp():
