@@ -49,6 +49,11 @@ ENGINE_ENV = {
 }
 """Environment every engine process gets, before the scenario's own `serve { env ... }`."""
 
+SYNTHETIC_FIELDS = (
+    "architecture", "layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "intermediate", "seed",
+    "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+)  # fmt: skip
+"""What cptest.run.models needs to write the same synthetic weights again on any machine."""
 MAIN_PORT = 30000
 BASELINE_PORT = 30100
 NEEDS_EAGER = {"rows"}
@@ -358,9 +363,7 @@ def _pins(scenario: Scenario, release: Release | None) -> Pins:
                              "sha256": m.sha256, "architecture": m.facts.architecture}
     if m.kind == "synthetic":
         # Everything cptest.run.models needs to write the same weights again on any machine.
-        model["synthetic"] = {k: getattr(m, k) for k in (
-            "architecture", "layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "intermediate",
-            "seed")}  # fmt: skip
+        model["synthetic"] = {k: getattr(m, k) for k in SYNTHETIC_FIELDS}
     return Pins(
         engine=scenario.engine.kind,
         release=scenario.engine.release,

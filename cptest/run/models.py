@@ -40,6 +40,18 @@ def _config(model: dict[str, Any]) -> dict[str, Any]:
         return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rope_theta": 1000000.0,
                 "use_sliding_window": False, "sliding_window": None,
                 "max_window_layers": model["layers"], **common}  # fmt: skip
+    if arch == "deepseek_mla":
+        # Every layer dense (first_k_dense_replace = layers), as make-tiny-models' deepseek-mla.
+        return {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", **common,
+                "num_key_value_heads": model["heads"], "moe_intermediate_size": 128,
+                "num_nextn_predict_layers": 0, "n_shared_experts": 1, "n_routed_experts": 8,
+                "num_experts_per_tok": 2, "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1,
+                "topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": True,
+                "moe_layer_freq": 1, "first_k_dense_replace": model["layers"],
+                "kv_lora_rank": model["kv_lora_rank"], "q_lora_rank": model["q_lora_rank"],
+                "qk_nope_head_dim": model["qk_nope_head_dim"], "qk_rope_head_dim": model["qk_rope_head_dim"],
+                "v_head_dim": model["v_head_dim"], "head_dim": model["qk_rope_head_dim"],
+                "rope_interleave": True, "rope_theta": 10000.0}  # fmt: skip
     raise RunError(Problem(None, f"synthetic weights for architecture {arch!r} are not implemented",
                            hint="use llama or qwen3, or a local checkpoint"))  # fmt: skip
 
@@ -56,23 +68,40 @@ def _tensors(torch: Any, cfg: dict[str, Any]) -> dict[str, Any]:
         return torch.ones(n, dtype=bf16)
 
     t = {"model.embed_tokens.weight": rnd(cfg["vocab_size"], h)}
+    mla = cfg["model_type"] == "deepseek_v3"
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
+        if mla:
+            kvl, ql = cfg["kv_lora_rank"], cfg["q_lora_rank"]
+            nope, rope, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+            t[p + "self_attn.q_a_proj.weight"] = rnd(ql, h)
+            t[p + "self_attn.q_a_layernorm.weight"] = ones(ql)
+            t[p + "self_attn.q_b_proj.weight"] = rnd(heads * (nope + rope), ql)
+            t[p + "self_attn.kv_a_proj_with_mqa.weight"] = rnd(kvl + rope, h)
+            t[p + "self_attn.kv_a_layernorm.weight"] = ones(kvl)
+            t[p + "self_attn.kv_b_proj.weight"] = rnd(heads * (nope + vd), kvl)
+            t[p + "self_attn.o_proj.weight"] = rnd(h, heads * vd)
+            _mlp_and_norms(t, p, rnd, ones, h, inter)
+            continue
         t[p + "self_attn.q_proj.weight"] = rnd(heads * hd, h)
         t[p + "self_attn.k_proj.weight"] = rnd(kv * hd, h)
         t[p + "self_attn.v_proj.weight"] = rnd(kv * hd, h)
         t[p + "self_attn.o_proj.weight"] = rnd(h, heads * hd)
-        t[p + "mlp.gate_proj.weight"] = rnd(inter, h)
-        t[p + "mlp.up_proj.weight"] = rnd(inter, h)
-        t[p + "mlp.down_proj.weight"] = rnd(h, inter)
-        t[p + "input_layernorm.weight"] = ones(h)
-        t[p + "post_attention_layernorm.weight"] = ones(h)
+        _mlp_and_norms(t, p, rnd, ones, h, inter)
         if cfg["model_type"] == "qwen3":
             t[p + "self_attn.q_norm.weight"] = ones(hd)
             t[p + "self_attn.k_norm.weight"] = ones(hd)
     t["model.norm.weight"] = ones(h)
     t["lm_head.weight"] = rnd(cfg["vocab_size"], h)
     return t
+
+
+def _mlp_and_norms(t: dict[str, Any], p: str, rnd: Any, ones: Any, h: int, inter: int) -> None:
+    t[p + "mlp.gate_proj.weight"] = rnd(inter, h)
+    t[p + "mlp.up_proj.weight"] = rnd(inter, h)
+    t[p + "mlp.down_proj.weight"] = rnd(h, inter)
+    t[p + "input_layernorm.weight"] = ones(h)
+    t[p + "post_attention_layernorm.weight"] = ones(h)
 
 
 def ensure_synthetic(model: dict[str, Any], directory: Path) -> str:
