@@ -1,0 +1,181 @@
+"""Specification of `cptest.lint.lint`: what a scenario expects vs what SGLang 0.5.17 is known to do.
+
+Each kind of finding has a small inline scenario (synthetic model, so no file is read); the test
+names the finding's code and the line of the expectation it is about. Marking the expectation
+`violated ... because "..."` states that the scenario qualifies the no-go on purpose, and silences it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cptest.errors import ScenarioError
+from cptest.lang import parse_file, parse_text
+from cptest.lint import Finding, lint
+from cptest.scenario import Scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = sorted((ROOT / "scenarios").glob("*.cps"))
+
+TEMPLATE = """cptest 1
+scenario t {{
+  engine sglang "0.5.17"
+  model synthetic {arch} {{ layers 2 hidden 64 heads 4 kv_heads {kv} head_dim 16 vocab 128 intermediate 128 }}
+  topology {{ {topology} }}
+  serve {{ attention_backend triton }}
+  baseline {{ tp 1 }}
+  workload {{ requests 4 concurrency 2 prompt_tokens {prompt} output_tokens 4 }}
+  expect {{
+    {expect}
+  }}
+}}
+"""
+GEN = "generation tokens_agree >= 0.9 vs baseline"
+DCP2 = "gpus 2 tp 2 dcp 2"
+TP4_DCP3 = "gpus 4 tp 4 dcp 3"
+EXPECT_LINE = 10
+"""The line of `{expect}` in TEMPLATE: every finding below must point there."""
+
+
+def scenario(expect: str, *, topology: str = "gpus 2 tp 2", arch: str = "llama", kv: int = 1,
+             prompt: str = "16") -> Scenario:  # fmt: skip
+    text = TEMPLATE.format(arch=arch, kv=kv, topology=topology, prompt=prompt, expect=expect)
+    return parse_text(text, "t.cps")
+
+
+def codes_and_lines(findings: list[Finding]) -> list[tuple[str, int | None]]:
+    return [(f.code, f.span.line if f.span else None) for f in findings]
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_every_scenario_in_the_suite_lints_clean(path: Path):
+    assert [f.render() for f in lint(parse_file(path))] == []
+
+
+def test_a_consistent_scenario_has_no_finding():
+    assert lint(scenario("launch accepted rows kv_owner position % 2", topology=DCP2)) == []
+
+
+# ------------------------------------------------------------------------------ launch
+def test_expected_acceptance_of_a_launch_the_release_rejects_is_a_finding():
+    # `launch accepted` with tp 4 dcp 3 is refused by the parser already (next test); a Scenario that
+    # reaches lint another way must still be caught, at the launch expectation.
+    s = scenario('launch rejected matching "divisible"', topology=TP4_DCP3)
+    accepted = s.expect.launch.model_copy(update={"accepted": True, "matching": None})
+    findings = lint(s.model_copy(update={"expect": s.expect.model_copy(update={"launch": accepted})}))
+    assert codes_and_lines(findings) == [("launch-mismatch", EXPECT_LINE)]
+    assert "rejects it at worker_start" in findings[0].message
+    assert findings[0].citation.startswith("distributed/parallel_state.py")
+
+
+def test_launch_accepted_with_tp_4_dcp_3_is_refused_before_lint_with_a_hint():
+    with pytest.raises(ScenarioError) as err:
+        scenario("launch accepted", topology=TP4_DCP3)
+    (problem,) = err.value.problems
+    assert (problem.span.line, problem.span.col) == (5, 26)
+    assert problem.hint and "launch rejected" in problem.hint
+
+
+def test_violated_launch_rejected_means_expects_acceptance():
+    findings = lint(scenario('violated launch rejected because "x"', topology=TP4_DCP3))
+    assert codes_and_lines(findings) == [("launch-mismatch", EXPECT_LINE)]
+
+
+def test_expected_rejection_of_a_launch_the_release_accepts_is_a_finding():
+    # 0.5.17 has no PCP+DCP admission check (0.5.23 added one).
+    s = scenario("launch rejected", topology="gpus 2 tp 2 dcp 2 attn_cp 2 cp_strategy zigzag")
+    findings = lint(s)
+    assert codes_and_lines(findings) == [("launch-mismatch", EXPECT_LINE)]
+    assert "has no rule that rejects it" in findings[0].message
+
+
+def test_violated_launch_rejected_because_silences_the_pcp_dcp_finding():
+    s = scenario('violated launch rejected because "0.5.17 has no check"',
+                 topology="gpus 2 tp 2 dcp 2 attn_cp 2 cp_strategy zigzag")  # fmt: skip
+    assert lint(s) == []
+
+
+def test_rejection_pattern_that_does_not_match_the_release_message_is_a_finding():
+    s = scenario('launch rejected matching "no such words"', topology=TP4_DCP3)
+    assert codes_and_lines(lint(s)) == [("launch-message", EXPECT_LINE)]
+
+
+def test_rejection_pattern_that_matches_the_release_message_is_clean():
+    assert lint(scenario('launch rejected matching "must be divisible by"', topology=TP4_DCP3)) == []
+
+
+# ------------------------------------------------------------------------------ silent wrongness
+ZIGZAG = "gpus 2 tp 2 attn_cp 2 cp_strategy zigzag"
+SHORT = {"arch": "qwen3", "kv": 2, "prompt": "uniform(3, 16)"}
+"""Qwen3 (attention over attention-TP, so no llama_pcp finding) with prompts as short as 3 < 2*cp."""
+LONG_ENOUGH = dict(SHORT, prompt="uniform(4, 16)")
+
+
+def test_zigzag_with_prompts_shorter_than_twice_cp_contradicts_rows_split():
+    findings = lint(scenario("rows split zigzag", topology=ZIGZAG, **SHORT))
+    assert codes_and_lines(findings) == [("zigzag_short_prompt", EXPECT_LINE)]
+    assert "violated rows" in findings[0].message  # says how to qualify the no-go on purpose
+
+
+def test_zigzag_with_prompts_of_exactly_twice_cp_is_clean():
+    assert lint(scenario("rows split zigzag", topology=ZIGZAG, **LONG_ENOUGH)) == []
+
+
+def test_violated_rows_because_silences_the_short_prompt_finding():
+    s = scenario('violated rows split zigzag because "short prompts fall back"', topology=ZIGZAG, **SHORT)
+    assert lint(s) == []
+
+
+def test_llama_with_prefill_cp_contradicts_generation_holding():
+    # kv_heads 1: the pool row (attention-TP shard) and Llama's full-TP K shard agree in size, so
+    # SGLang 0.5.17 runs, but CP partners hold different query-head shards.
+    findings = lint(scenario(GEN, topology=ZIGZAG, kv=1))
+    assert codes_and_lines(findings) == [("llama_pcp_silent", EXPECT_LINE)]
+    assert findings[0].citation  # the SGLang source line the knowledge rests on
+
+
+def test_llama_with_prefill_cp_whose_kv_shard_misfits_the_pool_is_expected_to_crash():
+    # kv_heads 2, tp 2, attn_cp 2: the pool row holds 2 heads, Llama's K has 1 (observed on H200).
+    findings = lint(scenario("launch accepted", topology=ZIGZAG, kv=2))
+    assert codes_and_lines(findings) == [("launch-mismatch", EXPECT_LINE)]
+    assert "rejects it at runtime" in findings[0].message
+
+
+def test_qwen3_with_prefill_cp_may_expect_generation_to_hold():
+    assert lint(scenario(GEN, topology=ZIGZAG, arch="qwen3", kv=2)) == []
+
+
+def test_violated_generation_because_silences_the_llama_pcp_finding():
+    s = scenario(f'violated {GEN} because "heads sharded over full TP"', topology=ZIGZAG, kv=1)
+    assert lint(s) == []
+
+
+def test_mha_dcp_with_more_kv_heads_than_tp_over_dcp_contradicts_generation_holding():
+    # kv_heads 4 > tp/dcp = 1: the DCP group's ranks hold different KV heads.
+    findings = lint(scenario(GEN, topology=DCP2, kv=4))
+    assert codes_and_lines(findings) == [("mha_dcp_kv_not_replicated", EXPECT_LINE)]
+
+
+def test_mha_dcp_with_kv_heads_replicated_in_the_dcp_group_is_clean():
+    assert lint(scenario(GEN, topology=DCP2, kv=1)) == []
+
+
+def test_violated_generation_because_silences_the_mha_dcp_finding():
+    s = scenario(f'violated {GEN} because "kv heads split"',
+                 topology=DCP2, kv=4)  # fmt: skip
+    assert lint(s) == []
+
+
+def test_finding_renders_with_position_code_and_citation():
+    (finding,) = lint(scenario(GEN, topology=ZIGZAG, kv=1))
+    text = finding.render()
+    assert text.startswith(f"t.cps:{EXPECT_LINE}:5: llama_pcp_silent: ")
+    assert text.endswith(f"(SGLang {finding.citation})")
+
+
+def test_reference_engine_scenarios_are_not_linted_against_sglang():
+    s = scenario(GEN, topology=ZIGZAG, kv=1)
+    ref = s.model_copy(update={"engine": s.engine.model_copy(update={"kind": "reference"})})
+    assert lint(ref) == []
