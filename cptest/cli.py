@@ -200,6 +200,9 @@ def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name
     for note in choice.notes:
         click.echo(note, err=True)
     p = plan(choice.scenario, model_cache=MODEL_CACHE)
+    if choice.engine == "reference" and launcher != "process":
+        click.echo("cptest: the reference engine runs as local processes; --launcher process", err=True)
+        launcher = "process"
     # Lint compares the scenario with the pinned SGLang release: it has nothing to say about the reference.
     findings = lint_scenario(scenario) if choice.engine == "sglang" else []
     for finding in findings:

@@ -1,0 +1,76 @@
+"""The reference server's command line: built by the plan (`build_argv`), read by the server (`parse`).
+
+Flag names follow SGLang's where the meaning is the same (`--tp-size`, `--dcp-size`,
+`--attn-cp-size`, `--enable-prefill-cp`, `--cp-strategy`, `--page-size`, `--max-total-tokens`), so
+that a plan reads the same for both engines; the module is `cptest.reference.server`, never sglang.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+MODULE = "cptest.reference.server"
+TITLE_PREFIX = "cptest-ref::scheduler"
+"""Rank process titles: `cptest-ref::scheduler_TP<r>` (SGLang's scheme, another prefix: never confused)."""
+SERVER_TITLE = "cptest-ref::server"
+DEFAULT_MAX_TOTAL_TOKENS = 32768
+DEFAULT_MAX_RUNNING = 64
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    model_path: str
+    host: str = "127.0.0.1"
+    port: int = 30000
+    tp: int = 1
+    dcp: int = 1
+    attn_cp: int = 1
+    prefill_cp: bool = False
+    cp_strategy: str = "zigzag"
+    page_size: int = 1
+    max_total_tokens: int | None = None
+    context_length: int | None = None
+    max_running_requests: int = DEFAULT_MAX_RUNNING
+
+
+def build_argv(cfg: ReferenceConfig) -> list[str]:
+    """argv (no shell) that starts a reference server for `cfg`."""
+    argv = ["python3", "-m", MODULE, "--model-path", cfg.model_path, "--host", cfg.host,
+            "--port", str(cfg.port), "--tp-size", str(cfg.tp), "--dcp-size", str(cfg.dcp),
+            "--attn-cp-size", str(cfg.attn_cp), "--cp-strategy", cfg.cp_strategy,
+            "--page-size", str(cfg.page_size), "--max-running-requests", str(cfg.max_running_requests)]
+    if cfg.prefill_cp:
+        argv.append("--enable-prefill-cp")
+    if cfg.max_total_tokens is not None:
+        argv += ["--max-total-tokens", str(cfg.max_total_tokens)]
+    if cfg.context_length is not None:
+        argv += ["--context-length", str(cfg.context_length)]
+    return argv
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python3 -m {MODULE}",
+                                description="cptest CPU reference engine (not SGLang)")
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--dcp-size", type=int, default=1)
+    p.add_argument("--attn-cp-size", type=int, default=1)
+    p.add_argument("--enable-prefill-cp", action="store_true")
+    p.add_argument("--cp-strategy", choices=["zigzag", "interleave"], default="zigzag")
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--max-total-tokens", type=int, default=None)
+    p.add_argument("--context-length", type=int, default=None)
+    p.add_argument("--max-running-requests", type=int, default=DEFAULT_MAX_RUNNING)
+    return p
+
+
+def parse(argv: list[str]) -> ReferenceConfig:
+    """argv (without the program) -> ReferenceConfig; argparse exits with status 2 on bad flags."""
+    a = parser().parse_args(argv)
+    return ReferenceConfig(model_path=a.model_path, host=a.host, port=a.port, tp=a.tp_size, dcp=a.dcp_size,
+                           attn_cp=a.attn_cp_size, prefill_cp=a.enable_prefill_cp, cp_strategy=a.cp_strategy,
+                           page_size=a.page_size, max_total_tokens=a.max_total_tokens,
+                           context_length=a.context_length, max_running_requests=a.max_running_requests)

@@ -1,0 +1,348 @@
+"""One rank process of the reference engine: torch.distributed (gloo) member, model shard, KV pool.
+
+Rank 0 also runs the scheduler: it receives requests from the HTTP process over a pipe, decides
+each step, broadcasts it to every rank (`broadcast_object_list` over the world group), samples
+from the logits and sends token events back. Every rank writes the probe's evidence records to
+`$CPTEST_PROBE_DIR/rank<world>.jsonl` (Geometry, KvPool, Capacity, Graph `disabled`, one Step per
+forward), flushed line by line so a killed rank leaves at most one truncated line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import time
+import zlib
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cptest.evidence import Capacity, Geometry, Graph, KvPool, ProbeNote, RankId, Step, ranges_from
+from cptest.reference.layout import Layout
+from cptest.reference.model import KvPool as Pool
+from cptest.reference.model import Model, ModelConfig, SeqRows, SoloComm, load_shard
+from cptest.reference.scheduler import Request, Scheduler
+
+GLOO_TIMEOUT = timedelta(days=1)
+"""A stopped rank (SIGSTOP fault) must not turn into a collective timeout: only death ends a rank."""
+
+
+@dataclass(frozen=True)
+class RankArgs:
+    model_dir: str
+    tp: int
+    dcp: int
+    attn_cp: int
+    prefill_cp: bool
+    strategy: str
+    rows: int
+    page: int
+    max_running: int
+    context_length: int
+    master_port: int
+    title_prefix: str
+    threads: int
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rank_title(prefix: str, layout: Layout) -> str:
+    """`<prefix>_ATTN_CP<c>_TP<r>`: SGLang's title scheme (`cptest.topology.process_title`)."""
+    parts = []
+    if layout.attn_cp > 1:
+        parts.append(f"ATTN_CP{layout.attn_cp_rank}")
+    if layout.tp > 1:
+        parts.append(f"TP{layout.rank}")
+    return prefix + "".join("_" + p for p in parts)
+
+
+class GlooComm:
+    """Collectives over gloo groups built identically on every rank (size-1 groups are skipped)."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.groups: dict[str, Any] = {}
+        for name in ("tp", "dcp", "attn_cp", "attn_tp"):
+            for members in layout.all_groups(name):
+                pg = None
+                if len(members) > 1:
+                    pg = dist.new_group(members, backend="gloo", timeout=GLOO_TIMEOUT)
+                if layout.rank in members:
+                    self.groups[name] = pg
+
+    def all_reduce(self, t: torch.Tensor, group: str) -> torch.Tensor:
+        pg = self.groups.get(group)
+        if pg is None:
+            return t
+        t = t.contiguous()
+        dist.all_reduce(t, group=pg)
+        return t
+
+    def all_gather(self, t: torch.Tensor, group: str) -> list[torch.Tensor]:
+        pg = self.groups.get(group)
+        if pg is None:
+            return [t]
+        t = t.contiguous()
+        out = [torch.empty_like(t) for _ in range(dist.get_world_size(pg))]
+        dist.all_gather(out, t, group=pg)
+        return out
+
+
+class Evidence:
+    """JSON lines of probe records; no-op without CPTEST_PROBE_DIR."""
+
+    def __init__(self, world_rank: int) -> None:
+        d = os.environ.get("CPTEST_PROBE_DIR")
+        self.t0 = time.monotonic()
+        self.f = None
+        if d:
+            Path(d).mkdir(parents=True, exist_ok=True)
+            self.f = open(Path(d) / f"rank{world_rank}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+
+    def now(self) -> float:
+        return round(time.monotonic() - self.t0, 6)
+
+    def write(self, record: Any) -> None:
+        if self.f is not None:
+            self.f.write(record.model_dump_json() + "\n")
+            self.f.flush()
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this rank when the HTTP process dies, however it dies (Linux prctl PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def rank_main(rank: int, args: RankArgs, conn: Any, parent: int) -> None:
+    """Entry point of a forked rank process. Never returns normally (os._exit by multiprocessing)."""
+    _die_with_parent()
+    if os.getppid() != parent:
+        os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the HTTP process decides; a terminal ^C is not ours
+    import setproctitle
+
+    layout = Layout(tp=args.tp, rank=rank, dcp=args.dcp, attn_cp=args.attn_cp, prefill_cp=args.prefill_cp,
+                    strategy=args.strategy)
+    setproctitle.setproctitle(rank_title(args.title_prefix, layout))
+    torch.set_num_threads(args.threads)
+    if args.tp > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.master_port}", rank=rank,
+                                world_size=args.tp, timeout=GLOO_TIMEOUT)
+        comm: Any = GlooComm(layout)
+    else:
+        comm = SoloComm()
+    from cptest.reference.model import load_config
+
+    cfg = load_config(Path(args.model_dir))
+    shard = load_shard(Path(args.model_dir), cfg, layout)
+    pool = Pool(cfg, layout, args.rows, args.page, len(shard.kv_heads))
+    model = Model(cfg, shard, layout, comm, pool)
+    ev = Evidence(rank)
+    rid = _write_static(ev, layout, cfg, args, len(shard.kv_heads))
+    if args.tp > 1:
+        dist.barrier()
+    try:
+        if rank == 0:
+            _Leader(args, layout, cfg, model, ev, rid, conn).loop()
+        else:
+            _follow(args, model, ev, rid)
+    except (RuntimeError, OSError, EOFError) as e:
+        # A peer died (gloo reports the reset) or the HTTP process went away: the server's watcher
+        # handles it (SIGQUIT path); one line here, not a traceback that reads like an engine bug.
+        # Anything else is a bug of the engine and keeps its traceback.
+        first = str(e).splitlines()[0] if str(e) else ""
+        if not isinstance(e, (OSError, EOFError)) and "gloo" not in first and "Connection" not in first:
+            raise
+        print(f"cptest-ref rank {rank}: stopping: {type(e).__name__}: {first[:200]}", flush=True)
+        os._exit(1)
+    if args.tp > 1:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def _write_static(ev: Evidence, layout: Layout, cfg: ModelConfig, args: RankArgs, kv_heads: int) -> RankId:
+    rid = RankId(world=layout.rank, tp=layout.rank, dcp=layout.dcp_rank, attn_cp=layout.attn_cp_rank,
+                 attn_tp=layout.attn_tp_rank, attn_dp=0, pid=os.getpid())
+    sizes = {"tp": layout.tp, "dcp": layout.dcp, "attn_cp": layout.attn_cp, "attn_tp": layout.attn_tp,
+             "attn_dp": 1, "pp": 1, "world": layout.world}
+    groups = {name: layout.group(name) for name in ("world", "tp", "dcp", "attn_cp", "attn_tp", "pp")}
+    t = ev.now()
+    ev.write(Geometry(t=t, rank=rid, sizes=sizes, groups=groups, gpu=None, hostname=socket.gethostname()))
+    ev.write(KvPool(t=t, rank=rid, rows=args.rows, allocator_size=args.rows * layout.dcp, page_size=args.page,
+                    allocator_page_size=args.page * layout.dcp, head_num=kv_heads, head_dim=cfg.head_dim,
+                    layer_num=cfg.layers, dtype="float32"))
+    ev.write(Capacity(t=t, rank=rid, max_total_num_tokens=args.rows * layout.dcp,
+                      max_running_requests=args.max_running, context_len=args.context_length))
+    for phase in ("decode", "prefill"):  # the reference has no CUDA graphs: every forward is eager
+        ev.write(Graph(t=t, rank=rid, event="disabled", phase=phase))  # type: ignore[arg-type]
+    return rid
+
+
+def _step(model: Model, ev: Evidence, rid: RankId, msg: dict[str, Any]) -> Any:
+    """Run one broadcast step on this rank and record it; returns the logits."""
+    seqs = [SeqRows(rid=s[0], positions=list(range(s[1], s[1] + s[2])), context=s[3], blocks=s[4])
+            for s in msg["seqs"]]
+    logits, st = model.forward(msg["tokens"], seqs, msg["extend"], True)
+    pos = [p for s in seqs for p in s.positions]
+    seq_positions: dict[str, list[tuple[int, int]]] = {}
+    at = 0
+    local = set(st.local_rows)
+    for s in seqs:
+        mine = [p for i, p in enumerate(s.positions) if at + i in local]
+        at += len(s.positions)
+        if mine:
+            seq_positions[s.rid] = ranges_from(mine)
+    ev.write(Step(
+        t=ev.now(), rank=rid, step=msg["step"], mode="extend" if msg["extend"] else "decode",
+        batch_size=len(seqs), rows_in=len(pos), attn_rows=st.attn_rows, ffn_rows=st.ffn_rows,
+        logits_rows=len(seqs), cp_active=st.cp_active if model.layout.pcp else None,
+        positions=ranges_from(pos[i] for i in st.local_rows), seq_positions=seq_positions,
+        kv_written={k: ranges_from(v) for k, v in st.kv_written.items() if v},
+        extend_lens=[len(s.positions) for s in seqs] if msg["extend"] else [],
+        prefix_lens=[0] * len(seqs) if msg["extend"] else [],
+    ))  # fmt: skip
+    return logits
+
+
+def _broadcast(msg: dict[str, Any] | None, world: int) -> dict[str, Any]:
+    box = [msg]
+    if world > 1:
+        dist.broadcast_object_list(box, src=0)
+    assert box[0] is not None
+    return box[0]
+
+
+def _follow(args: RankArgs, model: Model, ev: Evidence, rid: RankId) -> None:
+    while True:
+        msg = _broadcast(None, args.tp)
+        if msg.get("exit"):
+            return
+        _step(model, ev, rid, msg)
+
+
+def sample(logits: torch.Tensor, sampling: dict[str, Any], gen: torch.Generator | None) -> tuple[int, float]:
+    """(token, its log-probability under the model's distribution) for one request's logits.
+
+    Greedy when temperature is 0 (or absent); otherwise temperature, top_k and top_p as SGLang's
+    pytorch sampling backend applies them. The logprob is of the unscaled distribution.
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    temp = float(sampling.get("temperature", 1.0) if sampling.get("temperature") is not None else 1.0)
+    if temp <= 1e-6:
+        tok = int(torch.argmax(logits))
+        return tok, float(logp[tok])
+    probs = torch.softmax(logits / temp, dim=-1)
+    top_k = int(sampling.get("top_k") or -1)
+    if 0 < top_k < probs.numel():
+        kth = torch.topk(probs, top_k).values[-1]
+        probs = torch.where(probs < kth, torch.zeros_like(probs), probs)
+    top_p = float(sampling.get("top_p") or 1.0)
+    if top_p < 1.0:
+        sp, si = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sp, 0) - sp < top_p
+        mask = torch.zeros_like(probs, dtype=torch.bool)
+        mask[si[keep]] = True
+        probs = torch.where(mask, probs, torch.zeros_like(probs))
+    tok = int(torch.multinomial(probs / probs.sum(), 1, generator=gen))
+    return tok, float(logp[tok])
+
+
+class _Leader:
+    """Rank 0: scheduler, step broadcaster, sampler."""
+
+    def __init__(self, args: RankArgs, layout: Layout, cfg: ModelConfig, model: Model, ev: Evidence,
+                 rid: RankId, conn: Any) -> None:
+        self.args, self.layout, self.cfg, self.model, self.ev, self.rid, self.conn = (
+            args, layout, cfg, model, ev, rid, conn)
+        blocks = args.rows // args.page
+        self.sched = Scheduler(blocks, args.page * layout.dcp, max_running=args.max_running)
+        self.gens: dict[str, torch.Generator] = {}
+        self.stopping = False
+        self.step_no = 0
+
+    def loop(self) -> None:
+        self.conn.send([("ready", self.sched.capacity)])
+        while True:
+            self._receive(block=self.sched.idle())
+            if self.stopping and self.sched.idle():
+                _broadcast({"exit": True}, self.args.tp)
+                return
+            batch = self.sched.next_batch()
+            if batch is None:
+                continue
+            self._run(batch.extend, batch.requests)
+
+    def _receive(self, block: bool) -> None:
+        while True:
+            if not self.conn.poll(0.5 if block else 0):
+                if block and not self.stopping:
+                    continue
+                return
+            for m in self.conn.recv():
+                self._handle(m)
+            block = False
+
+    def _handle(self, m: tuple[Any, ...]) -> None:
+        kind = m[0]
+        if kind == "gen":
+            _, rid, ids, max_new, sampling = m
+            req = Request(rid=rid, input_ids=list(ids), max_new_tokens=int(max_new), sampling=dict(sampling))
+            why = self.sched.submit(req)
+            if why is not None:
+                self.conn.send([("error", rid, why)])
+                return
+            seed = sampling.get("sampling_seed")
+            g = torch.Generator()
+            g.manual_seed(int(seed) if seed is not None else zlib.crc32(rid.encode()))
+            self.gens[rid] = g
+        elif kind == "abort":
+            self.sched.abort(m[1])
+            self.gens.pop(m[1], None)
+        elif kind == "shutdown":
+            self.stopping = True
+
+    def _run(self, extend: bool, reqs: list[Request]) -> None:
+        tokens: list[int] = []
+        seqs = []
+        for r in reqs:
+            if extend:
+                tokens.extend(r.input_ids)
+                seqs.append((r.rid, 0, len(r.input_ids), len(r.input_ids), r.blocks))
+            else:
+                p = len(r.input_ids) + len(r.output_ids) - 1
+                tokens.append(r.output_ids[-1])
+                seqs.append((r.rid, p, 1, p + 1, r.blocks))
+        msg = {"step": self.step_no, "extend": extend, "tokens": tokens, "seqs": seqs}
+        self.step_no += 1
+        _broadcast(msg, self.args.tp)
+        logits = _step(self.model, self.ev, self.rid, msg)
+        events: list[tuple[Any, ...]] = []
+        for i, r in enumerate(reqs):
+            tok, lp = sample(logits[i], r.sampling, self.gens.get(r.rid))
+            r.output_ids.append(tok)
+            stops = set(r.sampling.get("stop_token_ids") or [])
+            if not r.sampling.get("ignore_eos"):
+                stops |= set(self.cfg.eos)
+            finish = None
+            if tok in stops:
+                finish = {"type": "stop", "matched": tok}
+            elif len(r.output_ids) >= r.max_new_tokens:
+                finish = {"type": "length", "length": r.max_new_tokens}
+            events.append(("token", r.rid, tok, lp, finish))
+            if finish is not None:
+                self.sched.finish(r)
+                self.gens.pop(r.rid, None)
+        if not self.sched.leak_free():  # an accounting bug must be visible, not silent
+            self.ev.write(ProbeNote(rank=self.rid, level="error", message="KV block accounting leaked"))
+        self.conn.send(events)

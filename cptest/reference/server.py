@@ -1,0 +1,349 @@
+"""`python3 -m cptest.reference.server`: the reference engine's HTTP process and its rank processes.
+
+Process tree (like SGLang's): this process (title `cptest-ref::server`) serves HTTP and forks one
+process per rank (`cptest-ref::scheduler_TP<r>`, see `rank.py`). HTTP subset (SGLang 0.5.17 shapes,
+`cptest/run/workload.py`): `POST /generate` (input_ids, sampling_params, return_logprob, stream, rid;
+SSE `data: {...}` chunks with cumulative output_ids and `meta_info.output_token_logprobs`, then
+`data: [DONE]`), `GET /server_info` (alias `/get_server_info`), `GET /health`, `GET /health_generate`
+(a real one-token generation through every rank).
+
+Signals: SIGTERM drains (new requests get 503, in-flight ones finish), then every rank exits and
+this process exits 0. A rank that dies makes the watcher send SIGQUIT to this process, which fails
+every in-flight request with an error chunk, SIGKILLs the ranks and then itself (status -9), as
+SGLang's watchdog path does (sglang-cp.md §10): requests get errors, never hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from cptest import __version__
+from cptest.reference.argv import SERVER_TITLE, TITLE_PREFIX, ReferenceConfig, parse
+from cptest.reference.layout import Layout
+
+HEALTH_TIMEOUT_S = 20.0
+RANK_THREADS = 1
+"""torch intra-op threads per rank. One: the ops are small, and ranks share the cores with each other
+and with cptest's driver; two threads per rank made a TP1 run five times slower on 2 cores (spinning)."""
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')} cptest-ref] {msg}", flush=True)
+
+
+class Engine:
+    """The HTTP process's view of the ranks: a pipe to rank 0 and one event queue per request."""
+
+    def __init__(self, cfg: ReferenceConfig) -> None:
+        self.cfg = cfg
+        self.queues: dict[str, queue.Queue[tuple[Any, ...]]] = {}
+        self.lock = threading.Lock()
+        self.send_lock = threading.Lock()
+        self.draining = False
+        self.stopping = False
+        self.capacity = 0
+        self.procs: list[Any] = []
+        self.conn: Any = None
+        self.httpd: ThreadingHTTPServer | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        from cptest.reference.model import load_config
+        from cptest.reference.rank import RankArgs, free_port, rank_main
+
+        cfg = self.cfg
+        model = load_config(Path(cfg.model_path))
+        lay = Layout(tp=cfg.tp, rank=0, dcp=cfg.dcp, attn_cp=cfg.attn_cp, prefill_cp=cfg.prefill_cp,
+                     strategy=cfg.cp_strategy)
+        bad = lay.problems()
+        if bad:
+            raise SystemExit(f"cptest-ref: cannot serve this layout: {'; '.join(bad)}")
+        block = cfg.page_size * cfg.dcp
+        logical = cfg.max_total_tokens or 32768
+        blocks = max(logical // block, 1)
+        rows = blocks * cfg.page_size
+        ctx = cfg.context_length or model.context_length
+        if cfg.dcp > 1:
+            log(f"DCP enabled, dcp_size={cfg.dcp}, tp_size={cfg.tp}")
+        if lay.pcp:
+            log(f"prefill context parallelism enabled, attn_cp_size={cfg.attn_cp}, "
+                f"strategy={cfg.cp_strategy}")
+        log(f"{model.architecture}: {model.layers} layers, hidden {model.hidden}, heads {model.heads}, "
+            f"kv_heads {model.kv_heads}; tp {cfg.tp}, dcp {cfg.dcp}, attn_cp {cfg.attn_cp}")
+        log(f"KV pool: {rows} rows per rank, page {cfg.page_size}, logical capacity "
+            f"max_total_num_tokens={rows * cfg.dcp}")
+        args = RankArgs(model_dir=cfg.model_path, tp=cfg.tp, dcp=cfg.dcp, attn_cp=cfg.attn_cp,
+                        prefill_cp=cfg.prefill_cp, strategy=cfg.cp_strategy, rows=rows, page=cfg.page_size,
+                        max_running=cfg.max_running_requests, context_length=ctx, master_port=free_port(),
+                        title_prefix=TITLE_PREFIX, threads=RANK_THREADS)
+        ctx_fork = mp.get_context("fork")
+        ours, theirs = ctx_fork.Pipe(duplex=True)
+        me = os.getpid()
+        for r in range(cfg.tp):
+            p = ctx_fork.Process(target=rank_main, args=(r, args, theirs if r == 0 else None, me),
+                                 name=f"rank{r}", daemon=False)
+            p.start()
+            self.procs.append(p)
+        self.conn = ours
+        threading.Thread(target=self._watch, name="rank-watcher", daemon=True).start()
+        first = self._recv_ready()
+        self.capacity = int(first)
+        threading.Thread(target=self._dispatch, name="dispatch", daemon=True).start()
+        log(f"ranks ready: {', '.join(str(p.pid) for p in self.procs)}")
+
+    def _recv_ready(self) -> int:
+        while True:
+            if self.conn.poll(0.2):
+                for m in self.conn.recv():
+                    if m[0] == "ready":
+                        return int(m[1])
+            if any(p.exitcode is not None for p in self.procs):
+                time.sleep(0.5)  # the watcher reports it and brings the process down
+                raise SystemExit(3)
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.1)
+            dead = [(r, p) for r, p in enumerate(self.procs) if p.exitcode is not None]
+            if dead and not self.stopping:
+                time.sleep(0.2)  # let a peer's death and its consequences settle, to name them all
+                for r, p in enumerate(self.procs):
+                    if p.exitcode is not None:
+                        log(f"rank {r} (pid {p.pid}) exited with status {p.exitcode}")
+                log(f"sending SIGQUIT to the server (pid {os.getpid()})")
+                os.kill(os.getpid(), signal.SIGQUIT)
+                return
+
+    def _dispatch(self) -> None:
+        while True:
+            try:
+                events = self.conn.recv()
+            except (EOFError, OSError):
+                return
+            for e in events:
+                q = self.queues.get(e[1]) if len(e) > 1 else None
+                if q is not None:
+                    q.put(e)
+
+    def submit(self, rid: str, ids: list[int], max_new: int, sampling: dict[str, Any]) -> queue.Queue[Any]:
+        q: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        with self.lock:
+            if rid in self.queues:
+                raise ValueError(f"duplicate rid {rid!r}")
+            self.queues[rid] = q
+        self._send([("gen", rid, ids, max_new, sampling)])
+        return q
+
+    def release(self, rid: str, aborted: bool) -> None:
+        with self.lock:
+            self.queues.pop(rid, None)
+        if aborted:
+            self._send([("abort", rid)])
+
+    def inflight(self) -> int:
+        with self.lock:
+            return len(self.queues)
+
+    def _send(self, msgs: list[tuple[Any, ...]]) -> None:
+        with self.send_lock:
+            self.conn.send(msgs)
+
+    # ------------------------------------------------------------------ signals
+    def on_sigterm(self, signum: int, frame: Any) -> None:
+        if self.draining:
+            return
+        self.draining = True
+        log(f"SIGTERM received. Draining {self.inflight()} in-flight request(s), then shutting down")
+        threading.Thread(target=self._drain, name="drain", daemon=True).start()
+
+    def _drain(self) -> None:
+        while self.inflight():
+            time.sleep(0.05)
+        self.stopping = True
+        self._send([("shutdown",)])
+        for p in self.procs:
+            p.join(timeout=30)
+        for r, p in enumerate(self.procs):
+            if p.exitcode is None:
+                log(f"rank {r} (pid {p.pid}) did not exit within 30 s; killing it")
+                p.kill()
+                p.join(timeout=5)
+        log("all ranks exited; bye")
+        if self.httpd is not None:
+            self.httpd.shutdown()
+
+    def on_sigquit(self, signum: int, frame: Any) -> None:
+        log("SIGQUIT received: a rank died; failing in-flight requests and killing the process tree")
+        self.stopping = True
+        with self.lock:
+            qs = list(self.queues.items())
+        for rid, q in qs:
+            q.put(("error", rid, "the reference engine lost a rank (SIGQUIT); request aborted"))
+        deadline = time.monotonic() + 1.0
+        while self.inflight() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for p in self.procs:
+            if p.exitcode is None and p.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def meta(rid: str, prompt: int, out: list[int], lps: list[float], finish: dict[str, Any] | None,
+         logprob: bool, t0: float) -> dict[str, Any]:
+    m: dict[str, Any] = {"id": rid, "finish_reason": finish, "prompt_tokens": prompt,
+                         "completion_tokens": len(out), "cached_tokens": 0,
+                         "e2e_latency": round(time.monotonic() - t0, 6)}
+    if logprob:
+        m["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(lps, out, strict=True)]
+    return m
+
+
+def handler_for(engine: Engine) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"  # a streamed body ends when the connection closes
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base signature
+            pass
+
+        def _json(self, code: int, obj: Any) -> None:
+            body = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            path = self.path.split("?")[0]
+            if path == "/health":
+                self._json(503 if engine.draining else 200, {})
+            elif path == "/health_generate":
+                self._health_generate()
+            elif path in ("/server_info", "/get_server_info"):
+                c = engine.cfg
+                self._json(200, {
+                    "engine": "reference", "version": f"cptest-reference {__version__}",
+                    "model_path": c.model_path, "tp_size": c.tp, "dcp_size": c.dcp, "attn_cp_size": c.attn_cp,
+                    "enable_prefill_cp": c.prefill_cp, "cp_strategy": c.cp_strategy, "page_size": c.page_size,
+                    "max_total_num_tokens": engine.capacity, "max_running_requests": c.max_running_requests,
+                    "context_length": c.context_length, "pp_size": 1, "dp_size": 1,
+                })  # fmt: skip
+            else:
+                self._json(404, {"error": {"message": f"no route {path}"}})
+
+        def _health_generate(self) -> None:
+            if engine.draining:
+                self._json(503, {"error": {"message": "draining"}})
+                return
+            rid = f"HEALTH_CHECK_{uuid.uuid4().hex}"
+            q = engine.submit(rid, [0], 1, {"temperature": 0.0, "ignore_eos": True})
+            try:
+                e = q.get(timeout=HEALTH_TIMEOUT_S)
+            except queue.Empty:
+                engine.release(rid, aborted=True)
+                self._json(503, {"error": {"message": "health generation timed out"}})
+                return
+            engine.release(rid, aborted=False)
+            self._json(200 if e[0] == "token" else 503, {})
+
+        def do_POST(self) -> None:  # noqa: N802
+            if self.path.split("?")[0] != "/generate":
+                self._json(404, {"error": {"message": f"no route {self.path}"}})
+                return
+            try:
+                n = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(n) or b"{}")
+                ids = [int(i) for i in body["input_ids"]]
+                sp = dict(body.get("sampling_params") or {})
+                max_new = int(sp.pop("max_new_tokens", 128))
+            except (KeyError, TypeError, ValueError) as e:
+                self._json(400, {"error": {"message": f"bad request: {type(e).__name__}: {e}"}})
+                return
+            if engine.draining:
+                self._json(503, {"error": {"message": "the server is shutting down"}})
+                return
+            rid = str(body.get("rid") or uuid.uuid4().hex)
+            logprob = bool(body.get("return_logprob"))
+            stream = bool(body.get("stream"))
+            t0 = time.monotonic()
+            try:
+                q = engine.submit(rid, ids, max_new, sp)
+            except ValueError as e:
+                self._json(400, {"error": {"message": str(e)}})
+                return
+            out: list[int] = []
+            lps: list[float] = []
+            finished = False
+            try:
+                if stream:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Cache-Control", "no-cache")
+                    self.end_headers()
+                while not finished:
+                    e = q.get()
+                    if e[0] == "error":
+                        finished = True
+                        err = {"error": {"message": e[2]}}
+                        if stream:
+                            self.wfile.write(f"data: {json.dumps(err)}\n\n".encode())
+                            self.wfile.write(b"data: [DONE]\n\n")
+                        else:
+                            self._json(500, err)
+                        return
+                    _, _, tok, lp, finish = e
+                    out.append(int(tok))
+                    lps.append(float(lp))
+                    finished = finish is not None
+                    chunk = {"text": "", "output_ids": list(out),
+                             "meta_info": meta(rid, len(ids), out, lps, finish, logprob, t0)}
+                    if stream:
+                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                        self.wfile.flush()
+                    elif finished:
+                        self._json(200, chunk)
+                if stream:
+                    self.wfile.write(b"data: [DONE]\n\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client went away; the request is aborted below
+            finally:
+                engine.release(rid, aborted=not finished)
+
+    return Handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    import setproctitle
+
+    cfg = parse(sys.argv[1:] if argv is None else argv)
+    setproctitle.setproctitle(SERVER_TITLE)
+    engine = Engine(cfg)
+    signal.signal(signal.SIGQUIT, engine.on_sigquit)
+    signal.signal(signal.SIGTERM, engine.on_sigterm)
+    log(f"cptest reference engine {__version__} (CPU, float32, gloo; not SGLang) pid {os.getpid()}")
+    # Bind before starting ranks: a port already in use fails the launch at once, before any rank.
+    httpd = ThreadingHTTPServer((cfg.host, cfg.port), handler_for(engine))
+    httpd.daemon_threads = True
+    engine.httpd = httpd
+    engine.start()
+    log(f"serving on http://{cfg.host}:{cfg.port}")
+    httpd.serve_forever(poll_interval=0.1)
+    httpd.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""cptest/reference/argv.py and plan.py: the server's argv round-trips, and plans label reference ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cptest.lang import parse_file
+from cptest.plan import plan
+from cptest.reference.argv import ReferenceConfig, build_argv, parse
+from cptest.reference.choice import choose
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+
+
+def test_argv_round_trips_through_the_server_parser() -> None:
+    cfg = ReferenceConfig(model_path="/m", port=31234, tp=4, dcp=1, attn_cp=2, prefill_cp=True,
+                          cp_strategy="interleave", page_size=2, max_total_tokens=1000, context_length=512)
+    argv = build_argv(cfg)
+    assert argv[:3] == ["python3", "-m", "cptest.reference.server"]
+    assert parse(argv[3:]) == cfg
+
+
+def test_reference_plan_targets_reference_rank_titles_never_sglang_ones() -> None:
+    s = choose(parse_file(SCENARIOS / "fault_kill_rank_dcp2.cps"), "reference", gpu_present=False).scenario
+    p = plan(s)
+    assert p.main.engine == "reference" and p.main.process_title_prefix == "cptest-ref::scheduler"
+    assert [g["process_title"] for g in p.main.geometry] == ["cptest-ref::scheduler_TP0",
+                                                             "cptest-ref::scheduler_TP1"]
+    assert p.faults[0].process_title == "cptest-ref::scheduler_TP1"
+    assert "--dcp-size" in p.main.nodes[0].argv and "sglang" not in " ".join(p.main.nodes[0].argv)

@@ -1,0 +1,248 @@
+"""End to end on the CPU reference engine: `cptest run` on the scenario suite, the README command with
+no GPU, and cptest itself killed at random points.
+
+Every scenario in scenarios/ is either run here (`RUN`) or excluded with its reason (`EXCLUDED`,
+also in docs/decisions.md); `test_every_scenario_is_run_or_excluded_with_a_reason` makes a new
+scenario force that decision. Runs are sequential (the plan's ports are fixed) and take a few
+minutes in all on 2 CPU cores.
+
+These tests take minutes: they run only with CPTEST_E2E=1 (CI sets it), so that `pytest tests` stays
+quick for everyday work. Never run two of them at once on one host: plans use fixed ports, and the
+supervisor counts every `cptest-ref::` process on the host as a possible orphan.
+
+Known gap, kept visible rather than hidden: with no GPU the runner records no GPU memory samples,
+so the `gpu_memory` part of `shutdown` is unknown (`GPU_GAP`); every other verdict must pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.reference.conftest import ensure_tiny_models
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(not os.environ.get("CPTEST_E2E"), reason="end-to-end runs: set CPTEST_E2E=1")
+
+REPO = Path(__file__).resolve().parents[1]
+SCENARIOS = REPO / "scenarios"
+
+RUN = [
+    "tp1_llama_kv1",
+    "tp2_llama_kv1",
+    "dcp2_llama_kv1",
+    "pcp2_zigzag_qwen3_kv2",
+    "fault_kill_rank_dcp2",
+    "sigterm_shutdown",
+    "reference_pcp2_interleave_qwen3",
+    "reference_stop_rank_dcp2",
+]
+"""Scenarios whose every contract the reference engine implements: each must pass."""
+
+EXCLUDED = {
+    "dcp2_llama_kv4": "expects SGLang 0.5.17's DCP head-sharding divergence (kv_heads > tp/dcp); the "
+                      "reference replicates KV heads within the DCP group, so its generation agrees",
+    "pcp2_zigzag_llama_kv2": "expects SGLang's Llama PCP divergence (attention sharded over full TP); the "
+                             "reference shards attention over attention TP and agrees",
+    "pcp_dcp_rejected": "an admission fact of SGLang 0.5.17 (PCP+DCP accepted); the reference refuses "
+                        "PCP+DCP",
+    "dcp2_mla": "MLA (DeepseekV3) is not implemented by the reference engine",
+    "dcp4_mla_dsv3_geometry": "MLA (DeepseekV3) is not implemented by the reference engine",
+    "tp8_dcp2_qwen3_30b_geometry": "8 ranks: more than the 4 CPU ranks CI runs",
+    "tp4_llama8b_geometry": "Llama-3.1-8B geometry at 4 ranks: minutes on 2 CPU cores even under the CPU "
+                            "profile; the README command already runs this geometry",
+    "dcp2_tp4_llama8b_geometry": "expects SGLang 0.5.17's capacity report and DCP head-sharding divergence",
+    "pcp2_dcp2_tp4_llama8b_geometry": "an admission fact of SGLang 0.5.17 (PCP+DCP accepted); the reference "
+                                      "refuses PCP+DCP",
+    "pcp4_zigzag_llama8b_geometry": "expects SGLang 0.5.17's Llama PCP crash; the reference implements PCP",
+    "dcp4_llama": "the README command: run by test_readme_command_gives_a_verdict_without_a_gpu under the "
+                  "reference CPU profile; it expects SGLang's kv_heads 8 > tp/dcp divergence",
+}
+
+GPU_GAP = "gpu_memory"
+
+
+def _cptest(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cptest", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _verdict(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    try:
+        return json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise AssertionError(
+            f"no JSON verdict (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}") from None
+
+
+def _tree_pids(archive: Path) -> set[int]:
+    """Every pid the runner saw in the engine trees of this run (its ProcessSample records)."""
+    pids: set[int] = set()
+    for f in (archive / "evidence").glob("*/runner.jsonl"):
+        for line in f.read_text().splitlines():
+            rec = json.loads(line) if line.strip().startswith("{") else {}
+            if rec.get("kind") == "processes":
+                pids |= {int(p["pid"]) for p in rec["procs"] if p.get("scope", "tree") == "tree"}
+    return pids
+
+
+def _alive(pids: set[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _assert_passes_but_gpu_gap(v: dict[str, Any]) -> None:
+    assert v["engine"] == "reference"
+    for x in v["verdicts"]:
+        if x["checker"] == "shutdown" and x["status"] == "unknown":
+            parts = x["figures"].get("parts", {})
+            assert {k: s for k, s in parts.items() if s != "pass"} == {GPU_GAP: "unknown"}, x["reason"]
+            continue
+        assert x["status"] == "pass", f"{x['checker']}: {x['reason']}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _models() -> None:
+    ensure_tiny_models()
+
+
+def test_every_scenario_is_run_or_excluded_with_a_reason() -> None:
+    names = {p.stem for p in SCENARIOS.glob("*.cps")}
+    assert names == set(RUN) | set(EXCLUDED), "decide for each new scenario: RUN or EXCLUDED (with why)"
+    assert not set(RUN) & set(EXCLUDED)
+
+
+CHECKER_GAPS = {
+    "reference_pcp2_interleave_qwen3": "rows checker: the interleave fallback rule (sum of extend lengths "
+                                       "< cp, topology.interleave_applies) is not applied, so the health "
+                                       "check's 1-token extend reads as a silent fallback",
+}
+"""Scenarios that fail only because of a checker gap reported to the lead (strict: fixed => remove)."""
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=CHECKER_GAPS[n])) if n in CHECKER_GAPS else n
+    for n in RUN
+])
+def test_scenario_passes_on_the_reference_engine(name: str, tmp_path: Path) -> None:
+    proc = _cptest("run", str(SCENARIOS / f"{name}.cps"), "--engine", "reference", "--results", str(tmp_path),
+                   "--json")
+    v = _verdict(proc)
+    _assert_passes_but_gpu_gap(v)
+    archive = Path(v["archive"])
+    assert (archive / "verdict.json").exists()
+    assert json.loads((archive / "plan.json").read_text())["main"]["engine"] == "reference"
+    left = _alive(_tree_pids(archive))
+    assert not left, f"processes of the run still alive: {left}"
+
+
+def test_readme_command_gives_a_verdict_without_a_gpu(tmp_path: Path) -> None:
+    env_path = ":".join(p for p in os.environ.get("PATH", "").split(":")
+                        if not (Path(p) / "nvidia-smi").exists())
+    proc = subprocess.run([sys.executable, "-m", "cptest", "run", "scenarios/dcp4_llama.cps", "--results",
+                           str(tmp_path), "--json"], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PATH": env_path})
+    notes = [line for line in proc.stderr.splitlines() if "no GPU here" in line]
+    assert len(notes) == 1, proc.stderr
+    v = _verdict(proc)
+    assert v["engine"] == "reference" and v["status"] in ("pass", "fail", "unknown")
+    plan = json.loads((Path(v["archive"]) / "plan.json").read_text())
+    assert "reference CPU profile" in plan["description"]
+    assert plan["pins"]["model"]["synthetic"]["hidden"] == 512
+    by = {x["checker"]: x for x in v["verdicts"]}
+    for name in ("launch", "rows", "capacity", "serving", "log"):
+        assert by[name]["status"] == "pass", f"{name}: {by[name]['reason']}"
+    assert not _alive(_tree_pids(Path(v["archive"])))
+
+
+KILL_POINTS = 20
+RUN_SPAN_S = 7.0
+"""A run of the kill target lasts about this long after its archive appears (2 CPU cores)."""
+KILL_SCENARIO = """\
+cptest 1
+scenario reference_kill_target {{
+  extends "{defaults}"
+  engine reference "builtin"
+  model local "{model}"
+  facts {{ architecture "LlamaForCausalLM" layers 4 hidden 256 heads 8 kv_heads 1 head_dim 64 vocab 4096 }}
+  topology {{ gpus 2 tp 2 dcp 2 }}
+  baseline {{ tp 2 }}
+  workload {{ requests 6 concurrency 3 prompt_tokens uniform(16, 128) output_tokens 6 }}
+  expect {{
+    rows kv_owner position % 2
+    capacity logical == 2 * physical
+  }}
+}}
+"""
+
+
+def _descendants(pid: int) -> set[int]:
+    try:
+        return {c.pid for c in psutil.Process(pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+@pytest.mark.xfail(strict=True, reason="needs cptest/checks to judge an unfinished run unknown, not fail "
+                   "(serving 'hung', shutdown 'no exited event'): see the reference engine report")
+def test_killing_cptest_at_random_points_leaves_no_process_and_an_unknown_verdict(tmp_path: Path) -> None:
+    scenario = tmp_path / "reference_kill_target.cps"
+    scenario.write_text(KILL_SCENARIO.format(defaults=SCENARIOS / "defaults" / "tiny.cps",
+                                             model=REPO / ".tiny-models" / "llama-kv1"))
+    rng = random.Random(20261130)
+    results = tmp_path / "results"
+    failures = []
+    for i in range(KILL_POINTS):
+        sig = signal.SIGKILL if i % 2 == 0 else signal.SIGTERM
+        at = rng.uniform(0.0, RUN_SPAN_S)
+        before = set((results / "reference_kill_target").glob("*")) if results.exists() else set()
+        argv = [sys.executable, "-m", "cptest", "run", str(scenario), "--results", str(results)]
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        seen: set[int] = set()
+        # Points are timed from the archive's creation: before it, there is nothing to judge.
+        while proc.poll() is None and not (set((results / "reference_kill_target").glob("*")) - before):
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < at and proc.poll() is None:
+            seen |= _descendants(proc.pid)
+            time.sleep(0.05)
+        finished_first = proc.poll() is not None
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 15
+        while _alive(seen) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        where = f"point {i} ({sig.name} at {at:.2f} s)"
+        if _alive(seen):
+            failures.append(f"{where}: processes left {_alive(seen)}")
+        new = sorted(set((results / "reference_kill_target").glob("*")) - before)
+        if not new:
+            failures.append(f"{where}: no archive")
+            continue
+        if finished_first:
+            continue  # the run ended before the signal: its own verdict stands
+        check = _cptest("check", str(new[0]), "--json", timeout=60)
+        v = _verdict(check)
+        if v.get("status") != "unknown":
+            failures.append(f"{where}: verdict {v.get('status')}, expected unknown: "
+                            + "; ".join(f"{x['checker']} {x['status']}: {x['reason']}" for x in v["verdicts"]
+                                        if x["status"] != "pass"))
+        elif not any(x["status"] == "unknown" and x["reason"] for x in v["verdicts"]):
+            failures.append(f"{where}: unknown without a reason")
+    assert not failures, "\n".join(failures)
