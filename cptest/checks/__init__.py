@@ -12,7 +12,7 @@ from pathlib import Path
 
 from cptest.checks.load import Archive, load_archive
 from cptest.checks.registry import CHECKERS, guarded
-from cptest.checks.verdict import EXIT_CODES, ScenarioVerdict, Verdict, merge, scenario_verdict
+from cptest.checks.verdict import EXIT_CODES, ScenarioVerdict, Verdict, merge, scenario_verdict, unknown
 
 __all__ = [
     "CHECKERS",
@@ -31,7 +31,35 @@ def check_loaded(archive: Archive) -> ScenarioVerdict:
     """Verdicts of every expectation of the plan, in plan order, and their worst."""
     plan = archive.plan
     verdicts = [guarded(archive, e) for e in plan.expectations]
+    unfinished = run_unfinished(archive)
+    if unfinished is not None:
+        # What is missing because the run stopped early is not evidence of a broken contract:
+        # absence-based failures become unknown; violations seen in what was gathered stay fail.
+        verdicts = [
+            v.model_copy(update={"status": "unknown", "reason": f"run unfinished: {v.reason}"})
+            if v.checker in ABSENCE_BASED and v.status == "fail" else v
+            for v in verdicts
+        ] + [unknown("run", unfinished)]
     return scenario_verdict(plan.scenario, plan.main.engine, plan.main.release, verdicts)
+
+
+ABSENCE_BASED = frozenset({"serving", "shutdown"})
+"""Checkers whose failures can be produced by evidence that was never written (a hung request and
+an unrecorded exit look alike when cptest itself was killed)."""
+
+
+def run_unfinished(archive: Archive) -> str | None:
+    """Why the run did not finish, or None when the main server's lifecycle is complete."""
+    runner = archive.role("main").runner
+    if runner is None:
+        return "the run did not finish: no runner evidence for the main server"
+    interrupted = runner.events("interrupted")
+    if interrupted:
+        reason = interrupted[0].detail.get("reason", "")
+        return f"the run was interrupted ({reason}) before it finished"
+    if not runner.events("shutdown_done") and not runner.events("launch_failed"):
+        return "the run did not finish: the main server has no shutdown record (cptest was killed?)"
+    return None
 
 
 def check(archive_dir: Path | str) -> ScenarioVerdict:

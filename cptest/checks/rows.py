@@ -242,7 +242,7 @@ def _pcp_split(
     violations: list[dict[str, Any]] = []
     holes: list[dict[str, Any]] = []
     n_steps = n_rows = n_requests = ffn_checked = fallback_by_rule = 0
-    need_per_extend = 2 * cp if strategy == "zigzag" else 1
+    need_per_extend = 2 * cp if strategy == "zigzag" else cp
     for group in cp_groups:
         if len(group) != cp:
             violations.append(
@@ -270,8 +270,13 @@ def _pcp_split(
                 continue
             n_steps += 1
             if any(r.cp_active is False for r in recs):
-                short = min((n for r in recs for n in r.extend_lens), default=None)
-                if short is not None and short < need_per_extend:
+                lens = [n for r in recs for n in r.extend_lens]
+                short = min(lens, default=None)
+                # SGLang's rules: zigzag needs every extend >= 2*cp (zigzag.py:109-119), interleave
+                # needs >= cp extend tokens in the batch (interleave.py:64-69).
+                by_rule = (short is not None and short < need_per_extend) if strategy == "zigzag" else (
+                    sum(lens) < cp)
+                if by_rule:
                     # SGLang's own rule (zigzag.py:109-119): one short extend disables the split for
                     # the whole batch, e.g. its 1-3 token health-check request. Not a violation of
                     # this step; a workload whose every step falls back still fails below.
@@ -281,7 +286,9 @@ def _pcp_split(
                     {
                         "what": f"extend step {step_no}: CP not active on rank "
                         f"{group[[r.cp_active for r in recs].index(False)]}, every rank computed all "
-                        f"rows (silent fallback; shortest extend {short}, zigzag needs >= {2 * cp})",
+                        f"rows (silent fallback; shortest extend {short}, "
+                        + (f"zigzag needs >= {2 * cp})" if strategy == "zigzag" else
+                           f"interleave needs >= {cp} tokens in the batch)"),
                         "step": step_no,
                         "shortest_extend": short,
                     }

@@ -100,7 +100,11 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
         before = [s for s in ev.gpu if s.phase == "before"]
         after = [s for s in ev.gpu if s.phase in ("after", "final")]
         if not before or not after:
-            parts.append(("gpu_memory", "unknown", "no GPU memory samples before and after"))
+            if archive.plan.main.engine == "reference" and not any(s.used_mib for s in ev.gpu):
+                # The CPU reference engine allocates no GPU memory: nothing to return.
+                parts.append(("gpu_memory", "pass", "not applicable: the reference engine uses no GPU"))
+            else:
+                parts.append(("gpu_memory", "unknown", "no GPU memory samples before and after"))
         else:
             b, a = before[0].used_mib, after[-1].used_mib
             grew = {g: a[g] - b.get(g, 0) for g in sorted(a) if a[g] - b.get(g, 0) > GPU_SLACK_MIB}

@@ -22,8 +22,33 @@ def _one(
     requests: int = 2,
 ) -> Verdict:
     plan = make_plan(server_plan(world=world), [expect], requests=requests)
+    events = {r.event for r in runner if isinstance(r, Lifecycle)}
+    if not events & {"interrupted", "shutdown_done", "launch_failed"}:
+        runner = [*runner, Lifecycle(event="shutdown_done", detail={"all_exited": True})]  # a finished run
     write_archive(tmp_path, plan, ranks={"main": ranks or {}}, runner={"main": runner}, logs=logs)
     return check_loaded(load_archive(tmp_path)).verdicts[0]
+
+
+def test_a_run_killed_before_it_finished_is_unknown_not_a_hang(tmp_path: Path) -> None:
+    plan = make_plan(server_plan(), [Expectation(checker="serving", params={"completed_min": 2})],
+                     requests=2)  # fmt: skip
+    write_archive(tmp_path, plan, runner={"main": [Lifecycle(event="ready", detail={"after_s": 1.0})]})
+    sv = check_loaded(load_archive(tmp_path))
+    assert sv.status == "unknown"
+    assert [(v.checker, v.status) for v in sv.verdicts] == [("serving", "unknown"), ("run", "unknown")]
+    assert sv.verdicts[0].reason.startswith("run unfinished: ")
+    assert "no shutdown record" in sv.verdicts[1].reason
+
+
+def test_a_violation_seen_before_the_run_stopped_still_fails(tmp_path: Path) -> None:
+    plan = make_plan(server_plan(), [Expectation(checker="log", params={"pattern": "Traceback",
+                                                                         "present": False})])  # fmt: skip
+    killed = [Lifecycle(event="interrupted", detail={"reason": "SIGKILL"})]
+    write_archive(tmp_path, plan, runner={"main": killed},
+                  logs={"main-node0.log": "Traceback (most recent call last):\n"})  # fmt: skip
+    sv = check_loaded(load_archive(tmp_path))
+    assert [(v.checker, v.status) for v in sv.verdicts] == [("log", "fail"), ("run", "unknown")]
+    assert sv.status == "fail" and "interrupted (SIGKILL)" in sv.verdicts[1].reason
 
 
 # ---------------------------------------------------------------- launch

@@ -48,7 +48,8 @@ def test_expected_violation_that_does_not_happen_fails() -> None:
 
 def _archive(tmp_path: Path, expectations: list[Expectation], engine: str = "sglang"):
     plan = make_plan(server_plan(engine=engine), expectations)
-    write_archive(tmp_path, plan, runner={"main": [Lifecycle(event="ready", detail={"after_s": 1.0})]})
+    finished = [Lifecycle(event="ready", detail={"after_s": 1.0}), Lifecycle(event="shutdown_done")]
+    write_archive(tmp_path, plan, runner={"main": finished})
     return load_archive(tmp_path)
 
 
