@@ -19,12 +19,15 @@
         httpx
         psutil
         click
+        numpy
         # reference engine, synthetic weights, numerics ([weights] extra)
         torch
         safetensors
+        setproctitle
         # tests ([test] extra)
         pytest
         hypothesis
+        transformers   # parity tests of the reference engine
       ]);
     in
     {
@@ -52,7 +55,7 @@
           pyproject = true;
           src = ./.;
           build-system = [ pkgs.python311Packages.setuptools ];
-          dependencies = with pkgs.python311Packages; [ lark pydantic jinja2 docker httpx psutil click ];
+          dependencies = with pkgs.python311Packages; [ lark pydantic jinja2 docker httpx psutil click numpy ];
           doCheck = false;
         });
       });
