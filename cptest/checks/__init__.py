@@ -43,22 +43,32 @@ def check_loaded(archive: Archive) -> ScenarioVerdict:
     return scenario_verdict(plan.scenario, plan.main.engine, plan.main.release, verdicts)
 
 
-ABSENCE_BASED = frozenset({"serving", "shutdown"})
-"""Checkers whose failures can be produced by evidence that was never written (a hung request and
-an unrecorded exit look alike when cptest itself was killed)."""
+ABSENCE_BASED = frozenset({"serving", "shutdown", "log"})
+"""Checkers whose failures an interrupted run can produce by itself: a hung request and an
+unrecorded exit look alike when cptest was killed, and tearing an engine down mid-run prints
+tracebacks into its log."""
 
 
 def run_unfinished(archive: Archive) -> str | None:
-    """Why the run did not finish, or None when the main server's lifecycle is complete."""
-    runner = archive.role("main").runner
-    if runner is None:
+    """Why the run did not finish, or None when every planned server's lifecycle is complete.
+
+    A server is complete with a `shutdown_done` or a `launch_failed` record. The baseline is only
+    required when the main server became ready (the runner skips it otherwise).
+    """
+    main = archive.role("main").runner
+    if main is None:
         return "the run did not finish: no runner evidence for the main server"
-    interrupted = runner.events("interrupted")
-    if interrupted:
-        reason = interrupted[0].detail.get("reason", "")
-        return f"the run was interrupted ({reason}) before it finished"
-    if not runner.events("shutdown_done") and not runner.events("launch_failed"):
-        return "the run did not finish: the main server has no shutdown record (cptest was killed?)"
+    roles = ["main"] + (["baseline"] if archive.plan.baseline is not None and main.events("ready") else [])
+    for role in roles:
+        runner = archive.role(role).runner
+        if runner is None:
+            return f"the run did not finish: no runner evidence for the {role} server"
+        interrupted = runner.events("interrupted")
+        if interrupted:
+            reason = interrupted[0].detail.get("reason", "")
+            return f"the run was interrupted ({reason}) during the {role} server"
+        if not runner.events("shutdown_done") and not runner.events("launch_failed"):
+            return f"the run did not finish: the {role} server has no shutdown record (cptest was killed?)"
     return None
 
 

@@ -270,7 +270,8 @@ def _pcp_split(
                 continue
             n_steps += 1
             if any(r.cp_active is False for r in recs):
-                lens = [n for r in recs for n in r.extend_lens]
+                # The batch's extend lengths; every CP rank reports the same batch.
+                lens = list(next((r.extend_lens for r in recs if r.extend_lens), []))
                 short = min(lens, default=None)
                 # SGLang's rules: zigzag needs every extend >= 2*cp (zigzag.py:109-119), interleave
                 # needs >= cp extend tokens in the batch (interleave.py:64-69).

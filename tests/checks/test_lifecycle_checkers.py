@@ -41,14 +41,35 @@ def test_a_run_killed_before_it_finished_is_unknown_not_a_hang(tmp_path: Path) -
 
 
 def test_a_violation_seen_before_the_run_stopped_still_fails(tmp_path: Path) -> None:
+    # The launch was expected to be rejected, yet the server became ready before cptest was killed.
+    plan = make_plan(server_plan(), [REJECT])
+    killed = [Lifecycle(event="ready", detail={"after_s": 2.0}),
+              Lifecycle(event="interrupted", detail={"reason": "SIGKILL"})]  # fmt: skip
+    write_archive(tmp_path, plan, runner={"main": killed})
+    sv = check_loaded(load_archive(tmp_path))
+    assert [(v.checker, v.status) for v in sv.verdicts] == [("launch", "fail"), ("run", "unknown")]
+    assert sv.status == "fail" and "interrupted (SIGKILL)" in sv.verdicts[1].reason
+
+
+def test_a_traceback_in_the_log_of_an_interrupted_run_is_unknown(tmp_path: Path) -> None:
+    # Tearing an engine down mid-run prints tracebacks: they prove nothing about the engine.
     plan = make_plan(server_plan(), [Expectation(checker="log", params={"pattern": "Traceback",
                                                                          "present": False})])  # fmt: skip
-    killed = [Lifecycle(event="interrupted", detail={"reason": "SIGKILL"})]
+    killed = [Lifecycle(event="interrupted", detail={"reason": "SIGTERM"})]
     write_archive(tmp_path, plan, runner={"main": killed},
                   logs={"main-node0.log": "Traceback (most recent call last):\n"})  # fmt: skip
     sv = check_loaded(load_archive(tmp_path))
-    assert [(v.checker, v.status) for v in sv.verdicts] == [("log", "fail"), ("run", "unknown")]
-    assert sv.status == "fail" and "interrupted (SIGKILL)" in sv.verdicts[1].reason
+    assert [(v.checker, v.status) for v in sv.verdicts] == [("log", "unknown"), ("run", "unknown")]
+
+
+def test_a_run_killed_during_its_baseline_is_unknown(tmp_path: Path) -> None:
+    plan = make_plan(server_plan(), [Expectation(checker="serving", params={"completed_min": 0})],
+                     requests=0)  # fmt: skip
+    plan = plan.model_copy(update={"baseline": plan.main.model_copy(update={"role": "baseline"})})
+    main = [Lifecycle(event="ready", detail={"after_s": 1.0}), Lifecycle(event="shutdown_done")]
+    write_archive(tmp_path, plan, runner={"main": main, "baseline": [Lifecycle(event="launched")]})
+    sv = check_loaded(load_archive(tmp_path))
+    assert sv.status == "unknown" and "the baseline server has no shutdown record" in sv.verdicts[-1].reason
 
 
 # ---------------------------------------------------------------- launch

@@ -226,3 +226,23 @@ def test_replicated_rows_seen_differently_by_one_tp_rank_fail(tmp_path: Path) ->
     write_archive(tmp_path, plan, ranks={"main": {0: [s0], 1: [s1]}})
     v = check_loaded(load_archive(tmp_path)).verdicts[0]
     assert v.status == "fail" and "rank 1 saw other rows than rank 0" in v.reason
+
+
+def test_interleave_fallback_on_a_one_token_batch_follows_sglangs_rule(tmp_path: Path) -> None:
+    # interleave.py:64-69: fewer than cp extend tokens in the batch -> no split. Every CP rank
+    # reports the same batch; the rule is about the batch, not the sum over ranks.
+    expect = Expectation(checker="rows", params={"mode": "pcp_split", "cp": 2, "strategy": "interleave"})
+    health = {
+        w: Step(rank=rank_id(w, cp=2), step=0, mode="extend", batch_size=1, rows_in=1, cp_active=False,
+                extend_lens=[1], seq_positions={"HEALTH_CHECK_1": [(0, 1)]})
+        for w in (0, 1)
+    }  # fmt: skip
+    split = {
+        0: Step(rank=rank_id(0, cp=2), step=1, mode="extend", batch_size=1, rows_in=4, cp_active=True,
+                extend_lens=[4], seq_positions={rid(0): [(0, 1), (2, 3)]}),
+        1: Step(rank=rank_id(1, cp=2), step=1, mode="extend", batch_size=1, rows_in=4, cp_active=True,
+                extend_lens=[4], seq_positions={rid(0): [(1, 2), (3, 4)]}),
+    }  # fmt: skip
+    v = _pcp(tmp_path, {w: [health[w], split[w]] for w in (0, 1)}, expect)
+    assert v.status == "pass", v.reason
+    assert v.figures["fallback_by_rule"] == 1
