@@ -270,7 +270,7 @@ def _execute(p: Any, out: Path, scenario_text: str, launcher_name: str, as_json:
         error = RunError("interrupted by Ctrl-C; every started process was torn down")
     finally:
         restore()
-    verdict = checks.check(out)
+    verdict = checks.check(out, require_finished=False)  # this run is the one finishing it
     archive.finish(out, verdict, p)
     _emit(json.loads(verdict.to_json()) | {"archive": str(out)}, as_json, _verdict_text(verdict, out))
     if error is not None:
@@ -326,7 +326,9 @@ def check(directory: Path, write: bool, as_json: bool) -> int:
     """Recompute verdicts from an archive's evidence alone (no GPU); compare with verdict.json."""
     from cptest import archive, checks
 
-    verdict = checks.check(directory)
+    # --write re-finishes the archive from its evidence (an explicit act), so it does not require
+    # the archive to have been finished before.
+    verdict = checks.check(directory, require_finished=not write)
     _emit(json.loads(verdict.to_json()), as_json, _verdict_text(verdict, directory))
     stored = directory / "verdict.json"
     if write:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,22 @@ NEEDS_EAGER = {"rows"}
 
 
 def canonical_sha256(scenario: Scenario) -> str:
-    """Hash of the scenario's value (not its text): reformatting a file does not change it."""
-    return hashlib.sha256(scenario.model_dump_json().encode()).hexdigest()
+    """Hash of the scenario's value (not its text): reformatting a file does not change it, and
+    neither does where the checkout lives (paths the parser resolved are hashed relative to the
+    scenario file's folder)."""
+    base = os.path.dirname(os.path.abspath(scenario.source_file))
+
+    def portable(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: portable(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [portable(x) for x in v]
+        if isinstance(v, str) and os.path.isabs(v):
+            return os.path.relpath(v, base)
+        return v
+
+    text = json.dumps(portable(scenario.model_dump(mode="json")), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def plan(scenario: Scenario, *, model_cache: Path = Path(".cptest/models")) -> Plan:

@@ -8,6 +8,7 @@ labelled `engine: reference` and never count as SGLang evidence.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from cptest.checks.load import Archive, load_archive
@@ -27,11 +28,18 @@ __all__ = [
 ]
 
 
-def check_loaded(archive: Archive) -> ScenarioVerdict:
-    """Verdicts of every expectation of the plan, in plan order, and their worst."""
+def check_loaded(archive: Archive, *, finished: bool = True) -> ScenarioVerdict:
+    """Verdicts of every expectation of the plan, in plan order, and their worst.
+
+    `finished` False: the archive was never closed (no final manifest), so even complete-looking
+    evidence is judged like an unfinished run.
+    """
     plan = archive.plan
     verdicts = [guarded(archive, e) for e in plan.expectations]
-    unfinished = run_unfinished(archive)
+    unfinished = run_unfinished(archive) or (
+        None if finished else "the archive was never finished: cptest stopped after gathering evidence "
+        "and before writing its verdict, so nothing certifies that the evidence is complete"
+    )
     if unfinished is not None:
         # What is missing because the run stopped early is not evidence of a broken contract:
         # absence-based failures become unknown; violations seen in what was gathered stay fail.
@@ -72,6 +80,18 @@ def run_unfinished(archive: Archive) -> str | None:
     return None
 
 
-def check(archive_dir: Path | str) -> ScenarioVerdict:
-    """Load `archive_dir` and check it. Raises EvidenceError for an unreadable archive."""
-    return check_loaded(load_archive(archive_dir))
+def check(archive_dir: Path | str, *, require_finished: bool = True) -> ScenarioVerdict:
+    """Load `archive_dir` and check it. Raises EvidenceError for an unreadable archive.
+
+    `require_finished` (the default, for re-checking archives): an archive whose manifest is not in
+    its `finished` phase is judged unfinished. The run that is finishing it checks it first, so it
+    passes False.
+    """
+    finished = True
+    if require_finished:
+        try:
+            manifest = json.loads((Path(archive_dir) / "manifest.json").read_text())
+            finished = manifest.get("phase") == "finished"
+        except (OSError, ValueError):
+            finished = False
+    return check_loaded(load_archive(archive_dir), finished=finished)
