@@ -214,8 +214,10 @@ def test_killing_cptest_at_random_points_leaves_no_process_and_an_unknown_verdic
         if not new:
             failures.append(f"{where}: no archive")
             continue
-        if finished_first:
-            continue  # the run ended before the signal: its own verdict stands
+        manifest = new[0] / "manifest.json"
+        closed = manifest.is_file() and json.loads(manifest.read_text()).get("phase") == "finished"
+        if finished_first or closed:
+            continue  # the run had finished its archive before the signal: its own verdict stands
         check = _cptest("check", str(new[0]), "--json", timeout=60)
         v = _verdict(check)
         if v.get("status") != "unknown":
