@@ -12,9 +12,10 @@ implementation of each contract.
 from __future__ import annotations
 
 from cptest.checks.load import Archive
+from cptest.checks.verdict import Verdict, unknown
 from cptest.topology import dcp_owner, zigzag_split
 
-__all__ = ["dcp_owner", "groups", "zigzag_blocks"]
+__all__ = ["all_ranks", "dcp_owner", "groups", "zigzag_blocks"]
 
 
 def zigzag_blocks(length: int, cp: int, rank: int) -> list[tuple[int, int]]:
@@ -67,3 +68,16 @@ def groups(archive: Archive, role: str, name: str) -> tuple[list[list[int]], str
     if seen:
         return [list(k) for k in sorted(seen)], "probe"
     return _from_topology(archive, role, name), "plan"
+
+
+def all_ranks(archive: Archive, role: str, checker: str) -> list[int] | Verdict:
+    """Every planned world rank of `role`, or the `unknown` verdict saying which one left no
+    evidence (a checker that compares all ranks cannot judge a partial set)."""
+    server = archive.server(role)
+    if server is None:
+        return unknown(checker, f"the plan has no {role} server")
+    ranks = list(range(server.world_size))
+    absent = [w for w in ranks if w not in archive.role(role).ranks]
+    if absent:
+        return unknown(checker, f"no evidence from rank {absent[0]} of {role}", missing_ranks=absent)
+    return ranks

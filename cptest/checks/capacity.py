@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cptest.checks._layout import all_ranks
 from cptest.checks.load import Archive
 from cptest.checks.patterns import find_all, log_patterns
 from cptest.checks.verdict import Verdict, failed, passed, unknown
@@ -35,13 +36,9 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
     mult = float(p["multiplier"])
     tol = float(p.get("tolerance") or 0.0)
     ev = archive.role(role)
-    server = archive.server(role)
-    if server is None:
-        return unknown(NAME, f"the plan has no {role} server")
-    ranks = list(range(server.world_size))
-    absent = [w for w in ranks if w not in ev.ranks]
-    if absent:
-        return unknown(NAME, f"no evidence from rank {absent[0]} of {role}", missing_ranks=absent)
+    ranks = all_ranks(archive, role, NAME)
+    if isinstance(ranks, Verdict):
+        return ranks
     no_pool = [w for w in ranks if not ev.ranks[w].kv_pools]
     if no_pool:
         return unknown(NAME, f"no KvPool record from rank {no_pool[0]} of {role}", missing_ranks=no_pool)
@@ -88,6 +85,8 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
     if server_tokens is not None and logical is not None and not _close(server_tokens, logical, tol):
         mismatches.append({"surface": "server_info", "found": server_tokens, "expected": logical})
 
+    server = archive.server(role)
+    assert server is not None  # all_ranks returned ranks, so the plan has this server
     patterns, patterns_from = log_patterns(server.release)
     figures["patterns_from"] = patterns_from
     text = ev.log_text

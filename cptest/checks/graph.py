@@ -14,6 +14,7 @@ sglang-cp.md §7).
 
 from __future__ import annotations
 
+from cptest.checks._layout import all_ranks
 from cptest.checks.load import Archive
 from cptest.checks.verdict import Verdict, failed, passed, unknown
 from cptest.plan_model import Expectation
@@ -29,13 +30,9 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
     if phase not in _STEP_MODES or state not in ("captured", "disabled", "eager"):
         raise ValueError(f"unknown graph expectation {phase}/{state}")
     ev = archive.role(role)
-    server = archive.server(role)
-    if server is None:
-        return unknown(NAME, f"the plan has no {role} server")
-    ranks = list(range(server.world_size))
-    absent = [w for w in ranks if w not in ev.ranks]
-    if absent:
-        return unknown(NAME, f"no evidence from rank {absent[0]} of {role}", missing_ranks=absent)
+    ranks = all_ranks(archive, role, NAME)
+    if isinstance(ranks, Verdict):
+        return ranks
     sizes: dict[str, list[int]] = {}
     replays: dict[str, int] = {}
     eagers: dict[str, int] = {}
