@@ -4,14 +4,17 @@ Every function here is called by SGLang's HookRegistry wrappers (see `plugin.TAR
 torch forward hooks (`forward_hooks`). Each one is wrapped by `Probe.guarded`, so an exception
 becomes a ProbeNote and never reaches SGLang. AFTER hooks return None, which HookRegistry reads as
 "keep the original result" (plugins/hook_registry.py:375-383). Nothing here mutates a tensor or an
-SGLang object; the only device->host copies are `.tolist()` of the batch's positions and of the
-DCP owner mask, once per eager step (turn off with CPTEST_PROBE_POSITIONS=0).
+SGLang object. The only device->host copies (the batch's positions, the DCP owner mask, the
+zigzag-sharded positions; off with CPTEST_PROBE_POSITIONS=0) are started without waiting
+(`HostCopy`) on SGLang's thread; the step's record is finished on the probe's writer thread once
+they are done (`Probe.defer`), so SGLang never waits on the device for the probe.
 
 The SGLang line cited at each function is the 0.5.17 wheel's `sglang/srt/<path>:<line>`.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import socket
@@ -32,11 +35,35 @@ def _int_list(values: Any) -> list[int] | None:
     return [int(v) for v in values]
 
 
-def _flat_positions(t: Any) -> list[int]:
-    """Positions tensor -> flat ints. M-RoPE positions are [3, n]: the first row is the text position."""
-    if getattr(t, "ndim", 1) == 2:
-        t = t[0]
-    return [int(v) for v in t.tolist()]
+def _text_positions(t: Any) -> Any:
+    """M-RoPE positions are [3, n]: the first row is the text position."""
+    return t[0] if getattr(t, "ndim", 1) == 2 else t
+
+
+class HostCopy:
+    """A tensor's values on their way to host memory; `values()` waits for them.
+
+    A CUDA tensor is copied with `non_blocking=True` (into pinned memory, ordered on the current
+    stream after the kernels that made it) and an event marks the copy's end; waiting is left to
+    the writer thread. A host tensor is cloned, so later in-place changes do not reach the record.
+    """
+
+    __slots__ = ("_tensor", "_done")
+
+    def __init__(self, t: Any) -> None:
+        if getattr(t, "is_cuda", False):
+            self._tensor = t.to("cpu", non_blocking=True)
+            self._done = sys.modules["torch"].cuda.Event()
+            self._done.record()
+        else:
+            self._tensor = t.clone() if hasattr(t, "clone") else list(t)
+            self._done = None
+
+    def values(self) -> list[Any]:
+        if self._done is not None:
+            self._done.synchronize()  # releases the GIL while it waits
+        t = self._tensor
+        return t.tolist() if hasattr(t, "tolist") else list(t)
 
 
 # ---------------------------------------------------------------- geometry, pool, capacity
@@ -162,7 +189,7 @@ def _begin_step_body(probe: Probe, runner: Any, fb: Any) -> None:
     mode = records.mode_of(getattr(fb.forward_mode, "name", str(fb.forward_mode)))
     ids = getattr(fb, "input_ids", None)
     rows_in = int(ids.shape[0]) if ids is not None else 0
-    rids = [str(r) for r in (getattr(fb, "rids", None) or [])]
+    rids = list(getattr(fb, "rids", None) or [])  # str in SGLang; _finish_step makes sure
     bs = int(getattr(fb, "batch_size", len(rids)) or 0)
     if not rids:
         rids = [f"#{i}" for i in range(bs)]
@@ -183,17 +210,27 @@ def _end_step_body(probe: Probe, fb: Any, result: Any) -> None:
         probe.graph.add("replay", phase)
     else:
         probe.graph.add("eager", phase)
-        positions = None
         pos_t = getattr(fb, "positions", None)
-        if probe.observe_positions and pos_t is not None:
-            positions = _flat_positions(pos_t)
-        step = records.finish_step(draft, rank=probe.rank, t=probe.now(), positions=positions)
-        probe.write(step)
-        for n in draft.notes:
-            probe.warn_once(re.sub(r"\d+", "N", n), n)
+        observe = probe.observe_positions and pos_t is not None
+        positions = HostCopy(_text_positions(pos_t)) if observe else None
+        finish = probe.guarded("step_end")(_finish_step)
+        probe.defer(functools.partial(finish, probe, draft, probe.now(), positions))
     if probe.graph.due(probe.clock(), probe.graph_flush_s):
         for g in probe.graph.flush(rank=probe.rank, now=probe.clock()):
             probe.write(g.model_copy(update={"t": probe.now()}))
+
+
+def _finish_step(probe: Probe, draft: StepDraft, t: float, positions: HostCopy | None) -> None:
+    """On the writer thread: wait for the step's host copies, then write its Step record."""
+    assert probe.rank is not None
+    if not all(isinstance(r, str) for r in draft.rids):
+        draft.rids = [str(r) for r in draft.rids]
+    for resolve in draft.later:
+        resolve()
+    values = [int(v) for v in positions.values()] if positions is not None else None
+    probe.write(records.finish_step(draft, rank=probe.rank, t=t, positions=values))
+    for n in draft.notes:
+        probe.warn_once(re.sub(r"\d+", "N", n), n)
 
 
 def _cp_configured() -> bool | None:
@@ -228,15 +265,20 @@ def after_zigzag_shard_positions(result: Any, strategy: Any, _positions: Any, fo
     if probe is None or draft is None or not probe.observe_positions:
         return
     meta = forward_batch.attn_cp_metadata
-    local = _flat_positions(result)
+    copy = HostCopy(_text_positions(result))
     logical = getattr(meta, "per_rank_logical_token", None)
-    cp_rank = int(strategy.cp_rank)
-    if logical:
-        local = local[: int(logical[cp_rank])]  # drop the padding rows (layers/cp/padding.py:45-62)
-    split = records.split_zigzag_local(local, meta.split_list, meta.zigzag_index, draft.rids)
-    if split is None:
-        draft.notes.append(f"step {draft.step}: zigzag positions do not fit split_list/zigzag_index")
-    draft.cp_local_positions = split
+    # rows past this rank's logical count are padding (layers/cp/padding.py:45-62)
+    keep = int(logical[int(strategy.cp_rank)]) if logical else None
+    split_list, zigzag_index = list(meta.split_list), list(meta.zigzag_index)
+
+    def resolve() -> None:
+        local = [int(v) for v in copy.values()][:keep]
+        split = records.split_zigzag_local(local, split_list, zigzag_index, draft.rids)
+        if split is None:
+            draft.notes.append(f"step {draft.step}: zigzag positions do not fit split_list/zigzag_index")
+        draft.cp_local_positions = split
+
+    draft.later.append(resolve)
 
 
 def after_set_kv_buffer(_result: Any, pool: Any, layer: Any, loc_info: Any, cache_k: Any, cache_v: Any,
@@ -253,7 +295,8 @@ def after_set_kv_buffer(_result: Any, pool: Any, layer: Any, loc_info: Any, cach
     draft.kv_rows = int(cache_k.shape[0])
     mask = kwargs.get("dcp_kv_mask", args[3] if len(args) > 3 else None)
     if mask is not None and probe.observe_positions:
-        draft.kv_mask = [bool(m) for m in mask.tolist()]
+        copy = HostCopy(mask)
+        draft.later.append(lambda: setattr(draft, "kv_mask", [bool(m) for m in copy.values()]))
 
 
 # ---------------------------------------------------------------- torch forward hooks

@@ -7,7 +7,7 @@ here. That keeps every decision about *what* a record says testable on a CPU.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -165,6 +165,9 @@ class StepDraft:
     kv_mask: list[bool] | None = None
     """The DCP owner mask SGLang passed to that write (True = this rank stores the row)."""
     notes: list[str] = field(default_factory=list)
+    later: list[Callable[[], None]] = field(default_factory=list)
+    """Fill-ins that wait for device->host copies (kv_mask, cp_local_positions); the probe runs
+    them off SGLang's thread before `finish_step`."""
 
 
 def request_lens(
@@ -236,6 +239,8 @@ def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence
     per_req = None
     if positions is not None:
         lens = request_lens(len(positions), draft.rids, draft.extend_lens, draft.mode)
+        if lens is not None and not draft.cp_active and _one_row_each(draft.rids, lens):
+            return _decode_step(draft, rank=rank, t=t, positions=positions)
         per_req = split_per_request(positions, draft.rids, lens) if lens is not None else None
     if positions is not None and lens is None and draft.rids:
         draft.notes.append(
@@ -276,7 +281,45 @@ def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence
         draft.notes.append(f"step {draft.step}: no KV write seen; kv_written left empty")
 
     all_local: list[tuple[int, int]] = [r for rs in seq_positions.values() for r in rs]
-    return Step(
+    return _step(draft, rank=rank, t=t, attn_rows=attn_rows, positions=ranges_merge(all_local),
+                 seq_positions=seq_positions, kv_written=kv_written)
+
+
+def _one_row_each(rids: Sequence[str], lens: Sequence[int]) -> bool:
+    return all(n == 1 for n in lens) and len(set(rids)) == len(rids)
+
+
+def _decode_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence[int]) -> Step:
+    """`finish_step` for a batch of one row per distinct request (decode), without the general
+    cutting and merging: the same record, built in a fraction of the time on the probe's writer."""
+    seq_positions: dict[str, Ranges] = {
+        rid: [(p, p + 1)] for rid, p in zip(draft.rids, positions, strict=True)
+    }
+    kv_written: dict[str, Ranges] = {}
+    if draft.kv_rows is not None:
+        mask = draft.kv_mask
+        if mask is not None and len(mask) == len(positions):
+            kv_written = {rid: [(p, p + 1)] if m else []
+                          for rid, p, m in zip(draft.rids, positions, mask, strict=True)}
+        elif mask is None and draft.kv_rows == len(positions):
+            kv_written = seq_positions
+        else:
+            draft.notes.append(
+                f"step {draft.step}: KV write of {draft.kv_rows} rows "
+                f"(mask {'of ' + str(len(mask)) if mask is not None else 'none'}) "
+                f"does not match the batch's {len(positions)} rows; kv_written left empty"
+            )
+    elif draft.mode in ("extend", "decode", "mixed"):
+        draft.notes.append(f"step {draft.step}: no KV write seen; kv_written left empty")
+    return _step(draft, rank=rank, t=t, attn_rows=draft.attn_rows_seen, positions=ranges_from(positions),
+                 seq_positions=seq_positions, kv_written=kv_written)
+
+
+def _step(draft: StepDraft, *, rank: RankId, t: float, attn_rows: int | None, positions: Ranges,
+          seq_positions: dict[str, Ranges], kv_written: dict[str, Ranges]) -> Step:
+    # Built without validation: it costs as much as the rest of the record and would run on the
+    # engine's CPU once per step; every field is typed here, and readers validate each line.
+    return Step.model_construct(
         t=t,
         rank=rank,
         step=draft.step,
@@ -287,7 +330,7 @@ def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence
         ffn_rows=draft.ffn_rows,
         logits_rows=draft.logits_rows,
         cp_active=None if draft.cp_configured is None else (draft.cp_active and draft.cp_configured),
-        positions=ranges_merge(all_local),
+        positions=positions,
         seq_positions=seq_positions,
         kv_written=kv_written,
         extend_lens=list(draft.extend_lens or []),

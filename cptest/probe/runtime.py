@@ -4,6 +4,13 @@ Contracts:
 - Active only when `CPTEST_PROBE_DIR` is set (`enabled()`); otherwise nothing here is created.
 - One JSON line per record, written with a single `os.write` on an O_APPEND descriptor, so a rank
   SIGKILLed at any moment leaves at most one half line (which `cptest.evidence.read_records` drops).
+- Work that must wait for the device (a step's positions copied to the host) is `defer`red to one
+  writer thread, started at the first deferred job; from then on every write goes through it too,
+  so the file keeps the order in which records were made. SGLang's thread never waits on the
+  device for the probe: a blocking copy there ends its CPU/GPU overlap, which cost 23 % of eager
+  decode throughput (results/_probe-overhead/20261130T060000Z). A record reaches the disk within
+  about WRITER_PERIOD_S of being made; `flush()` waits for that and runs at exit; a SIGKILLed rank
+  loses what was still queued (its last few steps).
 - Records go to `$CPTEST_PROBE_DIR/rank<world_rank>.jsonl` once the rank is known (Geometry is the
   first rank-local event). Records made earlier are held in memory and written there first; if a
   process never learns its rank (the HTTP/launcher process) and holds a warning or error, it is
@@ -19,6 +26,7 @@ import atexit
 import contextlib
 import functools
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +43,8 @@ ENV_POSITIONS = "CPTEST_PROBE_POSITIONS"
 """`0` stops the per-step copy of position and mask tensors to the host (one sync per eager step)."""
 ENV_GRAPH_FLUSH_S = "CPTEST_PROBE_GRAPH_FLUSH_S"
 MAX_ERRORS_PER_HOOK = 5
+WRITER_PERIOD_S = 0.02
+"""How often the writer thread takes the queued jobs (records lag the engine by about this much)."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -65,6 +75,10 @@ class Probe:
         self.graph = GraphCounter()
         self.cp_configured: bool | None = None
         self.warned: set[str] = set()
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] | None = None
+        self._writer: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._guarded: dict[tuple[str, Callable[..., Any]], Callable[..., Any]] = {}
 
     # ------------------------------------------------------------ writing
     def now(self) -> float:
@@ -82,6 +96,12 @@ class Probe:
             self.write(rec)
 
     def write(self, record: BaseModel) -> None:
+        if self._jobs is not None and threading.current_thread() is not self._writer:
+            self._jobs.put(functools.partial(self._write_now, record))
+            return
+        self._write_now(record)
+
+    def _write_now(self, record: BaseModel) -> None:
         line = (dump_record(record) + "\n").encode()
         with self._lock:
             if self.rank is None:
@@ -113,7 +133,56 @@ class Probe:
                 f.write(dump_record(rec) + "\n")
         self._held = []
 
+    # ------------------------------------------------------------ the writer thread
+    def defer(self, job: Callable[[], None]) -> None:
+        """Run `job` on the writer thread after everything deferred or written before it.
+
+        `job` must contain its own errors (wrap it with `guarded`): the writer outlives them.
+        """
+        jobs = self._jobs
+        if jobs is None:
+            with self._lock:
+                if self._jobs is None:
+                    self._jobs = queue.SimpleQueue()
+                    self._writer = threading.Thread(target=self._drain, args=(self._jobs, self._wake),
+                                                    name="cptest-probe-writer", daemon=True)
+                    self._writer.start()
+                jobs = self._jobs
+        jobs.put(job)  # no wake-up: the writer comes by every WRITER_PERIOD_S
+
+    @staticmethod
+    def _drain(jobs: queue.SimpleQueue[Callable[[], None] | None], wake: threading.Event) -> None:
+        # Waking the writer for each step cost more than the step's own record (a futex wake and a
+        # GIL hand-over per step); every WRITER_PERIOD_S it takes all that is queued in one go.
+        while True:
+            wake.wait(WRITER_PERIOD_S)
+            wake.clear()
+            while True:
+                try:
+                    job = jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    return
+                with contextlib.suppress(Exception):  # jobs are guarded; this keeps the writer alive anyway
+                    job()
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every job and write queued so far is done; False if that took over `timeout`."""
+        if self._jobs is None or threading.current_thread() is self._writer:
+            return True
+        done = threading.Event()
+        self._jobs.put(done.set)
+        self._wake.set()
+        return done.wait(timeout)
+
     def close(self) -> None:
+        self.flush()
+        if self._jobs is not None and self._writer is not None:
+            self._jobs.put(None)
+            self._wake.set()
+            self._writer.join(timeout=10.0)
+            self._jobs = self._writer = None
         with self._lock:
             if self._fd is not None:
                 os.close(self._fd)
@@ -131,6 +200,10 @@ class Probe:
         """Decorator: the wrapped function never raises; an exception becomes a ProbeNote."""
 
         def deco(fn: F) -> F:
+            known = self._guarded.get((name, fn))
+            if known is not None:  # per-step callers ask again each step; wrapping costs more than the hook
+                return known  # type: ignore[return-value]
+
             @functools.wraps(fn)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 try:
@@ -140,6 +213,7 @@ class Probe:
                         self.error(name, e)
                     return None
 
+            self._guarded[(name, fn)] = wrapper
             return wrapper  # type: ignore[return-value]
 
         return deco
@@ -158,6 +232,7 @@ def get_probe() -> Probe | None:
             graph_flush_s=float(os.environ.get(ENV_GRAPH_FLUSH_S, "1.0")),
         )
         atexit.register(_PROBE.flush_held_at_exit)
+        atexit.register(_PROBE.flush)
     return _PROBE
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ def probe(tmp_path: Path) -> Iterator[Probe]:
 
 def _records(p: Probe) -> list[Any]:
     assert p.rank is not None
+    assert p.flush(timeout=10.0)
     return read_records(p.out_dir / f"rank{p.rank.world}.jsonl")[0]
 
 
@@ -134,6 +136,30 @@ def test_an_eager_dcp_step_records_rows_and_owned_kv_positions(probe: Probe, mon
     assert s.kv_written == {"r0": [(1, 2), (3, 4)], "r1": [(1, 2)]}
     assert s.seq_positions == {"r0": [(0, 5)], "r1": [(0, 2)]}
     assert s.extend_lens == [5, 2] and s.rank.dcp == 1
+
+
+def test_sglangs_thread_does_not_wait_for_a_steps_device_copies(probe: Probe, monkeypatch: MP) -> None:
+    """The step's record is finished by the writer once its copies are done, not in the forward."""
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    copy_done = threading.Event()
+
+    def forward(r: Runner, b: Batch) -> Output:
+        assert probe.current is not None
+        probe.current.later.append(lambda: copy_done.wait(10.0))  # a copy still in flight
+        return Output(can_run_graph=False)
+
+    fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([9, 4]), ["a", "b"], 2)
+    hooks.around_model_runner_forward(forward, Runner(), fb)
+    fb.positions[0] = 99  # the engine reuses its buffer: the record keeps what the step used
+    probe.note("after the step")
+    assert not probe.flush(timeout=0.2)  # the writer is still waiting for the copy
+    copy_done.set()
+    recs = _records(probe)
+    kinds = [type(r).__name__ for r in recs]
+    assert kinds.index("Step") < kinds.index("ProbeNote")  # written in the order they were made
+    (s,) = [r for r in recs if isinstance(r, Step)]
+    assert s.seq_positions == {"a": [(9, 10)], "b": [(4, 5)]}
 
 
 def test_a_replayed_decode_step_is_counted_not_recorded(probe: Probe, monkeypatch: MP) -> None:

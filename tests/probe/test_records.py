@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from cptest.evidence import RankId, parse_record
 from cptest.probe import records
 from cptest.probe.records import GraphCounter, StepDraft
@@ -158,3 +161,36 @@ def test_eager_runner_bound_to_a_phase_means_its_graph_is_disabled() -> None:
     g = records.graph_capture(rank=RANK, t=0, phase="decode", runner_kind="DecodeCudaGraphRunner",
                               batch_sizes=[4, 1, 2])
     assert (g.event, g.batch_sizes) == ("capture", [1, 2, 4])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    positions=st.lists(st.integers(0, 5000), min_size=1, max_size=40),
+    mask_kind=st.sampled_from(["owner", "none", "short", "unseen"]),
+    dcp=st.integers(1, 4),
+    mode=st.sampled_from(["decode", "extend", "mixed"]),
+)
+def test_the_one_row_per_request_path_writes_the_record_the_general_path_writes(
+    positions: list[int], mask_kind: str, dcp: int, mode: str
+) -> None:
+    """Decode steps take a shortcut on the probe's writer; it must not change a single field."""
+    n = len(positions)
+    rids = [f"r{i}" for i in range(n)]
+    mask = {"owner": [p % dcp == 0 for p in positions], "none": None, "short": [True] * (n - 1) or None,
+            "unseen": None}[mask_kind]
+    kv_rows = None if mask_kind == "unseen" else n
+
+    def build(shortcut: bool) -> str:
+        draft = _draft(mode=mode, batch_size=n, rows_in=n, rids=list(rids), kv_rows=kv_rows, kv_mask=mask,
+                       extend_lens=[1] * n if mode != "decode" else None,
+                       prefix_lens=[7] * n if mode != "decode" else None, attn_rows_seen=n)
+        saved = records._one_row_each
+        records._one_row_each = saved if shortcut else (lambda *_: False)  # type: ignore[assignment]
+        try:
+            step = records.finish_step(draft, rank=RANK, t=1.5, positions=positions)
+        finally:
+            records._one_row_each = saved  # type: ignore[assignment]
+        assert parse_record(step.model_dump_json()) == step  # what the probe writes parses back, validated
+        return step.model_dump_json() + "|" + "|".join(draft.notes)
+
+    assert build(shortcut=True) == build(shortcut=False)

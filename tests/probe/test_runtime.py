@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,29 @@ def test_a_process_with_only_info_notes_and_no_rank_writes_nothing(tmp_path: Pat
     p.note("hello")
     p.flush_held_at_exit()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_deferred_jobs_and_writes_keep_their_order_and_close_drains_them(tmp_path: Path) -> None:
+    p = Probe(tmp_path)
+    p.set_rank(RankId(world=0))
+    p.note("before")
+    gate = threading.Event()
+    p.defer(lambda: (gate.wait(10.0), p.note("deferred")))
+    p.note("after")  # queued behind the deferred job, not written ahead of it
+    assert [r.message for r in read_records(tmp_path / "rank0.jsonl")[0]] == ["before"]  # type: ignore[union-attr]
+    gate.set()
+    p.close()
+    msgs = [r.message for r in read_records(tmp_path / "rank0.jsonl")[0]]  # type: ignore[union-attr]
+    assert msgs == ["before", "deferred", "after"]
+
+
+def test_a_failing_deferred_job_does_not_stop_the_writer(tmp_path: Path) -> None:
+    p = Probe(tmp_path)
+    p.set_rank(RankId(world=0))
+    p.defer(p.guarded("job")(lambda: 1 / 0))
+    p.defer(lambda: 1 / 0)  # unguarded: still contained
+    p.note("still writing")
+    assert p.flush(timeout=10.0)
+    recs, _ = read_records(tmp_path / "rank0.jsonl")
+    assert [(r.level, r.message.split(":")[0]) for r in recs] == [("error", "job"), ("info", "still writing")]  # type: ignore[union-attr]
+    p.close()

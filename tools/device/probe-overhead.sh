@@ -2,17 +2,23 @@
 # probe-overhead.sh: decode throughput of real SGLang 0.5.17 with and without the cptest probe.
 #
 # Call 3 of three on the 2-GPU machine (c1 and c2 installed by the two calls before; this call
-# carries .sglang-bundle/c3 and .whl). Two identical eager servers (TP1, llama-kv1, triton, every
-# CUDA-graph phase disabled, as cptest's evidence runs are) start at once, one per GPU: "on" with
-# CPTEST_PROBE_DIR set and the probe's --forward-hooks, "off" with neither (the plugin is then
-# inert). The same closed-loop batch (CONC requests of PROMPT tokens, NEW greedy tokens each,
-# ignore_eos) runs against each, alternating off/on ROUNDS times; decode throughput is output
-# tokens per second of wall time. Result: $OUT/overhead.json and both server logs.
+# carries .sglang-bundle/c3 and .whl). First the probe's GPU test (tests/probe/test_hooks_cuda.py:
+# a hooked step returns while its positions are still being computed, and records them right).
+# Then four identical eager servers (TP1, llama-kv1, triton, every CUDA-graph phase disabled, as
+# cptest's evidence runs are): on each GPU one "on" (CPTEST_PROBE_DIR set, the probe's
+# --forward-hooks) and one "off" (neither; the plugin is then inert), so that on and off share a
+# GPU and the two GPUs give two independent estimates. The same closed-loop batch (CONC requests
+# of PROMPT tokens, NEW greedy tokens each, ignore_eos) runs against each server in turn, ROUNDS
+# times, the order reversed every other round; decode throughput is output tokens per second of
+# wall time. Last, the "on" servers' evidence is checked: every request's K/V positions written
+# exactly once each, from its first uncached position to the last fed-back token.
+# Result: $OUT/overhead.json, overhead.log, the four server logs, the probe's rank files (tar.gz).
 set -uo pipefail
 T0=$(date +%s)
-OUT=${OUT:-/tmp/overhead-out}; W=/tmp/overhead; mkdir -p "$OUT" "$W/probe"
+OUT=${OUT:-/tmp/overhead-out}; W=/tmp/overhead; mkdir -p "$OUT" "$W"
 say() { echo "[+$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/overhead.log"; }
-cleanup() { for g in ${PG_ON:-} ${PG_OFF:-}; do kill -KILL -- "-$g" 2>/dev/null; done; }
+PGS=()
+cleanup() { for g in "${PGS[@]}"; do kill -KILL -- "-$g" 2>/dev/null; done; }
 trap cleanup EXIT
 bash .sglang-bundle/c3/install-bundle --complete > "$W/install.log" 2>&1 || { tail "$W/install.log"; exit 3; }
 SGLENV_QUIET=1 source .sglang-bundle/c3/sglang-env
@@ -22,56 +28,101 @@ printf 'Metadata-Version: 2.1\nName: cptest\nVersion: 0.1.0\n' > /opt/cpt/cptest
 printf '[sglang.srt.plugins]\ncptest_probe = cptest.probe.plugin:register\n' \
   > /opt/cpt/cptest-0.1.0.dist-info/entry_points.txt
 export PYTHONPATH="$PYTHONPATH:/opt/cpt:/opt/cpt-deps" PYTHONUNBUFFERED=1
+say "probe GPU test"
+python3 -m pytest -q -s -p no:cacheprovider tests/probe/test_hooks_cuda.py tests/probe/test_hooks.py \
+  tests/probe/test_runtime.py 2>&1 | tail -n 5 | tee -a "$OUT/overhead.log"
 python3 .sglang-bundle/c3/make-tiny-models .tiny-models --only llama-kv1 > "$W/models.log" 2>&1
 HOOKS=$(python3 -c 'from cptest.probe.forward_hooks import spec; print(spec())')
 COMMON=(--model-path .tiny-models/llama-kv1 --skip-tokenizer-init --attention-backend triton
-  --sampling-backend pytorch --mem-fraction-static 0.3 --max-total-tokens 65536
+  --sampling-backend pytorch --mem-fraction-static 0.25 --max-total-tokens 65536
   --cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled --disable-custom-all-reduce
   --host 127.0.0.1)
-say "launching on (GPU 0) and off (GPU 1)"
-CUDA_VISIBLE_DEVICES=0 CPTEST_PROBE_DIR="$W/probe" setsid python3 -m sglang.launch_server "${COMMON[@]}" \
-  --forward-hooks "$HOOKS" --port 31000 > "$OUT/server-on.log" 2>&1 & PG_ON=$!
-CUDA_VISIBLE_DEVICES=1 setsid python3 -m sglang.launch_server "${COMMON[@]}" --port 31001 \
-  > "$OUT/server-off.log" 2>&1 & PG_OFF=$!
-ROUNDS=${ROUNDS:-3} CONC=${CONC:-32} PROMPT=${PROMPT:-128} NEW=${NEW:-128} OUTF="$OUT/overhead.json" \
+launch() {  # name gpu port probe(0/1)
+  local extra=() envs=(CUDA_VISIBLE_DEVICES="$2")
+  if [ "$4" = 1 ]; then
+    mkdir -p "$W/probe-$1"; envs+=(CPTEST_PROBE_DIR="$W/probe-$1"); extra=(--forward-hooks "$HOOKS")
+  fi
+  env "${envs[@]}" setsid python3 -m sglang.launch_server "${COMMON[@]}" "${extra[@]}" --port "$3" \
+    > "$OUT/server-$1.log" 2>&1 & PGS+=($!)
+}
+say "launching on0/off0 on GPU 0, on1/off1 on GPU 1"
+launch on0 0 31000 1; launch off0 0 31001 0; launch on1 1 31002 1; launch off1 1 31003 0
+ROUNDS=${ROUNDS:-5} CONC=${CONC:-64} PROMPT=${PROMPT:-128} NEW=${NEW:-256} OUTD="$OUT" PROBED="$W" \
 python3 - <<'EOF' 2>&1 | tee -a "$OUT/overhead.log"
 import json, os, statistics, threading, time, urllib.request as u
-servers = {"on": "http://127.0.0.1:31000", "off": "http://127.0.0.1:31001"}
-deadline = time.monotonic() + 200
-for name, base in servers.items():
+from collections import defaultdict
+from pathlib import Path
+from cptest.evidence import Graph, Step, read_records
+servers = {"on0": 31000, "off0": 31001, "on1": 31002, "off1": 31003}
+deadline = time.monotonic() + 300
+for name, port in servers.items():
     while time.monotonic() < deadline:
         try:
-            u.urlopen(base + "/health_generate", timeout=5); break
+            u.urlopen(f"http://127.0.0.1:{port}/health_generate", timeout=5); break
         except OSError:
             time.sleep(1)
     else:
         raise SystemExit(f"{name} not ready")
-    print(f"{name} ready", flush=True)
-conc, plen, new = (int(os.environ[k]) for k in ("CONC", "PROMPT", "NEW"))
+print("all four ready", flush=True)
+conc, plen, new, rounds = (int(os.environ[k]) for k in ("CONC", "PROMPT", "NEW", "ROUNDS"))
 
-def batch(base, round_no):
+def batch(port, round_no):
     out = [0] * conc
     def one(i):
         req = {"input_ids": [(31 * i + 7 * j + round_no) % 4000 + 3 for j in range(plen)],
                "sampling_params": {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}}
-        r = u.urlopen(u.Request(base + "/generate", json.dumps(req).encode(),
-                                {"Content-Type": "application/json"}), timeout=120)
+        r = u.urlopen(u.Request(f"http://127.0.0.1:{port}/generate", json.dumps(req).encode(),
+                                {"Content-Type": "application/json"}), timeout=300)
         out[i] = len(json.loads(r.read())["output_ids"])
     ts = [threading.Thread(target=one, args=(i,)) for i in range(conc)]
     t0 = time.perf_counter(); [t.start() for t in ts]; [t.join() for t in ts]
     return sum(out) / (time.perf_counter() - t0)
 
-batch(servers["on"], 99); batch(servers["off"], 99)   # warm both (first-use allocations)
-rates = {"on": [], "off": []}
-for r in range(int(os.environ["ROUNDS"])):
-    for name in ("off", "on"):
+for port in servers.values():
+    batch(port, 99)  # warm every server (first-use allocations, triton JIT)
+rates = {k: [] for k in servers}
+order = list(servers)
+for r in range(rounds):
+    for name in (order if r % 2 == 0 else order[::-1]):
         rates[name].append(batch(servers[name], r))
-    print(f"round {r}: off {rates['off'][-1]:.0f} tok/s, on {rates['on'][-1]:.0f} tok/s", flush=True)
+    print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in rates.items()) + " tok/s", flush=True)
 med = {k: statistics.median(v) for k, v in rates.items()}
-result = {"tokens_per_s": rates, "median": med, "overhead": 1 - med["on"] / med["off"],
-          "conc": conc, "prompt": plen, "new_tokens": new, "model": "llama-kv1", "tp": 1,
-          "note": "eager decode, every CUDA-graph phase disabled in both servers"}
-json.dump(result, open(os.environ["OUTF"], "w"), indent=1)
+per_gpu = {g: 1 - med[f"on{g}"] / med[f"off{g}"] for g in (0, 1)}
+paired = [1 - rates[f"on{g}"][r] / rates[f"off{g}"][r] for g in (0, 1) for r in range(rounds)]
+pooled_on = statistics.median(rates["on0"] + rates["on1"])
+pooled_off = statistics.median(rates["off0"] + rates["off1"])
+result = {"tokens_per_s": rates, "median": med, "overhead_per_gpu": per_gpu,
+          "overhead": 1 - pooled_on / pooled_off, "paired_overheads": paired,
+          "paired_median": statistics.median(paired),
+          "off0_vs_off1": 1 - med["off1"] / med["off0"],
+          "conc": conc, "prompt": plen, "new_tokens": new, "rounds": rounds, "model": "llama-kv1", "tp": 1,
+          "note": "eager decode, every CUDA-graph phase disabled in all four servers"}
+
+time.sleep(1.0)  # the probe's writer comes by every 20 ms
+evidence = {}
+for g in (0, 1):
+    steps, eager = [], 0
+    for f in Path(os.environ["PROBED"], f"probe-on{g}").glob("rank*.jsonl"):
+        recs, _ = read_records(f)
+        steps += [r for r in recs if isinstance(r, Step)]
+        eager += sum(r.count for r in recs if isinstance(r, Graph) and r.event == "eager")
+    first_prefix, written = {}, defaultdict(list)
+    for s in sorted(steps, key=lambda s: s.step):
+        if s.mode in ("extend", "mixed"):
+            for rid, pre in zip(s.seq_positions, s.prefix_lens, strict=False):
+                first_prefix.setdefault(rid, pre)
+        for rid, rs in s.kv_written.items():
+            written[rid] += [p for a, b in rs for p in range(a, b)]
+    exact = sum(sorted(ps) == list(range(first_prefix.get(rid, 0), plen + new - 1)) for rid, ps in written.items())
+    evidence[f"on{g}"] = {"step_records": len(steps), "eager_steps_counted": eager,
+                          "decode_steps": sum(s.mode == "decode" for s in steps),
+                          "requests": len(written), "requests_kv_exact": exact}
+result["evidence"] = evidence
+json.dump(result, open(Path(os.environ["OUTD"], "overhead.json"), "w"), indent=1)
+print(json.dumps(evidence))
+print(f"per GPU: {', '.join(f'GPU{g} {100 * v:.2f} %' for g, v in per_gpu.items())}; "
+      f"off0 vs off1 {100 * result['off0_vs_off1']:.2f} %; paired median {100 * result['paired_median']:.2f} %")
 print(f"probe overhead on eager decode throughput: {100 * result['overhead']:.2f} %")
 EOF
-say "probe records written: $(cat "$W"/probe/*.jsonl 2>/dev/null | wc -l)"
+tar -C "$W" -czf "$OUT/probe-evidence.tar.gz" probe-on0 probe-on1
+say "done"

@@ -1,0 +1,119 @@
+"""Benchmark of the probe's CPU cost per eager forward step, on the engine's thread and in total.
+
+The real figure is the decode-throughput overhead on the GPU machine
+(`tools/device/probe-overhead.sh`, target <= 3 %); this is its CPU-side part, measurable anywhere,
+for finding where the time goes. One simulated SGLang step drives the same hook bodies SGLang's
+wrappers call: `ModelRunner.forward` (AROUND), the KV write of every layer (AFTER, with a DCP
+owner mask), the attention / MLP / logits forward hooks; tensors are small CPU tensors, so the
+device copies cost nothing here and the figures are pure Python.
+
+Printed, per step of a `--batch`-request decode batch over `--layers` layers:
+- engine thread: wall time of the hooked step minus the bare one (what SGLang's loop pays,
+  including the GIL the writer thread holds while it finishes and writes records);
+- writer behind: what was still queued when the engine loop ended, per step;
+- CPU time: process CPU time of the hooked run minus the bare one, per step.
+
+    python benchmarks/probe_step.py [--steps N] [--batch B] [--layers L]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cptest.evidence import RankId
+from cptest.probe import hooks, runtime
+from cptest.probe.runtime import Probe
+
+
+def make_step(layers: int, batch: int, hooked: bool = True) -> tuple[Any, Any]:
+    """A forward function and a decode batch shaped like SGLang 0.5.17's, for `batch` requests.
+
+    Unhooked, the forward does the same loop without calling the probe, as an SGLang without the
+    probe's hooks registered does."""
+    positions = torch.arange(batch) * 7 + 100
+    fb = types.SimpleNamespace(
+        forward_mode=types.SimpleNamespace(name="DECODE"), input_ids=torch.arange(batch),
+        positions=positions, rids=[f"{i:032x}" for i in range(batch)], batch_size=batch,
+        extend_seq_lens_cpu=None, extend_prefix_lens_cpu=None,
+    )
+    k = torch.zeros(batch, 1, 4)
+    mask = positions % 2 == 0
+    hidden = torch.zeros(batch, 8)
+    out = types.SimpleNamespace(can_run_graph=False)
+
+    def forward(_runner: Any, _fb: Any) -> Any:
+        for _ in range(layers):
+            hooks.after_set_kv_buffer(None, None, None, None, k, k, dcp_kv_mask=mask)
+        hooks.on_attn_input(None, (hidden,), None)
+        hooks.on_mlp_input(None, (hidden,), None)
+        hooks.on_logits_input(None, (None, hidden), None)
+        return out
+
+    def bare(_runner: Any, _fb: Any) -> Any:
+        for _ in range(layers):
+            _noop(None, None, None, None, k, k, dcp_kv_mask=mask)
+        for _ in range(3):
+            _noop(None, (hidden,), None)
+        return out
+
+    return (forward if hooked else bare), fb
+
+
+def _noop(*_a: Any, **_k: Any) -> None:
+    return None
+
+
+def per_step_us(fn: Any, steps: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    return (time.perf_counter() - t0) / steps * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=20_000)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--layers", type=int, default=32)
+    a = ap.parse_args()
+    forward, fb = make_step(a.layers, a.batch)
+    bare, _ = make_step(a.layers, a.batch, hooked=False)
+    runner = types.SimpleNamespace(is_draft_worker=False)
+
+    runtime.set_probe(None)
+    off = per_step_us(lambda: bare(runner, fb), a.steps)
+    cpu0 = time.process_time()
+    per_step_us(lambda: bare(runner, fb), a.steps)
+    off_cpu = (time.process_time() - cpu0) / a.steps * 1e6
+
+    with tempfile.TemporaryDirectory() as d:
+        probe = Probe(Path(d), graph_flush_s=1.0)
+        runtime.set_probe(probe)
+        probe.set_rank(RankId(world=0))
+        probe.cp_configured = False
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        on = per_step_us(lambda: hooks.around_model_runner_forward(forward, runner, fb), a.steps)
+        engine_s = time.perf_counter() - t0
+        probe.flush(timeout=600)
+        total_s = time.perf_counter() - t0
+        on_cpu = (time.process_time() - cpu0) / a.steps * 1e6
+        lines = (Path(d) / "rank0.jsonl").read_text().count("\n")
+        probe.close()
+        runtime.set_probe(None)
+    print(f"probe step cost, decode batch of {a.batch}, {a.layers} layers, {a.steps} steps "
+          f"({lines} records written)")
+    print(f"  engine thread: {on - off:8.1f} us/step  (hooked {on:.1f}, unhooked {off:.1f})")
+    print(f"  writer behind: {(total_s - engine_s) / a.steps * 1e6:8.1f} us/step still queued when "
+          f"the engine stopped (finishing + writing runs concurrently with the engine)")
+    print(f"  CPU time     : {on_cpu - off_cpu:8.1f} us/step the probe adds, both threads")
+
+
+if __name__ == "__main__":
+    main()

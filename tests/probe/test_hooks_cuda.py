@@ -1,0 +1,67 @@
+"""The probe's device copies on a real GPU: SGLang's thread does not wait, the record is right.
+
+Runs where CUDA is (the GPU machine: `tools/device/probe-overhead.sh` runs it before measuring);
+skipped elsewhere. The step's positions are made behind a ~0.3 s GPU spin, so a probe that waits
+for them on the engine's thread (as `.tolist()` did) takes at least that long to return.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+
+from cptest.evidence import RankId, Step, read_records  # noqa: E402
+from cptest.probe import hooks, runtime  # noqa: E402
+from cptest.probe.runtime import Probe  # noqa: E402
+
+SPIN_CYCLES = 600_000_000  # torch.cuda._sleep: about 0.3 s at H200 clocks
+
+
+def test_an_eager_step_returns_before_its_positions_exist_and_records_them(tmp_path: Path) -> None:
+    probe = Probe(tmp_path)
+    runtime.set_probe(probe)
+    try:
+        probe.set_rank(RankId(world=0))
+        probe.cp_configured = False
+        n = 64
+        base = torch.arange(n, device="cuda")
+        torch.cuda.synchronize()
+        stream = torch.cuda.Stream()  # SGLang runs forwards on its own stream too
+        fb = types.SimpleNamespace(forward_mode=types.SimpleNamespace(name="DECODE"),
+                                   rids=[f"r{i}" for i in range(n)], batch_size=n, input_ids=base,
+                                   positions=None, extend_seq_lens_cpu=None, extend_prefix_lens_cpu=None)
+
+        def forward(_r: Any, b: Any) -> Any:
+            torch.cuda._sleep(SPIN_CYCLES)  # the GPU is busy; what follows is queued behind it
+            b.positions = base * 3 + 1000
+            mask = b.positions % 2 == 0
+            k = torch.zeros(n, 1, 8, device="cuda")
+            hooks.after_set_kv_buffer(None, None, None, None, k, k, dcp_kv_mask=mask)
+            return types.SimpleNamespace(can_run_graph=False)
+
+        with torch.cuda.stream(stream):
+            t0 = time.perf_counter()
+            hooks.around_model_runner_forward(forward, types.SimpleNamespace(is_draft_worker=False), fb)
+            returned_s = time.perf_counter() - t0
+            spin_done = stream.query()
+        assert probe.flush(timeout=30)
+        torch.cuda.synchronize()
+        assert not spin_done, "the GPU finished before the step returned: the spin was too short to tell"
+        assert returned_s < 0.05, f"the hooked step took {returned_s:.3f} s: it waited for the device"
+        (step,) = [r for r in read_records(tmp_path / "rank0.jsonl")[0] if isinstance(r, Step)]
+        want = [1000 + 3 * i for i in range(n)]
+        assert step.seq_positions == {f"r{i}": [(p, p + 1)] for i, p in enumerate(want)}
+        assert step.kv_written == {f"r{i}": [(p, p + 1)] if p % 2 == 0 else [] for i, p in enumerate(want)}
+        print(f"hooked step returned in {returned_s * 1e3:.2f} ms with the GPU still busy", file=sys.stderr)
+    finally:
+        runtime.set_probe(None)
+        probe.close()
