@@ -207,17 +207,14 @@ def _end_step_body(probe: Probe, fb: Any, result: Any) -> None:
         return
     phase = "decode" if draft.mode in ("decode", "idle") else "prefill"
     if bool(getattr(result, "can_run_graph", False)):
-        probe.graph.add("replay", phase)
+        probe.count_graph("replay", phase)
     else:
-        probe.graph.add("eager", phase)
+        probe.count_graph("eager", phase)
         pos_t = getattr(fb, "positions", None)
         observe = probe.observe_positions and pos_t is not None
         positions = HostCopy(_text_positions(pos_t)) if observe else None
         finish = probe.guarded("step_end")(_finish_step)
         probe.defer(functools.partial(finish, probe, draft, probe.now(), positions))
-    if probe.graph.due(probe.clock(), probe.graph_flush_s):
-        for g in probe.graph.flush(rank=probe.rank, now=probe.clock()):
-            probe.write(g.model_copy(update={"t": probe.now()}))
 
 
 def _finish_step(probe: Probe, draft: StepDraft, t: float, positions: HostCopy | None) -> None:
@@ -225,8 +222,11 @@ def _finish_step(probe: Probe, draft: StepDraft, t: float, positions: HostCopy |
     assert probe.rank is not None
     if not all(isinstance(r, str) for r in draft.rids):
         draft.rids = [str(r) for r in draft.rids]
-    for resolve in draft.later:
-        resolve()
+    if draft.kv_mask_pending is not None:
+        draft.kv_mask = [bool(m) for m in draft.kv_mask_pending.values()]
+        draft.kv_mask_pending = None
+    if draft.zigzag_pending is not None:
+        _resolve_zigzag(draft)
     values = [int(v) for v in positions.values()] if positions is not None else None
     probe.write(records.finish_step(draft, rank=probe.rank, t=t, positions=values))
     for n in draft.notes:
@@ -265,20 +265,21 @@ def after_zigzag_shard_positions(result: Any, strategy: Any, _positions: Any, fo
     if probe is None or draft is None or not probe.observe_positions:
         return
     meta = forward_batch.attn_cp_metadata
-    copy = HostCopy(_text_positions(result))
     logical = getattr(meta, "per_rank_logical_token", None)
     # rows past this rank's logical count are padding (layers/cp/padding.py:45-62)
     keep = int(logical[int(strategy.cp_rank)]) if logical else None
-    split_list, zigzag_index = list(meta.split_list), list(meta.zigzag_index)
+    draft.zigzag_pending = (HostCopy(_text_positions(result)), keep, list(meta.split_list),
+                            list(meta.zigzag_index))
 
-    def resolve() -> None:
-        local = [int(v) for v in copy.values()][:keep]
-        split = records.split_zigzag_local(local, split_list, zigzag_index, draft.rids)
-        if split is None:
-            draft.notes.append(f"step {draft.step}: zigzag positions do not fit split_list/zigzag_index")
-        draft.cp_local_positions = split
 
-    draft.later.append(resolve)
+def _resolve_zigzag(draft: StepDraft) -> None:
+    copy, keep, split_list, zigzag_index = draft.zigzag_pending
+    draft.zigzag_pending = None
+    local = [int(v) for v in copy.values()][:keep]
+    split = records.split_zigzag_local(local, split_list, zigzag_index, draft.rids)
+    if split is None:
+        draft.notes.append(f"step {draft.step}: zigzag positions do not fit split_list/zigzag_index")
+    draft.cp_local_positions = split
 
 
 def after_set_kv_buffer(_result: Any, pool: Any, layer: Any, loc_info: Any, cache_k: Any, cache_v: Any,
@@ -295,8 +296,7 @@ def after_set_kv_buffer(_result: Any, pool: Any, layer: Any, loc_info: Any, cach
     draft.kv_rows = int(cache_k.shape[0])
     mask = kwargs.get("dcp_kv_mask", args[3] if len(args) > 3 else None)
     if mask is not None and probe.observe_positions:
-        copy = HostCopy(mask)
-        draft.later.append(lambda: setattr(draft, "kv_mask", [bool(m) for m in copy.values()]))
+        draft.kv_mask_pending = HostCopy(mask)
 
 
 # ---------------------------------------------------------------- torch forward hooks

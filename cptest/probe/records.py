@@ -7,9 +7,9 @@ here. That keeps every decision about *what* a record says testable on a CPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from cptest.evidence import (
     Capacity,
@@ -165,9 +165,12 @@ class StepDraft:
     kv_mask: list[bool] | None = None
     """The DCP owner mask SGLang passed to that write (True = this rank stores the row)."""
     notes: list[str] = field(default_factory=list)
-    later: list[Callable[[], None]] = field(default_factory=list)
-    """Fill-ins that wait for device->host copies (kv_mask, cp_local_positions); the probe runs
-    them off SGLang's thread before `finish_step`."""
+    kv_mask_pending: Any = None
+    """The probe's host copy of the mask, still in flight (resolved into kv_mask before finish_step)."""
+    zigzag_pending: Any = None
+    """The probe's host copy of the sharded positions and what cutting them needs, still in flight
+    (resolved into cp_local_positions before finish_step). Plain fields, not callbacks: a closure
+    over the draft would make a reference cycle per step, left to the garbage collector."""
 
 
 def request_lens(

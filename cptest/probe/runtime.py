@@ -4,13 +4,13 @@ Contracts:
 - Active only when `CPTEST_PROBE_DIR` is set (`enabled()`); otherwise nothing here is created.
 - One JSON line per record, written with a single `os.write` on an O_APPEND descriptor, so a rank
   SIGKILLed at any moment leaves at most one half line (which `cptest.evidence.read_records` drops).
-- Work that must wait for the device (a step's positions copied to the host) is `defer`red to one
-  writer thread, started at the first deferred job; from then on every write goes through it too,
-  so the file keeps the order in which records were made. SGLang's thread never waits on the
-  device for the probe: a blocking copy there ends its CPU/GPU overlap, which cost 23 % of eager
-  decode throughput (results/_probe-overhead/20261130T060000Z). A record reaches the disk within
-  about WRITER_PERIOD_S of being made; `flush()` waits for that and runs at exit; a SIGKILLed rank
-  loses what was still queued (its last few steps).
+- Once the rank is known, one writer thread writes every record, in the order they were made; it
+  also runs the work that must wait for the device (a step's positions copied to the host,
+  `defer`) and writes the graph counts every graph_flush_s, also while the engine is idle.
+  SGLang's thread never waits on the device for the probe: a blocking copy there ends its CPU/GPU
+  overlap, which cost 23 % of eager decode throughput (results/_probe-overhead/20261130T060000Z).
+  A record reaches the disk within about WRITER_PERIOD_S of being made; `flush()` waits for that
+  and runs at exit; a SIGKILLed rank loses what was still queued (its last few steps).
 - Records go to `$CPTEST_PROBE_DIR/rank<world_rank>.jsonl` once the rank is known (Geometry is the
   first rank-local event). Records made earlier are held in memory and written there first; if a
   process never learns its rank (the HTTP/launcher process) and holds a warning or error, it is
@@ -78,6 +78,7 @@ class Probe:
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] | None = None
         self._writer: threading.Thread | None = None
         self._wake = threading.Event()
+        self._graph_lock = threading.Lock()
         self._guarded: dict[tuple[str, Callable[..., Any]], Callable[..., Any]] = {}
 
     # ------------------------------------------------------------ writing
@@ -85,7 +86,7 @@ class Probe:
         return round(self.clock() - self.t0, 6)
 
     def set_rank(self, rank: RankId) -> None:
-        """Bind this process to its rank file and write what was held until now."""
+        """Bind this process to its rank file, write what was held until now, start the writer."""
         with self._lock:
             self.rank = rank
             self.graph.last_flush = self.clock()
@@ -94,6 +95,23 @@ class Probe:
             if isinstance(rec, ProbeNote) and rec.rank is None:
                 rec = rec.model_copy(update={"rank": rank})
             self.write(rec)
+        self._start_writer()
+
+    def count_graph(self, event: Literal["replay", "eager"], phase: Literal["decode", "prefill"]) -> None:
+        """Count one forward's graph decision; the writer writes the counts every graph_flush_s."""
+        with self._graph_lock:
+            self.graph.add(event, phase)
+
+    def _write_graph_counts(self, force: bool) -> None:
+        if self.rank is None:
+            return
+        with self._graph_lock:
+            now = self.clock()
+            if not (self.graph.pending and (force or self.graph.due(now, self.graph_flush_s))):
+                return
+            counts = self.graph.flush(rank=self.rank, now=now)
+        for g in counts:
+            self.write(g.model_copy(update={"t": self.now()}))
 
     def write(self, record: BaseModel) -> None:
         if self._jobs is not None and threading.current_thread() is not self._writer:
@@ -138,25 +156,29 @@ class Probe:
         """Run `job` on the writer thread after everything deferred or written before it.
 
         `job` must contain its own errors (wrap it with `guarded`): the writer outlives them.
+        Before the rank is known there is no writer and the job runs at once.
         """
-        jobs = self._jobs
-        if jobs is None:
-            with self._lock:
-                if self._jobs is None:
-                    self._jobs = queue.SimpleQueue()
-                    self._writer = threading.Thread(target=self._drain, args=(self._jobs, self._wake),
-                                                    name="cptest-probe-writer", daemon=True)
-                    self._writer.start()
-                jobs = self._jobs
-        jobs.put(job)  # no wake-up: the writer comes by every WRITER_PERIOD_S
+        if self._jobs is None:
+            job()
+            return
+        self._jobs.put(job)  # no wake-up: the writer comes by every WRITER_PERIOD_S
 
-    @staticmethod
-    def _drain(jobs: queue.SimpleQueue[Callable[[], None] | None], wake: threading.Event) -> None:
+    def _start_writer(self) -> None:
+        with self._lock:
+            if self._jobs is not None:
+                return
+            self._jobs = queue.SimpleQueue()
+            self._writer = threading.Thread(target=self._drain, args=(self._jobs,),
+                                            name="cptest-probe-writer", daemon=True)
+            self._writer.start()
+
+    def _drain(self, jobs: queue.SimpleQueue[Callable[[], None] | None]) -> None:
         # Waking the writer for each step cost more than the step's own record (a futex wake and a
-        # GIL hand-over per step); every WRITER_PERIOD_S it takes all that is queued in one go.
+        # GIL hand-over per step); every WRITER_PERIOD_S it takes all that is queued in one go, and
+        # writes the graph counts when they are due, also while the engine is idle.
         while True:
-            wake.wait(WRITER_PERIOD_S)
-            wake.clear()
+            self._wake.wait(WRITER_PERIOD_S)
+            self._wake.clear()
             while True:
                 try:
                     job = jobs.get_nowait()
@@ -166,12 +188,16 @@ class Probe:
                     return
                 with contextlib.suppress(Exception):  # jobs are guarded; this keeps the writer alive anyway
                     job()
+            with contextlib.suppress(Exception):
+                self._write_graph_counts(force=False)
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every job and write queued so far is done; False if that took over `timeout`."""
+        """Write everything observed so far (graph counts too); False if that took over `timeout`."""
         if self._jobs is None or threading.current_thread() is self._writer:
+            self._write_graph_counts(force=True)
             return True
         done = threading.Event()
+        self._jobs.put(functools.partial(self._write_graph_counts, True))
         self._jobs.put(done.set)
         self._wake.set()
         return done.wait(timeout)

@@ -146,7 +146,7 @@ def test_sglangs_thread_does_not_wait_for_a_steps_device_copies(probe: Probe, mo
 
     def forward(r: Runner, b: Batch) -> Output:
         assert probe.current is not None
-        probe.current.later.append(lambda: copy_done.wait(10.0))  # a copy still in flight
+        probe.current.kv_mask_pending = Gated(copy_done, [True, False])  # a copy still in flight
         return Output(can_run_graph=False)
 
     fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([9, 4]), ["a", "b"], 2)
@@ -160,6 +160,17 @@ def test_sglangs_thread_does_not_wait_for_a_steps_device_copies(probe: Probe, mo
     assert kinds.index("Step") < kinds.index("ProbeNote")  # written in the order they were made
     (s,) = [r for r in recs if isinstance(r, Step)]
     assert s.seq_positions == {"a": [(9, 10)], "b": [(4, 5)]}
+
+
+class Gated:
+    """A host copy whose values arrive when `done` is set (a device copy still in flight)."""
+
+    def __init__(self, done: threading.Event, values: list[Any]) -> None:
+        self.done, self._values = done, values
+
+    def values(self) -> list[Any]:
+        assert self.done.wait(10.0)
+        return self._values
 
 
 def test_a_replayed_decode_step_is_counted_not_recorded(probe: Probe, monkeypatch: MP) -> None:

@@ -48,16 +48,20 @@ def test_an_eager_step_returns_before_its_positions_exist_and_records_them(tmp_p
             hooks.after_set_kv_buffer(None, None, None, None, k, k, dcp_kv_mask=mask)
             return types.SimpleNamespace(can_run_graph=False)
 
+        runner = types.SimpleNamespace(is_draft_worker=False)
         with torch.cuda.stream(stream):
+            hooks.around_model_runner_forward(forward, runner, fb)  # first use: kernels load, pinned pool
+            assert probe.flush(timeout=30)
+            torch.cuda.synchronize()
             t0 = time.perf_counter()
-            hooks.around_model_runner_forward(forward, types.SimpleNamespace(is_draft_worker=False), fb)
+            hooks.around_model_runner_forward(forward, runner, fb)
             returned_s = time.perf_counter() - t0
             spin_done = stream.query()
         assert probe.flush(timeout=30)
         torch.cuda.synchronize()
-        assert not spin_done, "the GPU finished before the step returned: the spin was too short to tell"
         assert returned_s < 0.05, f"the hooked step took {returned_s:.3f} s: it waited for the device"
-        (step,) = [r for r in read_records(tmp_path / "rank0.jsonl")[0] if isinstance(r, Step)]
+        assert not spin_done, "the GPU finished before the step returned: the spin was too short to tell"
+        *_, step = [r for r in read_records(tmp_path / "rank0.jsonl")[0] if isinstance(r, Step)]
         want = [1000 + 3 * i for i in range(n)]
         assert step.seq_positions == {f"r{i}": [(p, p + 1)] for i, p in enumerate(want)}
         assert step.kv_written == {f"r{i}": [(p, p + 1)] if p % 2 == 0 else [] for i, p in enumerate(want)}

@@ -60,6 +60,7 @@ def probe(tmp_path: Path) -> Iterator[Probe]:
     p.set_rank(RankId(world=0))
     yield p
     runtime.set_probe(None)
+    p.close()
 
 
 class Engine:
@@ -101,6 +102,7 @@ def test_a_raising_after_hook_keeps_the_original_result_under_the_real_registry(
         assert Engine().compute(3) == {"x": 3}
     finally:
         Engine.compute = original  # type: ignore[method-assign]
+    assert probe.flush()
     recs, _ = read_records(probe.out_dir / "rank0.jsonl")
     msgs = [(r.level, r.message) for r in recs if isinstance(r, ProbeNote)]
     assert ("error", "_after_raises: KeyError: 'probe bug'") in msgs
@@ -116,6 +118,7 @@ def test_a_target_missing_from_the_release_is_a_warning_not_a_failure(
     ))
     plugin.register()
     assert dict(real_registry.HookRegistry._hooks) == {}
+    assert probe.flush()
     recs, _ = read_records(probe.out_dir / "rank0.jsonl")
     (note,) = recs
     assert isinstance(note, ProbeNote) and note.level == "warning"

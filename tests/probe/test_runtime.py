@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -36,18 +37,23 @@ def test_records_before_the_rank_is_known_go_to_the_rank_file_once_it_is(tmp_pat
     assert list(tmp_path.iterdir()) == []
     p.set_rank(RankId(world=3))
     p.note("late")
+    assert p.flush()
     recs, dropped = read_records(tmp_path / "rank3.jsonl")
     assert dropped == 0
     assert [r.message for r in recs if isinstance(r, ProbeNote)] == ["early", "late"]
     assert all(r.rank == RankId(world=3) for r in recs if isinstance(r, ProbeNote))
 
 
-def test_each_record_is_on_disk_when_write_returns(tmp_path: Path) -> None:
+def test_each_record_reaches_the_disk_soon_without_a_flush(tmp_path: Path) -> None:
     p = Probe(tmp_path)
     p.set_rank(RankId(world=0))
     p.note("one")
+    deadline = time.monotonic() + 5.0  # the writer comes by every WRITER_PERIOD_S (20 ms)
+    path = tmp_path / "rank0.jsonl"
     # read through a separate descriptor, as a reader would after a SIGKILL
-    assert (tmp_path / "rank0.jsonl").read_text().count("\n") == 1
+    while not (path.exists() and path.read_text().count("\n") == 1) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert path.read_text().count("\n") == 1
     p.close()
 
 
@@ -60,6 +66,7 @@ def test_a_raising_hook_becomes_an_error_note_and_returns_none(tmp_path: Path) -
         raise ValueError(f"bad {x}")
 
     assert hook(7) is None
+    assert p.flush()
     recs, _ = read_records(tmp_path / "rank0.jsonl")
     notes = [(r.level, r.message) for r in recs if isinstance(r, ProbeNote)]
     assert notes == [("error", "boom: ValueError: bad 7")]
@@ -71,6 +78,7 @@ def test_a_hook_that_keeps_raising_is_written_at_most_five_times(tmp_path: Path)
     hook = p.guarded("again")(lambda: 1 / 0)
     for _ in range(20):
         hook()
+    assert p.flush()
     recs, _ = read_records(tmp_path / "rank0.jsonl")
     assert len(recs) == runtime.MAX_ERRORS_PER_HOOK and p.errors["again"] == 20
     assert "not written" in recs[-1].message  # type: ignore[union-attr]
@@ -98,6 +106,7 @@ def test_deferred_jobs_and_writes_keep_their_order_and_close_drains_them(tmp_pat
     gate = threading.Event()
     p.defer(lambda: (gate.wait(10.0), p.note("deferred")))
     p.note("after")  # queued behind the deferred job, not written ahead of it
+    time.sleep(0.2)
     assert [r.message for r in read_records(tmp_path / "rank0.jsonl")[0]] == ["before"]  # type: ignore[union-attr]
     gate.set()
     p.close()
@@ -115,3 +124,17 @@ def test_a_failing_deferred_job_does_not_stop_the_writer(tmp_path: Path) -> None
     recs, _ = read_records(tmp_path / "rank0.jsonl")
     assert [(r.level, r.message.split(":")[0]) for r in recs] == [("error", "job"), ("info", "still writing")]  # type: ignore[union-attr]
     p.close()
+
+
+def test_graph_counts_are_written_while_the_engine_is_idle(tmp_path: Path) -> None:
+    p = Probe(tmp_path, graph_flush_s=0.05)
+    p.set_rank(RankId(world=0))
+    for _ in range(3):
+        p.count_graph("replay", "decode")
+    time.sleep(0.5)  # no step, no flush: the writer's own rounds write the counts
+    recs, _ = read_records(tmp_path / "rank0.jsonl")
+    assert [(r.event, r.phase, r.count) for r in recs] == [("replay", "decode", 3)]  # type: ignore[union-attr]
+    p.count_graph("eager", "prefill")
+    p.close()  # a final flush writes what was counted since, due or not
+    recs, _ = read_records(tmp_path / "rank0.jsonl")
+    assert sum(r.count for r in recs if r.event == "eager") == 1  # type: ignore[union-attr]
