@@ -6,15 +6,14 @@ becomes a ProbeNote and never reaches SGLang. AFTER hooks return None, which Hoo
 "keep the original result" (plugins/hook_registry.py:375-383). Nothing here mutates a tensor or an
 SGLang object. The only device->host copies (the batch's positions, the DCP owner mask, the
 zigzag-sharded positions; off with CPTEST_PROBE_POSITIONS=0) are started without waiting
-(`HostCopy`) on SGLang's thread; the step's record is finished on the probe's writer thread once
-they are done (`Probe.defer`), so SGLang never waits on the device for the probe.
+(`HostCopy`); the step's record is finished at the start of a later step, once they are done
+(`Probe.defer`, `Probe.run_ready`), so SGLang never waits on the device for the probe.
 
 The SGLang line cited at each function is the 0.5.17 wheel's `sglang/srt/<path>:<line>`.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import socket
@@ -41,11 +40,11 @@ def _text_positions(t: Any) -> Any:
 
 
 class HostCopy:
-    """A tensor's values on their way to host memory; `values()` waits for them.
+    """A tensor's values on their way to host memory; `ready()` asks, `values()` waits.
 
     A CUDA tensor is copied with `non_blocking=True` (into pinned memory, ordered on the current
-    stream after the kernels that made it) and an event marks the copy's end; waiting is left to
-    the writer thread. A host tensor is cloned, so later in-place changes do not reach the record.
+    stream after the kernels that made it) and an event marks the copy's end. A host tensor is
+    cloned, so later in-place changes do not reach the record.
     """
 
     __slots__ = ("_tensor", "_done")
@@ -59,9 +58,12 @@ class HostCopy:
             self._tensor = t.clone() if hasattr(t, "clone") else list(t)
             self._done = None
 
+    def ready(self) -> bool:
+        return self._done is None or bool(self._done.query())
+
     def values(self) -> list[Any]:
         if self._done is not None:
-            self._done.synchronize()  # releases the GIL while it waits
+            self._done.synchronize()
         t = self._tensor
         return t.tolist() if hasattr(t, "tolist") else list(t)
 
@@ -183,6 +185,7 @@ def _forward_raised(probe: Probe, e: BaseException) -> None:
 
 
 def _begin_step_body(probe: Probe, runner: Any, fb: Any) -> None:
+    probe.run_ready()  # earlier steps whose copies the device has finished
     probe.step_index += 1
     if probe.cp_configured is None:
         probe.cp_configured = _cp_configured()
@@ -213,12 +216,29 @@ def _end_step_body(probe: Probe, fb: Any, result: Any) -> None:
         pos_t = getattr(fb, "positions", None)
         observe = probe.observe_positions and pos_t is not None
         positions = HostCopy(_text_positions(pos_t)) if observe else None
-        finish = probe.guarded("step_end")(_finish_step)
-        probe.defer(functools.partial(finish, probe, draft, probe.now(), positions))
+        probe.defer(StepJob(probe, draft, probe.now(), positions))
+
+
+class StepJob:
+    """A step whose record waits for its host copies; `Probe.run_ready` finishes it."""
+
+    __slots__ = ("probe", "draft", "t", "positions")
+
+    def __init__(self, probe: Probe, draft: StepDraft, t: float, positions: HostCopy | None) -> None:
+        self.probe, self.draft, self.t, self.positions = probe, draft, t, positions
+
+    def ready(self) -> bool:
+        d = self.draft
+        return ((self.positions is None or self.positions.ready())
+                and (d.kv_mask_pending is None or d.kv_mask_pending.ready())
+                and (d.zigzag_pending is None or d.zigzag_pending[0].ready()))
+
+    def run(self) -> None:
+        self.probe.guarded("step_end")(_finish_step)(self.probe, self.draft, self.t, self.positions)
 
 
 def _finish_step(probe: Probe, draft: StepDraft, t: float, positions: HostCopy | None) -> None:
-    """On the writer thread: wait for the step's host copies, then write its Step record."""
+    """Once the step's host copies are done: resolve them and write its Step record."""
     assert probe.rank is not None
     if not all(isinstance(r, str) for r in draft.rids):
         draft.rids = [str(r) for r in draft.rids]

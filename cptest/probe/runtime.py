@@ -4,13 +4,19 @@ Contracts:
 - Active only when `CPTEST_PROBE_DIR` is set (`enabled()`); otherwise nothing here is created.
 - One JSON line per record, written with a single `os.write` on an O_APPEND descriptor, so a rank
   SIGKILLed at any moment leaves at most one half line (which `cptest.evidence.read_records` drops).
-- Once the rank is known, one writer thread writes every record, in the order they were made; it
-  also runs the work that must wait for the device (a step's positions copied to the host,
-  `defer`) and writes the graph counts every graph_flush_s, also while the engine is idle.
-  SGLang's thread never waits on the device for the probe: a blocking copy there ends its CPU/GPU
-  overlap, which cost 23 % of eager decode throughput (results/_probe-overhead/20261130T060000Z).
-  A record reaches the disk within about WRITER_PERIOD_S of being made; `flush()` waits for that
-  and runs at exit; a SIGKILLed rank loses what was still queued (its last few steps).
+- SGLang's thread never waits on the device for the probe: a blocking copy there ends its
+  CPU/GPU overlap, which cost 23 % of eager decode throughput
+  (results/_probe-overhead/20261130T060000Z). Work that needs device values (a step's positions,
+  copied to the host without waiting) is `defer`red: the engine's own thread finishes it at the
+  start of a later step, once `ready()` says the copies are done (a query, never a wait). Doing
+  that work on a second thread measured worse (12 % on the GPU machine, run 2 in
+  results/_probe-overhead/): every torch call of the engine hands the GIL to a waiting thread.
+- Records are written in the order they were made: while deferred work is pending, later records
+  queue behind it.
+- A writer thread, started with the rank, comes by every WRITER_PERIOD_S: it writes the graph
+  counts when due and finishes deferred work that the engine left waiting for IDLE_S (an idle
+  engine runs no step). `flush()` finishes everything and runs at exit; a SIGKILLed rank loses
+  what was still pending (its last step or two).
 - Records go to `$CPTEST_PROBE_DIR/rank<world_rank>.jsonl` once the rank is known (Geometry is the
   first rank-local event). Records made earlier are held in memory and written there first; if a
   process never learns its rank (the HTTP/launcher process) and holds a warning or error, it is
@@ -23,15 +29,15 @@ Contracts:
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import functools
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -44,7 +50,36 @@ ENV_POSITIONS = "CPTEST_PROBE_POSITIONS"
 ENV_GRAPH_FLUSH_S = "CPTEST_PROBE_GRAPH_FLUSH_S"
 MAX_ERRORS_PER_HOOK = 5
 WRITER_PERIOD_S = 0.02
-"""How often the writer thread takes the queued jobs (records lag the engine by about this much)."""
+"""How often the writer thread comes by (graph counts, work an idle engine left pending)."""
+IDLE_S = 0.1
+"""Deferred work older than this is finished by the writer: the engine has not come back for it."""
+
+
+class Deferred(Protocol):
+    """Work that needs values still on their way from the device."""
+
+    def ready(self) -> bool:
+        """True when the values are on the host (must not wait)."""
+        ...
+
+    def run(self) -> None:
+        """Finish the work; must contain its own errors."""
+        ...
+
+
+class _Write:
+    """A record that waits only for the deferred work made before it."""
+
+    __slots__ = ("probe", "record")
+
+    def __init__(self, probe: Probe, record: BaseModel) -> None:
+        self.probe, self.record = probe, record
+
+    def ready(self) -> bool:
+        return True
+
+    def run(self) -> None:
+        self.probe._write_now(self.record)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -75,9 +110,12 @@ class Probe:
         self.graph = GraphCounter()
         self.cp_configured: bool | None = None
         self.warned: set[str] = set()
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] | None = None
+        self._pending: collections.deque[tuple[float, Deferred]] = collections.deque()
+        self._pending_lock = threading.Lock()
+        self._runner: int | None = None
+        """Thread id running deferred work: its writes go straight to the file (they are its turn)."""
         self._writer: threading.Thread | None = None
-        self._wake = threading.Event()
+        self._stop = threading.Event()
         self._graph_lock = threading.Lock()
         self._guarded: dict[tuple[str, Callable[..., Any]], Callable[..., Any]] = {}
 
@@ -114,8 +152,8 @@ class Probe:
             self.write(g.model_copy(update={"t": self.now()}))
 
     def write(self, record: BaseModel) -> None:
-        if self._jobs is not None and threading.current_thread() is not self._writer:
-            self._jobs.put(functools.partial(self._write_now, record))
+        if self._pending and threading.get_ident() != self._runner:
+            self._pending.append((self.clock(), _Write(self, record)))
             return
         self._write_now(record)
 
@@ -151,64 +189,69 @@ class Probe:
                 f.write(dump_record(rec) + "\n")
         self._held = []
 
-    # ------------------------------------------------------------ the writer thread
-    def defer(self, job: Callable[[], None]) -> None:
-        """Run `job` on the writer thread after everything deferred or written before it.
+    # ------------------------------------------------------------ deferred work
+    def defer(self, item: Deferred) -> None:
+        """Finish `item` once its device values are on the host, after everything made before it."""
+        self._pending.append((self.clock(), item))
 
-        `job` must contain its own errors (wrap it with `guarded`): the writer outlives them.
-        Before the rank is known there is no writer and the job runs at once.
-        """
-        if self._jobs is None:
-            job()
-            return
-        self._jobs.put(job)  # no wake-up: the writer comes by every WRITER_PERIOD_S
+    def run_ready(self) -> None:
+        """On the engine's thread, at a step's start: finish what the device is done with, in order."""
+        if not self._pending or not self._pending_lock.acquire(blocking=False):
+            return  # nothing pending, or the writer is finishing it
+        try:
+            self._runner = threading.get_ident()
+            while self._pending and self._pending[0][1].ready():
+                _run(self._pending.popleft()[1])
+        finally:
+            self._runner = None
+            self._pending_lock.release()
+
+    def _finish_pending(self, deadline: float) -> bool:
+        """Finish all pending work, polling (never spinning on the device) until `deadline`."""
+        if not self._pending_lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+            return False
+        try:
+            self._runner = threading.get_ident()
+            while self._pending:
+                item = self._pending[0][1]
+                while not item.ready():
+                    if time.monotonic() > deadline:
+                        return False
+                    time.sleep(0.001)
+                self._pending.popleft()
+                _run(item)
+            return True
+        finally:
+            self._runner = None
+            self._pending_lock.release()
 
     def _start_writer(self) -> None:
         with self._lock:
-            if self._jobs is not None:
+            if self._writer is not None:
                 return
-            self._jobs = queue.SimpleQueue()
-            self._writer = threading.Thread(target=self._drain, args=(self._jobs,),
-                                            name="cptest-probe-writer", daemon=True)
+            self._writer = threading.Thread(target=self._write_loop, name="cptest-probe-writer", daemon=True)
             self._writer.start()
 
-    def _drain(self, jobs: queue.SimpleQueue[Callable[[], None] | None]) -> None:
-        # Waking the writer for each step cost more than the step's own record (a futex wake and a
-        # GIL hand-over per step); every WRITER_PERIOD_S it takes all that is queued in one go, and
-        # writes the graph counts when they are due, also while the engine is idle.
-        while True:
-            self._wake.wait(WRITER_PERIOD_S)
-            self._wake.clear()
-            while True:
-                try:
-                    job = jobs.get_nowait()
-                except queue.Empty:
-                    break
-                if job is None:
-                    return
-                with contextlib.suppress(Exception):  # jobs are guarded; this keeps the writer alive anyway
-                    job()
+    def _write_loop(self) -> None:
+        while not self._stop.wait(WRITER_PERIOD_S):
             with contextlib.suppress(Exception):
+                if self._pending and self.clock() - self._pending[0][0] > IDLE_S:
+                    self._finish_pending(time.monotonic() + 10 * IDLE_S)
                 self._write_graph_counts(force=False)
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Write everything observed so far (graph counts too); False if that took over `timeout`."""
-        if self._jobs is None or threading.current_thread() is self._writer:
-            self._write_graph_counts(force=True)
-            return True
-        done = threading.Event()
-        self._jobs.put(functools.partial(self._write_graph_counts, True))
-        self._jobs.put(done.set)
-        self._wake.set()
-        return done.wait(timeout)
+        if not self._finish_pending(time.monotonic() + timeout):
+            return False
+        self._write_graph_counts(force=True)
+        return True
 
     def close(self) -> None:
         self.flush()
-        if self._jobs is not None and self._writer is not None:
-            self._jobs.put(None)
-            self._wake.set()
+        if self._writer is not None:
+            self._stop.set()
             self._writer.join(timeout=10.0)
-            self._jobs = self._writer = None
+            self._writer = None
         with self._lock:
             if self._fd is not None:
                 os.close(self._fd)
@@ -243,6 +286,11 @@ class Probe:
             return wrapper  # type: ignore[return-value]
 
         return deco
+
+
+def _run(item: Deferred) -> None:
+    with contextlib.suppress(Exception):  # items are guarded; this keeps the probe going anyway
+        item.run()
 
 
 _PROBE: Probe | None = None

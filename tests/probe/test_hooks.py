@@ -153,13 +153,16 @@ def test_sglangs_thread_does_not_wait_for_a_steps_device_copies(probe: Probe, mo
     hooks.around_model_runner_forward(forward, Runner(), fb)
     fb.positions[0] = 99  # the engine reuses its buffer: the record keeps what the step used
     probe.note("after the step")
-    assert not probe.flush(timeout=0.2)  # the writer is still waiting for the copy
+    hooks.around_model_runner_forward(forward, Runner(), fb)  # the next step: the copy is not done yet
+    assert not probe.flush(timeout=0.2)  # nothing waits for it, not even a flush past its timeout
+    assert not [r for r in read_records(probe.out_dir / "rank0.jsonl")[0] if isinstance(r, Step)]
     copy_done.set()
     recs = _records(probe)
     kinds = [type(r).__name__ for r in recs]
     assert kinds.index("Step") < kinds.index("ProbeNote")  # written in the order they were made
-    (s,) = [r for r in recs if isinstance(r, Step)]
-    assert s.seq_positions == {"a": [(9, 10)], "b": [(4, 5)]}
+    first, second = [r for r in recs if isinstance(r, Step)]
+    assert first.seq_positions == {"a": [(9, 10)], "b": [(4, 5)]}
+    assert second.seq_positions == {"a": [(99, 100)], "b": [(4, 5)]}
 
 
 class Gated:
@@ -167,6 +170,9 @@ class Gated:
 
     def __init__(self, done: threading.Event, values: list[Any]) -> None:
         self.done, self._values = done, values
+
+    def ready(self) -> bool:
+        return self.done.is_set()
 
     def values(self) -> list[Any]:
         assert self.done.wait(10.0)

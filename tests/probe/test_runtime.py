@@ -99,30 +99,60 @@ def test_a_process_with_only_info_notes_and_no_rank_writes_nothing(tmp_path: Pat
     assert list(tmp_path.iterdir()) == []
 
 
-def test_deferred_jobs_and_writes_keep_their_order_and_close_drains_them(tmp_path: Path) -> None:
+class Job:
+    def __init__(self, p: Probe, message: str, done: threading.Event | None = None) -> None:
+        self.p, self.message, self.done = p, message, done
+
+    def ready(self) -> bool:
+        return self.done is None or self.done.is_set()
+
+    def run(self) -> None:
+        self.p.note(self.message)
+
+
+def test_deferred_work_and_writes_keep_their_order_and_close_finishes_them(tmp_path: Path) -> None:
     p = Probe(tmp_path)
     p.set_rank(RankId(world=0))
     p.note("before")
-    gate = threading.Event()
-    p.defer(lambda: (gate.wait(10.0), p.note("deferred")))
-    p.note("after")  # queued behind the deferred job, not written ahead of it
-    time.sleep(0.2)
+    copied = threading.Event()
+    p.defer(Job(p, "deferred", copied))
+    p.note("after")  # queued behind the deferred work, not written ahead of it
+    p.run_ready()  # the engine's next step: the copy is not done, nothing is waited for
     assert [r.message for r in read_records(tmp_path / "rank0.jsonl")[0]] == ["before"]  # type: ignore[union-attr]
-    gate.set()
-    p.close()
+    copied.set()
+    p.run_ready()
     msgs = [r.message for r in read_records(tmp_path / "rank0.jsonl")[0]]  # type: ignore[union-attr]
     assert msgs == ["before", "deferred", "after"]
+    p.defer(Job(p, "last"))
+    p.close()
+    assert read_records(tmp_path / "rank0.jsonl")[0][-1].message == "last"  # type: ignore[union-attr]
 
 
-def test_a_failing_deferred_job_does_not_stop_the_writer(tmp_path: Path) -> None:
+def test_work_an_idle_engine_leaves_pending_is_finished_by_the_writer(tmp_path: Path) -> None:
     p = Probe(tmp_path)
     p.set_rank(RankId(world=0))
-    p.defer(p.guarded("job")(lambda: 1 / 0))
-    p.defer(lambda: 1 / 0)  # unguarded: still contained
+    p.defer(Job(p, "left behind"))  # no step comes after it
+    deadline = time.monotonic() + 5.0
+    path = tmp_path / "rank0.jsonl"
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [r.message for r in read_records(path)[0]] == ["left behind"]  # type: ignore[union-attr]
+    p.close()
+
+
+def test_failing_deferred_work_does_not_stop_the_probe(tmp_path: Path) -> None:
+    p = Probe(tmp_path)
+    p.set_rank(RankId(world=0))
+
+    class Broken(Job):
+        def run(self) -> None:
+            raise RuntimeError("unguarded")
+
+    p.defer(Broken(p, ""))
     p.note("still writing")
     assert p.flush(timeout=10.0)
     recs, _ = read_records(tmp_path / "rank0.jsonl")
-    assert [(r.level, r.message.split(":")[0]) for r in recs] == [("error", "job"), ("info", "still writing")]  # type: ignore[union-attr]
+    assert [r.message for r in recs] == ["still writing"]  # type: ignore[union-attr]
     p.close()
 
 
