@@ -8,10 +8,10 @@ owner mask), the attention / MLP / logits forward hooks; tensors are small CPU t
 device copies cost nothing here and the figures are pure Python.
 
 Printed, per step of a `--batch`-request decode batch over `--layers` layers:
-- engine thread: wall time of the hooked step minus the bare one (what SGLang's loop pays,
-  including the GIL the writer thread holds while it finishes and writes records);
-- writer behind: what was still queued when the engine loop ended, per step;
-- CPU time: process CPU time of the hooked run minus the bare one, per step.
+- engine thread: wall time of the hooked step minus the bare one: what SGLang's loop pays,
+  including finishing and writing the previous step's record (the probe does that on the
+  engine's thread, at the next step's start);
+- CPU time: process CPU time of the hooked run minus the bare one, per step (all threads).
 
     python benchmarks/probe_step.py [--steps N] [--batch B] [--layers L]
 """
@@ -98,11 +98,9 @@ def main() -> None:
         runtime.set_probe(probe)
         probe.set_rank(RankId(world=0))
         probe.cp_configured = False
-        t0, cpu0 = time.perf_counter(), time.process_time()
+        cpu0 = time.process_time()
         on = per_step_us(lambda: hooks.around_model_runner_forward(forward, runner, fb), a.steps)
-        engine_s = time.perf_counter() - t0
         probe.flush(timeout=600)
-        total_s = time.perf_counter() - t0
         on_cpu = (time.process_time() - cpu0) / a.steps * 1e6
         lines = (Path(d) / "rank0.jsonl").read_text().count("\n")
         probe.close()
@@ -110,8 +108,6 @@ def main() -> None:
     print(f"probe step cost, decode batch of {a.batch}, {a.layers} layers, {a.steps} steps "
           f"({lines} records written)")
     print(f"  engine thread: {on - off:8.1f} us/step  (hooked {on:.1f}, unhooked {off:.1f})")
-    print(f"  writer behind: {(total_s - engine_s) / a.steps * 1e6:8.1f} us/step still queued when "
-          f"the engine stopped (finishing + writing runs concurrently with the engine)")
     print(f"  CPU time     : {on_cpu - off_cpu:8.1f} us/step the probe adds, both threads")
 
 

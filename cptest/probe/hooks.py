@@ -239,16 +239,19 @@ class StepJob:
 
 def _finish_step(probe: Probe, draft: StepDraft, t: float, positions: HostCopy | None) -> None:
     """Once the step's host copies are done: resolve them and write its Step record."""
-    assert probe.rank is not None
-    if not all(isinstance(r, str) for r in draft.rids):
+    assert probe.rank is not None and probe.rank_json is not None
+    try:
+        "".join(draft.rids)  # str in SGLang
+    except TypeError:
         draft.rids = [str(r) for r in draft.rids]
     if draft.kv_mask_pending is not None:
-        draft.kv_mask = [bool(m) for m in draft.kv_mask_pending.values()]
+        draft.kv_mask = draft.kv_mask_pending.values()  # a bool tensor's tolist(): bools
         draft.kv_mask_pending = None
     if draft.zigzag_pending is not None:
         _resolve_zigzag(draft)
-    values = [int(v) for v in positions.values()] if positions is not None else None
-    probe.write(records.finish_step(draft, rank=probe.rank, t=t, positions=values))
+    values = positions.values() if positions is not None else None  # an int tensor's tolist(): ints
+    probe.write(records.finish_step_line(draft, rank=probe.rank, rank_json=probe.rank_json, t=t,
+                                         positions=values))
     for n in draft.notes:
         probe.warn_once(re.sub(r"\d+", "N", n), n)
 

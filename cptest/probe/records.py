@@ -7,11 +7,13 @@ here. That keeps every decision about *what* a record says testable on a CPU.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from cptest.evidence import (
+    SCHEMA_VERSION,
     Capacity,
     Geometry,
     Graph,
@@ -242,8 +244,6 @@ def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence
     per_req = None
     if positions is not None:
         lens = request_lens(len(positions), draft.rids, draft.extend_lens, draft.mode)
-        if lens is not None and not draft.cp_active and _one_row_each(draft.rids, lens):
-            return _decode_step(draft, rank=rank, t=t, positions=positions)
         per_req = split_per_request(positions, draft.rids, lens) if lens is not None else None
     if positions is not None and lens is None and draft.rids:
         draft.notes.append(
@@ -288,41 +288,66 @@ def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence
                  seq_positions=seq_positions, kv_written=kv_written)
 
 
+def finish_step_line(draft: StepDraft, *, rank: RankId, rank_json: str, t: float,
+                     positions: Sequence[int] | None) -> str:
+    """`finish_step(...).model_dump_json()`, built directly for the common case.
+
+    The common case is a step of one row per distinct request (decode) with plain request ids; it
+    runs on the engine's thread once per step, where building and serialising the pydantic record
+    cost about as much as the rest of the probe together. Anything else goes the general way.
+    `rank_json` is `rank.model_dump_json()`, made once per process.
+    """
+    rids = draft.rids
+    if positions is None or draft.cp_active or len(rids) != len(positions) or not rids:
+        return finish_step(draft, rank=rank, t=t, positions=positions).model_dump_json()
+    lens = request_lens(len(positions), rids, draft.extend_lens, draft.mode)
+    if lens is None or not _one_row_each(rids, lens) or not _PLAIN.fullmatch("".join(rids)):
+        return finish_step(draft, rank=rank, t=t, positions=positions).model_dump_json()
+    seq = ",".join([f'"{r}":[[{p},{p + 1}]]' for r, p in zip(rids, positions, strict=True)])
+    kv = ""
+    mask = draft.kv_mask
+    if draft.kv_rows is None:
+        if draft.mode in ("extend", "decode", "mixed"):
+            draft.notes.append(f"step {draft.step}: no KV write seen; kv_written left empty")
+    elif mask is not None and len(mask) == len(positions):
+        kv = ",".join([f'"{r}":[[{p},{p + 1}]]' if m else f'"{r}":[]'
+                       for r, p, m in zip(rids, positions, mask, strict=True)])
+    elif mask is None and draft.kv_rows == len(positions):
+        kv = seq
+    else:
+        draft.notes.append(
+            f"step {draft.step}: KV write of {draft.kv_rows} rows "
+            f"(mask {'of ' + str(len(mask)) if mask is not None else 'none'}) "
+            f"does not match the batch's {len(positions)} rows; kv_written left empty"
+        )
+    merged = ",".join([f"[{a},{b}]" for a, b in ranges_from(positions)])
+    cp = "null" if draft.cp_configured is None else "false"  # cp_active is False on this path
+    return (
+        f'{{"v":{SCHEMA_VERSION},"t":{float(t)!r},"kind":"step","rank":{rank_json},"step":{int(draft.step)},'
+        f'"mode":"{draft.mode}","batch_size":{int(draft.batch_size)},"rows_in":{int(draft.rows_in)},'
+        f'"attn_rows":{_json_int(draft.attn_rows_seen)},"ffn_rows":{_json_int(draft.ffn_rows)},'
+        f'"logits_rows":{_json_int(draft.logits_rows)},"cp_active":{cp},"positions":[{merged}],'
+        f'"seq_positions":{{{seq}}},"kv_written":{{{kv}}},'
+        f'"extend_lens":[{",".join(str(int(n)) for n in draft.extend_lens or [])}],'
+        f'"prefix_lens":[{",".join(str(int(n)) for n in draft.prefix_lens or [])}]}}'
+    )
+
+
+_PLAIN = re.compile(r'[^"\\\x00-\x1f\x7f-\uffff]*')
+"""Request ids that need no escaping in JSON (SGLang's are hex); others go the general way."""
+
+
+def _json_int(v: int | None) -> str:
+    return "null" if v is None else str(int(v))
+
+
 def _one_row_each(rids: Sequence[str], lens: Sequence[int]) -> bool:
-    return all(n == 1 for n in lens) and len(set(rids)) == len(rids)
-
-
-def _decode_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence[int]) -> Step:
-    """`finish_step` for a batch of one row per distinct request (decode), without the general
-    cutting and merging: the same record, built in a fraction of the time on the probe's writer."""
-    seq_positions: dict[str, Ranges] = {
-        rid: [(p, p + 1)] for rid, p in zip(draft.rids, positions, strict=True)
-    }
-    kv_written: dict[str, Ranges] = {}
-    if draft.kv_rows is not None:
-        mask = draft.kv_mask
-        if mask is not None and len(mask) == len(positions):
-            kv_written = {rid: [(p, p + 1)] if m else []
-                          for rid, p, m in zip(draft.rids, positions, mask, strict=True)}
-        elif mask is None and draft.kv_rows == len(positions):
-            kv_written = seq_positions
-        else:
-            draft.notes.append(
-                f"step {draft.step}: KV write of {draft.kv_rows} rows "
-                f"(mask {'of ' + str(len(mask)) if mask is not None else 'none'}) "
-                f"does not match the batch's {len(positions)} rows; kv_written left empty"
-            )
-    elif draft.mode in ("extend", "decode", "mixed"):
-        draft.notes.append(f"step {draft.step}: no KV write seen; kv_written left empty")
-    return _step(draft, rank=rank, t=t, attn_rows=draft.attn_rows_seen, positions=ranges_from(positions),
-                 seq_positions=seq_positions, kv_written=kv_written)
+    return list(lens).count(1) == len(lens) and len(set(rids)) == len(rids)
 
 
 def _step(draft: StepDraft, *, rank: RankId, t: float, attn_rows: int | None, positions: Ranges,
           seq_positions: dict[str, Ranges], kv_written: dict[str, Ranges]) -> Step:
-    # Built without validation: it costs as much as the rest of the record and would run on the
-    # engine's CPU once per step; every field is typed here, and readers validate each line.
-    return Step.model_construct(
+    return Step(
         t=t,
         rank=rank,
         step=draft.step,

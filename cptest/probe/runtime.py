@@ -72,7 +72,7 @@ class _Write:
 
     __slots__ = ("probe", "record")
 
-    def __init__(self, probe: Probe, record: BaseModel) -> None:
+    def __init__(self, probe: Probe, record: BaseModel | str) -> None:
         self.probe, self.record = probe, record
 
     def ready(self) -> bool:
@@ -100,6 +100,7 @@ class Probe:
         self.observe_positions = observe_positions
         self.graph_flush_s = graph_flush_s
         self.rank: RankId | None = None
+        self.rank_json: str | None = None
         self.pid = os.getpid()
         self._fd: int | None = None
         self._held: list[BaseModel] = []
@@ -127,6 +128,7 @@ class Probe:
         """Bind this process to its rank file, write what was held until now, start the writer."""
         with self._lock:
             self.rank = rank
+            self.rank_json = rank.model_dump_json()
             self.graph.last_flush = self.clock()
         held, self._held = self._held, []
         for rec in held:
@@ -151,17 +153,19 @@ class Probe:
         for g in counts:
             self.write(g.model_copy(update={"t": self.now()}))
 
-    def write(self, record: BaseModel) -> None:
+    def write(self, record: BaseModel | str) -> None:
+        """Write a record (or its JSON line, made by the caller, once the rank is known)."""
         if self._pending and threading.get_ident() != self._runner:
             self._pending.append((self.clock(), _Write(self, record)))
             return
         self._write_now(record)
 
-    def _write_now(self, record: BaseModel) -> None:
-        line = (dump_record(record) + "\n").encode()
+    def _write_now(self, record: BaseModel | str) -> None:
+        line = ((record if isinstance(record, str) else dump_record(record)) + "\n").encode()
         with self._lock:
             if self.rank is None:
-                self._held.append(record)
+                if isinstance(record, BaseModel):
+                    self._held.append(record)
                 return
             if self._fd is None:
                 self.out_dir.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -163,34 +164,56 @@ def test_eager_runner_bound_to_a_phase_means_its_graph_is_disabled() -> None:
     assert (g.event, g.batch_sizes) == ("capture", [1, 2, 4])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(
-    positions=st.lists(st.integers(0, 5000), min_size=1, max_size=40),
+    positions=st.lists(st.integers(0, 5000), min_size=0, max_size=40),
     mask_kind=st.sampled_from(["owner", "none", "short", "unseen"]),
     dcp=st.integers(1, 4),
     mode=st.sampled_from(["decode", "extend", "mixed"]),
+    rid_alphabet=st.sampled_from(["0123456789abcdef", 'ab"\\\n\u00e9-_']),
+    repeat_rid=st.booleans(),
+    cp_configured=st.sampled_from([None, False, True]),
+    extend_len=st.integers(1, 2),
+    t=st.floats(0, 1e6, allow_nan=False),
 )
-def test_the_one_row_per_request_path_writes_the_record_the_general_path_writes(
-    positions: list[int], mask_kind: str, dcp: int, mode: str
+def test_the_line_the_probe_writes_is_the_record_finish_step_makes(
+    positions: list[int], mask_kind: str, dcp: int, mode: str, rid_alphabet: str, repeat_rid: bool,
+    cp_configured: bool | None, extend_len: int, t: float,
 ) -> None:
-    """Decode steps take a shortcut on the probe's writer; it must not change a single field."""
+    """Most steps take a shortcut to their JSON line on the engine's thread; it must not change a thing."""
     n = len(positions)
-    rids = [f"r{i}" for i in range(n)]
+    a = rid_alphabet
+    rids = ["".join(a[(i * 7 + k) % len(a)] for k in range(5)) + str(i) for i in range(n)]
+    if repeat_rid and n > 1:
+        rids[-1] = rids[0]
     mask = {"owner": [p % dcp == 0 for p in positions], "none": None, "short": [True] * (n - 1) or None,
             "unseen": None}[mask_kind]
     kv_rows = None if mask_kind == "unseen" else n
 
-    def build(shortcut: bool) -> str:
-        draft = _draft(mode=mode, batch_size=n, rows_in=n, rids=list(rids), kv_rows=kv_rows, kv_mask=mask,
-                       extend_lens=[1] * n if mode != "decode" else None,
-                       prefix_lens=[7] * n if mode != "decode" else None, attn_rows_seen=n)
-        saved = records._one_row_each
-        records._one_row_each = saved if shortcut else (lambda *_: False)  # type: ignore[assignment]
-        try:
-            step = records.finish_step(draft, rank=RANK, t=1.5, positions=positions)
-        finally:
-            records._one_row_each = saved  # type: ignore[assignment]
-        assert parse_record(step.model_dump_json()) == step  # what the probe writes parses back, validated
-        return step.model_dump_json() + "|" + "|".join(draft.notes)
+    def draft() -> StepDraft:
+        lens = [extend_len] * n if mode != "decode" else None
+        return _draft(mode=mode, batch_size=n, rows_in=n, rids=list(rids), kv_rows=kv_rows, kv_mask=mask,
+                      extend_lens=lens, prefix_lens=[7] * n if mode != "decode" else None, attn_rows_seen=n,
+                      cp_configured=cp_configured)
 
-    assert build(shortcut=True) == build(shortcut=False)
+    want_draft, line_draft = draft(), draft()
+    want = records.finish_step(want_draft, rank=RANK, t=t, positions=positions)
+    line = records.finish_step_line(line_draft, rank=RANK, rank_json=RANK.model_dump_json(), t=t,
+                                    positions=positions)
+    assert parse_record(line) == want
+    assert line_draft.notes == want_draft.notes
+
+
+def test_a_decode_step_of_hex_request_ids_takes_the_shortcut(monkeypatch: Any) -> None:
+    draft = _draft(mode="decode", batch_size=2, rows_in=2, rids=["9f0a", "c1"], kv_rows=2,
+                   kv_mask=[True, False], extend_lens=None, prefix_lens=None)
+
+    def general(*_a: object, **_k: object) -> None:
+        raise AssertionError("took the general path")
+
+    monkeypatch.setattr(records, "finish_step", general)
+    line = records.finish_step_line(draft, rank=RANK, rank_json=RANK.model_dump_json(), t=2.0,
+                                    positions=[8, 3])
+    step = parse_record(line)
+    assert step.kv_written == {"9f0a": [(8, 9)], "c1": []}  # type: ignore[union-attr]
+    assert step.positions == [(3, 4), (8, 9)]  # type: ignore[union-attr]
