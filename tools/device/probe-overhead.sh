@@ -8,10 +8,11 @@
 # cptest's evidence runs are): on each GPU one "on" (CPTEST_PROBE_DIR set, the probe's
 # --forward-hooks) and one "off" (neither; the plugin is then inert), so that on and off share a
 # GPU. The same closed-loop batch (CONC requests of PROMPT tokens, NEW greedy tokens each,
-# ignore_eos) runs ROUNDS times on two pairs, on0 with off1 and off0 with on1, the two of a pair at
-# the same time (this machine's speed drifts by tens of percent over seconds: a pair sees the same
-# drift, and swapping GPUs cancels the GPUs' difference); decode throughput is output tokens per
-# second of wall time, the overhead 1 - the median on/off ratio of the pairs. Last, the "on" servers' evidence is checked: every request's K/V positions written
+# ignore_eos) runs ROUNDS times on three pairs, on0 with off1, off0 with on1 and the control off0
+# with off1, the two of a pair at the same time (this machine's speed drifts by tens of percent over
+# seconds: a pair sees the same drift); every server runs on its own physical cores. Decode
+# throughput is output tokens per second of wall time; per round the geometric mean of the two
+# on/off ratios cancels the GPUs' difference, and the overhead is 1 - its median over rounds. Last, the "on" servers' evidence is checked: every request's K/V positions written
 # exactly once each, from its first uncached position to the last fed-back token.
 # Result: $OUT/overhead.json, overhead.log, the four server logs, the probe's rank files (tar.gz).
 set -uo pipefail
@@ -38,19 +39,43 @@ COMMON=(--model-path .tiny-models/llama-kv1 --skip-tokenizer-init --attention-ba
   --sampling-backend pytorch --mem-fraction-static 0.25 --max-total-tokens 65536
   --cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled --disable-custom-all-reduce
   --host 127.0.0.1)
-launch() {  # name gpu port probe(0/1)
+# Each server gets its own whole physical cores, the client the rest: on a shared pool the
+# servers' busy scheduler threads met on the same cores and whole batches ran a third slower.
+read -r -a CPUSETS < <(python3 - <<'PY'
+import glob, os
+cores = {}
+for f in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology/thread_siblings_list"):
+    cpu = int(f.split("/")[5][3:])
+    if cpu in os.sched_getaffinity(0):
+        cores.setdefault(open(f).read().strip(), []).append(cpu)
+phys = sorted(cores.values())
+if len(phys) < 5:  # too few to share out: everyone everywhere
+    phys = [sorted(c for p in phys for c in p)] * 5
+per = max(1, len(phys) // 5)
+sets = [sorted(c for p in phys[i * per:(i + 1) * per] for c in p) for i in range(4)]
+sets.append(sorted(c for p in phys[4 * per:] for c in p) or sets[-1])
+print(" ".join(",".join(map(str, s)) for s in sets))
+PY
+)
+say "cpu sets (on0 off0 on1 off1 client): ${CPUSETS[*]}"
+pinned() {  # cpuset argv...: run argv on those CPUs only
+  local cpus=$1; shift
+  python3 -c 'import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")}); os.execvp(sys.argv[2], sys.argv[2:])' "$cpus" "$@"
+}
+launch() {  # name gpu port probe(0/1) cpuset
   local extra=() envs=(CUDA_VISIBLE_DEVICES="$2")
   if [ "$4" = 1 ]; then
     mkdir -p "$W/probe-$1"; envs+=(CPTEST_PROBE_DIR="$W/probe-$1"); extra=(--forward-hooks "$HOOKS")
   fi
-  env "${envs[@]}" setsid python3 -m sglang.launch_server "${COMMON[@]}" "${extra[@]}" --port "$3" \
-    > "$OUT/server-$1.log" 2>&1 & PGS+=($!)
+  env "${envs[@]}" setsid python3 -c 'import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")}); os.execvp(sys.argv[2], sys.argv[2:])' \
+    "$5" python3 -m sglang.launch_server "${COMMON[@]}" "${extra[@]}" --port "$3" > "$OUT/server-$1.log" 2>&1 & PGS+=($!)
 }
 say "launching on0/off0 on GPU 0, on1/off1 on GPU 1"
-launch on0 0 31000 1; launch off0 0 31001 0; launch on1 1 31002 1; launch off1 1 31003 0
+launch on0 0 31000 1 "${CPUSETS[0]}"; launch off0 0 31001 0 "${CPUSETS[1]}"
+launch on1 1 31002 1 "${CPUSETS[2]}"; launch off1 1 31003 0 "${CPUSETS[3]}"
 ROUNDS=${ROUNDS:-8} CONC=${CONC:-64} PROMPT=${PROMPT:-128} NEW=${NEW:-384} OUTD="$OUT" PROBED="$W" \
-python3 - <<'EOF' 2>&1 | tee -a "$OUT/overhead.log"
-import json, os, statistics, threading, time, urllib.request as u
+pinned "${CPUSETS[4]}" python3 - <<'EOF' 2>&1 | tee -a "$OUT/overhead.log"
+import json, math, os, statistics, threading, time, urllib.request as u
 from collections import defaultdict
 from pathlib import Path
 from cptest.evidence import Graph, Step, read_records
@@ -90,27 +115,32 @@ def pair(a, b, r):
     return got
 
 rates = {k: [] for k in servers}
-ratios = []
+ratios, control = [], []
 for r in range(rounds):
-    pairs = [("on0", "off1"), ("off0", "on1")]
+    pairs = [("on0", "off1"), ("off0", "on1"), ("off0", "off1")]
     for a, b in (pairs if r % 2 == 0 else pairs[::-1]):
         got = pair(a, b, r)
         for k, v in got.items():
             rates[k].append(v)
-        on, off = (a, b) if a.startswith("on") else (b, a)
-        ratios.append(got[on] / got[off])
-    print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in rates.items())
-          + f" tok/s; on/off {ratios[-2]:.3f} {ratios[-1]:.3f}", flush=True)
+        if a == "off0" and b == "off1":
+            control.append(got["off0"] / got["off1"])  # A/A: GPU0 vs GPU1, no probe anywhere
+        else:
+            on, off = (a, b) if a.startswith("on") else (b, a)
+            ratios.append(got[on] / got[off])
+    print(f"round {r}: on/off {ratios[-2]:.3f} {ratios[-1]:.3f}; off0/off1 {control[-1]:.3f}", flush=True)
 med = {k: statistics.median(v) for k, v in rates.items()}
-pooled_on = statistics.median(rates["on0"] + rates["on1"])
-pooled_off = statistics.median(rates["off0"] + rates["off1"])
-result = {"tokens_per_s": rates, "median": med, "on_off_ratios": ratios,
-          "overhead": 1 - statistics.median(ratios),
-          "overhead_mean_of_pairs": 1 - statistics.fmean(ratios),
-          "overhead_pooled_medians": 1 - pooled_on / pooled_off,
+# Within a pair the GPUs differ: on0/off1 carries GPU0/GPU1, off0/on1 carries GPU1/GPU0's inverse;
+# the geometric mean of the two pair kinds cancels that difference.
+g = [math.sqrt(ratios[i] * ratios[i + 1]) for i in range(0, len(ratios), 2)]
+result = {"tokens_per_s": rates, "median": med, "on_off_ratios": ratios, "off0_off1_ratios": control,
+          "overhead": 1 - statistics.median(g), "overhead_per_round": [1 - x for x in g],
+          "overhead_spread": [1 - max(g), 1 - min(g)],
+          "control_spread": [min(control), max(control)],
           "conc": conc, "prompt": plen, "new_tokens": new, "rounds": rounds, "model": "llama-kv1", "tp": 1,
-          "method": "each round runs on0 with off1 and off0 with on1 at the same time (order swapped every "
-                    "other round); overhead = 1 - median of the per-pair on/off throughput ratios",
+          "method": "every round runs three pairs at once on the two GPUs: on0+off1, off0+on1 and the "
+                    "control off0+off1; per round the geometric mean of the two on/off ratios cancels "
+                    "the GPUs' difference; overhead = 1 - the median over rounds. Each server on its own "
+                    "physical cores.",
           "note": "eager decode, every CUDA-graph phase disabled in all four servers"}
 
 time.sleep(1.0)  # the probe's writer comes by every 20 ms
@@ -140,8 +170,8 @@ for g in (0, 1):
 result["evidence"] = evidence
 json.dump(result, open(Path(os.environ["OUTD"], "overhead.json"), "w"), indent=1)
 print(json.dumps(evidence))
-print(f"mean of pairs {100 * result['overhead_mean_of_pairs']:.2f} %; "
-      f"pooled medians {100 * result['overhead_pooled_medians']:.2f} %")
+print(f"per round: {', '.join(f'{100 * x:.2f}' for x in result['overhead_per_round'])} %; "
+      f"control off0/off1 {min(control):.3f}..{max(control):.3f}")
 print(f"probe overhead on eager decode throughput: {100 * result['overhead']:.2f} %")
 EOF
 tar -C "$W" -czf "$OUT/probe-evidence.tar.gz" probe-on0 probe-on1
