@@ -4,8 +4,9 @@ The real figure is the decode-throughput overhead on the GPU machine
 (`tools/device/probe-overhead.sh`, target <= 3 %); this is its CPU-side part, measurable anywhere,
 for finding where the time goes. One simulated SGLang step drives the same hook bodies SGLang's
 wrappers call: `ModelRunner.forward` (AROUND), the KV write of every layer (AFTER, with a DCP
-owner mask), the attention / MLP / logits forward hooks; tensors are small CPU tensors, so the
-device copies cost nothing here and the figures are pure Python.
+owner mask), the attention / MLP / logits forward hooks. With `--device cpu` (default) the
+tensors are small CPU tensors and the figures are pure Python; with `--device cuda` they live on
+the GPU and the figures include the probe's device copies and events.
 
 Printed, per step of a `--batch`-request decode batch over `--layers` layers:
 - engine thread: wall time of the hooked step minus the bare one: what SGLang's loop pays,
@@ -13,7 +14,7 @@ Printed, per step of a `--batch`-request decode batch over `--layers` layers:
   engine's thread, at the next step's start);
 - CPU time: process CPU time of the hooked run minus the bare one, per step (all threads).
 
-    python benchmarks/probe_step.py [--steps N] [--batch B] [--layers L]
+    python benchmarks/probe_step.py [--steps N] [--batch B] [--layers L] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -32,20 +33,20 @@ from cptest.probe import hooks, runtime
 from cptest.probe.runtime import Probe
 
 
-def make_step(layers: int, batch: int, hooked: bool = True) -> tuple[Any, Any]:
+def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu") -> tuple[Any, Any]:
     """A forward function and a decode batch shaped like SGLang 0.5.17's, for `batch` requests.
 
     Unhooked, the forward does the same loop without calling the probe, as an SGLang without the
     probe's hooks registered does."""
-    positions = torch.arange(batch) * 7 + 100
+    positions = torch.arange(batch, device=device) * 7 + 100
     fb = types.SimpleNamespace(
-        forward_mode=types.SimpleNamespace(name="DECODE"), input_ids=torch.arange(batch),
+        forward_mode=types.SimpleNamespace(name="DECODE"), input_ids=torch.arange(batch, device=device),
         positions=positions, rids=[f"{i:032x}" for i in range(batch)], batch_size=batch,
         extend_seq_lens_cpu=None, extend_prefix_lens_cpu=None,
     )
-    k = torch.zeros(batch, 1, 4)
+    k = torch.zeros(batch, 1, 4, device=device)
     mask = positions % 2 == 0
-    hidden = torch.zeros(batch, 8)
+    hidden = torch.zeros(batch, 8, device=device)
     out = types.SimpleNamespace(can_run_graph=False)
 
     def forward(_runner: Any, _fb: Any) -> Any:
@@ -82,9 +83,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20_000)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--device", default="cpu", help="cuda: real device copies and events (GPU machine)")
     a = ap.parse_args()
-    forward, fb = make_step(a.layers, a.batch)
-    bare, _ = make_step(a.layers, a.batch, hooked=False)
+    forward, fb = make_step(a.layers, a.batch, device=a.device)
+    bare, _ = make_step(a.layers, a.batch, hooked=False, device=a.device)
     runner = types.SimpleNamespace(is_draft_worker=False)
 
     runtime.set_probe(None)
@@ -105,7 +107,7 @@ def main() -> None:
         lines = (Path(d) / "rank0.jsonl").read_text().count("\n")
         probe.close()
         runtime.set_probe(None)
-    print(f"probe step cost, decode batch of {a.batch}, {a.layers} layers, {a.steps} steps "
+    print(f"probe step cost on {a.device}, decode batch of {a.batch}, {a.layers} layers, {a.steps} steps "
           f"({lines} records written)")
     print(f"  engine thread: {on - off:8.1f} us/step  (hooked {on:.1f}, unhooked {off:.1f})")
     print(f"  CPU time     : {on_cpu - off_cpu:8.1f} us/step the probe adds, both threads")

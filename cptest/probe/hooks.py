@@ -5,9 +5,9 @@ torch forward hooks (`forward_hooks`). Each one is wrapped by `Probe.guarded`, s
 becomes a ProbeNote and never reaches SGLang. AFTER hooks return None, which HookRegistry reads as
 "keep the original result" (plugins/hook_registry.py:375-383). Nothing here mutates a tensor or an
 SGLang object. The only device->host copies (the batch's positions, the DCP owner mask, the
-zigzag-sharded positions; off with CPTEST_PROBE_POSITIONS=0) are started without waiting
-(`HostCopy`); the step's record is finished at the start of a later step, once they are done
-(`Probe.defer`, `Probe.run_ready`), so SGLang never waits on the device for the probe.
+zigzag-sharded positions; off with CPTEST_PROBE_POSITIONS=0) start at the forward's end without
+waiting (`HostCopy`); the step's record is finished at the start of a later step, once they are
+done (`Probe.defer`, `Probe.run_ready`), so SGLang never waits on the device for the probe.
 
 The SGLang line cited at each function is the 0.5.17 wheel's `sglang/srt/<path>:<line>`.
 """
@@ -40,32 +40,37 @@ def _text_positions(t: Any) -> Any:
 
 
 class HostCopy:
-    """A tensor's values on their way to host memory; `ready()` asks, `values()` waits.
+    """Tensors' values on their way to host memory; `ready()` asks, `values()` waits.
 
-    A CUDA tensor is copied with `non_blocking=True` (into pinned memory, ordered on the current
-    stream after the kernels that made it) and an event marks the copy's end. A host tensor is
-    cloned, so later in-place changes do not reach the record.
+    CUDA tensors are copied with `non_blocking=True` (into pinned memory, ordered on the current
+    stream after the kernels that made them) and one event marks the end of all the copies. Host
+    tensors are cloned, so later in-place changes do not reach the record.
     """
 
-    __slots__ = ("_tensor", "_done")
+    __slots__ = ("_tensors", "_done")
 
-    def __init__(self, t: Any) -> None:
-        if getattr(t, "is_cuda", False):
-            self._tensor = t.to("cpu", non_blocking=True)
+    def __init__(self, *tensors: Any) -> None:
+        cuda = False
+        out = []
+        for t in tensors:
+            if getattr(t, "is_cuda", False):
+                out.append(t.to("cpu", non_blocking=True))
+                cuda = True
+            else:
+                out.append(t.clone() if hasattr(t, "clone") else list(t))
+        self._tensors = out
+        self._done = None
+        if cuda:
             self._done = sys.modules["torch"].cuda.Event()
             self._done.record()
-        else:
-            self._tensor = t.clone() if hasattr(t, "clone") else list(t)
-            self._done = None
 
     def ready(self) -> bool:
         return self._done is None or bool(self._done.query())
 
-    def values(self) -> list[Any]:
+    def values(self) -> list[list[Any]]:
         if self._done is not None:
             self._done.synchronize()
-        t = self._tensor
-        return t.tolist() if hasattr(t, "tolist") else list(t)
+        return [t.tolist() if hasattr(t, "tolist") else list(t) for t in self._tensors]
 
 
 # ---------------------------------------------------------------- geometry, pool, capacity
@@ -214,44 +219,56 @@ def _end_step_body(probe: Probe, fb: Any, result: Any) -> None:
     else:
         probe.count_graph("eager", phase)
         pos_t = getattr(fb, "positions", None)
-        observe = probe.observe_positions and pos_t is not None
-        positions = HostCopy(_text_positions(pos_t)) if observe else None
-        probe.defer(StepJob(probe, draft, probe.now(), positions))
+        # One copy call per tensor and one event per step, made here at the forward's end: every
+        # stream SGLang used in the forward has joined the current one by now, so the tensors
+        # kept by the inner hooks (mask, sharded positions) are complete in this stream's order.
+        which, tensors = [], []
+        if probe.observe_positions and pos_t is not None:
+            which.append("positions")
+            tensors.append(_text_positions(pos_t))
+        if draft.kv_mask_pending is not None:
+            which.append("kv_mask")
+            tensors.append(draft.kv_mask_pending)
+        if draft.zigzag_pending is not None:
+            which.append("zigzag")
+            tensors.append(draft.zigzag_pending[0])
+        draft.kv_mask_pending = None
+        copies = HostCopy(*tensors) if tensors else None
+        probe.defer(StepJob(probe, draft, probe.now(), copies, tuple(which)))
 
 
 class StepJob:
     """A step whose record waits for its host copies; `Probe.run_ready` finishes it."""
 
-    __slots__ = ("probe", "draft", "t", "positions")
+    __slots__ = ("probe", "draft", "t", "copies", "which")
 
-    def __init__(self, probe: Probe, draft: StepDraft, t: float, positions: HostCopy | None) -> None:
-        self.probe, self.draft, self.t, self.positions = probe, draft, t, positions
+    def __init__(self, probe: Probe, draft: StepDraft, t: float, copies: HostCopy | None,
+                 which: tuple[str, ...]) -> None:
+        self.probe, self.draft, self.t, self.copies, self.which = probe, draft, t, copies, which
 
     def ready(self) -> bool:
-        d = self.draft
-        return ((self.positions is None or self.positions.ready())
-                and (d.kv_mask_pending is None or d.kv_mask_pending.ready())
-                and (d.zigzag_pending is None or d.zigzag_pending[0].ready()))
+        return self.copies is None or self.copies.ready()
 
     def run(self) -> None:
-        self.probe.guarded("step_end")(_finish_step)(self.probe, self.draft, self.t, self.positions)
+        self.probe.guarded("step_end")(_finish_step)(self)
 
 
-def _finish_step(probe: Probe, draft: StepDraft, t: float, positions: HostCopy | None) -> None:
+def _finish_step(job: StepJob) -> None:
     """Once the step's host copies are done: resolve them and write its Step record."""
+    probe, draft = job.probe, job.draft
     assert probe.rank is not None and probe.rank_json is not None
     try:
         "".join(draft.rids)  # str in SGLang
     except TypeError:
         draft.rids = [str(r) for r in draft.rids]
-    if draft.kv_mask_pending is not None:
-        draft.kv_mask = draft.kv_mask_pending.values()  # a bool tensor's tolist(): bools
-        draft.kv_mask_pending = None
-    if draft.zigzag_pending is not None:
-        _resolve_zigzag(draft)
-    values = positions.values() if positions is not None else None  # an int tensor's tolist(): ints
-    probe.write(records.finish_step_line(draft, rank=probe.rank, rank_json=probe.rank_json, t=t,
-                                         positions=values))
+    got = dict(zip(job.which, job.copies.values(), strict=True)) if job.copies is not None else {}
+    if "kv_mask" in got:
+        draft.kv_mask = got["kv_mask"]  # a bool tensor's tolist(): bools
+    if "zigzag" in got:
+        _resolve_zigzag(draft, got["zigzag"])
+    positions = got.get("positions")  # an int tensor's tolist(): ints
+    probe.write(records.finish_step_line(draft, rank=probe.rank, rank_json=probe.rank_json, t=job.t,
+                                         positions=positions))
     for n in draft.notes:
         probe.warn_once(re.sub(r"\d+", "N", n), n)
 
@@ -291,15 +308,13 @@ def after_zigzag_shard_positions(result: Any, strategy: Any, _positions: Any, fo
     logical = getattr(meta, "per_rank_logical_token", None)
     # rows past this rank's logical count are padding (layers/cp/padding.py:45-62)
     keep = int(logical[int(strategy.cp_rank)]) if logical else None
-    draft.zigzag_pending = (HostCopy(_text_positions(result)), keep, list(meta.split_list),
-                            list(meta.zigzag_index))
+    draft.zigzag_pending = (_text_positions(result), keep, list(meta.split_list), list(meta.zigzag_index))
 
 
-def _resolve_zigzag(draft: StepDraft) -> None:
-    copy, keep, split_list, zigzag_index = draft.zigzag_pending
+def _resolve_zigzag(draft: StepDraft, sharded: list[int]) -> None:
+    _, keep, split_list, zigzag_index = draft.zigzag_pending
     draft.zigzag_pending = None
-    local = [int(v) for v in copy.values()][:keep]
-    split = records.split_zigzag_local(local, split_list, zigzag_index, draft.rids)
+    split = records.split_zigzag_local(sharded[:keep], split_list, zigzag_index, draft.rids)
     if split is None:
         draft.notes.append(f"step {draft.step}: zigzag positions do not fit split_list/zigzag_index")
     draft.cp_local_positions = split
@@ -319,7 +334,7 @@ def after_set_kv_buffer(_result: Any, pool: Any, layer: Any, loc_info: Any, cach
     draft.kv_rows = int(cache_k.shape[0])
     mask = kwargs.get("dcp_kv_mask", args[3] if len(args) > 3 else None)
     if mask is not None and probe.observe_positions:
-        draft.kv_mask_pending = HostCopy(mask)
+        draft.kv_mask_pending = mask  # copied with the step's positions when the forward ends
 
 
 # ---------------------------------------------------------------- torch forward hooks

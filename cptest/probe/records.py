@@ -168,11 +168,11 @@ class StepDraft:
     """The DCP owner mask SGLang passed to that write (True = this rank stores the row)."""
     notes: list[str] = field(default_factory=list)
     kv_mask_pending: Any = None
-    """The probe's host copy of the mask, still in flight (resolved into kv_mask before finish_step)."""
+    """The mask tensor as SGLang passed it, until the probe copies it (then into kv_mask)."""
     zigzag_pending: Any = None
-    """The probe's host copy of the sharded positions and what cutting them needs, still in flight
-    (resolved into cp_local_positions before finish_step). Plain fields, not callbacks: a closure
-    over the draft would make a reference cycle per step, left to the garbage collector."""
+    """The sharded positions tensor and what cutting them needs (keep, split_list, zigzag_index),
+    until the probe copies it (then into cp_local_positions). Plain fields, not callbacks: a
+    closure over the draft would make a reference cycle per step, left to the garbage collector."""
 
 
 def request_lens(

@@ -2,8 +2,10 @@
 
 Contracts:
 - Active only when `CPTEST_PROBE_DIR` is set (`enabled()`); otherwise nothing here is created.
-- One JSON line per record, written with a single `os.write` on an O_APPEND descriptor, so a rank
-  SIGKILLed at any moment leaves at most one half line (which `cptest.evidence.read_records` drops).
+- One JSON line per record, appended to an O_APPEND descriptor by the writer thread's round (one
+  `os.write` for all the lines made since the last round, off the engine's thread), so a rank
+  SIGKILLed at any moment leaves at most one half line (which `cptest.evidence.read_records` drops)
+  and loses at most the lines of its last WRITER_PERIOD_S.
 - SGLang's thread never waits on the device for the probe: a blocking copy there ends its
   CPU/GPU overlap, which cost 23 % of eager decode throughput
   (results/_probe-overhead/20261130T060000Z). Work that needs device values (a step's positions,
@@ -117,6 +119,8 @@ class Probe:
         """Thread id running deferred work: its writes go straight to the file (they are its turn)."""
         self._writer: threading.Thread | None = None
         self._stop = threading.Event()
+        self._lines: list[bytes] = []
+        self._io_lock = threading.Lock()
         self._graph_lock = threading.Lock()
         self._guarded: dict[tuple[str, Callable[..., Any]], Callable[..., Any]] = {}
 
@@ -167,11 +171,23 @@ class Probe:
                 if isinstance(record, BaseModel):
                     self._held.append(record)
                 return
+            self._lines.append(line)
+            if self._writer is not None:
+                return  # the writer's next round writes it, off the engine's thread
+        self._write_lines()
+
+    def _write_lines(self) -> None:
+        """Write the buffered lines in one `os.write` (writer thread, flush, or no writer)."""
+        with self._io_lock:
+            with self._lock:
+                lines, self._lines = self._lines, []
+            if not lines or self.rank is None:
+                return
             if self._fd is None:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
                 path = self.out_dir / f"rank{self.rank.world}.jsonl"
                 self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            os.write(self._fd, line)
+            os.write(self._fd, b"".join(lines))
 
     def note(self, message: str, level: Literal["info", "warning", "error"] = "info") -> None:
         self.write(ProbeNote(t=self.now(), rank=self.rank, level=level, message=message[:2000]))
@@ -242,13 +258,16 @@ class Probe:
                 if self._pending and self.clock() - self._pending[0][0] > IDLE_S:
                     self._finish_pending(time.monotonic() + 10 * IDLE_S)
                 self._write_graph_counts(force=False)
+            with contextlib.suppress(Exception):
+                self._write_lines()
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Write everything observed so far (graph counts too); False if that took over `timeout`."""
-        if not self._finish_pending(time.monotonic() + timeout):
-            return False
-        self._write_graph_counts(force=True)
-        return True
+        finished = self._finish_pending(time.monotonic() + timeout)
+        if finished:
+            self._write_graph_counts(force=True)
+        self._write_lines()
+        return finished
 
     def close(self) -> None:
         self.flush()
@@ -256,7 +275,8 @@ class Probe:
             self._stop.set()
             self._writer.join(timeout=10.0)
             self._writer = None
-        with self._lock:
+        self._write_lines()
+        with self._io_lock:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None

@@ -139,22 +139,26 @@ def test_an_eager_dcp_step_records_rows_and_owned_kv_positions(probe: Probe, mon
 
 
 def test_sglangs_thread_does_not_wait_for_a_steps_device_copies(probe: Probe, monkeypatch: MP) -> None:
-    """The step's record is finished by the writer once its copies are done, not in the forward."""
+    """A step's record is finished at a later step once its copies are done, never waited for."""
     _fake_parallel_state(monkeypatch, 0)
     hooks.after_initialize_model_parallel(None)
     copy_done = threading.Event()
 
-    def forward(r: Runner, b: Batch) -> Output:
-        assert probe.current is not None
-        probe.current.kv_mask_pending = Gated(copy_done, [True, False])  # a copy still in flight
-        return Output(can_run_graph=False)
+    class InFlight(hooks.HostCopy):  # the device has not finished the copies until copy_done
+        def ready(self) -> bool:
+            return copy_done.is_set()
 
+        def values(self) -> list[list[Any]]:
+            assert copy_done.wait(10.0)
+            return super().values()
+
+    monkeypatch.setattr(hooks, "HostCopy", InFlight)
     fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([9, 4]), ["a", "b"], 2)
-    hooks.around_model_runner_forward(forward, Runner(), fb)
+    hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=False), Runner(), fb)
     fb.positions[0] = 99  # the engine reuses its buffer: the record keeps what the step used
     probe.note("after the step")
-    hooks.around_model_runner_forward(forward, Runner(), fb)  # the next step: the copy is not done yet
-    assert not probe.flush(timeout=0.2)  # nothing waits for it, not even a flush past its timeout
+    hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=False), Runner(), fb)
+    assert not probe.flush(timeout=0.2)  # nothing waits for the copies, not even a flush past its timeout
     assert not [r for r in read_records(probe.out_dir / "rank0.jsonl")[0] if isinstance(r, Step)]
     copy_done.set()
     recs = _records(probe)
@@ -163,20 +167,6 @@ def test_sglangs_thread_does_not_wait_for_a_steps_device_copies(probe: Probe, mo
     first, second = [r for r in recs if isinstance(r, Step)]
     assert first.seq_positions == {"a": [(9, 10)], "b": [(4, 5)]}
     assert second.seq_positions == {"a": [(99, 100)], "b": [(4, 5)]}
-
-
-class Gated:
-    """A host copy whose values arrive when `done` is set (a device copy still in flight)."""
-
-    def __init__(self, done: threading.Event, values: list[Any]) -> None:
-        self.done, self._values = done, values
-
-    def ready(self) -> bool:
-        return self.done.is_set()
-
-    def values(self) -> list[Any]:
-        assert self.done.wait(10.0)
-        return self._values
 
 
 def test_a_replayed_decode_step_is_counted_not_recorded(probe: Probe, monkeypatch: MP) -> None:

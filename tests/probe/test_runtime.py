@@ -118,9 +118,11 @@ def test_deferred_work_and_writes_keep_their_order_and_close_finishes_them(tmp_p
     p.defer(Job(p, "deferred", copied))
     p.note("after")  # queued behind the deferred work, not written ahead of it
     p.run_ready()  # the engine's next step: the copy is not done, nothing is waited for
+    assert not p.flush(timeout=0.05)  # writes what it can, and says the rest is still pending
     assert [r.message for r in read_records(tmp_path / "rank0.jsonl")[0]] == ["before"]  # type: ignore[union-attr]
     copied.set()
     p.run_ready()
+    assert p.flush(timeout=0.0)  # nothing was left pending for it
     msgs = [r.message for r in read_records(tmp_path / "rank0.jsonl")[0]]  # type: ignore[union-attr]
     assert msgs == ["before", "deferred", "after"]
     p.defer(Job(p, "last"))

@@ -33,6 +33,10 @@ export PYTHONPATH="$PYTHONPATH:/opt/cpt:/opt/cpt-deps" PYTHONUNBUFFERED=1
 say "probe GPU test"
 python3 -m pytest -q -s -p no:cacheprovider tests/probe/test_hooks_cuda.py tests/probe/test_hooks.py \
   tests/probe/test_runtime.py 2>&1 | tail -n 5 | tee -a "$OUT/overhead.log"
+say "probe cost per step, CPU tensors and CUDA tensors (decode batch of 64, 4 layers as llama-kv1)"
+for dev in cpu cuda; do
+  python3 benchmarks/probe_step.py --steps 4000 --layers 4 --batch 64 --device $dev 2>&1 | tee -a "$OUT/overhead.log"
+done
 python3 .sglang-bundle/c3/make-tiny-models .tiny-models --only llama-kv1 > "$W/models.log" 2>&1
 HOOKS=$(python3 -c 'from cptest.probe.forward_hooks import spec; print(spec())')
 COMMON=(--model-path .tiny-models/llama-kv1 --skip-tokenizer-init --attention-backend triton
@@ -175,6 +179,4 @@ print(f"per round: {', '.join(f'{100 * x:.2f}' for x in result['overhead_per_rou
 print(f"probe overhead on eager decode throughput: {100 * result['overhead']:.2f} %")
 EOF
 tar -C "$W" -czf "$OUT/probe-evidence.tar.gz" probe-on0 probe-on1
-say "probe CPU cost per step on this machine's CPU"
-python3 benchmarks/probe_step.py --steps 5000 --layers 4 2>&1 | tee -a "$OUT/overhead.log"
 say "done"
