@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from cptest.errors import EvidenceError, Problem, Span
 
@@ -89,7 +89,15 @@ class Capacity(_Record):
 
 
 class Step(_Record):
-    """One eager forward step on this rank. Not written on CUDA-graph replay (hooks do not fire)."""
+    """One eager forward step on this rank. Not written on CUDA-graph replay (hooks do not fire).
+
+    On disk a step of one row per distinct request (decode) may be written in its compact form,
+    `"rows": {"rids": [...], "pos": [...], "kv": [0/1, ...] | "all" | null}` in place of
+    positions / seq_positions / kv_written: the probe writes it on the engine's thread once per
+    step, where building the per-request maps cost more than the rest of the probe. Reading
+    expands it (`_expand_rows`): request i's row is at position pos[i]; its K/V was written by this
+    rank if kv[i] is true ("all": every row; null: no write seen, kv_written empty).
+    """
 
     kind: Literal["step"] = "step"
     rank: RankId
@@ -112,6 +120,34 @@ class Step(_Record):
     """Request id -> token positions whose K/V this rank wrote into its own pool in this step."""
     extend_lens: list[int] = Field(default_factory=list)
     prefix_lens: list[int] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_rows(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "rows" not in data:
+            return data
+        data = dict(data)
+        rows = data.pop("rows")
+        if not isinstance(rows, dict) or set(rows) != {"rids", "pos", "kv"}:
+            raise ValueError("rows: expected an object with exactly rids, pos and kv")
+        rids, pos, kv = rows["rids"], rows["pos"], rows["kv"]
+        if not (isinstance(rids, list) and isinstance(pos, list) and len(rids) == len(pos)
+                and len(set(rids)) == len(rids)):
+            raise ValueError("rows: rids and pos must be lists of one length, rids distinct")
+        if any(k in data for k in ("positions", "seq_positions", "kv_written")):
+            raise ValueError("rows: given with positions, seq_positions or kv_written")
+        seq = {r: [(p, p + 1)] for r, p in zip(rids, pos, strict=True)}
+        data["positions"] = ranges_from(pos)
+        data["seq_positions"] = seq
+        if kv == "all":
+            data["kv_written"] = seq
+        elif isinstance(kv, list) and len(kv) == len(pos):
+            data["kv_written"] = {r: [(p, p + 1)] if k else [] for r, p, k in zip(rids, pos, kv, strict=True)}
+        elif kv is None:
+            data["kv_written"] = {}
+        else:
+            raise ValueError('rows: kv must be a list as long as pos, "all" or null')
+        return data
 
 
 class Graph(_Record):

@@ -15,9 +15,6 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from cptest.probe import hooks
-from cptest.probe.runtime import get_probe
-
 ForwardHook = Callable[[Any, tuple[Any, ...], Any], None]
 
 MODULES: dict[str, tuple[str, str]] = {
@@ -29,23 +26,27 @@ MODULES: dict[str, tuple[str, str]] = {
 (models/llama.py:209,329,535; models/qwen3.py:149,350,502)."""
 
 
-def _make(name: str, fn: ForwardHook) -> ForwardHook | None:
+def _make(name: str, hook: str) -> ForwardHook | None:
+    # Imported here, inside the engine: `spec()` is what the (pure) planner imports this module for.
+    from cptest.probe import hooks
+    from cptest.probe.runtime import get_probe
+
     probe = get_probe()
     if probe is None:
         return None
-    return probe.guarded(name)(fn)
+    return probe.guarded(name)(getattr(hooks, hook))
 
 
 def attn_rows(config: dict[str, Any] | None = None) -> ForwardHook | None:
-    return _make("attn_rows", hooks.on_attn_input)
+    return _make("attn_rows", "on_attn_input")
 
 
 def mlp_rows(config: dict[str, Any] | None = None) -> ForwardHook | None:
-    return _make("mlp_rows", hooks.on_mlp_input)
+    return _make("mlp_rows", "on_mlp_input")
 
 
 def logits_rows(config: dict[str, Any] | None = None) -> ForwardHook | None:
-    return _make("logits_rows", hooks.on_logits_input)
+    return _make("logits_rows", "on_logits_input")
 
 
 def spec(names: tuple[str, ...] = tuple(MODULES)) -> str:

@@ -5,9 +5,10 @@ torch forward hooks (`forward_hooks`). Each one is wrapped by `Probe.guarded`, s
 becomes a ProbeNote and never reaches SGLang. AFTER hooks return None, which HookRegistry reads as
 "keep the original result" (plugins/hook_registry.py:375-383). Nothing here mutates a tensor or an
 SGLang object. The only device->host copies (the batch's positions, the DCP owner mask, the
-zigzag-sharded positions; off with CPTEST_PROBE_POSITIONS=0) start at the forward's end without
-waiting (`HostCopy`); the step's record is finished at the start of a later step, once they are
-done (`Probe.defer`, `Probe.run_ready`), so SGLang never waits on the device for the probe.
+zigzag-sharded positions; off with CPTEST_PROBE_POSITIONS=0) are sent every COPY_EVERY steps
+without waiting (`CopyBatch`); a step's record is finished at the start of a later step once they
+are on the host (`Probe.defer`, `Probe.run_ready`), so SGLang never waits on the device for the
+probe.
 
 The SGLang line cited at each function is the 0.5.17 wheel's `sglang/srt/<path>:<line>`.
 """
@@ -39,38 +40,80 @@ def _text_positions(t: Any) -> Any:
     return t[0] if getattr(t, "ndim", 1) == 2 else t
 
 
-class HostCopy:
-    """Tensors' values on their way to host memory; `ready()` asks, `values()` waits.
+COPY_EVERY = 16
+"""Steps whose device tensors travel to the host together (see `CopyBatch`)."""
 
-    CUDA tensors are copied with `non_blocking=True` (into pinned memory, ordered on the current
-    stream after the kernels that made them) and one event marks the end of all the copies. Host
-    tensors are cloned, so later in-place changes do not reach the record.
+
+class CopyBatch:
+    """The device tensors of up to COPY_EVERY steps, brought to host memory together.
+
+    `send()` concatenates them and copies the result with `non_blocking=True` (into pinned
+    memory, on the stream of the steps, after the kernels that made them), marked by one event:
+    three CUDA calls per batch instead of a copy and an event per step, each of which cost
+    10-20 us of the engine's CPU on the GPU machine. Until then the tensors are held as SGLang
+    made them: 0.5.17 allocates positions and the DCP mask afresh for every forward
+    (model_executor/forward_batch_info.py:904,923,967), so holding them keeps them unchanged.
+    Host tensors (tests, CPU) are cloned when added.
     """
 
-    __slots__ = ("_tensors", "_done")
+    __slots__ = ("parts", "steps", "device", "stream", "offsets", "host", "done", "values_")
 
-    def __init__(self, *tensors: Any) -> None:
-        cuda = False
-        out = []
+    def __init__(self) -> None:
+        self.parts: list[Any] = []
+        self.steps = 0
+        self.device: Any = None
+        self.stream: Any = None
+        self.offsets: list[int] = [0]
+        self.host: Any = None
+        self.done: Any = None
+        self.values_: list[Any] | None = None
+
+    def fits(self, tensors: list[Any]) -> bool:
+        return self.device is None or all(t.device == self.device for t in tensors)
+
+    def add(self, tensors: list[Any]) -> int:
+        """Hold one step's tensors; returns the index of its first part."""
+        if self.device is None and tensors:
+            self.device = tensors[0].device
+            if tensors[0].is_cuda:
+                self.stream = sys.modules["torch"].cuda.current_stream(self.device)
+        first = len(self.parts)
         for t in tensors:
-            if getattr(t, "is_cuda", False):
-                out.append(t.to("cpu", non_blocking=True))
-                cuda = True
-            else:
-                out.append(t.clone() if hasattr(t, "clone") else list(t))
-        self._tensors = out
-        self._done = None
-        if cuda:
-            self._done = sys.modules["torch"].cuda.Event()
-            self._done.record()
+            flat = t.reshape(-1) if self.stream is not None else t.reshape(-1).clone()
+            self.parts.append(flat)
+            self.offsets.append(self.offsets[-1] + int(flat.shape[0]))
+        self.steps += 1
+        return first
+
+    def send(self) -> None:
+        torch = sys.modules["torch"]
+        if self.stream is None:
+            self.host = torch.cat(self.parts) if self.parts else torch.empty(0)
+        else:
+            with torch.cuda.stream(self.stream):  # also right from the writer thread
+                flat = torch.cat(self.parts)
+                self.host = flat.to("cpu", non_blocking=True)
+                self.done = torch.cuda.Event()
+                self.done.record()
+        self.parts = []
 
     def ready(self) -> bool:
-        return self._done is None or bool(self._done.query())
+        return self.host is not None and (self.done is None or bool(self.done.query()))
 
-    def values(self) -> list[list[Any]]:
-        if self._done is not None:
-            self._done.synchronize()
-        return [t.tolist() if hasattr(t, "tolist") else list(t) for t in self._tensors]
+    def part(self, i: int) -> list[Any]:
+        if self.values_ is None:
+            if self.done is not None:
+                self.done.synchronize()
+            self.values_ = self.host.tolist()
+        return self.values_[self.offsets[i]:self.offsets[i + 1]]
+
+
+def send_copies(probe: Probe) -> None:
+    """Send the batch being filled, if any (the batch is full, or the probe must finish now)."""
+    with probe.copy_lock:
+        batch, probe.copies = probe.copies, None
+        if batch is not None:
+            batch.send()
 
 
 # ---------------------------------------------------------------- geometry, pool, capacity
@@ -219,9 +262,8 @@ def _end_step_body(probe: Probe, fb: Any, result: Any) -> None:
     else:
         probe.count_graph("eager", phase)
         pos_t = getattr(fb, "positions", None)
-        # One copy call per tensor and one event per step, made here at the forward's end: every
-        # stream SGLang used in the forward has joined the current one by now, so the tensors
-        # kept by the inner hooks (mask, sharded positions) are complete in this stream's order.
+        # Taken here, at the forward's end: every stream SGLang used in the forward has joined the
+        # current one by now, so the tensors kept by the inner hooks are complete in its order.
         which, tensors = [], []
         if probe.observe_positions and pos_t is not None:
             which.append("positions")
@@ -233,21 +275,34 @@ def _end_step_body(probe: Probe, fb: Any, result: Any) -> None:
             which.append("zigzag")
             tensors.append(draft.zigzag_pending[0])
         draft.kv_mask_pending = None
-        copies = HostCopy(*tensors) if tensors else None
-        probe.defer(StepJob(probe, draft, probe.now(), copies, tuple(which)))
+        batch, first = None, 0
+        if tensors:
+            with probe.copy_lock:
+                if probe.copies is not None and not probe.copies.fits(tensors):
+                    probe.copies.send()
+                    probe.copies = None
+                if probe.copies is None:
+                    probe.copies, probe.kick = CopyBatch(), send_copies
+                batch = probe.copies
+                first = batch.add(tensors)
+                if batch.steps >= COPY_EVERY:
+                    batch.send()
+                    probe.copies = None
+        probe.defer(StepJob(probe, draft, probe.now(), batch, first, tuple(which)))
 
 
 class StepJob:
     """A step whose record waits for its host copies; `Probe.run_ready` finishes it."""
 
-    __slots__ = ("probe", "draft", "t", "copies", "which")
+    __slots__ = ("probe", "draft", "t", "batch", "first", "which")
 
-    def __init__(self, probe: Probe, draft: StepDraft, t: float, copies: HostCopy | None,
+    def __init__(self, probe: Probe, draft: StepDraft, t: float, batch: CopyBatch | None, first: int,
                  which: tuple[str, ...]) -> None:
-        self.probe, self.draft, self.t, self.copies, self.which = probe, draft, t, copies, which
+        self.probe, self.draft, self.t = probe, draft, t
+        self.batch, self.first, self.which = batch, first, which
 
     def ready(self) -> bool:
-        return self.copies is None or self.copies.ready()
+        return self.batch is None or self.batch.ready()
 
     def run(self) -> None:
         self.probe.guarded("step_end")(_finish_step)(self)
@@ -257,18 +312,16 @@ def _finish_step(job: StepJob) -> None:
     """Once the step's host copies are done: resolve them and write its Step record."""
     probe, draft = job.probe, job.draft
     assert probe.rank is not None and probe.rank_json is not None
-    try:
-        "".join(draft.rids)  # str in SGLang
-    except TypeError:
-        draft.rids = [str(r) for r in draft.rids]
-    got = dict(zip(job.which, job.copies.values(), strict=True)) if job.copies is not None else {}
+    got: dict[str, list[Any]] = {}
+    if job.batch is not None:
+        got = {name: job.batch.part(job.first + k) for k, name in enumerate(job.which)}
     if "kv_mask" in got:
-        draft.kv_mask = got["kv_mask"]  # a bool tensor's tolist(): bools
+        draft.kv_mask = got["kv_mask"]  # 0/1 (or bools): truth is what counts
     if "zigzag" in got:
         _resolve_zigzag(draft, got["zigzag"])
-    positions = got.get("positions")  # an int tensor's tolist(): ints
+    positions = got.get("positions")
     probe.write(records.finish_step_line(draft, rank=probe.rank, rank_json=probe.rank_json, t=job.t,
-                                         positions=positions))
+                                         positions=positions, rid_text=probe.rid_text))
     for n in draft.notes:
         probe.warn_once(re.sub(r"\d+", "N", n), n)
 

@@ -288,53 +288,78 @@ def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence
                  seq_positions=seq_positions, kv_written=kv_written)
 
 
-def finish_step_line(draft: StepDraft, *, rank: RankId, rank_json: str, t: float,
-                     positions: Sequence[int] | None) -> str:
-    """`finish_step(...).model_dump_json()`, built directly for the common case.
+class RidText:
+    """The JSON text of a step's request ids, kept while consecutive steps carry the same ones.
 
-    The common case is a step of one row per distinct request (decode) with plain request ids; it
-    runs on the engine's thread once per step, where building and serialising the pydantic record
-    cost about as much as the rest of the probe together. Anything else goes the general way.
-    `rank_json` is `rank.model_dump_json()`, made once per process.
+    A decode batch keeps its requests for many steps; comparing the list is much cheaper than
+    checking and joining the ids again (SGLang passes the same string objects each step).
+    """
+
+    def __init__(self) -> None:
+        self._rids: list[str] | None = None
+        self._text: str | None = None
+
+    def of(self, rids: list[str]) -> str | None:
+        """`"a","b"` for plain ids, None when an id would need escaping in JSON."""
+        if rids != self._rids:
+            self._rids = list(rids)
+            try:
+                self._text = _QUOTED_COMMA.join(rids) if _PLAIN.fullmatch("".join(rids)) else None
+            except TypeError:  # not all str: the general way converts them
+                self._text = None
+        return self._text
+
+
+def finish_step_line(draft: StepDraft, *, rank: RankId, rank_json: str, t: float,
+                     positions: Sequence[int] | None, rid_text: RidText | None = None) -> str:
+    """The JSON line of `finish_step(...)`, in the Step's compact form where that applies.
+
+    The compact form (`rows`, see `cptest.evidence.Step`) covers a step of one row per distinct
+    request (decode) with plain request ids; it is built with a few C-level joins, because it runs
+    on the engine's thread once per step. Anything else goes the general way. `rank_json` is
+    `rank.model_dump_json()`, made once per process; `rid_text` the caller's RidText, if it keeps one.
     """
     rids = draft.rids
-    if positions is None or draft.cp_active or len(rids) != len(positions) or not rids:
+    lens = None
+    if positions is not None and not draft.cp_active and len(rids) == len(positions) and rids:
+        lens = request_lens(len(positions), rids, draft.extend_lens, draft.mode)
+    quoted = (rid_text or RidText()).of(rids) if lens is not None and _one_row_each(rids, lens) else None
+    if quoted is None:
+        draft.rids = [r if isinstance(r, str) else str(r) for r in rids]
         return finish_step(draft, rank=rank, t=t, positions=positions).model_dump_json()
-    lens = request_lens(len(positions), rids, draft.extend_lens, draft.mode)
-    if lens is None or not _one_row_each(rids, lens) or not _PLAIN.fullmatch("".join(rids)):
-        return finish_step(draft, rank=rank, t=t, positions=positions).model_dump_json()
-    seq = ",".join([f'"{r}":[[{p},{p + 1}]]' for r, p in zip(rids, positions, strict=True)])
-    kv = ""
     mask = draft.kv_mask
     if draft.kv_rows is None:
+        kv = "null"
         if draft.mode in ("extend", "decode", "mixed"):
             draft.notes.append(f"step {draft.step}: no KV write seen; kv_written left empty")
     elif mask is not None and len(mask) == len(positions):
-        kv = ",".join([f'"{r}":[[{p},{p + 1}]]' if m else f'"{r}":[]'
-                       for r, p, m in zip(rids, positions, mask, strict=True)])
+        kv = "[" + ",".join(map(str, map(int, mask))) + "]"
     elif mask is None and draft.kv_rows == len(positions):
-        kv = seq
+        kv = '"all"'
     else:
+        kv = "null"
         draft.notes.append(
             f"step {draft.step}: KV write of {draft.kv_rows} rows "
             f"(mask {'of ' + str(len(mask)) if mask is not None else 'none'}) "
             f"does not match the batch's {len(positions)} rows; kv_written left empty"
         )
-    merged = ",".join([f"[{a},{b}]" for a, b in ranges_from(positions)])
     cp = "null" if draft.cp_configured is None else "false"  # cp_active is False on this path
     return (
         f'{{"v":{SCHEMA_VERSION},"t":{float(t)!r},"kind":"step","rank":{rank_json},"step":{int(draft.step)},'
         f'"mode":"{draft.mode}","batch_size":{int(draft.batch_size)},"rows_in":{int(draft.rows_in)},'
         f'"attn_rows":{_json_int(draft.attn_rows_seen)},"ffn_rows":{_json_int(draft.ffn_rows)},'
-        f'"logits_rows":{_json_int(draft.logits_rows)},"cp_active":{cp},"positions":[{merged}],'
-        f'"seq_positions":{{{seq}}},"kv_written":{{{kv}}},'
-        f'"extend_lens":[{",".join(str(int(n)) for n in draft.extend_lens or [])}],'
-        f'"prefix_lens":[{",".join(str(int(n)) for n in draft.prefix_lens or [])}]}}'
+        f'"logits_rows":{_json_int(draft.logits_rows)},"cp_active":{cp},'
+        f'"rows":{{"rids":["{quoted}"],"pos":[{",".join(map(str, positions))}],"kv":{kv}}},'
+        f'"extend_lens":[{",".join(map(str, draft.extend_lens or []))}],'
+        f'"prefix_lens":[{",".join(map(str, draft.prefix_lens or []))}]}}'
     )
 
 
 _PLAIN = re.compile(r'[^"\\\x00-\x1f\x7f-\uffff]*')
 """Request ids that need no escaping in JSON (SGLang's are hex); others go the general way."""
+
+
+_QUOTED_COMMA = '","'
 
 
 def _json_int(v: int | None) -> str:

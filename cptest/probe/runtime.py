@@ -44,7 +44,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from pydantic import BaseModel
 
 from cptest.evidence import ProbeNote, RankId, dump_record
-from cptest.probe.records import GraphCounter, StepDraft
+from cptest.probe.records import GraphCounter, RidText, StepDraft
 
 ENV_DIR = "CPTEST_PROBE_DIR"
 ENV_POSITIONS = "CPTEST_PROBE_POSITIONS"
@@ -120,6 +120,12 @@ class Probe:
         self._writer: threading.Thread | None = None
         self._stop = threading.Event()
         self._lines: list[bytes] = []
+        self.rid_text = RidText()
+        self.copies: Any = None
+        """Device copies being gathered for deferred work (the hooks' `CopyBatch`), under copy_lock."""
+        self.copy_lock = threading.Lock()
+        self.kick: Callable[[Probe], None] | None = None
+        """Sends what `copies` gathered; called before deferred work is finished without the engine."""
         self._io_lock = threading.Lock()
         self._graph_lock = threading.Lock()
         self._guarded: dict[tuple[str, Callable[..., Any]], Callable[..., Any]] = {}
@@ -228,6 +234,8 @@ class Probe:
 
     def _finish_pending(self, deadline: float) -> bool:
         """Finish all pending work, polling (never spinning on the device) until `deadline`."""
+        if self._pending and self.kick is not None:
+            self.kick(self)
         if not self._pending_lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
             return False
         try:

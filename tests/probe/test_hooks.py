@@ -144,15 +144,11 @@ def test_sglangs_thread_does_not_wait_for_a_steps_device_copies(probe: Probe, mo
     hooks.after_initialize_model_parallel(None)
     copy_done = threading.Event()
 
-    class InFlight(hooks.HostCopy):  # the device has not finished the copies until copy_done
+    class InFlight(hooks.CopyBatch):  # the device has not finished the copies until copy_done
         def ready(self) -> bool:
-            return copy_done.is_set()
+            return copy_done.is_set() and super().ready()
 
-        def values(self) -> list[list[Any]]:
-            assert copy_done.wait(10.0)
-            return super().values()
-
-    monkeypatch.setattr(hooks, "HostCopy", InFlight)
+    monkeypatch.setattr(hooks, "CopyBatch", InFlight)
     fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([9, 4]), ["a", "b"], 2)
     hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=False), Runner(), fb)
     fb.positions[0] = 99  # the engine reuses its buffer: the record keeps what the step used
@@ -290,3 +286,23 @@ def test_pool_and_capacity_hooks_record_what_sglang_built(probe: Probe, monkeypa
     assert pool.dtype == "bfloat16"
     assert (cap.max_total_num_tokens, cap.max_running_requests, cap.context_len) == (1000, 48, 4096)
     assert cap.rank == RankId(world=0, tp=0, dcp=0, attn_cp=0, attn_tp=0, attn_dp=0, pid=cap.rank.pid)
+
+
+def test_steps_travel_in_batches_and_come_out_in_order_with_their_own_values(probe: Probe,
+                                                                            monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 1)
+    hooks.after_initialize_model_parallel(None)
+    mlp = Layer()
+    n_steps = 2 * hooks.COPY_EVERY + 3
+    for i in range(n_steps):
+        rids = [f"r{k}" for k in range(1 + i % 3)]
+        pos = torch.tensor([100 + i + 10 * k for k in range(len(rids))])
+        fb = Batch(Mode("DECODE"), torch.arange(len(rids)), pos, rids, len(rids))
+        hooks.around_model_runner_forward(_dcp_forward(1, mlp), Runner(), fb)
+        pos.add_(1000)  # the engine's later use of its own tensor
+    steps = [r for r in _records(probe) if isinstance(r, Step)]
+    assert [s.step for s in steps] == list(range(1, n_steps + 1))
+    for i, s in enumerate(steps):
+        want = {f"r{k}": 100 + i + 10 * k for k in range(1 + i % 3)}
+        assert s.seq_positions == {r: [(p, p + 1)] for r, p in want.items()}
+        assert s.kv_written == {r: [(p, p + 1)] if p % 2 == 1 else [] for r, p in want.items()}

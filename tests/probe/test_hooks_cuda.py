@@ -26,7 +26,9 @@ from cptest.probe.runtime import Probe  # noqa: E402
 SPIN_CYCLES = 600_000_000  # torch.cuda._sleep: about 0.3 s at H200 clocks
 
 
-def test_an_eager_step_returns_before_its_positions_exist_and_records_them(tmp_path: Path) -> None:
+def test_a_step_that_sends_a_batch_of_copies_returns_before_they_exist_and_all_are_recorded(
+    tmp_path: Path,
+) -> None:
     probe = Probe(tmp_path)
     runtime.set_probe(probe)
     try:
@@ -39,10 +41,13 @@ def test_an_eager_step_returns_before_its_positions_exist_and_records_them(tmp_p
         fb = types.SimpleNamespace(forward_mode=types.SimpleNamespace(name="DECODE"),
                                    rids=[f"r{i}" for i in range(n)], batch_size=n, input_ids=base,
                                    positions=None, extend_seq_lens_cpu=None, extend_prefix_lens_cpu=None)
+        step_no = {"i": 0}
 
         def forward(_r: Any, b: Any) -> Any:
-            torch.cuda._sleep(SPIN_CYCLES)  # the GPU is busy; what follows is queued behind it
-            b.positions = base * 3 + 1000
+            step_no["i"] += 1
+            if step_no["i"] % hooks.COPY_EVERY == 0:
+                torch.cuda._sleep(SPIN_CYCLES)  # the GPU is busy; what follows is queued behind it
+            b.positions = base * 3 + 1000 + step_no["i"]
             mask = b.positions % 2 == 0
             k = torch.zeros(n, 1, 8, device="cuda")
             hooks.after_set_kv_buffer(None, None, None, None, k, k, dcp_kv_mask=mask)
@@ -50,22 +55,28 @@ def test_an_eager_step_returns_before_its_positions_exist_and_records_them(tmp_p
 
         runner = types.SimpleNamespace(is_draft_worker=False)
         with torch.cuda.stream(stream):
-            hooks.around_model_runner_forward(forward, runner, fb)  # first use: kernels load, pinned pool
+            for _ in range(hooks.COPY_EVERY):  # first use: kernels load, the pinned pool grows
+                hooks.around_model_runner_forward(forward, runner, fb)
             assert probe.flush(timeout=30)
             torch.cuda.synchronize()
+            for _ in range(hooks.COPY_EVERY - 1):
+                hooks.around_model_runner_forward(forward, runner, fb)
             t0 = time.perf_counter()
-            hooks.around_model_runner_forward(forward, runner, fb)
+            hooks.around_model_runner_forward(forward, runner, fb)  # fills the batch and sends it
             returned_s = time.perf_counter() - t0
             spin_done = stream.query()
         assert probe.flush(timeout=30)
         torch.cuda.synchronize()
         assert returned_s < 0.05, f"the hooked step took {returned_s:.3f} s: it waited for the device"
         assert not spin_done, "the GPU finished before the step returned: the spin was too short to tell"
-        *_, step = [r for r in read_records(tmp_path / "rank0.jsonl")[0] if isinstance(r, Step)]
-        want = [1000 + 3 * i for i in range(n)]
-        assert step.seq_positions == {f"r{i}": [(p, p + 1)] for i, p in enumerate(want)}
-        assert step.kv_written == {f"r{i}": [(p, p + 1)] if p % 2 == 0 else [] for i, p in enumerate(want)}
-        print(f"hooked step returned in {returned_s * 1e3:.2f} ms with the GPU still busy", file=sys.stderr)
+        steps = [r for r in read_records(tmp_path / "rank0.jsonl")[0] if isinstance(r, Step)]
+        assert [s.step for s in steps] == list(range(1, 2 * hooks.COPY_EVERY + 1))
+        for s in steps:
+            want = [1000 + 3 * i + s.step for i in range(n)]
+            assert s.seq_positions == {f"r{i}": [(p, p + 1)] for i, p in enumerate(want)}
+            assert s.kv_written == {f"r{i}": [(p, p + 1)] if p % 2 == 0 else [] for i, p in enumerate(want)}
+        print(f"the step that sent {hooks.COPY_EVERY} steps' copies returned in {returned_s * 1e3:.2f} ms "
+              f"with the GPU still busy", file=sys.stderr)
     finally:
         runtime.set_probe(None)
         probe.close()

@@ -217,3 +217,21 @@ def test_a_decode_step_of_hex_request_ids_takes_the_shortcut(monkeypatch: Any) -
     step = parse_record(line)
     assert step.kv_written == {"9f0a": [(8, 9)], "c1": []}  # type: ignore[union-attr]
     assert step.positions == [(3, 4), (8, 9)]  # type: ignore[union-attr]
+
+
+def test_request_id_text_is_reused_only_while_the_ids_stay_the_same() -> None:
+    text = records.RidText()
+    ids = ["9f", "a0"]
+    assert text.of(ids) == '9f","a0'
+    assert text.of(list(ids)) == '9f","a0'
+    ids.append('x"y')  # a caller changing its own list must not leave a stale text behind
+    assert text.of(ids) is None
+    assert text.of(["c1"]) == "c1"
+
+
+def test_request_ids_that_are_not_strings_are_written_as_strings() -> None:
+    draft = _draft(mode="decode", batch_size=2, rows_in=2, rids=[7, 8], kv_rows=2, kv_mask=None,
+                   extend_lens=None, prefix_lens=None)
+    line = records.finish_step_line(draft, rank=RANK, rank_json=RANK.model_dump_json(), t=0.0,
+                                    positions=[3, 4])
+    assert parse_record(line).seq_positions == {"7": [(3, 4)], "8": [(4, 5)]}  # type: ignore[union-attr]
