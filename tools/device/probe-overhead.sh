@@ -34,8 +34,8 @@ say "probe GPU test"
 python3 -m pytest -q -s -p no:cacheprovider tests/probe/test_hooks_cuda.py tests/probe/test_hooks.py \
   tests/probe/test_runtime.py 2>&1 | tail -n 5 | tee -a "$OUT/overhead.log"
 say "probe cost per step, CPU tensors and CUDA tensors (decode batch of 64, 4 layers as llama-kv1)"
-for dev in cpu cuda; do
-  python3 benchmarks/probe_step.py --steps 4000 --layers 4 --batch 64 --device $dev 2>&1 | tee -a "$OUT/overhead.log"
+for dev in ${BENCH_DEVICES:-cpu cuda}; do
+  python3 benchmarks/probe_step.py --steps 2000 --layers 4 --batch 64 --device $dev 2>&1 | tee -a "$OUT/overhead.log"
 done
 python3 .sglang-bundle/c3/make-tiny-models .tiny-models --only llama-kv1 > "$W/models.log" 2>&1
 HOOKS=$(python3 -c 'from cptest.probe.forward_hooks import spec; print(spec())')
@@ -132,6 +132,8 @@ for r in range(rounds):
             on, off = (a, b) if a.startswith("on") else (b, a)
             ratios.append(got[on] / got[off])
     print(f"round {r}: on/off {ratios[-2]:.3f} {ratios[-1]:.3f}; off0/off1 {control[-1]:.3f}", flush=True)
+    json.dump({"tokens_per_s": rates, "on_off_ratios": ratios, "off0_off1_ratios": control, "partial": True},
+              open(Path(os.environ["OUTD"], "overhead.json"), "w"), indent=1)  # kept if the call is cut short
 med = {k: statistics.median(v) for k, v in rates.items()}
 # Within a pair the GPUs differ: on0/off1 carries GPU0/GPU1, off0/on1 carries GPU1/GPU0's inverse;
 # the geometric mean of the two pair kinds cancels that difference.
