@@ -6,9 +6,9 @@ becomes a ProbeNote and never reaches SGLang. AFTER hooks return None, which Hoo
 "keep the original result" (plugins/hook_registry.py:375-383). Nothing here mutates a tensor or an
 SGLang object. The only device->host copies (the batch's positions, the DCP owner mask, the
 zigzag-sharded positions; off with CPTEST_PROBE_POSITIONS=0) are sent every COPY_EVERY steps
-without waiting (`CopyBatch`); a step's record is finished at the start of a later step once they
-are on the host (`Probe.defer`, `Probe.run_ready`), so SGLang never waits on the device for the
-probe.
+(or COPY_WITHIN_S) without waiting (`CopyBatch`); a step's record is finished at the start of a
+later step once they are on the host (`Probe.defer`, `Probe.run_ready`), so SGLang never waits
+on the device for the probe.
 
 The SGLang line cited at each function is the 0.5.17 wheel's `sglang/srt/<path>:<line>`.
 """
@@ -41,7 +41,9 @@ def _text_positions(t: Any) -> Any:
 
 
 COPY_EVERY = 16
-"""Steps whose device tensors travel to the host together (see `CopyBatch`)."""
+"""Steps whose device tensors travel to the host together (see `CopyBatch`)..."""
+COPY_WITHIN_S = 0.1
+"""...unless the first of them is older than this (slow steps: records stay timely)."""
 
 
 class CopyBatch:
@@ -56,9 +58,10 @@ class CopyBatch:
     Host tensors (tests, CPU) are cloned when added.
     """
 
-    __slots__ = ("parts", "steps", "device", "stream", "offsets", "host", "done", "values_")
+    __slots__ = ("born", "parts", "steps", "device", "stream", "offsets", "host", "done", "values_")
 
-    def __init__(self) -> None:
+    def __init__(self, born: float) -> None:
+        self.born = born
         self.parts: list[Any] = []
         self.steps = 0
         self.device: Any = None
@@ -282,10 +285,10 @@ def _end_step_body(probe: Probe, fb: Any, result: Any) -> None:
                     probe.copies.send()
                     probe.copies = None
                 if probe.copies is None:
-                    probe.copies, probe.kick = CopyBatch(), send_copies
+                    probe.copies, probe.kick = CopyBatch(probe.clock()), send_copies
                 batch = probe.copies
                 first = batch.add(tensors)
-                if batch.steps >= COPY_EVERY:
+                if batch.steps >= COPY_EVERY or probe.clock() - batch.born >= COPY_WITHIN_S:
                     batch.send()
                     probe.copies = None
         probe.defer(StepJob(probe, draft, probe.now(), batch, first, tuple(which)))

@@ -7,18 +7,19 @@ Contracts:
   SIGKILLed at any moment leaves at most one half line (which `cptest.evidence.read_records` drops)
   and loses at most the lines of its last WRITER_PERIOD_S.
 - SGLang's thread never waits on the device for the probe: a blocking copy there ends its
-  CPU/GPU overlap, which cost 23 % of eager decode throughput
-  (results/_probe-overhead/20261130T060000Z). Work that needs device values (a step's positions,
-  copied to the host without waiting) is `defer`red: the engine's own thread finishes it at the
-  start of a later step, once `ready()` says the copies are done (a query, never a wait). Doing
-  that work on a second thread measured worse (12 % on the GPU machine, run 2 in
-  results/_probe-overhead/): every torch call of the engine hands the GIL to a waiting thread.
+  CPU/GPU overlap (22.9 % of eager decode throughput, results/_probe-overhead/). Work that needs
+  device values (a step's positions, on their way to the host) is `defer`red: the engine's own
+  thread finishes it at the start of a later step, once `ready()` says the copies are done (a
+  query, never a wait). A second thread doing it costs the same CPU plus GIL hand-overs at the
+  engine's torch calls (benchmarks/probe_step.py: ~20 us a step dearer here), so it only
+  finishes what an idle engine leaves behind.
 - Records are written in the order they were made: while deferred work is pending, later records
   queue behind it.
 - A writer thread, started with the rank, comes by every WRITER_PERIOD_S: it writes the graph
   counts when due and finishes deferred work that the engine left waiting for IDLE_S (an idle
-  engine runs no step). `flush()` finishes everything and runs at exit; a SIGKILLed rank loses
-  what was still pending (its last step or two).
+  engine runs no step). `flush()` finishes everything and runs at exit. So records reach the
+  disk within about 0.2 s of an engine going idle; a rank SIGKILLed while busy loses its last
+  steps (at most hooks.COPY_EVERY, or hooks.COPY_WITHIN_S of them) and WRITER_PERIOD_S of lines.
 - Records go to `$CPTEST_PROBE_DIR/rank<world_rank>.jsonl` once the rank is known (Geometry is the
   first rank-local event). Records made earlier are held in memory and written there first; if a
   process never learns its rank (the HTTP/launcher process) and holds a warning or error, it is
@@ -53,7 +54,7 @@ ENV_GRAPH_FLUSH_S = "CPTEST_PROBE_GRAPH_FLUSH_S"
 MAX_ERRORS_PER_HOOK = 5
 WRITER_PERIOD_S = 0.02
 """How often the writer thread comes by (graph counts, work an idle engine left pending)."""
-IDLE_S = 0.1
+IDLE_S = 0.15
 """Deferred work older than this is finished by the writer: the engine has not come back for it."""
 
 
