@@ -7,7 +7,9 @@ Two layers (Jepsen `Nemesis`): a `Fault` does one injection now (`inject`, `heal
   in the same event-loop turn as that completion);
 - `after_decode_steps`: when rank 0's probe file (`<probe_dir>/rank0.jsonl`) holds N Step records of
   mode `decode` (polled; hooks do not fire on CUDA-graph replay, so under captured graphs this
-  trigger never fires and the missing fault record says so).
+  trigger never fires and the missing fault record says so). The probe writes a step's record up
+  to 16 steps or ~0.1 s after the step (its copy batches), so the fault lands that much later in
+  the run than the Nth decode step itself.
 A `stop` with `heal_after_s` is healed by SIGCONT that long after it fired, or when the injector
 stops, whichever comes first. A `stop` without `heal_after_s` stays frozen through the shutdown (that
 is what such a scenario measures); teardown still works, since SIGKILL ends a stopped process.
