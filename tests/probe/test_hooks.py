@@ -306,3 +306,20 @@ def test_steps_travel_in_batches_and_come_out_in_order_with_their_own_values(pro
         want = {f"r{k}": 100 + i + 10 * k for k in range(1 + i % 3)}
         assert s.seq_positions == {r: [(p, p + 1)] for r, p in want.items()}
         assert s.kv_written == {r: [(p, p + 1)] if p % 2 == 1 else [] for r, p in want.items()}
+
+
+def test_with_positions_off_steps_are_recorded_without_any_copy(tmp_path: Path, monkeypatch: MP) -> None:
+    p = Probe(tmp_path, observe_positions=False, graph_flush_s=0.0)
+    runtime.set_probe(p)
+    try:
+        _fake_parallel_state(monkeypatch, 1)
+        hooks.after_initialize_model_parallel(None)
+        fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([5, 6]), ["a", "b"], 2)
+        hooks.around_model_runner_forward(_dcp_forward(1, Layer()), Runner(), fb)
+        assert p.copies is None  # nothing was gathered for the host
+        (s,) = [r for r in _records(p) if isinstance(r, Step)]
+        assert (s.mode, s.batch_size, s.rows_in) == ("decode", 2, 2)
+        assert s.seq_positions == {} and s.kv_written == {}
+    finally:
+        runtime.set_probe(None)
+        p.close()
