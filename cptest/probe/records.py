@@ -265,27 +265,56 @@ def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence
             seq_positions = {rid: ranges_from(p) for rid, p in per_req.items()}
 
     kv_written: dict[str, Ranges] = {}
-    if per_req is not None and positions is not None and draft.kv_rows is not None:
-        if draft.kv_mask is not None and len(draft.kv_mask) == len(positions) and lens is not None:
-            owned = [p if m else -1 for p, m in zip(positions, draft.kv_mask, strict=True)]
+    if per_req is not None and positions is not None and lens is not None:
+        source = _kv_source(draft, len(positions))
+        if source == "mask":
+            owned = [p if m else -1 for p, m in zip(positions, draft.kv_mask or (), strict=True)]
             kv_written = {
                 rid: ranges_from(p for p in ps if p >= 0)
                 for rid, ps in split_per_request(owned, draft.rids, lens).items()
             }
-        elif draft.kv_mask is None and draft.kv_rows == len(positions):
+        elif source == "all":
             kv_written = {rid: ranges_from(p) for rid, p in per_req.items()}
-        else:
-            draft.notes.append(
-                f"step {draft.step}: KV write of {draft.kv_rows} rows "
-                f"(mask {'of ' + str(len(draft.kv_mask)) if draft.kv_mask is not None else 'none'}) "
-                f"does not match the batch's {len(positions)} rows; kv_written left empty"
-            )
-    elif draft.kv_rows is None and draft.mode in ("extend", "decode", "mixed"):
-        draft.notes.append(f"step {draft.step}: no KV write seen; kv_written left empty")
+    elif draft.kv_rows is None:
+        _kv_source(draft, 0)  # notes that no KV write was seen
 
     all_local: list[tuple[int, int]] = [r for rs in seq_positions.values() for r in rs]
-    return _step(draft, rank=rank, t=t, attn_rows=attn_rows, positions=ranges_merge(all_local),
-                 seq_positions=seq_positions, kv_written=kv_written)
+    return Step(
+        t=t,
+        rank=rank,
+        step=draft.step,
+        mode=draft.mode,
+        batch_size=draft.batch_size,
+        rows_in=draft.rows_in,
+        attn_rows=attn_rows,
+        ffn_rows=draft.ffn_rows,
+        logits_rows=draft.logits_rows,
+        cp_active=None if draft.cp_configured is None else (draft.cp_active and draft.cp_configured),
+        positions=ranges_merge(all_local),
+        seq_positions=seq_positions,
+        kv_written=kv_written,
+        extend_lens=list(draft.extend_lens or []),
+        prefix_lens=list(draft.prefix_lens or []),
+    )
+
+
+def _kv_source(draft: StepDraft, n_rows: int) -> Literal["mask", "all"] | None:
+    """How the step's first-layer KV write maps onto its `n_rows` rows: row by row through the DCP
+    owner mask, all of them, or none (the write was not seen or does not fit; a note says which)."""
+    if draft.kv_rows is None:
+        if draft.mode in ("extend", "decode", "mixed"):
+            draft.notes.append(f"step {draft.step}: no KV write seen; kv_written left empty")
+        return None
+    if draft.kv_mask is not None and len(draft.kv_mask) == n_rows:
+        return "mask"
+    if draft.kv_mask is None and draft.kv_rows == n_rows:
+        return "all"
+    draft.notes.append(
+        f"step {draft.step}: KV write of {draft.kv_rows} rows "
+        f"(mask {'of ' + str(len(draft.kv_mask)) if draft.kv_mask is not None else 'none'}) "
+        f"does not match the batch's {n_rows} rows; kv_written left empty"
+    )
+    return None
 
 
 class RidText:
@@ -327,22 +356,11 @@ def finish_step_line(draft: StepDraft, *, rank: RankId, rank_json: str, t: float
     if quoted is None:
         draft.rids = [r if isinstance(r, str) else str(r) for r in rids]
         return finish_step(draft, rank=rank, t=t, positions=positions).model_dump_json()
-    mask = draft.kv_mask
-    if draft.kv_rows is None:
-        kv = "null"
-        if draft.mode in ("extend", "decode", "mixed"):
-            draft.notes.append(f"step {draft.step}: no KV write seen; kv_written left empty")
-    elif mask is not None and len(mask) == len(positions):
-        kv = "[" + ",".join(map(str, map(int, mask))) + "]"
-    elif mask is None and draft.kv_rows == len(positions):
-        kv = '"all"'
+    source = _kv_source(draft, len(positions))
+    if source == "mask":
+        kv = "[" + ",".join(map(str, map(int, draft.kv_mask or ()))) + "]"
     else:
-        kv = "null"
-        draft.notes.append(
-            f"step {draft.step}: KV write of {draft.kv_rows} rows "
-            f"(mask {'of ' + str(len(mask)) if mask is not None else 'none'}) "
-            f"does not match the batch's {len(positions)} rows; kv_written left empty"
-        )
+        kv = '"all"' if source == "all" else "null"
     cp = "null" if draft.cp_configured is None else "false"  # cp_active is False on this path
     return (
         f'{{"v":{SCHEMA_VERSION},"t":{float(t)!r},"kind":"step","rank":{rank_json},"step":{int(draft.step)},'
@@ -368,27 +386,6 @@ def _json_int(v: int | None) -> str:
 
 def _one_row_each(rids: Sequence[str], lens: Sequence[int]) -> bool:
     return list(lens).count(1) == len(lens) and len(set(rids)) == len(rids)
-
-
-def _step(draft: StepDraft, *, rank: RankId, t: float, attn_rows: int | None, positions: Ranges,
-          seq_positions: dict[str, Ranges], kv_written: dict[str, Ranges]) -> Step:
-    return Step(
-        t=t,
-        rank=rank,
-        step=draft.step,
-        mode=draft.mode,
-        batch_size=draft.batch_size,
-        rows_in=draft.rows_in,
-        attn_rows=attn_rows,
-        ffn_rows=draft.ffn_rows,
-        logits_rows=draft.logits_rows,
-        cp_active=None if draft.cp_configured is None else (draft.cp_active and draft.cp_configured),
-        positions=positions,
-        seq_positions=seq_positions,
-        kv_written=kv_written,
-        extend_lens=list(draft.extend_lens or []),
-        prefix_lens=list(draft.prefix_lens or []),
-    )
 
 
 # ---------------------------------------------------------------- graph counters
