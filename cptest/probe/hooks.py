@@ -112,11 +112,15 @@ class CopyBatch:
 
 
 def send_copies(probe: Probe) -> None:
-    """Send the batch being filled, if any (the batch is full, or the probe must finish now)."""
+    """Send the batch being filled, if any: the probe must finish its pending work now."""
     with probe.copy_lock:
-        batch, probe.copies = probe.copies, None
-        if batch is not None:
-            batch.send()
+        _send_locked(probe)
+
+
+def _send_locked(probe: Probe) -> None:
+    batch, probe.copies = probe.copies, None
+    if batch is not None:
+        batch.send()
 
 
 # ---------------------------------------------------------------- geometry, pool, capacity
@@ -243,7 +247,7 @@ def _begin_step_body(probe: Probe, runner: Any, fb: Any) -> None:
     mode = records.mode_of(getattr(fb.forward_mode, "name", str(fb.forward_mode)))
     ids = getattr(fb, "input_ids", None)
     rows_in = int(ids.shape[0]) if ids is not None else 0
-    rids = list(getattr(fb, "rids", None) or [])  # str in SGLang; _finish_step makes sure
+    rids = list(getattr(fb, "rids", None) or [])  # str in SGLang; records.finish_step_line makes sure
     bs = int(getattr(fb, "batch_size", len(rids)) or 0)
     if not rids:
         rids = [f"#{i}" for i in range(bs)]
@@ -282,15 +286,13 @@ def _end_step_body(probe: Probe, fb: Any, result: Any) -> None:
         if tensors:
             with probe.copy_lock:
                 if probe.copies is not None and not probe.copies.fits(tensors):
-                    probe.copies.send()
-                    probe.copies = None
+                    _send_locked(probe)
                 if probe.copies is None:
                     probe.copies, probe.kick = CopyBatch(probe.clock()), send_copies
                 batch = probe.copies
                 first = batch.add(tensors)
                 if batch.steps >= COPY_EVERY or probe.clock() - batch.born >= COPY_WITHIN_S:
-                    batch.send()
-                    probe.copies = None
+                    _send_locked(probe)
         probe.defer(StepJob(probe, draft, probe.now(), batch, first, tuple(which)))
 
 

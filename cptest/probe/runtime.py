@@ -49,7 +49,7 @@ from cptest.probe.records import GraphCounter, RidText, StepDraft
 
 ENV_DIR = "CPTEST_PROBE_DIR"
 ENV_POSITIONS = "CPTEST_PROBE_POSITIONS"
-"""`0` stops the per-step copy of position and mask tensors to the host (one sync per eager step)."""
+"""`0` stops gathering position and mask tensors for the host: steps are recorded without them."""
 ENV_GRAPH_FLUSH_S = "CPTEST_PROBE_GRAPH_FLUSH_S"
 MAX_ERRORS_PER_HOOK = 5
 WRITER_PERIOD_S = 0.02
@@ -223,28 +223,30 @@ class Probe:
 
     def run_ready(self) -> None:
         """On the engine's thread, at a step's start: finish what the device is done with, in order."""
-        if not self._pending or not self._pending_lock.acquire(blocking=False):
-            return  # nothing pending, or the writer is finishing it
-        try:
-            self._runner = threading.get_ident()
-            while self._pending and self._pending[0][1].ready():
-                _run(self._pending.popleft()[1])
-        finally:
-            self._runner = None
-            self._pending_lock.release()
+        if self._pending:
+            self._run_pending(None)
 
     def _finish_pending(self, deadline: float) -> bool:
         """Finish all pending work, polling (never spinning on the device) until `deadline`."""
         if self._pending and self.kick is not None:
             self.kick(self)
-        if not self._pending_lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+        return self._run_pending(deadline)
+
+    def _run_pending(self, deadline: float | None) -> bool:
+        """Run pending work in order; True when none is left. Without a deadline (the engine's
+        thread) it never waits: not for the lock, which the writer may hold, nor for an item."""
+        if deadline is None:
+            locked = self._pending_lock.acquire(blocking=False)
+        else:
+            locked = self._pending_lock.acquire(timeout=max(deadline - time.monotonic(), 0.0))
+        if not locked:
             return False
         try:
             self._runner = threading.get_ident()
             while self._pending:
                 item = self._pending[0][1]
                 while not item.ready():
-                    if time.monotonic() > deadline:
+                    if deadline is None or time.monotonic() > deadline:
                         return False
                     time.sleep(0.001)
                 self._pending.popleft()
