@@ -14,7 +14,8 @@
 # throughput is output tokens per second of wall time; per round the geometric mean of the two
 # on/off ratios cancels the GPUs' difference, and the overhead is 1 - its median over rounds. Last, the "on" servers' evidence is checked: every request's K/V positions written
 # exactly once each, from its first uncached position to the last fed-back token.
-# Result: $OUT/overhead.json, overhead.log, the four server logs, the probe's rank files (tar.gz).
+# Result: $OUT/overhead.json, overhead.log, server-logs.tar.gz, probe-evidence.tar.gz (the probe's
+# rank files), manifest.json (environment, commit, file hashes) and SHA256SUMS.
 set -uo pipefail
 T0=$(date +%s)
 OUT=${OUT:-/tmp/overhead-out}; W=/tmp/overhead; mkdir -p "$OUT" "$W"
@@ -72,7 +73,7 @@ launch() {  # name gpu port probe(0/1) cpuset
     mkdir -p "$W/probe-$1"; envs+=(CPTEST_PROBE_DIR="$W/probe-$1"); extra=(--forward-hooks "$HOOKS")
   fi
   env "${envs[@]}" setsid python3 -c 'import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")}); os.execvp(sys.argv[2], sys.argv[2:])' \
-    "$5" python3 -m sglang.launch_server "${COMMON[@]}" "${extra[@]}" --port "$3" > "$OUT/server-$1.log" 2>&1 & PGS+=($!)
+    "$5" python3 -m sglang.launch_server "${COMMON[@]}" "${extra[@]}" --port "$3" > "$W/server-$1.log" 2>&1 & PGS+=($!)
 }
 say "launching on0/off0 on GPU 0, on1/off1 on GPU 1"
 launch on0 0 31000 1 "${CPUSETS[0]}"; launch off0 0 31001 0 "${CPUSETS[1]}"
@@ -181,4 +182,8 @@ print(f"per round: {', '.join(f'{100 * x:.2f}' for x in result['overhead_per_rou
 print(f"probe overhead on eager decode throughput: {100 * result['overhead']:.2f} %")
 EOF
 tar -C "$W" -czf "$OUT/probe-evidence.tar.gz" probe-on0 probe-on1
+tar -C "$W" -czf "$OUT/server-logs.tar.gz" server-on0.log server-off0.log server-on1.log server-off1.log
 say "done"
+# the pins of this run, read on this machine (at most 8 files come back: these make 6)
+python3 tools/side_run_manifest.py "$OUT" --commit "${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" \
+  --script tools/device/probe-overhead.sh --what "probe overhead on eager decode, SGLang 0.5.17, llama-kv1 TP1"

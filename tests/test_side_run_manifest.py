@@ -1,0 +1,45 @@
+"""tools/side_run_manifest.py: the pins of a raw side run under results/_*/ (decisions D14)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOL = ROOT / "tools" / "side_run_manifest.py"
+
+
+def _run(*argv: str) -> None:
+    subprocess.run([sys.executable, str(TOOL), *argv], check=True, cwd=ROOT, timeout=120)
+
+
+def test_a_run_whose_machine_is_gone_gets_nulls_with_the_reason_and_every_file_hashed(tmp_path: Path) -> None:
+    (tmp_path / "overhead.json").write_text('{"overhead": 0.01}\n')
+    (tmp_path / "overhead.log").write_text("round 0\n")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT,
+                          check=True).stdout.strip()
+    _run(str(tmp_path), "--commit", head, "--script", "tools/device/probe-overhead.sh",
+         "--not-recorded", "machine gone")
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["environment"]["driver"] is None and m["environment"]["reasons"]["driver"] == "machine gone"
+    names = ("overhead.json", "overhead.log")
+    want = {n: hashlib.sha256((tmp_path / n).read_bytes()).hexdigest() for n in names}
+    assert m["files"] == want
+    shown = subprocess.run(["git", "show", f"{head}:tools/device/probe-overhead.sh"], capture_output=True,
+                           cwd=ROOT, check=True).stdout
+    assert m["script_sha256"] == hashlib.sha256(shown).hexdigest()  # the script as the commit had it
+    sums = dict(reversed(line.split("  ")) for line in (tmp_path / "SHA256SUMS").read_text().splitlines())
+    assert sums["overhead.json"] == want["overhead.json"]
+    assert sums["manifest.json"] == hashlib.sha256((tmp_path / "manifest.json").read_bytes()).hexdigest()
+
+
+def test_a_commit_without_the_script_gives_no_script_hash(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("x\n")
+    first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], capture_output=True, text=True,
+                           cwd=ROOT, check=True).stdout.split()[0]
+    _run(str(tmp_path), "--commit", first, "--script", "tools/device/probe-overhead.sh",
+         "--not-recorded", "x")
+    assert json.loads((tmp_path / "manifest.json").read_text())["script_sha256"] is None
