@@ -47,8 +47,7 @@ class Finding:
 def launch_config(scenario: Scenario) -> LaunchConfig:
     topo, facts = scenario.topology, scenario.model.facts
     return LaunchConfig(
-        tp=topo.tp, dcp=topo.dcp, attn_cp=topo.attn_cp, attn_dp=topo.attn_dp, pp=topo.pp,
-        prefill_cp=topo.prefill_cp, cp_strategy=topo.cp_strategy, architecture=facts.architecture,
+        degrees=topo.as_degrees(), architecture=facts.architecture,
         heads=facts.heads, kv_heads=facts.kv_heads, is_mla=facts.is_mla,
         attention_backend=scenario.serve.attention_backend,
         min_prompt_len=scenario.workload.prompt_tokens.bounds()[0],

@@ -32,12 +32,10 @@ from cptest.probe.forward_hooks import spec as probe_hooks_spec
 from cptest.scenario import Dist as DistNode
 from cptest.scenario import ExpectEntry, Scenario, Topology
 from cptest.topology import (
-    TopologySpec,
     expected_capacity_multiplier,
-    geometry,
+    group_problems,
     kv_replicated_in_dcp_group,
-    process_title,
-    topology_problems,
+    titled_geometry,
 )
 from cptest.workload import Dist, build_workload, load_dataset
 
@@ -142,20 +140,10 @@ def _needs_eager(scenario: Scenario) -> str | None:
     return f"{', '.join(needs)} evidence needs per-step records: every CUDA-graph phase disabled"
 
 
-def _spec(topo: Topology) -> TopologySpec:
-    return TopologySpec(
-        tp=topo.tp, dcp=topo.dcp, attn_cp=topo.attn_cp, attn_dp=topo.attn_dp, pp=topo.pp,
-        nodes=topo.nodes, gpus=topo.gpus, prefill_cp=topo.prefill_cp, cp_strategy=topo.cp_strategy,
-    )  # fmt: skip
-
-
 def _geometry(topo: Topology) -> list[dict[str, Any]]:
-    spec = _spec(topo)
-    if topology_problems(spec):
-        # Scenarios that expect SGLang to reject the launch may declare layouts that cannot be
-        # built (tp 2 dcp 3); the plan then carries no geometry and the launch checker decides.
-        return []
-    return [dict(g.to_dict(), process_title=process_title(g, spec)) for g in geometry(spec)]
+    # Scenarios that expect SGLang to reject the launch may declare layouts that cannot be
+    # built (tp 2 dcp 3); the plan then carries no geometry and the launch checker decides.
+    return [g.model_dump(mode="json") for g in titled_geometry(topo.as_degrees())]
 
 
 def _server(
@@ -176,14 +164,7 @@ def _server(
         model_path=model_path,
         host="127.0.0.1",
         port=port,
-        tp=topo.tp,
-        dcp=topo.dcp,
-        attn_cp=topo.attn_cp,
-        attn_dp=topo.attn_dp,
-        pp=topo.pp,
-        prefill_cp=topo.prefill_cp,
-        cp_strategy=topo.cp_strategy,
-        nnodes=topo.nodes,
+        degrees=topo.as_degrees(),
         attention_backend=serve.attention_backend,
         cuda_graph=graphs,
         # Per-step evidence needs every phase eager: prefill graphs would hide extend steps too.
@@ -358,8 +339,8 @@ def _expectations(scenario: Scenario, release: Release | None) -> list[Expectati
 
 def _contracts(scenario: Scenario, release: Release | None) -> dict[str, Any]:
     topo, facts = scenario.topology, scenario.model.facts
-    spec = _spec(topo)
-    if topology_problems(spec):
+    spec = topo.as_degrees()
+    if group_problems(spec):
         return {"layout": "impossible"}
     rule = release.kv_heads_rule if release is not None else "attn_tp"
     return {

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
 from cptest.errors import Span
+from cptest.topology import Degrees
 
 SCHEMA_VERSION = 1
 """The `cptest N` header this model implements."""
@@ -94,21 +95,15 @@ class Model(Node):
     facts: ModelFacts
 
 
-class Topology(Node):
-    gpus: int
-    nodes: int = 1
-    tp: int
-    dcp: int = 1
-    attn_cp: int = 1
-    attn_dp: int = 1
-    pp: int = 1
-    prefill_cp: bool = False
-    """Defaults to True iff cp_strategy is set (resolved by the parser)."""
-    cp_strategy: Literal["zigzag", "interleave"] | None = None
+class Topology(Node, Degrees):
+    """The main server's parallel degrees as written (`cptest.topology.Degrees`, with positions).
 
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp
+    `gpus` is required here; `prefill_cp` defaults to True iff `cp_strategy` is set (resolved by the
+    parser).
+    """
+
+    gpus: int
+    cp_strategy: Literal["zigzag", "interleave"] | None = None
 
 
 GraphMode = Literal["full", "breakable", "disabled"]

@@ -25,33 +25,40 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from cptest.errors import PlanError
 
 KvHeadsRule = Literal["attn_tp", "attn_tp_over_dcp"]
 """How a release sizes the per-rank KV pool in heads (see `kv_heads_per_rank`)."""
 
+CP_STRATEGIES = ("zigzag", "interleave")
 
-@dataclass(frozen=True)
-class TopologySpec:
-    """Parallel degrees of one SGLang server. `attn_dp` is `--dp-size N --enable-dp-attention` in 0.5.17.
 
-    `gpus` defaults to the world size (`tp * pp`); SGLang runs one scheduler process per GPU.
-    `ep` and `moe_dp` only matter for process titles here.
+class Degrees(BaseModel):
+    """The parallel degrees of one server: the one type for them, from the scenario to both engines' argv.
+
+    `scenario.Topology` *is* a `Degrees` (with source positions); the plan stores one per server;
+    SGLang's and the reference engine's argv builders and the admission rules take one. `attn_dp` is
+    attention data parallelism (`--dp-size N --enable-dp-attention` in SGLang 0.5.17). `gpus` None
+    means `tp * pp` (SGLang runs one scheduler process per GPU). Values are not range-checked here:
+    `layout_problems` says what is wrong with them, so that a scenario *about* a rejected launch can
+    still carry its impossible degrees to the engine.
     """
 
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpus: int | None = None
+    nodes: int = 1
     tp: int
     dcp: int = 1
     attn_cp: int = 1
     attn_dp: int = 1
     pp: int = 1
-    nodes: int = 1
-    gpus: int | None = None
     prefill_cp: bool = False
     cp_strategy: str | None = None
-    ep: int = 1
-    moe_dp: int = 1
 
     @property
     def world_size(self) -> int:
@@ -61,10 +68,118 @@ class TopologySpec:
     def attn_tp(self) -> int:
         return self.tp // self.attn_dp // self.attn_cp
 
+    @property
+    def pcp(self) -> bool:
+        """Prefill context parallelism is switched on and has more than one rank to split over."""
+        return self.prefill_cp and self.attn_cp > 1
+
+    def as_degrees(self) -> Degrees:
+        """This value as a plain `Degrees` (a scenario's Topology sheds its source positions)."""
+        if type(self) is Degrees:
+            return self
+        return Degrees.model_validate({k: getattr(self, k) for k in Degrees.model_fields})
+
 
 @dataclass(frozen=True)
-class RankGeometry:
-    """Where one world rank sits in every process group SGLang builds. Groups hold world ranks."""
+class LayoutProblem:
+    """Why a set of degrees cannot be laid out. `code` names the rule (the release tables' admission
+    rules use the same codes where SGLang enforces it too), `field` the setting to change."""
+
+    code: str
+    field: str
+    message: str
+    expected: str | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+ADMISSION_CODES = frozenset({"tp_divisible_by_dcp", "tp_divisible_by_attn_cp", "tp_divisible_by_dp_attn_cp",
+                             "cp_strategy_required", "prefill_cp_needs_attn_cp"})
+"""Layout rules that SGLang also enforces (or silently ignores) itself: a scenario *about* that
+rejection may break them. The other rules (gpus, nodes, positive degrees) describe what cptest can
+launch at all."""
+
+
+def layout_problems(d: Degrees) -> list[LayoutProblem]:
+    """Every reason `d` cannot be laid out (empty when it can): the one place for topology arithmetic.
+
+    These are impossibilities of the groups themselves (SGLang's numbering in the module docstring),
+    whatever the release: `tp % dcp`, `tp % (attn_dp * attn_cp)`, a prefill CP split with nothing to
+    split over or no strategy. What a *release* does with them (reject, at which stage, with which
+    message) is data in `cptest.engines.sglang.releases`.
+    """
+    out: list[LayoutProblem] = []
+    for name in ("tp", "dcp", "attn_cp", "attn_dp", "pp", "nodes"):
+        v = getattr(d, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            out.append(LayoutProblem(f"{name}_at_least_1", name,
+                                     f"{name} must be an integer >= 1, got {v!r}"))
+    if out:
+        return out
+    if d.tp % d.dcp:
+        out.append(LayoutProblem("tp_divisible_by_dcp", "dcp", f"dcp {d.dcp} does not divide tp {d.tp}",
+                                 expected=f"dcp among {divisors(d.tp)}"))
+    if d.tp % d.attn_cp:
+        out.append(LayoutProblem("tp_divisible_by_attn_cp", "attn_cp",
+                                 f"attn_cp {d.attn_cp} does not divide tp {d.tp}",
+                                 expected=f"attn_cp among {divisors(d.tp)}"))
+    elif d.tp % (d.attn_dp * d.attn_cp):
+        out.append(LayoutProblem("tp_divisible_by_dp_attn_cp", "attn_dp",
+                                 f"attn_dp x attn_cp ({d.attn_dp * d.attn_cp}) does not divide tp {d.tp}"))
+    world = d.world_size
+    if d.gpus is not None and d.gpus != world:
+        out.append(LayoutProblem("gpus_are_world", "gpus", f"gpus {d.gpus} != tp {d.tp} x pp {d.pp}",
+                                 expected=f"gpus {world}"))
+    if world % d.nodes:
+        out.append(LayoutProblem("nodes_divide_world", "nodes",
+                                 f"nodes {d.nodes} does not divide gpus {world}"))
+    elif d.nodes > 1:
+        # _calculate_rank_ranges (engine.py:1720-1752) only splits evenly in these two shapes.
+        nodes_split_pp = d.pp % d.nodes == 0
+        nodes_split_tp = d.nodes % d.pp == 0 and d.tp % (d.nodes // d.pp) == 0
+        if not (nodes_split_pp or nodes_split_tp):
+            out.append(LayoutProblem("nodes_split_evenly", "nodes",
+                                     f"nodes {d.nodes} must divide pp {d.pp} or be pp times a divisor of tp"))
+    if d.cp_strategy is not None and d.cp_strategy not in CP_STRATEGIES:
+        out.append(LayoutProblem("cp_strategy_known", "cp_strategy",
+                                 f"cp_strategy must be zigzag or interleave, got {d.cp_strategy!r}",
+                                 expected="zigzag or interleave"))
+    if d.prefill_cp and d.cp_strategy is None:
+        out.append(LayoutProblem("cp_strategy_required", "prefill_cp", "prefill_cp needs a cp_strategy",
+                                 expected="zigzag or interleave"))
+    if d.prefill_cp and d.attn_cp <= 1:
+        # Nothing to split over: SGLang (layers/cp/base.py:245-256) silently runs without CP.
+        out.append(LayoutProblem("prefill_cp_needs_attn_cp", "prefill_cp",
+                                 "prefill CP needs attn_cp > 1 (with one CP rank nothing is split)"))
+    return out
+
+
+SPLIT_RULES = frozenset({"cp_strategy_known", "cp_strategy_required", "prefill_cp_needs_attn_cp"})
+"""Rules about the prefill row split only: the process groups can still be built."""
+
+
+def group_problems(d: Degrees) -> list[LayoutProblem]:
+    """The layout problems that make the process groups impossible to build."""
+    return [p for p in layout_problems(d) if p.code not in SPLIT_RULES]
+
+
+def layout_codes(d: Degrees) -> frozenset[str]:
+    """The codes of `layout_problems(d)`: what admission conditions test."""
+    return frozenset(p.code for p in layout_problems(d))
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+class RankGeometry(BaseModel):
+    """Where one world rank sits in every process group SGLang builds. Groups hold world ranks.
+
+    The plan stores one per rank with the rank's scheduler `process_title` (what a fault targets).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     world_rank: int
     node: int
@@ -75,72 +190,29 @@ class RankGeometry:
     attn_cp_rank: int
     attn_tp_rank: int
     attn_dp_rank: int
-    moe_dp_rank: int
-    moe_ep_rank: int
     tp_group: tuple[int, ...]
     dcp_group: tuple[int, ...]
     attn_cp_group: tuple[int, ...]
     attn_tp_group: tuple[int, ...]
     pp_group: tuple[int, ...]
+    process_title: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form stored in `plan.json` (`ServerPlan.geometry`)."""
-        # Flat fields only, so a comprehension does what dataclasses.asdict would, ~10x faster
-        # (the plan builds one per rank for every scenario it compiles).
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(self).items()}
-
-
-def topology_problems(spec: TopologySpec) -> list[str]:
-    """Every reason `spec` cannot be laid out (empty when it can). Messages say what to change.
-
-    These are layout impossibilities (the groups cannot be built), not SGLang's admission rules:
-    those, with SGLang's exact messages, live in `cptest.engines.sglang.admission`.
-    """
-    out: list[str] = []
-    for name in ("tp", "dcp", "attn_cp", "attn_dp", "pp", "nodes", "ep", "moe_dp"):
-        v = getattr(spec, name)
-        if not isinstance(v, int) or v < 1:
-            out.append(f"{name} must be an integer >= 1, got {v!r}")
-    if out:
-        return out
-    if spec.tp % spec.dcp:
-        out.append(f"tp {spec.tp} is not divisible by dcp {spec.dcp}; choose dcp among {divisors(spec.tp)}")
-    if spec.tp % (spec.attn_cp * spec.attn_dp):
-        out.append(f"tp {spec.tp} is not divisible by attn_dp*attn_cp = {spec.attn_dp * spec.attn_cp}")
-    if spec.tp % (spec.ep * spec.moe_dp):
-        out.append(f"tp {spec.tp} is not divisible by ep*moe_dp = {spec.ep * spec.moe_dp}")
-    world = spec.world_size
-    if spec.gpus is not None and spec.gpus != world:
-        out.append(f"gpus {spec.gpus} != tp*pp = {world}; SGLang runs one rank per GPU")
-    if world % spec.nodes:
-        out.append(f"world size {world} is not divisible by nodes {spec.nodes}")
-    elif spec.nodes > 1:
-        # _calculate_rank_ranges (engine.py:1720-1752) only splits evenly in these two shapes.
-        nodes_split_pp = spec.pp % spec.nodes == 0
-        nodes_split_tp = spec.nodes % spec.pp == 0 and spec.tp % (spec.nodes // spec.pp) == 0
-        if not (nodes_split_pp or nodes_split_tp):
-            out.append(f"nodes {spec.nodes} must divide pp {spec.pp} or be pp times a divisor of tp")
-    if spec.cp_strategy is not None and spec.cp_strategy not in ("zigzag", "interleave"):
-        out.append(f"cp_strategy must be zigzag or interleave, got {spec.cp_strategy!r}")
-    return out
+    def group(self, name: str) -> tuple[int, ...]:
+        """The `name` group (tp, dcp, attn_cp, attn_tp, pp) this rank belongs to."""
+        return getattr(self, f"{name}_group")
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def geometry(spec: TopologySpec) -> list[RankGeometry]:
+def geometry(d: Degrees) -> list[RankGeometry]:
     """One `RankGeometry` per world rank, in world-rank order. Raises `PlanError` if impossible."""
-    problems = topology_problems(spec)
+    problems = group_problems(d)
     if problems:
-        raise PlanError("; ".join(problems))
-    tp, pp, dcp, acp = spec.tp, spec.pp, spec.dcp, spec.attn_cp
-    atp = spec.attn_tp
-    world = spec.world_size
-    pp_per_node = max(pp // spec.nodes, 1)
-    nodes_per_pp = max(spec.nodes // pp, 1)
+        raise PlanError("; ".join(p.message for p in problems))
+    tp, pp, dcp, acp = d.tp, d.pp, d.dcp, d.attn_cp
+    atp = d.attn_tp
+    world = d.world_size
+    pp_per_node = max(pp // d.nodes, 1)
+    nodes_per_pp = max(d.nodes // pp, 1)
     tp_per_node = tp // nodes_per_pp
-    moe_block = tp // spec.moe_dp
     out: list[RankGeometry] = []
     for w in range(world):
         pp_rank, tp_rank = divmod(w, tp)
@@ -151,50 +223,51 @@ def geometry(spec: TopologySpec) -> list[RankGeometry]:
         dcp_start = base + (tp_rank // dcp) * dcp
         cp_start = base + attn_dp_rank * atp * acp + attn_tp_rank
         atp_start = base + (tp_rank // atp) * atp
-        out.append(
-            RankGeometry(
-                world_rank=w,
-                node=(pp_rank // pp_per_node) * nodes_per_pp + tp_rank // tp_per_node,
-                local_gpu=(pp_rank % pp_per_node) * tp_per_node + tp_rank % tp_per_node,
-                tp_rank=tp_rank,
-                pp_rank=pp_rank,
-                dcp_rank=tp_rank % dcp,
-                attn_cp_rank=attn_cp_rank,
-                attn_tp_rank=attn_tp_rank,
-                attn_dp_rank=attn_dp_rank,
-                moe_dp_rank=tp_rank // moe_block,
-                moe_ep_rank=tp_rank % moe_block // (moe_block // spec.ep),
-                tp_group=tuple(range(base, base + tp)),
-                dcp_group=tuple(range(dcp_start, dcp_start + dcp)),
-                attn_cp_group=tuple(range(cp_start, cp_start + atp * acp, atp)),
-                attn_tp_group=tuple(range(atp_start, atp_start + atp)),
-                pp_group=tuple(range(tp_rank, world, tp)),
-            )
+        rank = RankGeometry(
+            world_rank=w,
+            node=(pp_rank // pp_per_node) * nodes_per_pp + tp_rank // tp_per_node,
+            local_gpu=(pp_rank % pp_per_node) * tp_per_node + tp_rank % tp_per_node,
+            tp_rank=tp_rank,
+            pp_rank=pp_rank,
+            dcp_rank=tp_rank % dcp,
+            attn_cp_rank=attn_cp_rank,
+            attn_tp_rank=attn_tp_rank,
+            attn_dp_rank=attn_dp_rank,
+            tp_group=tuple(range(base, base + tp)),
+            dcp_group=tuple(range(dcp_start, dcp_start + dcp)),
+            attn_cp_group=tuple(range(cp_start, cp_start + atp * acp, atp)),
+            attn_tp_group=tuple(range(atp_start, atp_start + atp)),
+            pp_group=tuple(range(tp_rank, world, tp)),
         )
+        out.append(rank)
     return out
 
 
-def process_title(rank: RankGeometry, spec: TopologySpec) -> str:
-    """The scheduler's process title, `sglang::scheduler_DP<d>_PP<p>_ATTN_CP<c>_MOE_DP<m>_TP<r>_EP<e>`.
+def process_title(rank: RankGeometry, d: Degrees, prefix: str = "sglang::scheduler") -> str:
+    """The scheduler's process title, `<prefix>_DP<d>_PP<p>_ATTN_CP<c>_TP<r>`.
 
     Each part appears only when its size is > 1 (0.5.17 `managers/scheduler.py:4843-4859`; DP is
     the attention-DP rank, `data_parallel_controller.py:636-644`). A TP1 server's title is the bare
-    `sglang::scheduler`.
+    prefix. cptest has no expert-parallel degrees, so SGLang's MOE_DP and EP parts never appear.
     """
     parts = []
-    if spec.attn_dp > 1:
+    if d.attn_dp > 1:
         parts.append(f"DP{rank.attn_dp_rank}")
-    if spec.pp > 1:
+    if d.pp > 1:
         parts.append(f"PP{rank.pp_rank}")
-    if spec.attn_cp > 1:
+    if d.attn_cp > 1:
         parts.append(f"ATTN_CP{rank.attn_cp_rank}")
-    if spec.moe_dp > 1:
-        parts.append(f"MOE_DP{rank.moe_dp_rank}")
-    if spec.tp > 1:
+    if d.tp > 1:
         parts.append(f"TP{rank.tp_rank}")
-    if spec.ep > 1:
-        parts.append(f"EP{rank.moe_ep_rank}")
-    return "sglang::scheduler" + "".join("_" + p for p in parts)
+    return prefix + "".join("_" + p for p in parts)
+
+
+def titled_geometry(d: Degrees, prefix: str = "sglang::scheduler") -> list[RankGeometry]:
+    """`geometry(d)` with each rank's process title; empty when `d` cannot be laid out (a scenario
+    that expects the engine to reject the launch may declare such degrees)."""
+    if group_problems(d):
+        return []
+    return [g.model_copy(update={"process_title": process_title(g, d, prefix)}) for g in geometry(d)]
 
 
 # ---------------------------------------------------------------- PCP row split
@@ -303,7 +376,7 @@ def dcp_local_positions(length: int, rank: int, dcp: int, interleave: int = 1) -
     return [p for p in range(length) if dcp_owner(p, dcp, interleave) == rank]
 
 
-def capacity_groups(spec: TopologySpec) -> list[list[int]]:
+def capacity_groups(spec: Degrees) -> list[list[int]]:
     """The ranks that together hold one logical KV space: the DCP groups (singletons without DCP)."""
     seen: dict[tuple[int, ...], None] = {}
     for g in geometry(spec):
@@ -357,7 +430,7 @@ def kv_replicated_in_dcp_group(tp: int, dcp: int, kv_heads: int) -> bool:
 
 
 def expected_capacity_multiplier(
-    spec: TopologySpec, kv_heads: int, is_mla: bool, rule: KvHeadsRule = "attn_tp"
+    spec: Degrees, kv_heads: int, is_mla: bool, rule: KvHeadsRule = "attn_tp"
 ) -> float:
     """Logical KV capacity of `spec` relative to a TP-only server with the same `tp` and memory.
 
@@ -374,7 +447,7 @@ def expected_capacity_multiplier(
     return spec.dcp * base / mine
 
 
-def logical_capacity(rows_per_rank: int, spec: TopologySpec) -> int:
+def logical_capacity(rows_per_rank: int, spec: Degrees) -> int:
     """Scheduler capacity (`max_total_num_tokens`) from one rank's physical rows: `rows * dcp`."""
     return rows_per_rank * spec.dcp
 

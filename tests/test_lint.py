@@ -21,7 +21,7 @@ SCENARIOS = sorted((ROOT / "scenarios").glob("*.cps"))
 
 TEMPLATE = """cptest 1
 scenario t {{
-  engine sglang "0.5.17"
+  engine sglang "{release}"
   model synthetic {arch} {{ layers 2 hidden 64 heads 4 kv_heads {kv} head_dim 16 vocab 128 intermediate 128 }}
   topology {{ {topology} }}
   serve {{ attention_backend triton }}
@@ -40,8 +40,8 @@ EXPECT_LINE = 10
 
 
 def scenario(expect: str, *, topology: str = "gpus 2 tp 2", arch: str = "llama", kv: int = 1,
-             prompt: str = "16") -> Scenario:  # fmt: skip
-    text = TEMPLATE.format(arch=arch, kv=kv, topology=topology, prompt=prompt, expect=expect)
+             prompt: str = "16", release: str = "0.5.17") -> Scenario:  # fmt: skip
+    text = TEMPLATE.format(arch=arch, kv=kv, topology=topology, prompt=prompt, expect=expect, release=release)
     return parse_text(text, "t.cps")
 
 
@@ -95,6 +95,20 @@ def test_violated_launch_rejected_because_silences_the_pcp_dcp_finding():
     s = scenario('violated launch rejected because "0.5.17 has no check"',
                  topology="gpus 2 tp 2 dcp 2 attn_cp 2 cp_strategy zigzag")  # fmt: skip
     assert lint(s) == []
+
+
+PCP_DCP = "gpus 2 tp 2 dcp 2 attn_cp 2 cp_strategy zigzag"
+
+
+def test_pcp_with_dcp_is_not_a_scenario_error_but_release_knowledge():
+    # Whether PCP with DCP is refused depends on the release, so the parser accepts it and lint says
+    # what the pinned release does: 0.5.23 rejects it at argument parsing ...
+    findings = lint(scenario(GEN, topology=PCP_DCP, arch="qwen3", release="0.5.23"))
+    assert codes_and_lines(findings) == [("launch-rejected", 5)]
+    assert "does not support --enable-prefill-cp" in findings[0].message
+    # ... and 0.5.17 accepts it, though nothing says generation holds.
+    findings = lint(scenario(GEN, topology=PCP_DCP, arch="qwen3"))
+    assert codes_and_lines(findings)[0] == ("pcp_with_dcp", EXPECT_LINE)
 
 
 def test_rejection_pattern_that_does_not_match_the_release_message_is_a_finding():

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from cptest.errors import PlanError
 from cptest.topology import (
-    TopologySpec,
+    Degrees,
     capacity_groups,
     dcp_local_positions,
     dcp_owner,
@@ -18,15 +18,15 @@ from cptest.topology import (
     interleave_split,
     kv_heads_per_rank,
     kv_replicated_in_dcp_group,
+    layout_problems,
     process_title,
-    topology_problems,
     zigzag_applies,
     zigzag_rank_token_counts,
     zigzag_split,
 )
 
 
-def groups(spec: TopologySpec, attr: str) -> list[list[int]]:
+def groups(spec: Degrees, attr: str) -> list[list[int]]:
     seen: dict[tuple[int, ...], None] = {}
     for g in geometry(spec):
         seen.setdefault(getattr(g, attr), None)
@@ -37,12 +37,12 @@ SINGLE = [[0], [1], [2], [3]]
 
 # sglang-cp.md §6 worked examples, re-derived from 0.5.17 parallel_state.py:2191-2545.
 WORKED = [
-    (TopologySpec(tp=2, dcp=2), [[0, 1]], [[0, 1]], [[0], [1]], [[0, 1]]),
-    (TopologySpec(tp=4, dcp=2), [[0, 1, 2, 3]], [[0, 1, 2, 3]], [[0], [1], [2], [3]], [[0, 1], [2, 3]]),
-    (TopologySpec(tp=4, attn_cp=2), [[0, 1, 2, 3]], [[0, 1], [2, 3]], [[0, 2], [1, 3]], [[0], [1], [2], [3]]),
-    (TopologySpec(tp=4, attn_cp=4), [[0, 1, 2, 3]], SINGLE, [[0, 1, 2, 3]], SINGLE),
+    (Degrees(tp=2, dcp=2), [[0, 1]], [[0, 1]], [[0], [1]], [[0, 1]]),
+    (Degrees(tp=4, dcp=2), [[0, 1, 2, 3]], [[0, 1, 2, 3]], [[0], [1], [2], [3]], [[0, 1], [2, 3]]),
+    (Degrees(tp=4, attn_cp=2), [[0, 1, 2, 3]], [[0, 1], [2, 3]], [[0, 2], [1, 3]], [[0], [1], [2], [3]]),
+    (Degrees(tp=4, attn_cp=4), [[0, 1, 2, 3]], SINGLE, [[0, 1, 2, 3]], SINGLE),
     (
-        TopologySpec(tp=8, attn_dp=2, attn_cp=2),
+        Degrees(tp=8, attn_dp=2, attn_cp=2),
         [list(range(8))],
         [[0, 1], [2, 3], [4, 5], [6, 7]],
         [[0, 2], [1, 3], [4, 6], [5, 7]],
@@ -61,13 +61,13 @@ def test_groups_match_the_reference_worked_examples(spec, tp, attn_tp, attn_cp, 
 
 def test_sglang_docstring_example_attn_cp2_attn_tp4():
     # parallel_state.py:2239-2250: tp 8, attn_cp 2 -> CP groups [g0,g4],[g1,g5],[g2,g6],[g3,g7].
-    spec = TopologySpec(tp=8, attn_cp=2)
+    spec = Degrees(tp=8, attn_cp=2)
     assert groups(spec, "attn_cp_group") == [[0, 4], [1, 5], [2, 6], [3, 7]]
     assert groups(spec, "attn_tp_group") == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
 def test_pipeline_groups_stride_by_tp_and_world_rank_is_tp_major():
-    spec = TopologySpec(tp=2, pp=4)
+    spec = Degrees(tp=2, pp=4)
     assert groups(spec, "pp_group") == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert groups(spec, "tp_group") == [[0, 1], [2, 3], [4, 5], [6, 7]]
     g5 = geometry(spec)[5]
@@ -75,46 +75,67 @@ def test_pipeline_groups_stride_by_tp_and_world_rank_is_tp_major():
 
 
 def test_tp_rank_formula_holds_for_every_rank():
-    spec = TopologySpec(tp=16, attn_dp=2, attn_cp=4)
+    spec = Degrees(tp=16, attn_dp=2, attn_cp=4)
     for g in geometry(spec):
         assert g.tp_rank == (g.attn_dp_rank * spec.attn_cp + g.attn_cp_rank) * spec.attn_tp + g.attn_tp_rank
 
 
 def test_dcp_rank_is_tp_rank_mod_dcp():
-    for g in geometry(TopologySpec(tp=8, dcp=4)):
+    for g in geometry(Degrees(tp=8, dcp=4)):
         assert g.dcp_rank == g.tp_rank % 4
         assert g.dcp_group.index(g.world_rank) == g.dcp_rank
 
 
 def test_gpus_are_contiguous_per_node():
-    spec = TopologySpec(tp=16, nodes=2)
+    spec = Degrees(tp=16, nodes=2)
     geo = geometry(spec)
     assert [g.node for g in geo] == [0] * 8 + [1] * 8
     assert [g.local_gpu for g in geo] == list(range(8)) * 2
 
 
 def test_pp_across_nodes_puts_one_stage_per_node():
-    geo = geometry(TopologySpec(tp=4, pp=2, nodes=2))
+    geo = geometry(Degrees(tp=4, pp=2, nodes=2))
     assert [(g.node, g.local_gpu) for g in geo] == [(n, i) for n in range(2) for i in range(4)]
 
 
 def test_impossible_layouts_raise_plan_error_naming_the_fix():
-    with pytest.raises(PlanError, match=r"tp 4 is not divisible by dcp 3; choose dcp among \[1, 2, 4\]"):
-        geometry(TopologySpec(tp=4, dcp=3))
-    assert "gpus 8 != tp*pp = 4" in topology_problems(TopologySpec(tp=4, gpus=8))[0]
-    assert topology_problems(TopologySpec(tp=0))[0].startswith("tp must be an integer >= 1")
+    with pytest.raises(PlanError, match=r"dcp 3 does not divide tp 4"):
+        geometry(Degrees(tp=4, dcp=3))
+    [dcp] = layout_problems(Degrees(tp=4, dcp=3))
+    assert (dcp.code, dcp.field, dcp.expected) == ("tp_divisible_by_dcp", "dcp", "dcp among [1, 2, 4]")
+    assert str(layout_problems(Degrees(tp=4, gpus=8))[0]) == "gpus 8 != tp 4 x pp 1"
+    assert layout_problems(Degrees(tp=0))[0].message.startswith("tp must be an integer >= 1")
+
+
+@pytest.mark.parametrize(
+    ("degrees", "code", "field"),
+    [
+        (Degrees(tp=4, attn_cp=3), "tp_divisible_by_attn_cp", "attn_cp"),
+        (Degrees(tp=4, attn_cp=2, attn_dp=4), "tp_divisible_by_dp_attn_cp", "attn_dp"),
+        (Degrees(tp=2, nodes=3), "nodes_divide_world", "nodes"),
+        (Degrees(tp=2, attn_cp=2, prefill_cp=True), "cp_strategy_required", "prefill_cp"),
+        (Degrees(tp=2, prefill_cp=True, cp_strategy="zigzag"), "prefill_cp_needs_attn_cp", "prefill_cp"),
+        (Degrees(tp=2, attn_cp=2, cp_strategy="ring"), "cp_strategy_known", "cp_strategy"),
+    ],
+)
+def test_each_layout_rule_names_its_code_and_the_setting_to_change(degrees, code, field):
+    assert [(p.code, p.field) for p in layout_problems(degrees)] == [(code, field)]
+
+
+def test_the_prefill_split_rules_do_not_stop_the_groups_from_being_built():
+    # A scenario about SGLang's missing-strategy rejection still gets its ranks' titles.
+    assert len(geometry(Degrees(tp=2, attn_cp=2, prefill_cp=True))) == 2
 
 
 @pytest.mark.parametrize(
     ("spec", "rank", "title"),
     [
-        (TopologySpec(tp=1), 0, "sglang::scheduler"),
-        (TopologySpec(tp=4, dcp=2), 3, "sglang::scheduler_TP3"),
-        (TopologySpec(tp=4, attn_cp=2, prefill_cp=True), 1, "sglang::scheduler_ATTN_CP0_TP1"),
-        (TopologySpec(tp=4, attn_cp=2, prefill_cp=True), 2, "sglang::scheduler_ATTN_CP1_TP2"),
-        (TopologySpec(tp=8, attn_dp=2, attn_cp=2), 5, "sglang::scheduler_DP1_ATTN_CP0_TP5"),
-        (TopologySpec(tp=2, pp=2), 3, "sglang::scheduler_PP1_TP1"),
-        (TopologySpec(tp=4, ep=4), 2, "sglang::scheduler_TP2_EP2"),
+        (Degrees(tp=1), 0, "sglang::scheduler"),
+        (Degrees(tp=4, dcp=2), 3, "sglang::scheduler_TP3"),
+        (Degrees(tp=4, attn_cp=2, prefill_cp=True), 1, "sglang::scheduler_ATTN_CP0_TP1"),
+        (Degrees(tp=4, attn_cp=2, prefill_cp=True), 2, "sglang::scheduler_ATTN_CP1_TP2"),
+        (Degrees(tp=8, attn_dp=2, attn_cp=2), 5, "sglang::scheduler_DP1_ATTN_CP0_TP5"),
+        (Degrees(tp=2, pp=2), 3, "sglang::scheduler_PP1_TP1"),
     ],
 )
 def test_process_title_has_a_part_only_for_sizes_above_one(spec, rank, title):
@@ -122,7 +143,7 @@ def test_process_title_has_a_part_only_for_sizes_above_one(spec, rank, title):
 
 
 def test_geometry_serialises_groups_as_lists():
-    d = geometry(TopologySpec(tp=2, dcp=2))[1].to_dict()
+    d = geometry(Degrees(tp=2, dcp=2))[1].model_dump(mode="json")
     assert d["dcp_group"] == [0, 1] and d["dcp_rank"] == 1
 
 
@@ -207,8 +228,8 @@ def test_dcp_owner_is_position_mod_dcp():
 
 
 def test_capacity_groups_are_the_dcp_groups():
-    assert capacity_groups(TopologySpec(tp=8, dcp=4)) == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert capacity_groups(TopologySpec(tp=2)) == [[0], [1]]
+    assert capacity_groups(Degrees(tp=8, dcp=4)) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert capacity_groups(Degrees(tp=2)) == [[0], [1]]
 
 
 @pytest.mark.parametrize(
@@ -242,14 +263,14 @@ def test_kv_is_replicated_in_the_dcp_group_only_when_kv_heads_fit_tp_over_dcp(tp
 
 
 def test_capacity_multiplier_mla_is_dcp_and_pcp_gains_nothing():
-    assert expected_capacity_multiplier(TopologySpec(tp=8, dcp=8), kv_heads=1, is_mla=True) == 8.0
+    assert expected_capacity_multiplier(Degrees(tp=8, dcp=8), kv_heads=1, is_mla=True) == 8.0
     # attn_cp 4 on tp 4: attention-TP 1, every rank holds all 8 KV heads instead of 2.
-    assert expected_capacity_multiplier(TopologySpec(tp=4, attn_cp=4, prefill_cp=True), 8, False) == 0.25
-    assert expected_capacity_multiplier(TopologySpec(tp=4, attn_cp=2, prefill_cp=True), 2, False) == 1.0
+    assert expected_capacity_multiplier(Degrees(tp=4, attn_cp=4, prefill_cp=True), 8, False) == 0.25
+    assert expected_capacity_multiplier(Degrees(tp=4, attn_cp=2, prefill_cp=True), 2, False) == 1.0
 
 
 def test_capacity_multiplier_mha_depends_on_the_release_heads_rule():
-    spec = TopologySpec(tp=8, dcp=2)
+    spec = Degrees(tp=8, dcp=2)
     assert expected_capacity_multiplier(spec, 8, False, "attn_tp") == 2.0
     assert expected_capacity_multiplier(spec, 8, False, "attn_tp_over_dcp") == 1.0
     assert expected_capacity_multiplier(spec, 4, False, "attn_tp_over_dcp") == 2.0

@@ -47,6 +47,7 @@ from cptest.scenario import (
     Workload,
     baseline_topology,
 )
+from cptest.topology import ADMISSION_CODES, layout_problems
 
 LANGUAGE_VERSION = 1
 MISSING: Any = object()
@@ -685,48 +686,15 @@ def _topology(v: _Values, where: Span, about_admission: bool) -> Topology | None
 
 
 def _check_geometry(p: ProblemCollector, t: Topology, label: str, about_admission: bool) -> None:
-    """Arithmetic rules of a topology; SGLang's own admission rules are skipped when `about_admission`."""
-    if t.gpus != t.tp * t.pp:
-        p.add(
-            t.where("gpus"),
-            f"{label}: gpus {t.gpus} != tp {t.tp} x pp {t.pp}",
-            expected=f"gpus {t.tp * t.pp}",
-        )
-    if t.gpus % t.nodes:
-        p.add(t.where("nodes"), f"{label}: nodes {t.nodes} does not divide gpus {t.gpus}")
-    if about_admission:
-        return
+    """The layout rules of `cptest.topology`, positioned at the setting to change. Those SGLang also
+    enforces itself are left to the engine when the scenario is about that rejection (docs/decisions.md D5)."""
     hint = 'a scenario about this rejection declares: expect { launch rejected matching "..." }'
-    if t.tp % t.dcp:
-        # parallel_state.py (0.5.17) initialize_model_parallel raises RuntimeError in every worker.
-        p.add(t.where("dcp"), f"{label}: dcp {t.dcp} does not divide tp {t.tp}", hint=hint)
-    if t.tp % t.attn_cp:
-        p.add(t.where("attn_cp"), f"{label}: attn_cp {t.attn_cp} does not divide tp {t.tp}", hint=hint)
-    elif t.tp % (t.attn_dp * t.attn_cp):
-        p.add(
-            t.where("attn_dp"),
-            f"{label}: attn_dp x attn_cp ({t.attn_dp * t.attn_cp}) does not divide tp {t.tp}",
-            hint=hint,
-        )
-    if t.prefill_cp and t.cp_strategy is None:
-        # server_args.py (0.5.17) 6319: "--cp-strategy must be set when --enable-prefill-cp is enabled."
-        p.add(
-            t.where("prefill_cp"),
-            f"{label}: prefill_cp needs a cp_strategy",
-            expected=one_of(T.CP_STRATEGIES),
-            hint=hint,
-        )
-    if t.prefill_cp and t.attn_cp <= 1:
-        # layers/cp/base.py init_cp_strategy: attn_cp_size <= 1 silently runs without CP.
-        p.add(
-            t.where("prefill_cp"),
-            f"{label}: prefill CP needs attn_cp > 1 (SGLang would silently run without CP)",
-            hint=hint,
-        )
-    if t.prefill_cp and t.dcp > 1:
-        p.add(
-            t.where("dcp"), f"{label}: prefill CP together with DCP is not a supported combination", hint=hint
-        )
+    for problem in layout_problems(t):
+        admission = problem.code in ADMISSION_CODES
+        if admission and about_admission:
+            continue
+        p.add(t.where(problem.field), f"{label}: {problem.message}", expected=problem.expected,
+              hint=hint if admission else None)
 
 
 def _serve(v: _Values) -> Serve:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from cptest.topology import Degrees
+
 MODULE = "cptest.reference.server"
 TITLE_PREFIX = "cptest-ref::scheduler"
 """Rank process titles: `cptest-ref::scheduler_TP<r>` (SGLang's scheme, another prefix: never confused)."""
@@ -21,13 +23,9 @@ DEFAULT_MAX_RUNNING = 64
 @dataclass(frozen=True)
 class ReferenceConfig:
     model_path: str
+    degrees: Degrees = Degrees(tp=1)
     host: str = "127.0.0.1"
     port: int = 30000
-    tp: int = 1
-    dcp: int = 1
-    attn_cp: int = 1
-    prefill_cp: bool = False
-    cp_strategy: str = "zigzag"
     page_size: int = 1
     max_total_tokens: int | None = None
     context_length: int | None = None
@@ -36,11 +34,12 @@ class ReferenceConfig:
 
 def build_argv(cfg: ReferenceConfig) -> list[str]:
     """argv (no shell) that starts a reference server for `cfg`."""
+    d = cfg.degrees
     argv = ["python3", "-m", MODULE, "--model-path", cfg.model_path, "--host", cfg.host,
-            "--port", str(cfg.port), "--tp-size", str(cfg.tp), "--dcp-size", str(cfg.dcp),
-            "--attn-cp-size", str(cfg.attn_cp), "--cp-strategy", cfg.cp_strategy,
+            "--port", str(cfg.port), "--tp-size", str(d.tp), "--dcp-size", str(d.dcp),
+            "--attn-cp-size", str(d.attn_cp), "--cp-strategy", d.cp_strategy or "zigzag",
             "--page-size", str(cfg.page_size), "--max-running-requests", str(cfg.max_running_requests)]
-    if cfg.prefill_cp:
+    if d.prefill_cp:
         argv.append("--enable-prefill-cp")
     if cfg.max_total_tokens is not None:
         argv += ["--max-total-tokens", str(cfg.max_total_tokens)]
@@ -70,7 +69,8 @@ def parser() -> argparse.ArgumentParser:
 def parse(argv: list[str]) -> ReferenceConfig:
     """argv (without the program) -> ReferenceConfig; argparse exits with status 2 on bad flags."""
     a = parser().parse_args(argv)
-    return ReferenceConfig(model_path=a.model_path, host=a.host, port=a.port, tp=a.tp_size, dcp=a.dcp_size,
-                           attn_cp=a.attn_cp_size, prefill_cp=a.enable_prefill_cp, cp_strategy=a.cp_strategy,
+    degrees = Degrees(tp=a.tp_size, dcp=a.dcp_size, attn_cp=a.attn_cp_size, prefill_cp=a.enable_prefill_cp,
+                      cp_strategy=a.cp_strategy)
+    return ReferenceConfig(model_path=a.model_path, degrees=degrees, host=a.host, port=a.port,
                            page_size=a.page_size, max_total_tokens=a.max_total_tokens,
                            context_length=a.context_length, max_running_requests=a.max_running_requests)

@@ -13,84 +13,116 @@ DCP, the K/V heads of the rank's own query heads (replicated when kv_heads < att
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-from cptest.topology import interleave_split, zigzag_applies, zigzag_split
+from cptest.topology import (
+    Degrees,
+    RankGeometry,
+    geometry,
+    interleave_split,
+    layout_problems,
+    zigzag_applies,
+    zigzag_split,
+)
 
-STRATEGIES = ("zigzag", "interleave")
+TOLERATED = frozenset({"cp_strategy_required", "prefill_cp_needs_attn_cp"})
+
+
+def reference_problems(d: Degrees) -> list[str]:
+    """Why the reference engine cannot run degrees `d` (empty when it can): the layout rules of
+    `cptest.topology`, then what this engine does not implement. The plan asks this before anything
+    starts; the server asks again, so that a hand-written argv fails with the same words."""
+    # A prefill_cp switch without a strategy or a second CP rank is tolerated: no split happens.
+    out = [p.message for p in layout_problems(d) if p.code not in TOLERATED]
+    if d.pp != 1 or d.attn_dp != 1 or d.nodes != 1:
+        out.append(f"the reference engine runs one node with pp 1 and attn_dp 1 (got nodes {d.nodes}, "
+                   f"pp {d.pp}, attn_dp {d.attn_dp})")
+    if d.dcp > 1 and d.pcp:
+        out.append("--dcp-size > 1 does not support --enable-prefill-cp (PCP with DCP is not a contract "
+                   "of the reference engine)")
+    return out
 
 
 @dataclass(frozen=True)
 class Layout:
-    """One rank of a reference server. Raises ValueError from `check` on an impossible layout."""
+    """One rank of a reference server: its degrees and world rank; groups from `cptest.topology`."""
 
-    tp: int
+    degrees: Degrees
     rank: int
-    dcp: int = 1
-    attn_cp: int = 1
-    prefill_cp: bool = False
-    strategy: str = "zigzag"
 
-    # ------------------------------------------------------------------ derived ranks
+    # ------------------------------------------------------------------ degrees and ranks
+    @property
+    def tp(self) -> int:
+        return self.degrees.tp
+
+    @property
+    def dcp(self) -> int:
+        return self.degrees.dcp
+
+    @property
+    def attn_cp(self) -> int:
+        return self.degrees.attn_cp
+
+    @property
+    def strategy(self) -> str:
+        """The prefill split strategy (zigzag when none is named: it only matters under PCP)."""
+        return self.degrees.cp_strategy or "zigzag"
+
     @property
     def world(self) -> int:
-        return self.tp
+        return self.degrees.world_size
 
     @property
     def attn_tp(self) -> int:
-        return self.tp // self.attn_cp
+        return self.degrees.attn_tp
+
+    @functools.cached_property
+    def _geometry(self) -> list[RankGeometry]:
+        return geometry(self.degrees)
+
+    @property
+    def me(self) -> RankGeometry:
+        return self._geometry[self.rank]
 
     @property
     def attn_cp_rank(self) -> int:
-        return self.rank // self.attn_tp
+        return self.me.attn_cp_rank
 
     @property
     def attn_tp_rank(self) -> int:
-        return self.rank % self.attn_tp
+        return self.me.attn_tp_rank
 
     @property
     def dcp_rank(self) -> int:
-        return self.rank % self.dcp
+        return self.me.dcp_rank
 
     @property
     def pcp(self) -> bool:
         """Prefill context parallelism splits extend rows over the ATTN_CP group."""
-        return self.prefill_cp and self.attn_cp > 1
+        return self.degrees.pcp
 
     def problems(self) -> list[str]:
         """Why this layout cannot run on the reference engine (empty when it can)."""
-        out = []
-        if self.tp < 1 or not 0 <= self.rank < self.tp:
+        out = reference_problems(self.degrees)
+        if not out and not 0 <= self.rank < self.world:
             out.append(f"rank {self.rank} outside tp {self.tp}")
-        if self.dcp < 1 or self.tp % self.dcp:
-            out.append(f"tp {self.tp} is not a multiple of dcp {self.dcp}")
-        if self.attn_cp < 1 or self.tp % self.attn_cp:
-            out.append(f"tp {self.tp} is not a multiple of attn_cp {self.attn_cp}")
-        if self.dcp > 1 and self.attn_cp > 1:
-            out.append("--dcp-size > 1 does not support --enable-prefill-cp (PCP with DCP is not a contract "
-                       "of the reference engine)")
-        if self.strategy not in STRATEGIES:
-            out.append(f"unknown cp strategy {self.strategy!r} (known: zigzag, interleave)")
         return out
 
     # ------------------------------------------------------------------ groups
     def all_groups(self, name: str) -> list[list[int]]:
         """Every group of kind `name` (world, tp, dcp, attn_cp, attn_tp, pp), in creation order."""
-        ranks = list(range(self.tp))
-        if name in ("world", "tp"):
-            return [ranks]
-        if name == "pp":
-            return [[r] for r in ranks]
-        if name == "dcp":
-            return [ranks[i : i + self.dcp] for i in range(0, self.tp, self.dcp)]
-        if name == "attn_cp":
-            return [[c * self.attn_tp + t for c in range(self.attn_cp)] for t in range(self.attn_tp)]
-        if name == "attn_tp":
-            return [[c * self.attn_tp + t for t in range(self.attn_tp)] for c in range(self.attn_cp)]
-        raise ValueError(f"unknown group {name!r}")
+        if name == "world":
+            return [list(range(self.world))]
+        seen: dict[tuple[int, ...], None] = {}
+        for g in self._geometry:
+            seen.setdefault(g.group(name), None)
+        return [list(g) for g in seen]
 
     def group(self, name: str) -> list[int]:
-        return next(g for g in self.all_groups(name) if self.rank in g)
+        if name == "world":
+            return list(range(self.world))
+        return list(self.me.group(name))
 
     # ------------------------------------------------------------------ heads
     def q_heads(self, heads: int, rank: int | None = None) -> list[int]:

@@ -19,9 +19,9 @@ __all__ = ["TITLE_PREFIX", "argv", "geometry"]
 def argv(topo: Topology, serve: Serve, model_path: str, port: int) -> list[str]:
     """The reference server's argv for one topology (host 127.0.0.1; one node)."""
     return build_argv(ReferenceConfig(
-        model_path=model_path, host="127.0.0.1", port=port, tp=topo.tp, dcp=topo.dcp, attn_cp=topo.attn_cp,
-        prefill_cp=topo.prefill_cp, cp_strategy=topo.cp_strategy or "zigzag", page_size=serve.page_size or 1,
-        max_total_tokens=serve.max_total_tokens, context_length=serve.context_length,
+        model_path=model_path, degrees=topo.as_degrees(), host="127.0.0.1", port=port,
+        page_size=serve.page_size or 1, max_total_tokens=serve.max_total_tokens,
+        context_length=serve.context_length,
     ))  # fmt: skip
 
 

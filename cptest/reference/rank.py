@@ -29,6 +29,7 @@ from cptest.reference.layout import Layout
 from cptest.reference.model import KvPool as Pool
 from cptest.reference.model import Model, ModelConfig, SeqRows, SoloComm, load_shard
 from cptest.reference.scheduler import Request, Scheduler
+from cptest.topology import Degrees, process_title
 
 GLOO_TIMEOUT = timedelta(days=1)
 """A stopped rank (SIGSTOP fault) must not turn into a collective timeout: only death ends a rank."""
@@ -37,11 +38,7 @@ GLOO_TIMEOUT = timedelta(days=1)
 @dataclass(frozen=True)
 class RankArgs:
     model_dir: str
-    tp: int
-    dcp: int
-    attn_cp: int
-    prefill_cp: bool
-    strategy: str
+    degrees: Degrees
     rows: int
     page: int
     max_running: int
@@ -58,13 +55,8 @@ def free_port() -> int:
 
 
 def rank_title(prefix: str, layout: Layout) -> str:
-    """`<prefix>_ATTN_CP<c>_TP<r>`: SGLang's title scheme (`cptest.topology.process_title`)."""
-    parts = []
-    if layout.attn_cp > 1:
-        parts.append(f"ATTN_CP{layout.attn_cp_rank}")
-    if layout.tp > 1:
-        parts.append(f"TP{layout.rank}")
-    return prefix + "".join("_" + p for p in parts)
+    """`<prefix>_ATTN_CP<c>_TP<r>`: SGLang's title scheme, from `cptest.topology.process_title`."""
+    return process_title(layout.me, layout.degrees, prefix)
 
 
 class GlooComm:
@@ -132,13 +124,12 @@ def rank_main(rank: int, args: RankArgs, conn: Any, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the HTTP process decides; a terminal ^C is not ours
     import setproctitle
 
-    layout = Layout(tp=args.tp, rank=rank, dcp=args.dcp, attn_cp=args.attn_cp, prefill_cp=args.prefill_cp,
-                    strategy=args.strategy)
+    layout = Layout(args.degrees, rank)
     setproctitle.setproctitle(rank_title(args.title_prefix, layout))
     torch.set_num_threads(args.threads)
-    if args.tp > 1:
+    if args.degrees.tp > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.master_port}", rank=rank,
-                                world_size=args.tp, timeout=GLOO_TIMEOUT)
+                                world_size=args.degrees.tp, timeout=GLOO_TIMEOUT)
         comm: Any = GlooComm(layout)
     else:
         comm = SoloComm()
@@ -150,7 +141,7 @@ def rank_main(rank: int, args: RankArgs, conn: Any, parent: int) -> None:
     model = Model(cfg, shard, layout, comm, pool)
     ev = Evidence(rank)
     rid = _write_static(ev, layout, cfg, args, len(shard.kv_heads))
-    if args.tp > 1:
+    if args.degrees.tp > 1:
         dist.barrier()
     try:
         if rank == 0:
@@ -166,7 +157,7 @@ def rank_main(rank: int, args: RankArgs, conn: Any, parent: int) -> None:
             raise
         print(f"cptest-ref rank {rank}: stopping: {type(e).__name__}: {first[:200]}", flush=True)
         os._exit(1)
-    if args.tp > 1:
+    if args.degrees.tp > 1:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
 
@@ -225,7 +216,7 @@ def _broadcast(msg: dict[str, Any] | None, world: int) -> dict[str, Any]:
 
 def _follow(args: RankArgs, model: Model, ev: Evidence, rid: RankId) -> None:
     while True:
-        msg = _broadcast(None, args.tp)
+        msg = _broadcast(None, args.degrees.tp)
         if msg.get("exit"):
             return
         _step(model, ev, rid, msg)
@@ -276,7 +267,7 @@ class _Leader:
         while True:
             self._receive(block=self.sched.idle())
             if self.stopping and self.sched.idle():
-                _broadcast({"exit": True}, self.args.tp)
+                _broadcast({"exit": True}, self.args.degrees.tp)
                 return
             batch = self.sched.next_batch()
             if batch is None:
@@ -325,7 +316,7 @@ class _Leader:
                 seqs.append((r.rid, p, 1, p + 1, r.blocks))
         msg = {"step": self.step_no, "extend": extend, "tokens": tokens, "seqs": seqs}
         self.step_no += 1
-        _broadcast(msg, self.args.tp)
+        _broadcast(msg, self.args.degrees.tp)
         logits = _step(self.model, self.ev, self.rid, msg)
         events: list[tuple[Any, ...]] = []
         for i, r in enumerate(reqs):

@@ -65,33 +65,32 @@ class Engine:
 
         cfg = self.cfg
         model = load_config(Path(cfg.model_path))
-        lay = Layout(tp=cfg.tp, rank=0, dcp=cfg.dcp, attn_cp=cfg.attn_cp, prefill_cp=cfg.prefill_cp,
-                     strategy=cfg.cp_strategy)
+        d = cfg.degrees
+        lay = Layout(d, rank=0)
         bad = lay.problems()
         if bad:
             raise SystemExit(f"cptest-ref: cannot serve this layout: {'; '.join(bad)}")
-        block = cfg.page_size * cfg.dcp
+        block = cfg.page_size * d.dcp
         logical = cfg.max_total_tokens or 32768
         blocks = max(logical // block, 1)
         rows = blocks * cfg.page_size
         ctx = cfg.context_length or model.context_length
-        if cfg.dcp > 1:
-            log(f"DCP enabled, dcp_size={cfg.dcp}, tp_size={cfg.tp}")
+        if d.dcp > 1:
+            log(f"DCP enabled, dcp_size={d.dcp}, tp_size={d.tp}")
         if lay.pcp:
-            log(f"prefill context parallelism enabled, attn_cp_size={cfg.attn_cp}, "
-                f"strategy={cfg.cp_strategy}")
+            log(f"prefill context parallelism enabled, attn_cp_size={d.attn_cp}, "
+                f"strategy={lay.strategy}")
         log(f"{model.architecture}: {model.layers} layers, hidden {model.hidden}, heads {model.heads}, "
-            f"kv_heads {model.kv_heads}; tp {cfg.tp}, dcp {cfg.dcp}, attn_cp {cfg.attn_cp}")
+            f"kv_heads {model.kv_heads}; tp {d.tp}, dcp {d.dcp}, attn_cp {d.attn_cp}")
         log(f"KV pool: {rows} rows per rank, page {cfg.page_size}, logical capacity "
-            f"max_total_num_tokens={rows * cfg.dcp}")
-        args = RankArgs(model_dir=cfg.model_path, tp=cfg.tp, dcp=cfg.dcp, attn_cp=cfg.attn_cp,
-                        prefill_cp=cfg.prefill_cp, strategy=cfg.cp_strategy, rows=rows, page=cfg.page_size,
+            f"max_total_num_tokens={rows * d.dcp}")
+        args = RankArgs(model_dir=cfg.model_path, degrees=d, rows=rows, page=cfg.page_size,
                         max_running=cfg.max_running_requests, context_length=ctx, master_port=free_port(),
                         title_prefix=TITLE_PREFIX, threads=RANK_THREADS)
         ctx_fork = mp.get_context("fork")
         ours, theirs = ctx_fork.Pipe(duplex=True)
         me = os.getpid()
-        for r in range(cfg.tp):
+        for r in range(d.tp):
             p = ctx_fork.Process(target=rank_main, args=(r, args, theirs if r == 0 else None, me),
                                  name=f"rank{r}", daemon=False)
             p.start()
@@ -233,11 +232,11 @@ def handler_for(engine: Engine) -> type[BaseHTTPRequestHandler]:
             elif path == "/health_generate":
                 self._health_generate()
             elif path in ("/server_info", "/get_server_info"):
-                c = engine.cfg
+                c, d = engine.cfg, engine.cfg.degrees
                 self._json(200, {
                     "engine": "reference", "version": f"cptest-reference {__version__}",
-                    "model_path": c.model_path, "tp_size": c.tp, "dcp_size": c.dcp, "attn_cp_size": c.attn_cp,
-                    "enable_prefill_cp": c.prefill_cp, "cp_strategy": c.cp_strategy, "page_size": c.page_size,
+                    "model_path": c.model_path, "tp_size": d.tp, "dcp_size": d.dcp, "attn_cp_size": d.attn_cp,
+                    "enable_prefill_cp": d.prefill_cp, "cp_strategy": d.cp_strategy, "page_size": c.page_size,
                     "max_total_num_tokens": engine.capacity, "max_running_requests": c.max_running_requests,
                     "context_length": c.context_length, "pp_size": 1, "dp_size": 1,
                 })  # fmt: skip

@@ -136,13 +136,6 @@ BAD: list[tuple[str, int, str, str, str]] = [
         "attn_dp x attn_cp (8) does not divide tp 4",
     ),
     (
-        "pcp_with_dcp",
-        5,
-        "  topology { gpus 2 tp 2 dcp 2 attn_cp 2 cp_strategy zigzag }",
-        "5:26",
-        "prefill CP together with DCP",
-    ),
-    (
         "prefill_cp_without_strategy",
         5,
         "  topology { gpus 2 tp 2 attn_cp 2 prefill_cp true }",

@@ -8,13 +8,15 @@ from cptest.lang import parse_file
 from cptest.plan import plan
 from cptest.reference.argv import ReferenceConfig, build_argv, parse
 from cptest.reference.choice import choose
+from cptest.topology import Degrees
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 
 
 def test_argv_round_trips_through_the_server_parser() -> None:
-    cfg = ReferenceConfig(model_path="/m", port=31234, tp=4, dcp=1, attn_cp=2, prefill_cp=True,
-                          cp_strategy="interleave", page_size=2, max_total_tokens=1000, context_length=512)
+    degrees = Degrees(tp=4, dcp=1, attn_cp=2, prefill_cp=True, cp_strategy="interleave")
+    cfg = ReferenceConfig(model_path="/m", degrees=degrees, port=31234, page_size=2, max_total_tokens=1000,
+                          context_length=512)
     argv = build_argv(cfg)
     assert argv[:3] == ["python3", "-m", "cptest.reference.server"]
     assert parse(argv[3:]) == cfg

@@ -5,40 +5,40 @@ from __future__ import annotations
 import pytest
 
 from cptest.reference.layout import Layout, pcp_local_rows
-from cptest.topology import TopologySpec, geometry, zigzag_split
+from cptest.topology import Degrees, geometry, zigzag_split
 
 LAYOUTS = [(1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 4, 1), (4, 2, 1), (2, 1, 2), (4, 1, 2), (4, 1, 4)]
 
 
 @pytest.mark.parametrize(("tp", "dcp", "cp"), LAYOUTS)
 def test_groups_and_ranks_follow_the_topology_contract(tp: int, dcp: int, cp: int) -> None:
-    spec = TopologySpec(tp=tp, dcp=dcp, attn_cp=cp, gpus=tp, prefill_cp=cp > 1,
-                        cp_strategy="zigzag" if cp > 1 else None)
+    spec = Degrees(tp=tp, dcp=dcp, attn_cp=cp, gpus=tp, prefill_cp=cp > 1,
+                   cp_strategy="zigzag" if cp > 1 else None)
     for g in geometry(spec):
-        lay = Layout(tp=tp, rank=g.world_rank, dcp=dcp, attn_cp=cp, prefill_cp=cp > 1)
+        lay = Layout(spec, rank=g.world_rank)
         assert not lay.problems()
-        d = g.to_dict()
+        d = g.model_dump()
         assert (lay.dcp_rank, lay.attn_cp_rank, lay.attn_tp_rank) == (d["dcp_rank"], d["attn_cp_rank"],
                                                                       d["attn_tp_rank"])
         for name in ("tp", "dcp", "attn_cp", "attn_tp"):
-            assert lay.group(name) == d[f"{name}_group"], name
+            assert lay.group(name) == list(d[f"{name}_group"]), name
 
 
 def test_pcp_with_dcp_is_refused() -> None:
     assert any("does not support --enable-prefill-cp" in p
-               for p in Layout(tp=2, rank=0, dcp=2, attn_cp=2, prefill_cp=True).problems())
+               for p in Layout(Degrees(tp=2, dcp=2, attn_cp=2, prefill_cp=True), rank=0).problems())
 
 
 def test_dcp_group_stores_the_kv_heads_of_every_query_head_it_gathers() -> None:
     # 8 heads, 4 KV heads, tp 2 dcp 2: both ranks attend for all 8 heads, so both store all 4 KV heads.
     for r in (0, 1):
-        lay = Layout(tp=2, rank=r, dcp=2)
+        lay = Layout(Degrees(tp=2, dcp=2), rank=r)
         assert lay.q_heads(8) == list(range(4 * r, 4 * r + 4))
         assert lay.attn_q_heads(8) == list(range(8))
         assert lay.kv_heads(8, 4) == [0, 1, 2, 3]
     # Without DCP each rank stores only its own shard; with 1 KV head it is replicated.
-    assert Layout(tp=2, rank=1).kv_heads(8, 4) == [2, 3]
-    assert Layout(tp=2, rank=1).kv_heads(8, 1) == [0]
+    assert Layout(Degrees(tp=2), rank=1).kv_heads(8, 4) == [2, 3]
+    assert Layout(Degrees(tp=2), rank=1).kv_heads(8, 1) == [0]
 
 
 def test_zigzag_rows_follow_topology_zigzag_split_per_request() -> None:

@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 
 from cptest.reference.layout import Layout  # noqa: E402
 from cptest.reference.model import KvPool, ModelConfig, attend, merge_lse  # noqa: E402
+from cptest.topology import Degrees  # noqa: E402
 
 CFG = ModelConfig(architecture="LlamaForCausalLM", hidden=16, intermediate=32, layers=1, heads=2,
                   kv_heads=1, head_dim=4, vocab=8, eps=1e-5, rope_theta=1e4, qk_norm=False,
@@ -49,7 +50,7 @@ def test_an_empty_shard_weighs_exactly_zero_in_the_merge() -> None:
 def test_pool_rows_of_a_dcp_rank_hold_only_its_positions_and_never_collide() -> None:
     for d in (1, 2, 4):
         for rank in range(d):
-            pool = KvPool(CFG, Layout(tp=d, rank=rank, dcp=d), rows=64, page=2, kv_heads=1)
+            pool = KvPool(CFG, Layout(Degrees(tp=d, dcp=d), rank=rank), rows=64, page=2, kv_heads=1)
             blocks = [5, 1, 7]
             pos = torch.tensor([p for p in range(len(blocks) * pool.block_tokens) if p % d == rank])
             rows = pool.row_of(blocks, pos).tolist()

@@ -9,11 +9,11 @@ Used by `cptest lint` and by `plan` to compare a scenario's `expect launch ...` 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Literal
 
 from cptest.engines.sglang.releases import Release, Rule
-from cptest.topology import kv_replicated_in_dcp_group
+from cptest.topology import Degrees, kv_replicated_in_dcp_group, layout_codes
 
 AdmissionStage = Literal["parse", "worker_start", "runtime", "accepted"]
 
@@ -27,19 +27,13 @@ DSA_ARCHITECTURES = frozenset({"DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM",
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """What admission depends on: degrees, CP switches, model facts, backend, platform.
+    """What admission depends on: the degrees, model facts, backend, platform.
 
     `heads`/`kv_heads` of 0 mean unknown: rules that need them are skipped, not guessed.
     `min_prompt_len` is the shortest prompt the workload sends (None: unknown).
     """
 
-    tp: int
-    dcp: int = 1
-    attn_cp: int = 1
-    attn_dp: int = 1
-    pp: int = 1
-    prefill_cp: bool = False
-    cp_strategy: str | None = None
+    degrees: Degrees
     architecture: str = ""
     heads: int = 0
     kv_heads: int = 0
@@ -50,7 +44,13 @@ class LaunchConfig:
 
     @property
     def attn_tp(self) -> int:
-        return max(self.tp // max(self.attn_dp, 1) // max(self.attn_cp, 1), 1)
+        d = self.degrees
+        return max(d.tp // max(d.attn_dp, 1) // max(d.attn_cp, 1), 1)
+
+    def values(self) -> dict[str, object]:
+        """Every field by name, the degrees' among them: what rule messages are formatted with."""
+        out: dict[str, object] = {k: v for k, v in vars(self).items() if k != "degrees"}
+        return {**self.degrees.model_dump(), **out}
 
 
 @dataclass(frozen=True)
@@ -77,25 +77,30 @@ class Admission:
 
 Predicate = Callable[[LaunchConfig], bool]
 
+def _layout(code: str) -> Predicate:
+    """A condition that is one of `cptest.topology`'s layout rules: the arithmetic lives there once."""
+    return lambda c: code in layout_codes(c.degrees)
+
+
 # SGLang's evaluation order: `_handle_dcp_validation` (server_args.py:3501) runs before the CP block
 # (server_args.py:6319-6345); worker-start checks run in `initialize_model_parallel` afterwards.
 CONDITIONS: tuple[tuple[str, Predicate], ...] = (
-    ("dcp_at_least_1", lambda c: c.dcp < 1),
-    ("pcp_with_dcp", lambda c: c.prefill_cp and c.dcp > 1),
-    ("cp_strategy_required", lambda c: c.prefill_cp and c.cp_strategy is None),
-    ("tp_divisible_by_attn_cp", lambda c: c.attn_cp > 1 and c.tp % c.attn_cp != 0),
-    ("tp_divisible_by_dp_attn_cp", lambda c: c.attn_cp > 1 and c.tp % (c.attn_dp * c.attn_cp) != 0),
-    ("dcp_platform", lambda c: c.dcp > 1 and c.platform not in ("cuda", "hip")),
-    ("tp_divisible_by_dcp", lambda c: c.dcp >= 1 and c.tp % c.dcp != 0),
-    ("prefill_cp_needs_attn_cp", lambda c: c.prefill_cp and c.attn_cp <= 1),
-    ("attn_cp_without_prefill_cp", lambda c: c.attn_cp > 1 and not c.prefill_cp),
+    ("dcp_at_least_1", lambda c: c.degrees.dcp < 1),
+    ("pcp_with_dcp", lambda c: c.degrees.prefill_cp and c.degrees.dcp > 1),
+    ("cp_strategy_required", _layout("cp_strategy_required")),
+    ("tp_divisible_by_attn_cp", _layout("tp_divisible_by_attn_cp")),
+    ("tp_divisible_by_dp_attn_cp", _layout("tp_divisible_by_dp_attn_cp")),
+    ("dcp_platform", lambda c: c.degrees.dcp > 1 and c.platform not in ("cuda", "hip")),
+    ("tp_divisible_by_dcp", _layout("tp_divisible_by_dcp")),
+    ("prefill_cp_needs_attn_cp", _layout("prefill_cp_needs_attn_cp")),
+    ("attn_cp_without_prefill_cp", lambda c: c.degrees.attn_cp > 1 and not c.degrees.prefill_cp),
     (
         "zigzag_short_prompt",
-        lambda c: _pcp(c, "zigzag") and c.min_prompt_len is not None and c.min_prompt_len < 2 * c.attn_cp,
+        lambda c: _pcp(c, "zigzag") and _shorter(c, 2 * c.degrees.attn_cp),
     ),
     (
         "interleave_short_batch",
-        lambda c: _pcp(c, "interleave") and c.min_prompt_len is not None and c.min_prompt_len < c.attn_cp,
+        lambda c: _pcp(c, "interleave") and _shorter(c, c.degrees.attn_cp),
     ),
     ("interleave_no_attention", lambda c: _pcp(c, "interleave") and c.architecture not in DSA_ARCHITECTURES),
     # Observed on 0.5.17: with DCP the PCP split never activates (results/pcp_dcp_rejected), and
@@ -106,32 +111,37 @@ CONDITIONS: tuple[tuple[str, Predicate], ...] = (
     (
         "mha_dcp_kv_not_replicated",
         lambda c: (
-            c.dcp > 1
+            c.degrees.dcp > 1
             and not c.is_mla
             and c.kv_heads > 0
-            and c.tp % c.dcp == 0
-            and not kv_replicated_in_dcp_group(c.attn_tp, c.dcp, c.kv_heads)
+            and not _layout("tp_divisible_by_dcp")(c)
+            and not kv_replicated_in_dcp_group(c.attn_tp, c.degrees.dcp, c.kv_heads)
         ),
     ),
     (
         "dcp_backend_without_dcp_path",
-        lambda c: c.dcp > 1 and not c.is_mla and c.attention_backend != "triton",
+        lambda c: c.degrees.dcp > 1 and not c.is_mla and c.attention_backend != "triton",
     ),
-    ("dcp_disables_prefill_graph", lambda c: c.dcp > 1),
+    ("dcp_disables_prefill_graph", lambda c: c.degrees.dcp > 1),
 )
 
 
+def _shorter(c: LaunchConfig, tokens: int) -> bool:
+    return c.min_prompt_len is not None and c.min_prompt_len < tokens
+
+
 def _llama_pcp(c: LaunchConfig) -> bool:
-    return _pcp(c, None) and c.dcp == 1 and c.architecture in ATTENTION_OVER_FULL_TP
+    return _pcp(c, None) and c.degrees.dcp == 1 and c.architecture in ATTENTION_OVER_FULL_TP
 
 
 def _kv_row_mismatch(c: LaunchConfig) -> bool:
     # Pool rows hold max(1, K // attn_tp) heads; Llama's K projection yields max(1, K // tp).
-    return c.kv_heads > 0 and max(1, c.kv_heads // c.attn_tp) != max(1, c.kv_heads // c.tp)
+    return c.kv_heads > 0 and max(1, c.kv_heads // c.attn_tp) != max(1, c.kv_heads // c.degrees.tp)
 
 
 def _pcp(c: LaunchConfig, strategy: str | None) -> bool:
-    return c.prefill_cp and c.attn_cp > 1 and (strategy is None or c.cp_strategy == strategy)
+    d = c.degrees
+    return d.pcp and (strategy is None or d.cp_strategy == strategy)
 
 
 # What applies to *this* config, said before a silent rule's general note.
@@ -150,7 +160,7 @@ SITUATIONS: dict[str, str] = {
 
 
 def _render(rule: Rule, cfg: LaunchConfig) -> str:
-    values = asdict(cfg)
+    values = cfg.values()
     if rule.message is not None:
         return rule.message.format(**values)
     situation = SITUATIONS.get(rule.code)

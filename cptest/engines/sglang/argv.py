@@ -14,6 +14,7 @@ from typing import Any
 
 from cptest.engines.sglang.releases import Release
 from cptest.errors import PlanError, did_you_mean, one_of
+from cptest.topology import Degrees
 
 LAUNCHER = ("python3", "-m", "sglang.launch_server")
 
@@ -23,16 +24,10 @@ class ServeConfig:
     """One server's launch settings. None means "SGLang's default": the flag is not emitted."""
 
     model_path: str
+    degrees: Degrees = Degrees(tp=1)
+    """Parallel degrees; `degrees.nodes` is `--nnodes`."""
     host: str = "127.0.0.1"
     port: int = 30000
-    tp: int = 1
-    dcp: int = 1
-    attn_cp: int = 1
-    attn_dp: int = 1
-    pp: int = 1
-    prefill_cp: bool = False
-    cp_strategy: str | None = None
-    nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None
     attention_backend: str | None = None
@@ -96,24 +91,25 @@ def build_argv(release: Release, cfg: ServeConfig) -> list[str]:
                 emit(flag)
                 i += 1
 
+    d = cfg.degrees
     emit("--model-path", cfg.model_path)
     emit("--host", cfg.host)
     emit("--port", cfg.port)
-    emit("--tp-size", cfg.tp)
-    if cfg.pp != 1:
-        emit("--pp-size", cfg.pp)
-    if cfg.dcp != 1:
-        spelled("dcp", cfg.dcp)
-    if cfg.attn_cp != 1:
-        spelled("attn_cp", cfg.attn_cp)
-    if cfg.prefill_cp:
+    emit("--tp-size", d.tp)
+    if d.pp != 1:
+        emit("--pp-size", d.pp)
+    if d.dcp != 1:
+        spelled("dcp", d.dcp)
+    if d.attn_cp != 1:
+        spelled("attn_cp", d.attn_cp)
+    if d.prefill_cp:
         spelled("prefill_cp", None)
-    if cfg.cp_strategy is not None:
-        spelled("cp_strategy", cfg.cp_strategy)
-    if cfg.attn_dp != 1:
-        spelled("attn_dp", cfg.attn_dp)
-    if cfg.nnodes != 1:
-        emit("--nnodes", cfg.nnodes)
+    if d.cp_strategy is not None:
+        spelled("cp_strategy", d.cp_strategy)
+    if d.attn_dp != 1:
+        spelled("attn_dp", d.attn_dp)
+    if d.nodes != 1:
+        emit("--nnodes", d.nodes)
         emit("--node-rank", cfg.node_rank)
         if cfg.dist_init_addr is None:
             problems.append("nnodes > 1 needs dist_init_addr (host:port of node 0)")

@@ -6,8 +6,15 @@ import pytest
 
 from cptest.engines.sglang.admission import LaunchConfig, predict
 from cptest.engines.sglang.releases import get_release
+from cptest.topology import Degrees
 
 R17 = get_release("0.5.17")
+
+def launch(**kw) -> LaunchConfig:
+    """A LaunchConfig from flat keywords: the degrees' among them go into its `Degrees`."""
+    degrees = {k: kw.pop(k) for k in list(kw) if k in Degrees.model_fields}
+    return LaunchConfig(degrees=Degrees(**degrees), **kw)
+
 R23 = get_release("0.5.23")
 QWEN3_MOE = {"architecture": "Qwen3MoeForCausalLM", "heads": 32, "kv_heads": 4}
 LLAMA = {"architecture": "LlamaForCausalLM", "heads": 32, "kv_heads": 8}
@@ -18,7 +25,7 @@ def codes(adm) -> set[str]:
 
 
 def test_gqa_zigzag_pcp_with_long_prompts_is_accepted_without_warnings():
-    cfg = LaunchConfig(
+    cfg = launch(
         tp=4,
         attn_cp=2,
         prefill_cp=True,
@@ -32,14 +39,14 @@ def test_gqa_zigzag_pcp_with_long_prompts_is_accepted_without_warnings():
 
 
 def test_pcp_without_strategy_is_rejected_at_parse_with_sglangs_message():
-    adm = predict(R17, LaunchConfig(tp=2, attn_cp=2, prefill_cp=True))
+    adm = predict(R17, launch(tp=2, attn_cp=2, prefill_cp=True))
     assert (adm.accepted, adm.stage, adm.exception) == (False, "parse", "ValueError")
     assert adm.message == "--cp-strategy must be set when --enable-prefill-cp is enabled."
     assert adm.citation == "server_args.py:6319-6322"
 
 
 def test_tp_not_divisible_by_attn_cp_is_an_assertion_at_parse():
-    adm = predict(R17, LaunchConfig(tp=3, attn_cp=2, prefill_cp=True, cp_strategy="zigzag"))
+    adm = predict(R17, launch(tp=3, attn_cp=2, prefill_cp=True, cp_strategy="zigzag"))
     assert (adm.stage, adm.exception, adm.message) == (
         "parse",
         "AssertionError",
@@ -48,7 +55,7 @@ def test_tp_not_divisible_by_attn_cp_is_an_assertion_at_parse():
 
 
 def test_dcp_zero_is_rejected_at_parse_with_the_value_in_the_message():
-    adm = predict(R17, LaunchConfig(tp=2, dcp=0))
+    adm = predict(R17, launch(tp=2, dcp=0))
     assert adm.message == (
         "Decode context parallel size (--dcp-size / --decode-context-parallel-size) must be >= 1, "
         "but got dcp_size=0."
@@ -56,7 +63,7 @@ def test_dcp_zero_is_rejected_at_parse_with_the_value_in_the_message():
 
 
 def test_tp_not_divisible_by_dcp_passes_parse_and_fails_at_worker_start():
-    adm = predict(R17, LaunchConfig(tp=4, dcp=3))
+    adm = predict(R17, launch(tp=4, dcp=3))
     assert (adm.accepted, adm.stage) == (False, "worker_start")
     assert (
         adm.message == "tensor_model_parallel_size (4) must be divisible by decode_context_parallel_size (3)"
@@ -64,7 +71,7 @@ def test_tp_not_divisible_by_dcp_passes_parse_and_fails_at_worker_start():
 
 
 def test_pcp_plus_dcp_is_accepted_with_a_warning_by_0_5_17_and_rejected_by_0_5_23():
-    cfg = LaunchConfig(tp=4, dcp=2, attn_cp=2, prefill_cp=True, cp_strategy="zigzag", **QWEN3_MOE)
+    cfg = launch(tp=4, dcp=2, attn_cp=2, prefill_cp=True, cp_strategy="zigzag", **QWEN3_MOE)
     a17 = predict(R17, cfg)
     assert a17.accepted and "pcp_with_dcp" in codes(a17)
     a23 = predict(R23, cfg)
@@ -79,7 +86,7 @@ def test_llama_pcp_with_kv_heads_split_over_tp_crashes_at_the_first_prefill():
     # Seen on 2 x H200 (results/pcp2_zigzag_llama_kv2): tp 2, attn_cp 2, 2 KV heads.
     adm = predict(
         R17,
-        LaunchConfig(tp=2, attn_cp=2, prefill_cp=True, cp_strategy="zigzag", attention_backend="triton",
+        launch(tp=2, attn_cp=2, prefill_cp=True, cp_strategy="zigzag", attention_backend="triton",
                      **{**LLAMA, "kv_heads": 2}),
     )  # fmt: skip
     assert (adm.accepted, adm.stage, adm.exception) == (False, "runtime", "RuntimeError")
@@ -89,7 +96,7 @@ def test_llama_pcp_with_kv_heads_split_over_tp_crashes_at_the_first_prefill():
 def test_llama_pcp_with_one_replicated_kv_head_is_accepted_but_flagged_silently_wrong():
     adm = predict(
         R17,
-        LaunchConfig(tp=4, attn_cp=2, prefill_cp=True, cp_strategy="zigzag", attention_backend="fa3",
+        launch(tp=4, attn_cp=2, prefill_cp=True, cp_strategy="zigzag", attention_backend="fa3",
                      **{**LLAMA, "kv_heads": 1}),
     )  # fmt: skip
     assert adm.accepted and codes(adm) == {"llama_pcp_silent"}
@@ -98,23 +105,23 @@ def test_llama_pcp_with_one_replicated_kv_head_is_accepted_but_flagged_silently_
 
 def test_llama_pcp_with_dcp_never_splits_so_does_not_crash():
     # Seen on 2 x H200 (results/pcp_dcp_rejected): PCP + DCP came up and served, cp never active.
-    adm = predict(R17, LaunchConfig(tp=2, dcp=2, attn_cp=2, prefill_cp=True, cp_strategy="zigzag",
+    adm = predict(R17, launch(tp=2, dcp=2, attn_cp=2, prefill_cp=True, cp_strategy="zigzag",
                                     attention_backend="triton", **{**LLAMA, "kv_heads": 2}))  # fmt: skip
     assert adm.accepted and "llama_pcp" not in codes(adm)
 
 
 def test_mha_dcp_warns_when_kv_heads_exceed_tp_over_dcp():
-    llama = predict(R17, LaunchConfig(tp=8, dcp=2, attention_backend="triton", **LLAMA))
+    llama = predict(R17, launch(tp=8, dcp=2, attention_backend="triton", **LLAMA))
     assert "mha_dcp_kv_not_replicated" in codes(llama)
-    qwen = predict(R17, LaunchConfig(tp=8, dcp=2, attention_backend="triton", **QWEN3_MOE))
+    qwen = predict(R17, launch(tp=8, dcp=2, attention_backend="triton", **QWEN3_MOE))
     assert "mha_dcp_kv_not_replicated" not in codes(qwen)
     assert codes(qwen) == {"dcp_disables_prefill_graph"}
 
 
 def test_mha_dcp_on_a_backend_without_dcp_code_is_flagged():
-    adm = predict(R17, LaunchConfig(tp=8, dcp=2, attention_backend="fa3", **QWEN3_MOE))
+    adm = predict(R17, launch(tp=8, dcp=2, attention_backend="fa3", **QWEN3_MOE))
     assert "dcp_backend_without_dcp_path" in codes(adm)
-    mla = predict(R17, LaunchConfig(tp=8, dcp=8, is_mla=True, attention_backend="flashinfer"))
+    mla = predict(R17, launch(tp=8, dcp=8, is_mla=True, attention_backend="flashinfer"))
     assert "dcp_backend_without_dcp_path" not in codes(mla)
 
 
@@ -122,7 +129,7 @@ def test_mha_dcp_on_a_backend_without_dcp_code_is_flagged():
 def test_zigzag_warns_when_a_prompt_is_shorter_than_twice_cp(min_len, warned):
     adm = predict(
         R17,
-        LaunchConfig(
+        launch(
             tp=2,
             attn_cp=2,
             prefill_cp=True,
@@ -136,21 +143,21 @@ def test_zigzag_warns_when_a_prompt_is_shorter_than_twice_cp(min_len, warned):
 
 
 def test_attn_cp_without_prefill_cp_warns_that_nothing_is_split():
-    adm = predict(R17, LaunchConfig(tp=2, attn_cp=2, **QWEN3_MOE))
+    adm = predict(R17, launch(tp=2, attn_cp=2, **QWEN3_MOE))
     assert adm.accepted and codes(adm) == {"attn_cp_without_prefill_cp"}
 
 
 def test_prefill_cp_with_attn_cp_1_warns_that_the_strategy_stays_unset():
-    adm = predict(R17, LaunchConfig(tp=2, prefill_cp=True, cp_strategy="zigzag", **QWEN3_MOE))
+    adm = predict(R17, launch(tp=2, prefill_cp=True, cp_strategy="zigzag", **QWEN3_MOE))
     assert codes(adm) == {"prefill_cp_needs_attn_cp"}
 
 
 def test_interleave_on_gqa_is_flagged_and_on_dsa_is_not():
-    gqa = predict(R17, LaunchConfig(tp=2, attn_cp=2, prefill_cp=True, cp_strategy="interleave", **QWEN3_MOE))
+    gqa = predict(R17, launch(tp=2, attn_cp=2, prefill_cp=True, cp_strategy="interleave", **QWEN3_MOE))
     assert "interleave_no_attention" in codes(gqa)
     dsa = predict(
         R17,
-        LaunchConfig(
+        launch(
             tp=8,
             attn_cp=8,
             prefill_cp=True,

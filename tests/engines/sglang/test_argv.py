@@ -7,11 +7,20 @@ import pytest
 from cptest.engines.sglang.argv import LAUNCHER, ServeConfig, build_argv
 from cptest.engines.sglang.releases import KNOWN_RELEASES, get_release
 from cptest.errors import PlanError
+from cptest.topology import Degrees
 
 R17 = get_release("0.5.17")
 
-DCP2 = ServeConfig("/models/qwen3", tp=2, dcp=2, attention_backend="triton", cuda_graph={"decode": "full"})
-PCP2 = ServeConfig(
+def serve_config(model_path: str, **kw) -> ServeConfig:
+    """A ServeConfig from flat keywords: the degrees' among them (`nnodes` is `nodes`) go into its Degrees."""
+    if "nnodes" in kw:
+        kw["nodes"] = kw.pop("nnodes")
+    degrees = {k: kw.pop(k) for k in list(kw) if k in Degrees.model_fields}
+    return ServeConfig(model_path, degrees=Degrees(**{"tp": 1, **degrees}), **kw)
+
+
+DCP2 = serve_config("/models/qwen3", tp=2, dcp=2, attention_backend="triton", cuda_graph={"decode": "full"})
+PCP2 = serve_config(
     "/models/qwen3",
     tp=2,
     attn_cp=2,
@@ -20,7 +29,7 @@ PCP2 = ServeConfig(
     attention_backend="fa3",
     eager=True,
 )
-EVERYTHING = ServeConfig(
+EVERYTHING = serve_config(
     "/m",
     host="0.0.0.0",
     port=31000,
@@ -95,9 +104,9 @@ def test_every_emitted_flag_exists_in_that_releases_table(release):
 
 
 def test_attention_dp_uses_each_releases_spelling():
-    a17 = build_argv(R17, ServeConfig("/m", tp=4, attn_dp=2))
+    a17 = build_argv(R17, serve_config("/m", tp=4, attn_dp=2))
     assert a17[a17.index("--dp-size") :][:3] == ["--dp-size", "2", "--enable-dp-attention"]
-    a23 = build_argv(get_release("0.5.23"), ServeConfig("/m", tp=4, attn_dp=2))
+    a23 = build_argv(get_release("0.5.23"), serve_config("/m", tp=4, attn_dp=2))
     assert "--attn-dp-size" in a23 and "--enable-dp-attention" not in a23
 
 
@@ -110,26 +119,26 @@ def test_unknown_passthrough_flag_is_a_plan_error_with_did_you_mean():
     with pytest.raises(
         PlanError, match=r"--tp-sise: SGLang 0\.5\.17 has no such flag; did you mean --tp-size\?"
     ):
-        build_argv(R17, ServeConfig("/m", extra=(("--tp-sise", "2"),)))
+        build_argv(R17, serve_config("/m", extra=(("--tp-sise", "2"),)))
 
 
 def test_passthrough_arity_is_checked_both_ways():
     with pytest.raises(PlanError, match="--disable-radix-cache: is a switch and takes no value"):
-        build_argv(R17, ServeConfig("/m", extra=(("--disable-radix-cache", "1"),)))
+        build_argv(R17, serve_config("/m", extra=(("--disable-radix-cache", "1"),)))
     with pytest.raises(PlanError, match="--log-level: takes a value"):
-        build_argv(R17, ServeConfig("/m", extra=(("--log-level", None),)))
+        build_argv(R17, serve_config("/m", extra=(("--log-level", None),)))
 
 
 def test_passthrough_cannot_override_the_topology():
     with pytest.raises(PlanError, match="--decode-context-parallel-size: cptest sets it"):
-        build_argv(R17, ServeConfig("/m", extra=(("--decode-context-parallel-size", "2"),)))
+        build_argv(R17, serve_config("/m", extra=(("--decode-context-parallel-size", "2"),)))
 
 
 def test_choices_are_checked_against_the_release():
     with pytest.raises(PlanError, match=r"--cp-strategy ring: expected zigzag or interleave"):
-        build_argv(R17, ServeConfig("/m", tp=2, attn_cp=2, prefill_cp=True, cp_strategy="ring"))
+        build_argv(R17, serve_config("/m", tp=2, attn_cp=2, prefill_cp=True, cp_strategy="ring"))
     # tc_piecewise exists in 0.5.17's graph backends and not in 0.5.23's.
-    cfg = ServeConfig("/m", cuda_graph={"prefill": "tc_piecewise"})
+    cfg = serve_config("/m", cuda_graph={"prefill": "tc_piecewise"})
     assert "tc_piecewise" in build_argv(R17, cfg)
     with pytest.raises(PlanError, match="expected full, breakable or disabled"):
         build_argv(get_release("0.5.23"), cfg)
@@ -137,11 +146,11 @@ def test_choices_are_checked_against_the_release():
 
 def test_all_problems_are_reported_together():
     with pytest.raises(PlanError) as err:
-        build_argv(R17, ServeConfig("/m", cuda_graph={"verify": "full"}, extra=(("--nope", None),)))
+        build_argv(R17, serve_config("/m", cuda_graph={"verify": "full"}, extra=(("--nope", None),)))
     text = str(err.value)
     assert "unknown CUDA-graph phase 'verify'" in text and "--nope" in text
 
 
 def test_multinode_needs_a_dist_init_addr():
     with pytest.raises(PlanError, match="nnodes > 1 needs dist_init_addr"):
-        build_argv(R17, ServeConfig("/m", tp=16, nnodes=2))
+        build_argv(R17, serve_config("/m", tp=16, nnodes=2))

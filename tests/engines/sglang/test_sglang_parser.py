@@ -20,12 +20,28 @@ sglang = pytest.importorskip("sglang")
 from cptest.engines.sglang.admission import LaunchConfig, predict  # noqa: E402
 from cptest.engines.sglang.argv import LAUNCHER, ServeConfig, build_argv  # noqa: E402
 from cptest.engines.sglang.releases import KNOWN_RELEASES  # noqa: E402
+from cptest.topology import Degrees  # noqa: E402
 
 RELEASE = KNOWN_RELEASES.get(getattr(sglang, "__version__", ""))
 if RELEASE is None:
     pytest.skip(
         f"installed sglang {getattr(sglang, '__version__', '?')} has no cptest table", allow_module_level=True
     )
+
+
+def launch(**kw) -> LaunchConfig:
+    """A LaunchConfig from flat keywords: the degrees' among them go into its `Degrees`."""
+    degrees = {k: kw.pop(k) for k in list(kw) if k in Degrees.model_fields}
+    return LaunchConfig(degrees=Degrees(**degrees), **kw)
+
+
+def serve_config(model_path: str, **kw) -> ServeConfig:
+    """A ServeConfig from flat keywords: the degrees' among them (`nnodes` is `nodes`) go into its Degrees."""
+    if "nnodes" in kw:
+        kw["nodes"] = kw.pop("nnodes")
+    degrees = {k: kw.pop(k) for k in list(kw) if k in Degrees.model_fields}
+    return ServeConfig(model_path, degrees=Degrees(**{"tp": 1, **degrees}), **kw)
+
 
 QWEN3 = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -63,14 +79,14 @@ def sglang_parse(argv: list[str]):
 
 
 def test_dcp2_argv_is_accepted_by_sglangs_parser(model_dir):
-    cfg = ServeConfig(str(model_dir), tp=2, dcp=2, attention_backend="triton", cuda_graph={"decode": "full"})
+    cfg = serve_config(str(model_dir), tp=2, dcp=2, attention_backend="triton", cuda_graph={"decode": "full"})
     sa = sglang_parse(build_argv(RELEASE, cfg))
     assert (sa.tp_size, sa.dcp_size, sa.attention_backend) == (2, 2, "triton")
     assert sa.skip_tokenizer_init
 
 
 def test_pcp2_argv_is_accepted_by_sglangs_parser(model_dir):
-    cfg = ServeConfig(
+    cfg = serve_config(
         str(model_dir),
         tp=2,
         attn_cp=2,
@@ -86,17 +102,17 @@ def test_pcp2_argv_is_accepted_by_sglangs_parser(model_dir):
 @pytest.mark.parametrize(
     "launch",
     [
-        LaunchConfig(tp=2, attn_cp=2, prefill_cp=True),
-        LaunchConfig(tp=3, attn_cp=2, prefill_cp=True, cp_strategy="zigzag"),
-        LaunchConfig(tp=2, dcp=0),
-        LaunchConfig(tp=4, dcp=2, attn_cp=2, prefill_cp=True, cp_strategy="zigzag"),
-        LaunchConfig(tp=4, dcp=3),
+        launch(tp=2, attn_cp=2, prefill_cp=True),
+        launch(tp=3, attn_cp=2, prefill_cp=True, cp_strategy="zigzag"),
+        launch(tp=2, dcp=0),
+        launch(tp=4, dcp=2, attn_cp=2, prefill_cp=True, cp_strategy="zigzag"),
+        launch(tp=4, dcp=3),
     ],
     ids=["no-strategy", "tp3-cp2", "dcp0", "pcp+dcp", "tp4-dcp3"],
 )
 def test_parse_stage_predictions_match_sglang(model_dir, launch):
     adm = predict(RELEASE, launch)
-    cfg = ServeConfig(
+    cfg = serve_config(
         str(model_dir),
         tp=launch.tp,
         dcp=launch.dcp,
