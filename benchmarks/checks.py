@@ -34,7 +34,7 @@ from cptest.checks.synthetic import (
     zigzag_steps,
 )
 from cptest.evidence import Capacity, KvPool, Lifecycle, RequestResult, ServerInfo
-from cptest.plan_model import Expectation
+from cptest.plan.model import Expectation
 
 WORLD = 4
 FINISHED = Lifecycle(event="shutdown_done", detail={"all_exited": True})

@@ -1,6 +1,7 @@
-"""The `cptest` command. It only composes the stages: lang.parse -> plan.plan -> run.run_plan ->
-checks.check -> archive/report. Exit codes: 0 ok/pass, 1 lint findings/fail/would reformat,
-2 bad input, 3 unknown verdict or infrastructure failure. `--json` prints machine output on stdout."""
+"""The `cptest` command: parses arguments, calls `cptest.pipeline` (or one stage), prints.
+
+Exit codes: 0 ok/pass, 1 lint findings/fail/would reformat, 2 bad input, 3 unknown verdict or
+infrastructure failure. `--json` prints machine output on stdout."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 import click
 
 from cptest import __version__
-from cptest.errors import CptestError, RunError
+from cptest.errors import CptestError
 
 RESULTS = Path("results")
 MODEL_CACHE = Path(os.environ.get("CPTEST_MODEL_CACHE", "~/.cache/cptest/models")).expanduser()
@@ -121,7 +122,7 @@ def fmt(files: tuple[Path, ...], check: bool) -> int:
 def lint(files: tuple[Path, ...], as_json: bool) -> int:
     """Compare what each scenario expects with what its pinned SGLang release is known to do."""
     from cptest.lang import parse_file
-    from cptest.lint import lint as lint_scenario
+    from cptest.plan.lint import lint as lint_scenario
 
     found = []
     for f in files:
@@ -189,35 +190,26 @@ def schema() -> int:
 def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name: str | None,
         as_json: bool) -> int:
     """Plan, lint, launch, drive the workload, inject faults, gather evidence, check, archive."""
-    from cptest.lang import parse_file
-    from cptest.lint import lint as lint_scenario
-    from cptest.plan import canonical_sha256, plan
-    from cptest.reference.choice import choose
+    from cptest import pipeline
 
-    scenario = parse_file(file)
     gpu = shutil.which("nvidia-smi") is not None
-    choice = choose(scenario, engine_name, gpu_present=gpu)
-    for note in choice.notes:
+    prepared = pipeline.prepare(file, engine=engine_name, gpu_present=gpu, model_cache=MODEL_CACHE)
+    for note in prepared.notes:
         click.echo(note, err=True)
-    p = plan(choice.scenario, model_cache=MODEL_CACHE)
-    if choice.engine == "reference" and launcher != "process":
+    if prepared.engine == "reference" and launcher != "process":
         click.echo("cptest: the reference engine runs as local processes; --launcher process", err=True)
         launcher = "process"
-    # Lint compares the scenario with the pinned SGLang release: it has nothing to say about the reference.
-    findings = lint_scenario(scenario) if choice.engine == "sglang" else []
-    for finding in findings:
+    for finding in prepared.findings:
         click.echo(f"lint: {finding.render()}", err=True)
-    if findings and not ignore_lint:
+    try:
+        pipeline.runnable(prepared, gpu_present=gpu, ignore_lint=ignore_lint)
+    except pipeline.LintFindings:
         click.echo("cptest: lint findings; nothing was launched (--ignore-lint to run anyway)", err=True)
         return 1
-    if p.main.engine == "sglang" and not gpu:
-        raise RunError("no GPU here (nvidia-smi not found): SGLang cannot run; the CPU reference engine "
-                       "(`--engine reference`) is the way to draft scenarios without a GPU")
-    from cptest import archive
-
-    out = archive.archive_dir(results, scenario.name, canonical_sha256(scenario), datetime.now(UTC))
-    includes = {_include_name(Path(inc), file): _read(Path(inc)) for inc in scenario.includes}
-    return _execute(p, out, _read(file), launcher, as_json, includes=includes)
+    out = pipeline.new_archive(results, prepared, datetime.now(UTC))
+    outcome = pipeline.run_scenario(prepared.plan, out, pipeline.launcher_named(launcher),
+                                    scenario_text=prepared.text, log=_log(), includes=prepared.includes)
+    return _outcome(outcome, as_json)
 
 
 @main.command()
@@ -229,82 +221,29 @@ def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name
 @_guard
 def rerun(directory: Path, results: Path, launcher: str, as_json: bool) -> int:
     """Run an archive's plan again with the same pins, then diff the evidence."""
-    from cptest import archive
-    from cptest.plan_model import Plan
+    from cptest import pipeline
 
-    p = Plan.model_validate_json(_read(directory / "plan.json"))
-    out = archive.archive_dir(results, p.scenario, p.pins.scenario_sha256, datetime.now(UTC))
-    code = _execute(p, out, _read(directory / "scenario.cps"), launcher, as_json)
-    report = archive.diff(directory, out)
-    click.echo(report.render())
-    return code if report.same else max(code, 1)
+    done = pipeline.rerun(directory, results, pipeline.launcher_named(launcher), log=_log(),
+                          now=datetime.now(UTC))
+    _outcome(done.outcome, as_json)
+    click.echo(done.diff.render())
+    return done.exit_code
 
 
-def _execute(p: Any, out: Path, scenario_text: str, launcher_name: str, as_json: bool,
-             includes: dict[str, str] | None = None) -> int:
-    from cptest import archive, checks
+def _log() -> Any:
     from cptest.log import Logger, TerminalSink
-    from cptest.run.process import install_signal_handlers
-    from cptest.run.runner import run_plan
 
-    log = Logger([TerminalSink(sys.stderr)])
-    if p.pins.model.get("kind") == "synthetic":
-        from cptest.run.models import ensure_synthetic
-
-        with log.step("writing synthetic weights"):
-            digest = ensure_synthetic(p.pins.model["synthetic"], Path(p.main.nodes[0].model_mount or "."))
-        log.info(f"synthetic weights sha256 {digest}")
-    environment = archive.collect_environment(Path.cwd())
-    environment["weights_sha256"] = _weights_sha256(p.main.nodes[0].model_mount)
-    archive.begin(out, scenario_text, p, environment=environment, includes=includes)
-    log.info(f"archive: {out}")
-    launcher = _launcher(launcher_name)
-    restore = install_signal_handlers()
-    error: CptestError | None = None
-    try:
-        run_plan(p, out, launcher=launcher, log=log)
-    except RunError as e:
-        error = e  # evidence gathered so far is kept; the verdict says unknown with the reason
-    except KeyboardInterrupt:
-        # Ctrl-C: the runner tore everything down; the archive still gets an (unknown) verdict.
-        error = RunError("interrupted by Ctrl-C; every started process was torn down")
-    finally:
-        restore()
-    verdict = checks.check(out, require_finished=False)  # this run is the one finishing it
-    archive.finish(out, verdict, p)
-    _emit(json.loads(verdict.to_json()) | {"archive": str(out)}, as_json, _verdict_text(verdict, out))
-    if error is not None:
-        click.echo(error.render(), err=True)
-        return 3
-    return verdict.exit_code
+    return Logger([TerminalSink(sys.stderr)])
 
 
-def _weights_sha256(model_dir: str | None) -> dict[str, str] | None:
-    """sha256 of every weights file of a local checkpoint: what pins a result to its weights."""
-    if not model_dir or not Path(model_dir).is_dir():
-        return None
-    from cptest.run.models import sha256_file
-
-    files = sorted(Path(model_dir).glob("*.safetensors")) + sorted(Path(model_dir).glob("*.bin"))
-    return {f.name: sha256_file(f) for f in files}
-
-
-def _include_name(include: Path, scenario_file: Path) -> str:
-    """Where an extended file is stored in the archive: its path relative to the scenario, so that
-    the archived scenario.cps resolves it again; a file outside the scenario's folder goes under
-    includes/ by name."""
-    rel = os.path.relpath(include.resolve(), scenario_file.resolve().parent)
-    return rel if not rel.startswith("..") else f"includes/{include.name}"
-
-
-def _launcher(name: str) -> Any:
-    if name == "docker":
-        from cptest.run.docker import DockerLauncher
-
-        return DockerLauncher()
-    from cptest.run.process import ProcessLauncher
-
-    return ProcessLauncher()
+def _outcome(outcome: Any, as_json: bool) -> int:
+    """Print a run's verdict (and the fault that stopped it); return its exit code."""
+    verdict = outcome.verdict
+    _emit(json.loads(verdict.to_json()) | {"archive": str(outcome.archive)}, as_json,
+          _verdict_text(verdict, outcome.archive))
+    if outcome.error is not None:
+        click.echo(outcome.error.render(), err=True)
+    return outcome.exit_code
 
 
 def _verdict_text(verdict: Any, out: Path) -> str:
@@ -324,19 +263,13 @@ def _verdict_text(verdict: Any, out: Path) -> str:
 @_guard
 def check(directory: Path, write: bool, as_json: bool) -> int:
     """Recompute verdicts from an archive's evidence alone (no GPU); compare with verdict.json."""
-    from cptest import archive, checks
+    from cptest import pipeline
 
-    # --write re-finishes the archive from its evidence (an explicit act), so it does not require
-    # the archive to have been finished before.
-    verdict = checks.check(directory, require_finished=not write)
-    _emit(json.loads(verdict.to_json()), as_json, _verdict_text(verdict, directory))
-    stored = directory / "verdict.json"
-    if write:
-        archive.finish(directory, verdict)
-    elif stored.is_file() and _read(stored) != verdict.to_json():
-        click.echo(f"cptest: the recomputed verdict differs from {stored}", err=True)
-        return max(verdict.exit_code, 1)
-    return verdict.exit_code
+    done = pipeline.check_archive(directory, write=write)
+    _emit(json.loads(done.verdict.to_json()), as_json, _verdict_text(done.verdict, directory))
+    if done.differs:
+        click.echo(f"cptest: the recomputed verdict differs from {directory / 'verdict.json'}", err=True)
+    return done.exit_code
 
 
 @main.command()
@@ -345,10 +278,10 @@ def check(directory: Path, write: bool, as_json: bool) -> int:
 @_guard
 def verify(directory: Path, as_json: bool) -> int:
     """Check the sha256 of every archived file against the manifest."""
-    from cptest import archive
+    from cptest import store
     from cptest.errors import render_problem
 
-    problems = archive.verify(directory)
+    problems = store.verify(directory)
     if as_json:
         click.echo(json.dumps([{"where": str(p.span) if p.span else None, "message": p.message}
                                for p in problems], indent=2))  # fmt: skip
@@ -365,9 +298,9 @@ def verify(directory: Path, as_json: bool) -> int:
 @_guard
 def diff(a: Path, b: Path) -> int:
     """Compare the evidence of two archives within the declared tolerances."""
-    from cptest import archive
+    from cptest.checks.diff import diff as diff_archives
 
-    report = archive.diff(a, b)
+    report = diff_archives(a, b)
     click.echo(report.render())
     return 0 if report.same else 1
 
@@ -396,12 +329,9 @@ def report(directory: Path) -> int:
 
 
 def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError as e:
-        from cptest.errors import ScenarioError
+    from cptest.pipeline import read_text
 
-        raise ScenarioError(f"{path}: cannot read ({e.strerror})") from None
+    return read_text(path)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from cptest.lang import format_text
-from cptest.plan_model import Plan
+from cptest.plan.model import Plan
 from tests.lang.cases import BAD, BASE, with_line
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ import pytest
 import cptest
 
 PACKAGE = Path(cptest.__file__).resolve().parent
-PURE_STAGES = ("cptest.lang", "cptest.plan", "cptest.lint", "cptest.checks")
+PURE_STAGES = ("cptest.lang", "cptest.plan", "cptest.plan.lint", "cptest.checks")
 FORBIDDEN_MODULES = ("cptest.run", "subprocess", "docker", "httpx", "psutil", "torch")
 """Not imported (directly or transitively) by any pure stage. `socket` cannot be on this list:
 pydantic's plugin loader imports importlib.metadata -> email.utils -> socket; httpx and docker stand
@@ -51,7 +51,7 @@ from pathlib import Path
 before = set(sys.modules)
 from cptest.checks import check
 from cptest.lang import parse_file
-from cptest.lint import lint
+from cptest.plan.lint import lint
 from cptest.plan import plan
 scenario_file, archive_dir = sys.argv[1:]
 s = parse_file(scenario_file)
@@ -84,7 +84,7 @@ def _source_file(module: str) -> Path:
 
 def _stage_files() -> list[Path]:
     """The pure stages' own modules (not the helpers they import)."""
-    files = [PACKAGE / "plan.py", PACKAGE / "lint.py"]
+    files = sorted((PACKAGE / "plan").glob("*.py"))
     files += sorted((PACKAGE / "lang").glob("*.py")) + sorted((PACKAGE / "checks").glob("*.py"))
     return files
 

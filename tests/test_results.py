@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from cptest import archive, checks
-from cptest.plan_model import Plan
+from cptest import checks, store
+from cptest.plan.model import Plan
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
@@ -62,7 +62,7 @@ def test_rechecking_the_evidence_reproduces_verdict_json_byte_for_byte(directory
 
 @pytest.mark.parametrize("directory", ARCHIVES, ids=_id)
 def test_every_archived_file_matches_the_manifest(directory: Path):
-    assert [p.message for p in archive.verify(directory)] == []
+    assert [p.message for p in store.verify(directory)] == []
 
 
 @pytest.mark.parametrize("directory", SGLANG_ARCHIVES, ids=_id)

@@ -1,7 +1,7 @@
 """Write manifest.json and SHA256SUMS for a raw side run under results/_*/ (decisions D14).
 
 A side run is not a cptest archive, but it carries the same pins: the environment as
-`cptest.archive.collect_environment` reads it (run this on the machine that made the run), the
+`cptest.run.environment.collect_environment` reads it (run this on the machine that made the run), the
 commit of the code it ran, the script that made it and the sha256 of every file beside it.
 
     python tools/side_run_manifest.py DIR --commit SHA --script PATH [--what TEXT]
@@ -20,7 +20,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from cptest.archive import collect_environment, file_hashes, sha256_file
+from cptest.run.environment import collect_environment
+from cptest.store import file_hashes, sha256_file
 
 ENVIRONMENT_FIELDS = ("python", "platform", "cptest", "torch", "cuda", "gpus", "driver", "sglang",
                       "sglang_wheel_sha256", "sglang_record_sha256", "flake_lock_sha256")

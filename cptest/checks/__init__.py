@@ -8,12 +8,12 @@ labelled `engine: reference` and never count as SGLang evidence.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from cptest.checks.load import Archive, load_archive
+from cptest.checks.load import Archive, load_archive, load_plan
 from cptest.checks.registry import CHECKERS, guarded
 from cptest.checks.verdict import EXIT_CODES, ScenarioVerdict, Verdict, merge, scenario_verdict, unknown
+from cptest.store import Layout, is_finished
 
 __all__ = [
     "CHECKERS",
@@ -24,6 +24,7 @@ __all__ = [
     "check",
     "check_loaded",
     "load_archive",
+    "load_plan",
     "merge",
 ]
 
@@ -87,11 +88,5 @@ def check(archive_dir: Path | str, *, require_finished: bool = True) -> Scenario
     its `finished` phase is judged unfinished. The run that is finishing it checks it first, so it
     passes False.
     """
-    finished = True
-    if require_finished:
-        try:
-            manifest = json.loads((Path(archive_dir) / "manifest.json").read_text())
-            finished = manifest.get("phase") == "finished"
-        except (OSError, ValueError):
-            finished = False
+    finished = is_finished(Layout(Path(archive_dir))) if require_finished else True
     return check_loaded(load_archive(archive_dir), finished=finished)

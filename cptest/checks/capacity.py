@@ -21,7 +21,7 @@ from cptest.checks._layout import all_ranks
 from cptest.checks.load import Archive
 from cptest.checks.patterns import find_all, log_patterns
 from cptest.checks.verdict import Verdict, failed, passed, unknown
-from cptest.plan_model import Expectation
+from cptest.plan.model import Expectation
 
 NAME = "capacity"
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from cptest.checks.load import Archive
 from cptest.checks.verdict import Verdict, failed, passed, unknown
-from cptest.plan_model import Expectation
+from cptest.plan.model import Expectation
 
 NAME = "generation"
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from cptest.checks._layout import all_ranks
 from cptest.checks.load import Archive
 from cptest.checks.verdict import Verdict, failed, passed, unknown
-from cptest.plan_model import Expectation
+from cptest.plan.model import Expectation
 
 NAME = "graph"
 _STEP_MODES = {"decode": ("decode",), "prefill": ("extend", "mixed")}

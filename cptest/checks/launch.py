@@ -11,7 +11,7 @@ import re
 
 from cptest.checks.load import Archive
 from cptest.checks.verdict import Verdict, failed, passed, unknown
-from cptest.plan_model import Expectation
+from cptest.plan.model import Expectation
 
 NAME = "launch"
 

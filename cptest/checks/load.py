@@ -1,19 +1,13 @@
 """Read an archive directory into typed evidence: the only code in `checks/` that touches files.
 
-Layout (the contract with the runner and `cptest.archive`):
-`plan.json`, `logs/<role>-node<k>.log`, `evidence/<role>/rank<world>.jsonl` (probe records),
-`evidence/<role>/runner.jsonl` (runner records). A missing file is *recorded* as missing (checkers
-then say unknown); a malformed line is an `EvidenceError` naming file and line, except a truncated
-last line (a rank killed mid-write), which is dropped and counted.
-
-Speed: each line is validated with pydantic-core's JSON parser (`validate_json`), which here is
-faster than `json.loads` alone and still enforces the whole schema; only a line that fails goes
-through `evidence.parse_record` again, for its message.
+Where the files are is `cptest.store.Layout`'s business; how a file is read is
+`cptest.evidence.read_records`'. A missing file is *recorded* as missing (checkers then say
+unknown); a malformed line is an `EvidenceError` naming file and line, except a truncated last line
+(a rank killed mid-write), which is dropped and counted.
 """
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +16,6 @@ from pydantic import ValidationError
 
 from cptest.errors import EvidenceError, Problem, Span
 from cptest.evidence import (
-    _ADAPTER,
-    SCHEMA_VERSION,
     Capacity,
     Geometry,
     GpuSample,
@@ -37,13 +29,10 @@ from cptest.evidence import (
     RequestResult,
     ServerInfo,
     Step,
-    parse_record,
+    read_records,
 )
-from cptest.plan_model import Plan, ServerPlan
-
-ROLES = ("main", "baseline")
-_RANK_FILE = re.compile(r"^rank(\d+)\.jsonl$")
-_LOG_FILE = re.compile(r"^(main|baseline)-node(\d+)\.log$")
+from cptest.plan.model import Plan, ServerPlan
+from cptest.store import Layout
 
 
 @dataclass
@@ -112,37 +101,6 @@ class Archive:
         return self.roles.get(role) or RoleEvidence(role=role, missing=[f"evidence/{role}/"])
 
 
-def read_jsonl(path: Path) -> tuple[list[Record], int]:
-    """Records of one JSON-lines file and the number of truncated trailing lines dropped.
-
-    Raises EvidenceError (file:line) for a malformed line that is not the last one, and for a
-    record of a newer schema version.
-    """
-    text = path.read_text(encoding="utf-8", errors="replace")
-    lines = text.split("\n")
-    while lines and not lines[-1].strip():
-        lines.pop()
-    out: list[Record] = []
-    dropped = 0
-    validate = _ADAPTER.validate_json
-    last = len(lines)
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = validate(line)
-        except ValidationError:
-            if i == last:  # half a line from a rank killed mid-write: drop, count, let checkers decide
-                dropped += 1
-                continue
-            parse_record(line, Span(str(path), i, 1))  # raises with the field and message
-            raise EvidenceError(Problem(Span(str(path), i, 1), "bad evidence record")) from None
-        if rec.v > SCHEMA_VERSION:
-            parse_record(line, Span(str(path), i, 1))  # raises "newer than this cptest"
-        out.append(rec)
-    return out, dropped
-
-
 _RANK_SLOTS: dict[type, str] = {
     Geometry: "geometry",
     KvPool: "kv_pools",
@@ -162,7 +120,7 @@ _RUNNER_SLOTS: dict[type, str] = {
 
 
 def load_rank(path: Path, world: int) -> RankEvidence:
-    records, dropped = read_jsonl(path)
+    records, dropped = read_records(path)
     ev = RankEvidence(world=world, dropped=dropped)
     buckets: dict[str, list] = defaultdict(list)
     for r in records:
@@ -173,7 +131,7 @@ def load_rank(path: Path, world: int) -> RankEvidence:
 
 
 def load_runner(path: Path) -> RunnerEvidence:
-    records, dropped = read_jsonl(path)
+    records, dropped = read_records(path)
     ev = RunnerEvidence(dropped=dropped)
     buckets: dict[str, list] = defaultdict(list)
     for r in records:
@@ -183,36 +141,30 @@ def load_runner(path: Path) -> RunnerEvidence:
     return ev
 
 
-def load_role(root: Path, server: ServerPlan) -> RoleEvidence:
+def load_role(layout: Layout, server: ServerPlan) -> RoleEvidence:
     role = server.role
     ev = RoleEvidence(role=role)
-    edir = root / "evidence" / role
-    if edir.is_dir():
-        for p in sorted(edir.iterdir()):
-            m = _RANK_FILE.match(p.name)
-            if m:
-                world = int(m.group(1))
-                ev.ranks[world] = load_rank(p, world)
+    for world, path in layout.rank_files(role).items():
+        ev.ranks[world] = load_rank(path, world)
     for world in range(server.world_size):
         if world not in ev.ranks and server.probe:
-            ev.missing.append(f"evidence/{role}/rank{world}.jsonl")
-    runner = edir / "runner.jsonl"
+            ev.missing.append(layout.relative(layout.rank_file(role, world)))
+    runner = layout.runner_file(role)
     if runner.is_file():
         ev.runner = load_runner(runner)
     else:
-        ev.missing.append(f"evidence/{role}/runner.jsonl")
-    ldir = root / "logs"
+        ev.missing.append(layout.relative(runner))
     for node in server.nodes:
-        p = ldir / f"{role}-node{node.node_rank}.log"
+        p = layout.log(role, node.node_rank)
         if p.is_file():
             ev.logs[node.node_rank] = p.read_text(encoding="utf-8", errors="replace")
         else:
-            ev.missing.append(f"logs/{role}-node{node.node_rank}.log")
+            ev.missing.append(layout.relative(p))
     return ev
 
 
 def load_plan(root: Path) -> Plan:
-    path = root / "plan.json"
+    path = Layout(root).plan
     if not path.is_file():
         raise EvidenceError(
             Problem(
@@ -232,8 +184,9 @@ def load_plan(root: Path) -> Plan:
 def load_archive(dir: Path | str) -> Archive:
     """Load `dir`. Raises EvidenceError when plan.json is missing or any evidence line is malformed."""
     root = Path(dir)
+    layout = Layout(root)
     plan = load_plan(root)
-    roles = {"main": load_role(root, plan.main)}
+    roles = {"main": load_role(layout, plan.main)}
     if plan.baseline is not None:
-        roles["baseline"] = load_role(root, plan.baseline)
+        roles["baseline"] = load_role(layout, plan.baseline)
     return Archive(dir=root, plan=plan, roles=roles)

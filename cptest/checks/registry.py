@@ -13,7 +13,7 @@ from cptest.checks import capacity, generation, graph, launch, log, rows, servin
 from cptest.checks.load import Archive
 from cptest.checks.verdict import Verdict, apply_expectation, unknown
 from cptest.errors import did_you_mean, one_of
-from cptest.plan_model import Expectation
+from cptest.plan.model import Expectation
 
 Checker = Callable[[Archive, Expectation], Verdict]
 

@@ -36,7 +36,7 @@ from cptest.checks._layout import groups, zigzag_blocks
 from cptest.checks.load import Archive, RoleEvidence
 from cptest.checks.verdict import Verdict, failed, passed, unknown
 from cptest.evidence import ranges_len, ranges_merge
-from cptest.plan_model import Expectation
+from cptest.plan.model import Expectation
 
 NAME = "rows"
 _RID_INDEX = re.compile(r"^(?:cptest-)?(?:(?:main|baseline)-)?(\d+)$")

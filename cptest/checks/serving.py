@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from cptest.checks.load import Archive
 from cptest.checks.verdict import Verdict, failed, passed, unknown
-from cptest.plan_model import Expectation
+from cptest.plan.model import Expectation
 
 NAME = "serving"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from cptest.checks.load import Archive
 from cptest.checks.verdict import Status, Verdict, combine, unknown
-from cptest.plan_model import Expectation
+from cptest.plan.model import Expectation
 
 NAME = "shutdown"
 GPU_SLACK_MIB = 64

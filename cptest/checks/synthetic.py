@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from cptest.checks._layout import dcp_owner, zigzag_blocks
 from cptest.evidence import RankId, Step, dump_record, ranges_from, ranges_merge
-from cptest.plan_model import Expectation, NodeLaunch, Pins, Plan, PlannedRequest, ServerPlan, WorkloadPlan
+from cptest.plan.model import Expectation, NodeLaunch, Pins, Plan, PlannedRequest, ServerPlan, WorkloadPlan
 
 
 def rid(index: int, role: str = "main") -> str:

@@ -687,7 +687,8 @@ def _topology(v: _Values, where: Span, about_admission: bool) -> Topology | None
 
 def _check_geometry(p: ProblemCollector, t: Topology, label: str, about_admission: bool) -> None:
     """The layout rules of `cptest.topology`, positioned at the setting to change. Those SGLang also
-    enforces itself are left to the engine when the scenario is about that rejection (docs/decisions.md D5)."""
+    enforces itself are left to the engine when the scenario is about that rejection
+    (docs/decisions.md D5)."""
     hint = 'a scenario about this rejection declares: expect { launch rejected matching "..." }'
     for problem in layout_problems(t):
         admission = problem.code in ADMISSION_CODES

@@ -46,6 +46,7 @@ from pydantic import BaseModel
 
 from cptest.evidence import ProbeNote, RankId, dump_record
 from cptest.probe.records import GraphCounter, RidText, StepDraft
+from cptest.store import rank_file_name
 
 ENV_DIR = "CPTEST_PROBE_DIR"
 ENV_POSITIONS = "CPTEST_PROBE_POSITIONS"
@@ -192,7 +193,7 @@ class Probe:
                 return
             if self._fd is None:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
-                path = self.out_dir / f"rank{self.rank.world}.jsonl"
+                path = self.out_dir / rank_file_name(self.rank.world)
                 self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.write(self._fd, b"".join(lines))
 

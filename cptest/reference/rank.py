@@ -29,6 +29,7 @@ from cptest.reference.layout import Layout
 from cptest.reference.model import KvPool as Pool
 from cptest.reference.model import Model, ModelConfig, SeqRows, SoloComm, load_shard
 from cptest.reference.scheduler import Request, Scheduler
+from cptest.store import rank_file_name
 from cptest.topology import Degrees, process_title
 
 GLOO_TIMEOUT = timedelta(days=1)
@@ -99,7 +100,7 @@ class Evidence:
         self.f = None
         if d:
             Path(d).mkdir(parents=True, exist_ok=True)
-            self.f = open(Path(d) / f"rank{world_rank}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+            self.f = open(Path(d) / rank_file_name(world_rank), "a", encoding="utf-8")  # noqa: SIM115
 
     def now(self) -> float:
         return round(time.monotonic() - self.t0, 6)

@@ -17,7 +17,7 @@ from typing import Any
 import jinja2
 
 from cptest.checks.verdict import ScenarioVerdict
-from cptest.plan_model import Plan
+from cptest.plan.model import Plan
 
 __all__ = ["render", "render_junit", "render_matrix"]
 

@@ -45,7 +45,7 @@ import psutil
 import requests.exceptions
 
 from cptest.errors import Problem, RunError, did_you_mean, one_of
-from cptest.plan_model import NodeLaunch
+from cptest.plan.model import NodeLaunch
 from cptest.run.launcher import ExitInfo
 
 log = logging.getLogger(__name__)

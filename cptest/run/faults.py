@@ -32,9 +32,10 @@ import psutil
 from cptest.errors import RunError
 from cptest.evidence import Lifecycle, RequestResult
 from cptest.log import Logger, null_logger
-from cptest.plan_model import FaultPlan
+from cptest.plan.model import FaultPlan
+from cptest.run.evidence_writer import RecordWriter
 from cptest.run.launcher import Handle
-from cptest.run.records import RecordWriter
+from cptest.store import rank_file_name
 
 SIGNAL_OF: dict[str, signal.Signals] = {
     "kill": signal.SIGKILL,
@@ -176,7 +177,7 @@ class FaultInjector:
         self.role = role
         self.log = log or null_logger()
         self.poll_s = poll_s
-        self.steps = DecodeStepCounter(probe_dir / "rank0.jsonl") if probe_dir else None
+        self.steps = DecodeStepCounter(probe_dir / rank_file_name(0)) if probe_dir else None
         self.fired: dict[int, dict[str, Any]] = {}
         self.healed: set[int] = set()
         self._fired_at: dict[int, float] = {}

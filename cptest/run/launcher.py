@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from cptest.plan_model import NodeLaunch
+from cptest.plan.model import NodeLaunch
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 A scenario can declare `model synthetic llama { heads 32 kv_heads 8 head_dim 128 ... seed 7 }` to
 qualify layout contracts with Llama-3.1-8B's geometry and no download. The weights are drawn from
-torch's CPU generator in a fixed order (the same scheme as shared/device/make-tiny-models, which
-produces identical bytes with torch 2.11 and 2.13 on AVX2/AVX-512 CPUs) and written once into the
+torch's CPU generator in a fixed order (the same scheme as the GPU machine's tiny models, which
+gives identical bytes with torch 2.11 and 2.13 on AVX2/AVX-512 CPUs) and written once into the
 plan's model cache; their sha256 goes into the manifest. This is a run-stage side effect: the plan
 only names the directory.
 """
@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cptest.archive import sha256_file
 from cptest.errors import Problem, RunError
+from cptest.store import sha256_file
 
 STD = 0.02
 MARKER = "cptest-weights.json"
@@ -127,3 +127,12 @@ def ensure_synthetic(model: dict[str, Any], directory: Path) -> str:
     digest = sha256_file(path)
     marker.write_text(json.dumps({"sha256": digest, "torch": torch.__version__, "model": model}, indent=2))
     return digest
+
+
+def weights_sha256(model_dir: str | None) -> dict[str, str] | None:
+    """sha256 of every weights file of a local checkpoint (what pins a result to its weights), or
+    None when `model_dir` is not a directory here (a hub id, a container-only path)."""
+    if not model_dir or not Path(model_dir).is_dir():
+        return None
+    files = sorted(Path(model_dir).glob("*.safetensors")) + sorted(Path(model_dir).glob("*.bin"))
+    return {f.name: sha256_file(f) for f in files}

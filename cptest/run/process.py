@@ -38,7 +38,7 @@ from types import FrameType
 import psutil
 
 from cptest.errors import RunError
-from cptest.plan_model import NodeLaunch
+from cptest.plan.model import NodeLaunch
 from cptest.run.launcher import ExitInfo
 from cptest.run.reaper import ident as _ident
 from cptest.run.reaper import tree_snapshot

@@ -1,15 +1,14 @@
 """Run a Plan: launch, wait for readiness, record, drive the workload (with faults), shut down, record.
 
-`run_plan` is the only function the CLI calls. It owns no verdicts: it writes what it observes into
-the archive directory as it happens (evidence first), and returns a `RunOutcome` summary for the log.
-
-Layout written here (the archive module adds manifest.json, verdict.json, report.md):
-    scenario.cps, plan.json
+`run_plan` is the only function the pipeline calls. It owns no verdicts: it writes what it observes
+into the archive as it happens (evidence first), at the paths `cptest.store.Layout` names, and
+returns a `RunOutcome` summary for the log. It writes:
     logs/<role>-node<k>.log                   engine stdout+stderr
     evidence/<role>/rank<r>.jsonl             written by the probe inside ranks (CPTEST_PROBE_DIR)
     evidence/<role>/runner.jsonl              RequestResult, ProcessSample, GpuSample, ServerInfo,
                                               Lifecycle, ProbeNote (runner-side notes, rank null)
     evidence/cptest.jsonl                     cptest's outline log
+The scenario, the plan and the manifest are the store's (`cptest.store.begin`/`finish`).
 
 Per server (main, then baseline if planned): sample GPUs and host processes (`before`); start every
 node; poll `GET /health_generate` with `retry` until 200, while watching every main process (an exit
@@ -31,7 +30,6 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -40,14 +38,15 @@ import httpx
 from cptest.errors import RunError
 from cptest.evidence import Lifecycle, ProbeNote, ServerInfo
 from cptest.log import JsonLinesSink, Logger
-from cptest.plan_model import Plan, ServerPlan
+from cptest.plan.model import Plan, ServerPlan
 from cptest.retry import Abort, retry
+from cptest.run.driver import WorkloadDriver, WorkloadSummary
+from cptest.run.evidence_writer import RecordWriter
 from cptest.run.faults import FaultInjector
 from cptest.run.launcher import ExitInfo, Launcher
 from cptest.run.process import Interrupted
-from cptest.run.records import RecordWriter
 from cptest.run.supervisor import Owned, Supervisor, gpu_settled, query_gpu_memory
-from cptest.run.workload import WorkloadDriver, WorkloadSummary
+from cptest.store import Layout
 
 Role = Literal["main", "baseline"]
 
@@ -90,21 +89,6 @@ class RunOptions:
     labels: dict[str, str] = field(default_factory=dict)
 
 
-def archive_dir(results_root: Path, scenario: str, scenario_sha256: str, now: datetime) -> Path:
-    """`results/<scenario>/<UTC YYYYmmddTHHMMSSZ>-<first 8 hex of the scenario sha256>/` (pure)."""
-    stamp = now.astimezone(UTC) if now.tzinfo is not None else now  # a naive time is taken as UTC
-    return results_root / scenario / f"{stamp:%Y%m%dT%H%M%SZ}-{scenario_sha256[:8]}"
-
-
-def prepare_layout(out_dir: Path, plan: Plan, scenario_text: str | None) -> None:
-    """Create the directories and write plan.json (and scenario.cps) before anything runs."""
-    for sub in ("logs", "evidence/main") + (("evidence/baseline",) if plan.baseline else ()):
-        (out_dir / sub).mkdir(parents=True, exist_ok=True)
-    (out_dir / "plan.json").write_text(plan.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    if scenario_text is not None:
-        (out_dir / "scenario.cps").write_text(scenario_text, encoding="utf-8")
-
-
 def log_tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
     try:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -114,7 +98,7 @@ def log_tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
 
 
 def run_plan(plan: Plan, out_dir: Path, *, launcher: Launcher, log: Logger,
-             scenario_text: str | None = None, options: RunOptions | None = None) -> RunOutcome:
+             options: RunOptions | None = None) -> RunOutcome:
     """Execute `plan`, writing the archive layout under `out_dir` (see the module docstring).
 
     Raises RunError for infrastructure faults (cannot start the engine, sampler crash, SIGTERM to
@@ -122,8 +106,9 @@ def run_plan(plan: Plan, out_dir: Path, *, launcher: Launcher, log: Logger,
     A rejected launch or a failing server is a recorded result, not an exception.
     """
     opts = options or RunOptions()
-    prepare_layout(out_dir, plan, scenario_text)
-    sink = JsonLinesSink(out_dir / "evidence" / "cptest.jsonl")
+    layout = Layout(out_dir)
+    layout.make_dirs(["main"] + (["baseline"] if plan.baseline is not None else []))
+    sink = JsonLinesSink(layout.cptest_log)
     log.add_sink(sink)
     writers: dict[Role, RecordWriter] = {}
     current: list[Role] = ["main"]
@@ -131,8 +116,8 @@ def run_plan(plan: Plan, out_dir: Path, *, launcher: Launcher, log: Logger,
         with Supervisor(launcher, log=log, sample_interval_s=opts.sample_interval_s, gpu_query=opts.gpu_query,
                         title_prefix=plan.main.process_title_prefix.split("::")[0] + "::") as sup:
             try:
-                writers["main"] = RecordWriter(out_dir / "evidence" / "main" / "runner.jsonl")
-                outcome = RunOutcome(out_dir, _run_server(sup, plan, plan.main, writers["main"], out_dir,
+                writers["main"] = RecordWriter(layout.runner_file("main"))
+                outcome = RunOutcome(out_dir, _run_server(sup, plan, plan.main, writers["main"], layout,
                                                           opts, log, faults=True))
                 if plan.baseline is not None:
                     if not outcome.main.ready:
@@ -141,8 +126,8 @@ def run_plan(plan: Plan, out_dir: Path, *, launcher: Launcher, log: Logger,
                         log.info(why)
                     else:
                         current[0] = "baseline"
-                        writers["baseline"] = RecordWriter(out_dir / "evidence" / "baseline" / "runner.jsonl")
-                        outcome.baseline = _run_server(sup, plan, plan.baseline, writers["baseline"], out_dir,
+                        writers["baseline"] = RecordWriter(layout.runner_file("baseline"))
+                        outcome.baseline = _run_server(sup, plan, plan.baseline, writers["baseline"], layout,
                                                        opts, log, faults=False)
                 return outcome
             except KeyboardInterrupt as e:
@@ -161,11 +146,11 @@ def run_plan(plan: Plan, out_dir: Path, *, launcher: Launcher, log: Logger,
         log.remove_sink(sink)
 
 
-def _run_server(sup: Supervisor, plan: Plan, server: ServerPlan, writer: RecordWriter, out_dir: Path,
+def _run_server(sup: Supervisor, plan: Plan, server: ServerPlan, writer: RecordWriter, layout: Layout,
                 opts: RunOptions, log: Logger, *, faults: bool) -> ServerOutcome:
     role: Role = server.role
     out = ServerOutcome(role)
-    probe_dir = out_dir / "evidence" / role
+    probe_dir = layout.role_dir(role)
     with log.step(f"{role} server: {server.engine} {server.release}, {len(server.nodes)} node(s)"):
         gpu_before = sup.sample("before", role, writer, host=True)
         owned: list[Owned] = []
@@ -176,8 +161,8 @@ def _run_server(sup: Supervisor, plan: Plan, server: ServerPlan, writer: RecordW
                     env["CPTEST_PROBE_DIR"] = str(probe_dir)
                 launch = node.model_copy(update={"env": env})
                 labels = {"cptest.scenario": plan.scenario, "cptest.role": role,
-                          "cptest.run": out_dir.name, **opts.labels}
-                owned.append(sup.start(launch, out_dir / "logs" / f"{role}-node{node.node_rank}.log",
+                          "cptest.run": layout.root.name, **opts.labels}
+                owned.append(sup.start(launch, layout.log(role, node.node_rank),
                                        labels, role, writer))
         _wait_ready(sup, server, owned, writer, out, opts, log)
         if out.ready:

@@ -25,9 +25,9 @@ import psutil
 from cptest.errors import RunError
 from cptest.evidence import GpuSample, Lifecycle, ProbeNote, ProcessSample
 from cptest.log import Logger, null_logger
-from cptest.plan_model import NodeLaunch
+from cptest.plan.model import NodeLaunch
+from cptest.run.evidence_writer import RecordWriter
 from cptest.run.launcher import ExitInfo, Handle, Launcher
-from cptest.run.records import RecordWriter
 
 NVIDIA_SMI_ARGV: list[str] = ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]
 

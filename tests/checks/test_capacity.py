@@ -7,7 +7,7 @@ from pathlib import Path
 from cptest.checks import check_loaded, load_archive
 from cptest.checks.synthetic import make_plan, rank_id, server_plan, write_archive
 from cptest.evidence import Capacity, KvPool, ServerInfo
-from cptest.plan_model import Expectation
+from cptest.plan.model import Expectation
 
 EXPECT = Expectation(checker="capacity", params={"multiplier": 2, "tolerance": 0.0})
 

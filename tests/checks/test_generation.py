@@ -7,7 +7,7 @@ from pathlib import Path
 from cptest.checks import check_loaded, load_archive
 from cptest.checks.synthetic import make_plan, server_plan, write_archive
 from cptest.evidence import RequestResult
-from cptest.plan_model import Expectation
+from cptest.plan.model import Expectation
 
 EXPECT = Expectation(checker="generation", params={"tokens_agree": 0.75, "logprob_within": 0.05})
 

@@ -8,7 +8,7 @@ from cptest.checks import check_loaded, load_archive
 from cptest.checks.synthetic import make_plan, rank_id, server_plan, write_archive
 from cptest.checks.verdict import Verdict
 from cptest.evidence import GpuSample, Graph, Lifecycle, ProcessSample, RequestResult, Step
-from cptest.plan_model import Expectation
+from cptest.plan.model import Expectation
 
 
 def _one(

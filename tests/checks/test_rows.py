@@ -15,7 +15,7 @@ from cptest.checks.synthetic import (
     zigzag_steps,
 )
 from cptest.evidence import Geometry, RequestResult, Step
-from cptest.plan_model import Expectation
+from cptest.plan.model import Expectation
 
 DCP = Expectation(checker="rows", params={"mode": "dcp_owner", "dcp": 2}, source="s.cps:9:5")
 PROMPTS = {rid(0): 5, rid(1): 8}

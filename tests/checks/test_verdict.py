@@ -14,7 +14,7 @@ from cptest.checks.synthetic import make_plan, server_plan, write_archive
 from cptest.checks.verdict import Verdict, apply_expectation, merge
 from cptest.errors import EvidenceError
 from cptest.evidence import Lifecycle
-from cptest.plan_model import Expectation
+from cptest.plan.model import Expectation
 
 
 def test_merge_keeps_the_worst() -> None:

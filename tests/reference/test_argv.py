@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cptest.engines.reference import choose
 from cptest.lang import parse_file
 from cptest.plan import plan
 from cptest.reference.argv import ReferenceConfig, build_argv, parse
-from cptest.reference.choice import choose
 from cptest.topology import Degrees
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"

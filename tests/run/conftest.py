@@ -11,7 +11,7 @@ from typing import Any
 import psutil
 import pytest
 
-from cptest.plan_model import (
+from cptest.plan.model import (
     FaultPlan,
     NodeLaunch,
     Pins,

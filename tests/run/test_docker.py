@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from cptest.errors import RunError
-from cptest.plan_model import NodeLaunch
+from cptest.plan.model import NodeLaunch
 from cptest.run.docker import (
     LABEL_LAUNCHER,
     LABEL_NODE,

@@ -12,10 +12,10 @@ import pytest
 
 from cptest.errors import RunError
 from cptest.evidence import Lifecycle, RequestResult, read_records
-from cptest.plan_model import FaultPlan
+from cptest.plan.model import FaultPlan
+from cptest.run.evidence_writer import RecordWriter
 from cptest.run.faults import DecodeStepCounter, FaultInjector, SignalFault, find_titled
 from cptest.run.process import ProcessLauncher
-from cptest.run.records import RecordWriter
 
 from conftest import fake_node, wait_until  # isort: skip
 

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from cptest.errors import RunError
-from cptest.run.models import MARKER, ensure_synthetic, sha256_file
+from cptest.run.models import MARKER, ensure_synthetic
+from cptest.store import sha256_file
 
 MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from cptest.errors import RunError
-from cptest.plan_model import NodeLaunch
+from cptest.plan.model import NodeLaunch
 from cptest.run.launcher import Launcher
 from cptest.run.process import ProcessLauncher, engine_env, live_handles, resolve_argv
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import signal
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -13,10 +12,10 @@ import pytest
 from cptest.errors import RunError
 from cptest.evidence import Lifecycle, ProbeNote, ProcessSample, RequestResult, ServerInfo, read_records
 from cptest.log import Logger, TerminalSink
-from cptest.plan_model import FaultPlan, Plan
+from cptest.plan.model import FaultPlan, Plan
 from cptest.run import runner
 from cptest.run.process import Interrupted, ProcessLauncher
-from cptest.run.runner import RunOptions, archive_dir, run_plan
+from cptest.run.runner import RunOptions, run_plan
 from cptest.run.supervisor import GpuQueryUnavailable
 
 from conftest import alive, fake_server, free_port, make_plan, requests  # isort: skip
@@ -36,7 +35,6 @@ def run(plan: Plan, tmp_path: Path, opts: RunOptions = OPTS) -> tuple[runner.Run
         tmp_path / "archive",
         launcher=ProcessLauncher(),
         log=Logger([TerminalSink(out)]),
-        scenario_text="scenario fake {}\n",
         options=opts,
     )
     return outcome, tmp_path / "archive", out.getvalue()
@@ -61,17 +59,6 @@ def every_pid(archive: Path, role: str = "main") -> list[int]:
     )
 
 
-def test_archive_dir_is_scenario_then_utc_time_and_hash() -> None:
-    t = datetime(2026, 5, 1, 14, 3, 9, tzinfo=timezone(timedelta(hours=2)))
-    assert archive_dir(Path("results"), "dcp4", "0123456789abcdef", t) == Path(
-        "results/dcp4/20260501T120309Z-01234567"
-    )
-    assert (
-        archive_dir(Path("r"), "s", "ff" * 32, datetime(2026, 1, 2, 3, 4, 5)).name
-        == "20260102T030405Z-ffffffff"
-    )
-
-
 def test_a_clean_run_records_the_whole_lifecycle_of_main_and_baseline(tmp_path: Path) -> None:
     main, base = free_port(), free_port()
     plan = make_plan(
@@ -81,8 +68,8 @@ def test_a_clean_run_records_the_whole_lifecycle_of_main_and_baseline(tmp_path: 
     assert outcome.main.ready and outcome.baseline is not None and outcome.baseline.ready
     assert outcome.main.workload.completed == 6 and outcome.baseline.workload.completed == 6
     assert outcome.main.all_exited and outcome.main.exits[0].status == 0
-    assert json.loads((archive / "plan.json").read_text())["scenario"] == "fake_scenario"
-    assert (archive / "scenario.cps").read_text() == "scenario fake {}\n"
+    # The runner writes evidence and logs only; the scenario and the plan are the store's phase 0.
+    assert not (archive / "plan.json").exists() and not (archive / "scenario.cps").exists()
     assert "The server is fired up" in (archive / "logs" / "main-node0.log").read_text()
     assert (archive / "logs" / "baseline-node0.log").exists()
     for role in ("main", "baseline"):

@@ -11,10 +11,10 @@ import pytest
 from cptest.errors import RunError
 from cptest.evidence import GpuSample, Lifecycle, ProbeNote, ProcessSample, read_records
 from cptest.log import Logger, TerminalSink
-from cptest.plan_model import NodeLaunch
+from cptest.plan.model import NodeLaunch
+from cptest.run.evidence_writer import RecordWriter
 from cptest.run.launcher import ExitInfo
 from cptest.run.process import ProcessLauncher
-from cptest.run.records import RecordWriter
 from cptest.run.supervisor import GpuQueryUnavailable, Supervisor, parse_gpu_memory, query_gpu_memory
 
 from conftest import fake_node, wait_until  # isort: skip

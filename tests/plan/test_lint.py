@@ -1,4 +1,4 @@
-"""Specification of `cptest.lint.lint`: what a scenario expects vs what SGLang 0.5.17 is known to do.
+"""Specification of `cptest.plan.lint.lint`: what a scenario expects vs what SGLang 0.5.17 is known to do.
 
 Each kind of finding has a small inline scenario (synthetic model, so no file is read); the test
 names the finding's code and the line of the expectation it is about. Marking the expectation
@@ -13,10 +13,10 @@ import pytest
 
 from cptest.errors import ScenarioError
 from cptest.lang import parse_file, parse_text
-from cptest.lint import Finding, lint
+from cptest.plan.lint import Finding, lint
 from cptest.scenario import Scenario
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.cps"))
 
 TEMPLATE = """cptest 1

@@ -19,7 +19,7 @@ from cptest import __version__
 from cptest.engines.sglang.argv import ServeConfig, build_argv
 from cptest.engines.sglang.releases import Release, get_release
 from cptest.errors import PlanError, Problem, ProblemCollector, Span
-from cptest.plan_model import (
+from cptest.plan.model import (
     Expectation,
     FaultPlan,
     NodeLaunch,
@@ -28,6 +28,7 @@ from cptest.plan_model import (
     ServerPlan,
     WorkloadPlan,
 )
+from cptest.plan.workload import Dist, build_workload, load_dataset
 from cptest.probe.forward_hooks import spec as probe_hooks_spec
 from cptest.scenario import Dist as DistNode
 from cptest.scenario import ExpectEntry, Scenario, Topology
@@ -37,7 +38,6 @@ from cptest.topology import (
     kv_replicated_in_dcp_group,
     titled_geometry,
 )
-from cptest.workload import Dist, build_workload, load_dataset
 
 ENGINE_ENV = {
     # NVLink multicast must stay off on the shared GPU hosts (device README); harmless elsewhere.

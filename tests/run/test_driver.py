@@ -11,10 +11,8 @@ import pytest
 
 from cptest.errors import RunError
 from cptest.evidence import RequestResult, read_records
-from cptest.plan_model import PlannedRequest, WorkloadPlan
-from cptest.run.process import ProcessLauncher
-from cptest.run.records import RecordWriter
-from cptest.run.workload import (
+from cptest.plan.model import PlannedRequest, WorkloadPlan
+from cptest.run.driver import (
     DONE,
     StreamState,
     WorkloadDriver,
@@ -23,6 +21,8 @@ from cptest.run.workload import (
     parse_sse_line,
     prompt_sha256,
 )
+from cptest.run.evidence_writer import RecordWriter
+from cptest.run.process import ProcessLauncher
 
 from conftest import fake_node, free_port, requests, wait_until  # isort: skip
 

@@ -24,10 +24,10 @@ import pytest
 from cptest.errors import PlanError
 from cptest.lang import parse_file, parse_text
 from cptest.plan import SYNTHETIC_FIELDS, plan
-from cptest.plan_model import Plan
-from cptest.workload import prompt_sha256
+from cptest.plan.model import Plan
+from cptest.plan.workload import prompt_sha256
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.cps"))
 GOLDEN = ROOT / "tests" / "golden" / "plan"
 CACHE = Path("/cache")

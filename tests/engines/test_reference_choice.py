@@ -1,11 +1,11 @@
-"""cptest/reference/choice.py: engine choice and the labelled CPU profile."""
+"""cptest/engines/reference.py: engine choice and the labelled CPU profile."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from cptest.engines.reference import CPU_PROFILE, choose
 from cptest.lang import parse_file
-from cptest.reference.choice import CPU_PROFILE, choose
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cptest.errors import PlanError, Problem
-from cptest.plan_model import PlannedRequest, WorkloadPlan, encode_ids
+from cptest.plan.model import PlannedRequest, WorkloadPlan, encode_ids
 
 FIRST_ORDINARY_ID = 3
 """Token ids below this are kept out of synthetic prompts: 0/1/2 are BOS/EOS/PAD in the tiny

@@ -34,9 +34,9 @@ import httpx
 from cptest.errors import RunError
 from cptest.evidence import RequestResult
 from cptest.log import Progress
-from cptest.plan_model import PlannedRequest, WorkloadPlan
-from cptest.run.records import RecordWriter
-from cptest.workload import prompt_sha256
+from cptest.plan.model import PlannedRequest, WorkloadPlan
+from cptest.plan.workload import prompt_sha256
+from cptest.run.evidence_writer import RecordWriter
 
 DONE = object()
 """`parse_sse_line` result for `data: [DONE]`."""

@@ -1,4 +1,4 @@
-"""Specification of `cptest.workload`: concrete, deterministic requests from a seed, and dataset files."""
+"""Specification of `cptest.plan.workload`: concrete, deterministic requests from a seed, and datasets."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from cptest.errors import PlanError
-from cptest.plan_model import WorkloadPlan
-from cptest.workload import FIRST_ORDINARY_ID, Dist, build_workload, load_dataset, prompt_sha256
+from cptest.plan.model import WorkloadPlan
+from cptest.plan.workload import FIRST_ORDINARY_ID, Dist, build_workload, load_dataset, prompt_sha256
 
 VOCAB = 50
 PROMPT = Dist("uniform", (4, 40))

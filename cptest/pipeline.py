@@ -1,0 +1,242 @@
+"""One scenario end to end: parse → plan → lint → run → check → archive → report, without the CLI.
+
+Each function composes the stages and returns values; nothing here parses arguments or prints (the
+CLI does, `cptest.cli`), so a test, a suite runner or a notebook can drive a whole run:
+
+    prepared = prepare(Path("scenarios/dcp2_llama_kv1.cps"), gpu_present=False, model_cache=cache)
+    outcome = run_scenario(prepared.plan, out, ProcessLauncher(), scenario_text=..., log=log)
+    outcome.verdict.status, outcome.exit_code
+
+Exit codes (`Outcome.exit_code`): 0 pass, 1 fail, 3 unknown or an infrastructure fault that stopped
+the run. A fault never loses what was gathered: the archive is finished with an unknown verdict.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from cptest import checks, report, store
+from cptest.checks.diff import DiffReport, diff
+from cptest.checks.verdict import ScenarioVerdict
+from cptest.engines.reference import choose
+from cptest.errors import CptestError, PlanError, Problem, RunError, ScenarioError
+from cptest.lang import parse_file
+from cptest.log import Logger
+from cptest.plan import canonical_sha256, plan
+from cptest.plan.lint import Finding, lint
+from cptest.plan.model import Plan
+from cptest.run.launcher import Launcher
+from cptest.scenario import Scenario
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A scenario planned for the engine it will run on, with what lint found and why the engine
+    was chosen (`notes`: one line each, for the user)."""
+
+    scenario: Scenario
+    plan: Plan
+    engine: str
+    notes: tuple[str, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    includes: Mapping[str, str] = field(default_factory=dict)
+    """The `extends` files, by the name they get in the archive, with their text."""
+    text: str = ""
+    """The scenario file as written."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    verdict: ScenarioVerdict
+    archive: Path
+    error: CptestError | None = None
+    """The infrastructure fault that stopped the run, if any (the verdict is then unknown)."""
+
+    @property
+    def exit_code(self) -> int:
+        return 3 if self.error is not None else self.verdict.exit_code
+
+
+class LintFindings(CptestError):
+    """Lint found a mismatch between the scenario and its release, and nothing was launched."""
+
+    exit_code = 1
+
+
+def read_text(path: Path) -> str:
+    """A scenario or archive file's text; a file that cannot be read is a ScenarioError (exit 2)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ScenarioError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def include_name(include: Path, scenario_file: Path) -> str:
+    """Where an extended file is stored in the archive: its path relative to the scenario, so that
+    the archived scenario.cps resolves it again; a file outside the scenario's folder goes under
+    includes/ by name."""
+    rel = os.path.relpath(include.resolve(), scenario_file.resolve().parent)
+    return rel if not rel.startswith("..") else f"includes/{include.name}"
+
+
+def prepare(path: Path, *, engine: str | None = None, gpu_present: bool, model_cache: Path) -> Prepared:
+    """Parse, choose the engine, plan and lint `path`. Raises ScenarioError/PlanError on bad input.
+
+    With no GPU an `sglang` scenario runs on the CPU reference engine (`cptest.engines.reference.
+    choose` says so in a note). Lint compares the scenario with its pinned SGLang release, so it has
+    nothing to say about a reference run.
+    """
+    text = read_text(path)
+    scenario = parse_file(path)
+    choice = choose(scenario, engine, gpu_present=gpu_present)
+    planned = plan(choice.scenario, model_cache=model_cache)
+    findings = tuple(lint(scenario)) if choice.engine == "sglang" else ()
+    includes = {include_name(Path(inc), path): read_text(Path(inc)) for inc in scenario.includes}
+    return Prepared(scenario, planned, choice.engine, choice.notes, findings, includes, text)
+
+
+def runnable(prepared: Prepared, *, gpu_present: bool, ignore_lint: bool) -> None:
+    """Check before spending: raises LintFindings (exit 1) unless lint is clean or ignored, and
+    RunError (exit 3) for an SGLang plan on a machine without a GPU."""
+    if prepared.findings and not ignore_lint:
+        raise LintFindings([Problem(f.span, f"{f.code}: {f.message}") for f in prepared.findings])
+    if prepared.plan.main.engine == "sglang" and not gpu_present:
+        raise RunError("no GPU here (nvidia-smi not found): SGLang cannot run; the CPU reference engine "
+                       "(`--engine reference`) is the way to draft scenarios without a GPU")
+
+
+def new_archive(results: Path, prepared: Prepared, now: datetime) -> Path:
+    """Where a new run of `prepared` is archived: `results/<scenario>/<UTC time>-<hash>`."""
+    return store.archive_dir(results, prepared.scenario.name, canonical_sha256(prepared.scenario), now)
+
+
+def run_scenario(
+    planned: Plan,
+    out: Path,
+    launcher: Launcher,
+    *,
+    scenario_text: str,
+    log: Logger,
+    includes: Mapping[str, str] | None = None,
+    environment: Mapping[str, Any] | None = None,
+    run_options: Any = None,
+) -> Outcome:
+    """Run `planned` and archive it under `out` (which must not exist): model weights, the first
+    phase of the archive, the run, the checks, the report and the last phase.
+
+    `environment` defaults to `cptest.run.environment.collect_environment()` of this machine. A
+    RunError or Ctrl-C during the run is recorded as the outcome's `error`; the archive is finished
+    either way, from the evidence gathered.
+    """
+    from cptest.run.environment import collect_environment
+    from cptest.run.models import ensure_synthetic, weights_sha256
+    from cptest.run.process import install_signal_handlers
+    from cptest.run.runner import run_plan
+
+    model_dir = planned.main.nodes[0].model_mount
+    if planned.pins.model.get("kind") == "synthetic":
+        with log.step("writing synthetic weights"):
+            digest = ensure_synthetic(planned.pins.model["synthetic"], Path(model_dir or "."))
+        log.info(f"synthetic weights sha256 {digest}")
+    env = dict(collect_environment(Path.cwd()) if environment is None else environment)
+    env["weights_sha256"] = weights_sha256(model_dir)
+    layout = store.Layout(out)
+    store.begin(
+        layout, scenario=planned.scenario, scenario_text=scenario_text,
+        plan_json=planned.model_dump_json(indent=2), pins=planned.pins.model_dump(mode="json"),
+        environment=env, roles=roles_of(planned), includes=includes,
+    )  # fmt: skip
+    log.info(f"archive: {out}")
+    restore = install_signal_handlers()
+    error: CptestError | None = None
+    try:
+        run_plan(planned, out, launcher=launcher, log=log, options=run_options)
+    except RunError as e:
+        error = e  # evidence gathered so far is kept; the verdict says unknown with the reason
+    except KeyboardInterrupt:
+        # Ctrl-C: the runner tore everything down; the archive still gets an (unknown) verdict.
+        error = RunError("interrupted by Ctrl-C; every started process was torn down")
+    finally:
+        restore()
+    verdict = checks.check(out, require_finished=False)  # this run is the one finishing it
+    finish_archive(out, verdict, planned)
+    return Outcome(verdict, out, error)
+
+
+def roles_of(planned: Plan) -> list[str]:
+    return ["main"] + (["baseline"] if planned.baseline is not None else [])
+
+
+def finish_archive(root: Path, verdict: ScenarioVerdict, planned: Plan | None = None) -> dict[str, Any]:
+    """The last phase of an archive: verdict.json, report.md, junit.xml and the final manifest."""
+    layout = store.Layout(root)
+    if planned is None:
+        planned = checks.load_plan(root)
+    return store.finish(
+        layout, verdict_json=verdict.to_json(), report_md=report.render(verdict, planned),
+        junit_xml=report.render_junit(verdict), scenario=planned.scenario,
+        pins=planned.pins.model_dump(mode="json"),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Recheck:
+    verdict: ScenarioVerdict
+    differs: bool
+    """The stored verdict.json is not what the evidence gives now."""
+
+    @property
+    def exit_code(self) -> int:
+        return max(self.verdict.exit_code, 1) if self.differs else self.verdict.exit_code
+
+
+def check_archive(root: Path, *, write: bool = False) -> Recheck:
+    """Recompute an archive's verdicts from its evidence alone; with `write`, finish the archive with
+    them (an explicit act, so the archive need not have been finished before)."""
+    verdict = checks.check(root, require_finished=not write)
+    layout = store.Layout(root)
+    if write:
+        finish_archive(root, verdict)
+        return Recheck(verdict, False)
+    differs = layout.verdict.is_file() and read_text(layout.verdict) != verdict.to_json()
+    return Recheck(verdict, differs)
+
+
+@dataclass(frozen=True)
+class Rerun:
+    outcome: Outcome
+    diff: DiffReport
+
+    @property
+    def exit_code(self) -> int:
+        return self.outcome.exit_code if self.diff.same else max(self.outcome.exit_code, 1)
+
+
+def rerun(archive: Path, results: Path, launcher: Launcher, *, log: Logger, now: datetime) -> Rerun:
+    """Run an archive's plan again into a new archive under `results`, then diff the evidence."""
+    layout = store.Layout(archive)
+    try:
+        planned = Plan.model_validate_json(read_text(layout.plan))
+    except ValueError as e:
+        raise PlanError(f"{layout.plan}: not a plan this cptest can read ({e})") from None
+    out = store.archive_dir(results, planned.scenario, planned.pins.scenario_sha256, now)
+    outcome = run_scenario(planned, out, launcher, scenario_text=read_text(layout.scenario), log=log)
+    return Rerun(outcome, diff(archive, out))
+
+
+def launcher_named(name: str) -> Launcher:
+    """The launcher the CLI's `--launcher` names: `process` (local process trees) or `docker`."""
+    if name == "docker":
+        from cptest.run.docker import DockerLauncher
+
+        return DockerLauncher()
+    from cptest.run.process import ProcessLauncher
+
+    return ProcessLauncher()
+
+

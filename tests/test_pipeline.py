@@ -1,0 +1,86 @@
+"""Specifications of cptest/pipeline.py: a whole run driven without the CLI, against the fake engine."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from cptest import pipeline, store
+from cptest.errors import ScenarioError
+from cptest.log import Logger, TerminalSink
+from cptest.plan.model import Expectation, Plan
+from cptest.run.process import ProcessLauncher
+from cptest.run.runner import RunOptions
+from cptest.run.supervisor import GpuQueryUnavailable
+from tests.run.conftest import fake_server, free_port, make_plan
+
+ENV = {"python": "3.11", "reasons": {}}
+
+
+def no_gpu() -> dict[str, int]:
+    raise GpuQueryUnavailable("no GPU in this test")
+
+
+OPTS = RunOptions(sample_interval_s=0.2, gpu_query=no_gpu, ready_poll_s=0.1, gpu_settle_s=0.5)
+
+
+def fake_plan(*args: str) -> Plan:
+    plan = make_plan(fake_server("main", free_port(), *args), n=4)
+    return plan.model_copy(update={"expectations": [
+        Expectation(checker="launch", params={"accepted": True}, source="fake.cps:3:5"),
+        Expectation(checker="serving", params={"completed_min": 4, "of": 4}, source="fake.cps:4:5"),
+    ]})
+
+
+def run(plan: Plan, out: Path) -> pipeline.Outcome:
+    log = Logger([TerminalSink(io.StringIO())])
+    return pipeline.run_scenario(plan, out, ProcessLauncher(), scenario_text="scenario fake {}\n", log=log,
+                                 environment=ENV, run_options=OPTS)
+
+
+def test_a_run_is_archived_checked_and_finished_without_the_cli(tmp_path: Path) -> None:
+    out = tmp_path / "results" / "fake" / "run"
+    outcome = run(fake_plan(), out)
+    assert (outcome.exit_code, outcome.verdict.status) == (0, "pass")
+    assert [v.checker for v in outcome.verdict.verdicts] == ["launch", "serving"]
+    assert store.verify(out) == []
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["phase"] == "finished" and manifest["environment"]["python"] == "3.11"
+    assert (out / "scenario.cps").read_text() == "scenario fake {}\n"
+    # Re-checking the archive gives the verdict the run wrote, byte for byte.
+    recheck = pipeline.check_archive(out)
+    assert not recheck.differs and recheck.exit_code == 0
+
+
+def test_a_server_that_dies_during_launch_is_a_finished_archive_with_a_failed_launch(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    outcome = run(fake_plan("--reject", "no such model"), out)
+    assert outcome.verdict.status == "fail" and outcome.exit_code == 1
+    assert outcome.verdict.verdicts[0].status == "fail"
+    assert store.is_finished(store.Layout(out))
+
+
+def test_check_archive_says_when_the_stored_verdict_differs(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run(fake_plan(), out)
+    (out / "verdict.json").write_text("{}\n")
+    recheck = pipeline.check_archive(out)
+    assert recheck.differs and recheck.exit_code == 1
+    # --write re-finishes it from the evidence.
+    assert not pipeline.check_archive(out, write=True).differs
+    assert not pipeline.check_archive(out).differs and store.verify(out) == []
+
+
+def test_an_unreadable_scenario_is_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="cannot read"):
+        pipeline.prepare(tmp_path / "missing.cps", gpu_present=False, model_cache=tmp_path)
+
+
+def test_include_names_keep_the_scenario_resolvable_in_the_archive(tmp_path: Path) -> None:
+    scenario = tmp_path / "suite" / "a.cps"
+    inside = tmp_path / "suite" / "defaults" / "tiny.cps"
+    assert pipeline.include_name(inside, scenario) == "defaults/tiny.cps"
+    assert pipeline.include_name(tmp_path / "elsewhere" / "x.cps", scenario) == "includes/x.cps"
