@@ -24,7 +24,10 @@ import time
 from pathlib import Path
 
 from cptest.checks import check
-from cptest.checks.synthetic import (
+from cptest.contracts import CapacityParams, RowsParams, ServingParams
+from cptest.evidence import Capacity, KvPool, Lifecycle, RequestResult, ServerInfo
+from cptest.testing.archives import (
+    SGLANG_0_5_17,
     dcp_steps,
     make_plan,
     rank_id,
@@ -33,8 +36,6 @@ from cptest.checks.synthetic import (
     write_archive,
     zigzag_steps,
 )
-from cptest.evidence import Capacity, KvPool, Lifecycle, RequestResult, ServerInfo
-from cptest.plan.model import Expectation
 
 WORLD = 4
 FINISHED = Lifecycle(event="shutdown_done", detail={"all_exited": True})
@@ -55,9 +56,9 @@ def dcp_archive(root: Path, rows: int) -> tuple[Path, int, int]:
     decode = max((per_rank - n_req * plen) // n_req, 1)
     prompts = {rid(i): plen for i in range(n_req)}
     expects = [
-        Expectation(checker="rows", params={"mode": "dcp_owner", "dcp": WORLD}),
-        Expectation(checker="capacity", params={"multiplier": WORLD}),
-        Expectation(checker="serving", params={"completed_min": n_req}),
+        RowsParams(mode="dcp_owner", dcp=WORLD),
+        CapacityParams(multiplier=WORLD, log_patterns=SGLANG_0_5_17),
+        ServingParams(completed_min=n_req),
     ]
     plan = make_plan(
         server_plan(world=WORLD, dcp=WORLD),
@@ -89,10 +90,8 @@ def pcp_archive(root: Path, rows: int) -> tuple[Path, int, int]:
     batch, plen = 8, 128
     steps = max(rows // (WORLD * batch * plen), 1)
     expects = [
-        Expectation(
-            checker="rows", params={"mode": "pcp_split", "cp": WORLD, "strategy": "zigzag", "ffn": "local"}
-        ),
-        Expectation(checker="capacity", params={"multiplier": 1}),
+        RowsParams(mode="pcp_split", cp=WORLD, strategy="zigzag", ffn="local"),
+        CapacityParams(multiplier=1, log_patterns=SGLANG_0_5_17),
     ]
     plan = make_plan(
         server_plan(world=WORLD, attn_cp=WORLD, cp_strategy="zigzag"),
@@ -118,7 +117,7 @@ def records_archive(root: Path, records: int) -> Path:
     """`records` small decode Step lines over 4 ranks (4 requests each), written as raw JSON lines."""
     steps = records // WORLD
     n_req, plen = 4, 16
-    expects = [Expectation(checker="rows", params={"mode": "dcp_owner", "dcp": WORLD})]
+    expects = [RowsParams(mode="dcp_owner", dcp=WORLD)]
     plan = make_plan(server_plan(world=WORLD, dcp=WORLD), expects, requests=n_req, scenario="bench_records")
     d = write_archive(root / "records", plan, ranks={"main": {}}, runner={"main": [FINISHED]})
     for w in range(WORLD):

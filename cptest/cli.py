@@ -162,7 +162,8 @@ def compile_(file: Path, as_json: bool) -> int:
         click.echo(f"fault {f.index}: {f.action} {f.target} {f.rank if f.rank is not None else ''} "
                    f"{f.process_title or ''}")  # fmt: skip
     for e in p.expectations:
-        click.echo(f"expect {e.checker}{' (violation expected)' if e.expect_violation else ''}: {e.params}")
+        fields = e.model_dump(exclude={"kind", "role", "expect_violation", "source"})
+        click.echo(f"expect {e.kind}{' (violation expected)' if e.expect_violation else ''}: {fields}")
     return 0
 
 

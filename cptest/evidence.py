@@ -1,10 +1,12 @@
-"""Evidence record types: the contract between what observes (probe, runner) and what judges (checks).
+"""Evidence: the record types that what observes (probe, runner) writes, their one reader, and the
+typed view of one archive's evidence that what judges (the contracts' checkers) reads.
 
 Every record is one JSON object on one line, with `v` (schema version) and `kind`. Rank-local
-records are written by the probe *inside* each engine rank to `evidence/rank<world_rank>.jsonl`;
-runner-side records go to `evidence/<source>.jsonl` (requests, processes, gpu, logs, server). A
-reader never guesses: an unknown `kind` or a newer `v` is an `EvidenceError`; a truncated last line
-(a rank killed mid-write) is dropped and counted, so a checker can say `unknown` with the reason.
+records are written by the probe *inside* each engine rank to `evidence/<role>/rank<world>.jsonl`;
+runner-side records go to `evidence/<role>/runner.jsonl` (requests, processes, GPU memory, server
+info, lifecycle; `cptest.store.Layout` names the files). A reader never guesses: an unknown `kind`
+or a newer `v` is an `EvidenceError`; a truncated last line (a rank killed mid-write) is dropped and
+counted, so a checker can say `unknown` with the reason.
 
 Position sets are carried as sorted, merged half-open ranges `[[start, end), ...]` so that a 100k
 token prompt is one pair, not 100k integers; `ranges_*` helpers below are the only code that
@@ -15,12 +17,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from cptest.errors import EvidenceError, Problem, Span
+from cptest.topology import Degrees
 
 SCHEMA_VERSION = 1
 Ranges = list[tuple[int, int]]
@@ -308,6 +312,105 @@ def read_records(path: Path) -> tuple[list[Record], int]:
             parse_record(line, Span(str(path), i, 1))  # raises "newer than this cptest"
         out.append(rec)
     return out, dropped
+
+
+# ---------------------------------------------------------------- the evidence of one archive
+@dataclass
+class RankEvidence:
+    """Probe records of one world rank, split by kind, in file order."""
+
+    world: int
+    geometry: list[Geometry] = field(default_factory=list)
+    kv_pools: list[KvPool] = field(default_factory=list)
+    capacities: list[Capacity] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    graphs: list[Graph] = field(default_factory=list)
+    notes: list[ProbeNote] = field(default_factory=list)
+    other: list[Record] = field(default_factory=list)
+    dropped: int = 0
+    """Truncated trailing lines dropped (the rank died mid-write)."""
+
+    @classmethod
+    def of(cls, world: int, records: Iterable[Record], dropped: int = 0) -> RankEvidence:
+        ev = cls(world=world, dropped=dropped)
+        for r in records:
+            getattr(ev, _RANK_SLOTS.get(type(r), "other")).append(r)
+        return ev
+
+
+@dataclass
+class RunnerEvidence:
+    """Runner records of one server, split by kind, in file order."""
+
+    requests: list[RequestResult] = field(default_factory=list)
+    processes: list[ProcessSample] = field(default_factory=list)
+    gpu: list[GpuSample] = field(default_factory=list)
+    server_info: list[ServerInfo] = field(default_factory=list)
+    lifecycle: list[Lifecycle] = field(default_factory=list)
+    log_lines: list[LogLine] = field(default_factory=list)
+    other: list[Record] = field(default_factory=list)
+    dropped: int = 0
+
+    @classmethod
+    def of(cls, records: Iterable[Record], dropped: int = 0) -> RunnerEvidence:
+        ev = cls(dropped=dropped)
+        for r in records:
+            getattr(ev, _RUNNER_SLOTS.get(type(r), "other")).append(r)
+        return ev
+
+    def events(self, name: str) -> list[Lifecycle]:
+        return [e for e in self.lifecycle if e.event == name]
+
+
+_RANK_SLOTS: dict[type, str] = {
+    Geometry: "geometry", KvPool: "kv_pools", Capacity: "capacities", Step: "steps", Graph: "graphs",
+    ProbeNote: "notes",
+}  # fmt: skip
+_RUNNER_SLOTS: dict[type, str] = {
+    RequestResult: "requests", ProcessSample: "processes", GpuSample: "gpu", ServerInfo: "server_info",
+    Lifecycle: "lifecycle", LogLine: "log_lines",
+}  # fmt: skip
+
+
+@dataclass
+class RoleEvidence:
+    """Everything observed about one server (main or baseline), and the layout it was planned with:
+    what the checkers compare the observations against."""
+
+    role: str
+    world_size: int = 0
+    """Planned world ranks: a checker that compares every rank needs evidence from each."""
+    nodes: list[int] = field(default_factory=list)
+    """Planned node ranks (one engine process tree, one log each)."""
+    degrees: Degrees | None = None
+    """Planned parallel degrees (the groups, where no rank reported them)."""
+    engine: str = ""
+    ranks: dict[int, RankEvidence] = field(default_factory=dict)
+    runner: RunnerEvidence | None = None
+    """None when `runner.jsonl` is missing."""
+    logs: dict[int, str] = field(default_factory=dict)
+    """Node rank -> the engine's stdout+stderr."""
+    missing: list[str] = field(default_factory=list)
+    """Archive-relative paths that should exist and do not."""
+    planned: bool = True
+    """False for a role the plan does not have (an empty view, so checkers need not special-case)."""
+
+    @property
+    def log_text(self) -> str:
+        return "\n".join(self.logs[k] for k in sorted(self.logs))
+
+
+@dataclass
+class Evidence:
+    """The evidence of one archive, typed: what every checker reads, and nothing else."""
+
+    roles: dict[str, RoleEvidence]
+    requests: list[int] = field(default_factory=list)
+    """Index of every planned request of the workload."""
+
+    def role(self, role: str) -> RoleEvidence:
+        """The evidence of `role`; a role the plan does not have is an empty, unplanned view."""
+        return self.roles.get(role) or RoleEvidence(role=role, planned=False, missing=[f"evidence/{role}/"])
 
 
 # ---------------------------------------------------------------- position ranges

@@ -22,7 +22,6 @@ from typing import Any
 
 from cptest import checks, report, store
 from cptest.checks.diff import DiffReport, diff
-from cptest.checks.verdict import ScenarioVerdict
 from cptest.engines.reference import choose
 from cptest.errors import CptestError, PlanError, Problem, RunError, ScenarioError
 from cptest.lang import parse_file
@@ -32,6 +31,7 @@ from cptest.plan.lint import Finding, lint
 from cptest.plan.model import Plan
 from cptest.run.launcher import Launcher
 from cptest.scenario import Scenario
+from cptest.verdict import ScenarioVerdict
 
 
 @dataclass(frozen=True)
@@ -139,9 +139,10 @@ def run_scenario(
     from cptest.run.runner import run_plan
 
     model_dir = planned.main.nodes[0].model_mount
-    if planned.pins.model.get("kind") == "synthetic":
+    synthetic = planned.pins.model.synthetic
+    if synthetic is not None:
         with log.step("writing synthetic weights"):
-            digest = ensure_synthetic(planned.pins.model["synthetic"], Path(model_dir or "."))
+            digest = ensure_synthetic(synthetic.model_dump(), Path(model_dir or "."))
         log.info(f"synthetic weights sha256 {digest}")
     env = dict(collect_environment(Path.cwd()) if environment is None else environment)
     env["weights_sha256"] = weights_sha256(model_dir)

@@ -11,41 +11,28 @@ Field names are the contract the plan, lint and check stages code against; chang
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
-from cptest.errors import Span
+from cptest.contracts import (
+    CONTRACTS,
+    CapacityExpect,
+    Declared,
+    GenerationExpect,
+    GraphExpect,
+    LaunchExpect,
+    LogExpect,
+    RowsExpect,
+    ServingExpect,
+    ShutdownExpect,
+)
+from cptest.node import Node
 from cptest.topology import Degrees
 
 SCHEMA_VERSION = 1
 """The `cptest N` header this model implements."""
-
-
-class Node(BaseModel):
-    """Common base: frozen, no unknown fields, positions kept aside from the value."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    span: SkipJsonSchema[Span | None] = Field(default=None, exclude=True, repr=False)
-    """Where the node's statement or block starts (None when built in code)."""
-    field_spans: SkipJsonSchema[dict[str, Span]] = Field(default_factory=dict, exclude=True, repr=False)
-    """Where each explicitly written setting is; a default has no entry."""
-
-    def __eq__(self, other: object) -> bool:
-        # Compare values only: spans differ between a file and its formatted form.
-        if not isinstance(other, Node) or type(self) is not type(other):
-            return NotImplemented
-        return self.model_dump() == other.model_dump()
-
-    def __hash__(self) -> int:
-        return hash((type(self).__name__, json.dumps(self.model_dump(mode="json"), sort_keys=True)))
-
-    def where(self, field: str) -> Span | None:
-        """The span of `field` if it was written, else the node's own span."""
-        return self.field_spans.get(field, self.span)
 
 
 class Engine(Node):
@@ -191,64 +178,9 @@ class Fault(Node):
     """stop only: send SIGCONT this long after SIGSTOP (`for 5s`)."""
 
 
-class ExpectEntry(Node):
-    violated: bool = False
-    """The scenario declares this contract is broken: a no-go is the expected, valid result."""
-    because: str | None = None
-
-
-class LaunchExpect(ExpectEntry):
-    accepted: bool
-    matching: str | None = None
-    """rejected only: a regex the rejection message (log) must match."""
-
-
-class RowsExpect(ExpectEntry):
-    mode: Literal["replicated", "kv_owner", "split"]
-    modulus: int | None = None
-    """kv_owner: KV position p is written only by DCP rank p % modulus."""
-    strategy: Literal["zigzag", "interleave"] | None = None
-    ffn: Literal["gathered", "local"] | None = None
-
-
-class CapacityExpect(ExpectEntry):
-    multiplier: float
-    """logical capacity == multiplier * physical rows per rank."""
-    tolerance: float = 0.0
-    """Relative tolerance (`within 0.01`)."""
-
-
-class GenerationExpect(ExpectEntry):
-    tokens_agree: float | None = None
-    logprob_within: float | None = None
-    vs: Literal["baseline"] = "baseline"
-
-
-class GraphExpect(ExpectEntry):
-    phase: Literal["decode", "prefill"]
-    mode: Literal["captured", "disabled", "eager"]
-
-
-class ServingExpect(ExpectEntry):
-    all_complete: bool = False
-    completed: int | None = None
-    of: int | None = None
-
-
-class ShutdownExpect(ExpectEntry):
-    within_s: float = 30.0
-    gpu_memory_released: bool = False
-    no_orphans: bool = False
-    exit_status: list[int] | None = None
-    """Accepted exit statuses of the server process; None: not checked."""
-
-
-class LogExpect(ExpectEntry):
-    mode: Literal["contains", "absent"]
-    pattern: str
-
-
 class Expect(Node):
+    """The declared expectations. Each kind is defined by its contract module (`cptest.contracts`)."""
+
     launch: LaunchExpect | None = None
     rows: RowsExpect | None = None
     capacity: CapacityExpect | None = None
@@ -259,19 +191,15 @@ class Expect(Node):
     shutdown: ShutdownExpect | None = None
     log: list[LogExpect] = Field(default_factory=list)
 
-    def entries(self) -> list[tuple[str, ExpectEntry]]:
-        """Every declared expectation as (checker name, entry), in canonical order."""
-        out: list[tuple[str, ExpectEntry]] = []
-        for name in ("launch", "rows", "capacity", "generation"):
-            entry = getattr(self, name)
-            if entry is not None:
-                out.append((name, entry))
-        out += [("graph", g) for g in self.graph]
-        for name in ("serving", "shutdown"):
-            entry = getattr(self, name)
-            if entry is not None:
-                out.append((name, entry))
-        out += [("log", g) for g in self.log]
+    def entries(self) -> list[tuple[str, Declared]]:
+        """Every declared expectation as (contract name, entry), in the registry's order."""
+        out: list[tuple[str, Declared]] = []
+        for name in CONTRACTS:
+            value = getattr(self, name)
+            if isinstance(value, list):
+                out += [(name, e) for e in value]
+            elif value is not None:
+                out.append((name, value))
         return out
 
 

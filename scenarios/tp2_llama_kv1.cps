@@ -1,4 +1,4 @@
-# TP2 baseline: rows are replicated on both TP ranks (architecture.md §3); TP1 is the parity
+# TP2 baseline: rows are replicated on both TP ranks (docs/architecture.md §9); TP1 is the parity
 # reference, so generation differences here are the noise floor for the CP scenarios.
 cptest 1
 scenario tp2_llama_kv1 {

@@ -1,5 +1,5 @@
 # TP4 baseline with Llama-3.1-8B's attention geometry: 8 KV heads over 4 ranks, 2 per rank; rows
-# replicated on every TP rank (architecture.md §3). The parity reference of the 4-GPU runs; its
+# replicated on every TP rank (docs/architecture.md §9). The parity reference of the 4-GPU runs; its
 # TP2 baseline measures the noise floor at this geometry (cf. tp2_llama_kv1 on the tiny model).
 cptest 1
 scenario tp4_llama8b_geometry {

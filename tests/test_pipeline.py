@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from cptest import pipeline, store
+from cptest.contracts import LaunchParams, ServingParams
 from cptest.errors import ScenarioError
 from cptest.log import Logger, TerminalSink
-from cptest.plan.model import Expectation, Plan
+from cptest.plan.model import Plan
 from cptest.run.process import ProcessLauncher
 from cptest.run.runner import RunOptions
 from cptest.run.supervisor import GpuQueryUnavailable
@@ -30,8 +31,8 @@ OPTS = RunOptions(sample_interval_s=0.2, gpu_query=no_gpu, ready_poll_s=0.1, gpu
 def fake_plan(*args: str) -> Plan:
     plan = make_plan(fake_server("main", free_port(), *args), n=4)
     return plan.model_copy(update={"expectations": [
-        Expectation(checker="launch", params={"accepted": True}, source="fake.cps:3:5"),
-        Expectation(checker="serving", params={"completed_min": 4, "of": 4}, source="fake.cps:4:5"),
+        LaunchParams(accepted=True, source="fake.cps:3:5"),
+        ServingParams(completed_min=4, of=4, source="fake.cps:4:5"),
     ]})
 
 

@@ -1,4 +1,4 @@
-"""Parse, plan, lint and check are pure (style.md rule 2): no processes, containers, network or clock.
+"""Parse, plan, lint and check are pure (docs/architecture.md §1): no processes, containers, network or clock.
 
 Two checks. (1) Importing the pure stages in a fresh interpreter must not import the run stage nor a
 library that starts processes or talks to the network. (2) The source of every cptest module those
@@ -23,7 +23,7 @@ import pytest
 import cptest
 
 PACKAGE = Path(cptest.__file__).resolve().parent
-PURE_STAGES = ("cptest.lang", "cptest.plan", "cptest.plan.lint", "cptest.checks")
+PURE_STAGES = ("cptest.lang", "cptest.plan", "cptest.plan.lint", "cptest.contracts", "cptest.checks")
 FORBIDDEN_MODULES = ("cptest.run", "subprocess", "docker", "httpx", "psutil", "torch")
 """Not imported (directly or transitively) by any pure stage. `socket` cannot be on this list:
 pydantic's plugin loader imports importlib.metadata -> email.utils -> socket; httpx and docker stand
@@ -86,6 +86,7 @@ def _stage_files() -> list[Path]:
     """The pure stages' own modules (not the helpers they import)."""
     files = sorted((PACKAGE / "plan").glob("*.py"))
     files += sorted((PACKAGE / "lang").glob("*.py")) + sorted((PACKAGE / "checks").glob("*.py"))
+    files += sorted((PACKAGE / "contracts").glob("*.py"))
     return files
 
 
@@ -155,7 +156,7 @@ def test_running_parse_plan_lint_and_check_imports_no_forbidden_module():
 
 def test_no_cptest_module_a_pure_stage_imports_reads_the_clock(pure_imports: list[str]):
     modules = sorted(m for m in pure_imports if m == "cptest" or m.startswith("cptest."))
-    assert "cptest.plan" in modules and "cptest.checks.rows" in modules
+    assert "cptest.plan" in modules and "cptest.contracts.rows" in modules
     calls = [c for m in modules for c in _clock_calls(_source_file(m))]
     assert calls == []
 

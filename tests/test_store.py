@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 
 from cptest.checks import check
-from cptest.checks.synthetic import make_plan, rank_id, server_plan, write_archive, write_jsonl
+from cptest.contracts import LaunchParams
 from cptest.evidence import Capacity, KvPool, Lifecycle, RequestResult
 from cptest.pipeline import finish_archive
-from cptest.plan.model import Expectation, Plan
+from cptest.plan.model import Plan
 from cptest.store import Layout, archive_dir, begin, rank_file_name, verify
+from cptest.testing.archives import make_plan, rank_id, server_plan, write_archive, write_jsonl
 
 ENV = {"python": "3.11", "reasons": {}}
-EXPECT = [Expectation(checker="launch", params={"accepted": True}, source="s.cps:3:3")]
+EXPECT = [LaunchParams(accepted=True, source="s.cps:3:3")]
 
 
 def begun(d: Path, plan: Plan, text: str = "scenario synthetic {}\n", **kw) -> dict:

@@ -1,9 +1,12 @@
-"""checks: evidence in an archive -> verdicts. Pure: reads only the archive; no clock, network or processes.
+"""checks: an archive's evidence -> verdicts. Pure: reads only the archive; no clock, network or processes.
 
 Entry points: `check(archive_dir) -> ScenarioVerdict` and `check_loaded(archive) -> ScenarioVerdict`.
-The scenario status is the worst of its checkers' (fail > unknown > pass); `ScenarioVerdict.exit_code`
-is what `cptest check` returns (0 pass, 1 fail, 3 unknown). Results of the `reference` engine are
-labelled `engine: reference` and never count as SGLang evidence.
+Each expectation of the plan is judged by its contract's checker (`cptest.contracts`) inside
+`guarded`, which turns an exception into `unknown` with its text: a crashing checker never reads as
+pass, and never hides the other verdicts. The scenario status is the worst of its checkers' (fail >
+unknown > pass); `ScenarioVerdict.exit_code` is what `cptest check` returns (0 pass, 1 fail, 3
+unknown). Results of the `reference` engine are labelled `engine: reference` and never count as
+SGLang evidence.
 """
 
 from __future__ import annotations
@@ -11,22 +14,35 @@ from __future__ import annotations
 from pathlib import Path
 
 from cptest.checks.load import Archive, load_archive, load_plan
-from cptest.checks.registry import CHECKERS, guarded
-from cptest.checks.verdict import EXIT_CODES, ScenarioVerdict, Verdict, merge, scenario_verdict, unknown
+from cptest.contracts import CONTRACTS, Expectation
+from cptest.evidence import Evidence
 from cptest.store import Layout, is_finished
+from cptest.verdict import EXIT_CODES, ScenarioVerdict, Verdict, apply_expectation, scenario_verdict, unknown
 
 __all__ = [
-    "CHECKERS",
     "EXIT_CODES",
     "Archive",
     "ScenarioVerdict",
     "Verdict",
     "check",
     "check_loaded",
+    "guarded",
     "load_archive",
     "load_plan",
-    "merge",
 ]
+
+
+def guarded(evidence: Evidence, expect: Expectation) -> Verdict:
+    """The verdict of one declared expectation: its contract's checker, the declared violation
+    applied (a no-go is a valid result); never raises."""
+    contract = CONTRACTS[expect.kind]
+    try:
+        raw = contract.check(evidence, expect)
+        if raw.checker != expect.kind:
+            raw = raw.model_copy(update={"checker": expect.kind})
+    except Exception as e:  # the guard is the point: a crash is unknown, with its text
+        raw = unknown(expect.kind, f"checker crashed: {type(e).__name__}: {e}", error=type(e).__name__)
+    return apply_expectation(raw, expect.expect_violation, expect.source)
 
 
 def check_loaded(archive: Archive, *, finished: bool = True) -> ScenarioVerdict:
@@ -36,7 +52,7 @@ def check_loaded(archive: Archive, *, finished: bool = True) -> ScenarioVerdict:
     evidence is judged like an unfinished run.
     """
     plan = archive.plan
-    verdicts = [guarded(archive, e) for e in plan.expectations]
+    verdicts = [guarded(archive.evidence, e) for e in plan.expectations]
     unfinished = run_unfinished(archive) or (
         None if finished else "the archive was never finished: cptest stopped after gathering evidence "
         "and before writing its verdict, so nothing certifies that the evidence is complete"
@@ -53,7 +69,7 @@ def check_loaded(archive: Archive, *, finished: bool = True) -> ScenarioVerdict:
 
 
 ABSENCE_BASED = frozenset({"serving", "shutdown", "log"})
-"""Checkers whose failures an interrupted run can produce by itself: a hung request and an
+"""Contracts whose failures an interrupted run can produce by itself: a hung request and an
 unrecorded exit look alike when cptest was killed, and tearing an engine down mid-run prints
 tracebacks into its log."""
 
@@ -64,12 +80,12 @@ def run_unfinished(archive: Archive) -> str | None:
     A server is complete with a `shutdown_done` or a `launch_failed` record. The baseline is only
     required when the main server became ready (the runner skips it otherwise).
     """
-    main = archive.role("main").runner
+    main = archive.evidence.role("main").runner
     if main is None:
         return "the run did not finish: no runner evidence for the main server"
     roles = ["main"] + (["baseline"] if archive.plan.baseline is not None and main.events("ready") else [])
     for role in roles:
-        runner = archive.role(role).runner
+        runner = archive.evidence.role(role).runner
         if runner is None:
             return f"the run did not finish: no runner evidence for the {role} server"
         interrupted = runner.events("interrupted")

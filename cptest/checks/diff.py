@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from cptest.checks.load import load_archive
-from cptest.checks.verdict import ScenarioVerdict
 from cptest.store import Layout
+from cptest.verdict import ScenarioVerdict
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def diff(a: Path, b: Path, tolerances: dict[str, float] | None = None) -> DiffRe
     """Compare two archives' evidence: request outputs, capacity figures, geometry and verdicts.
     Raises EvidenceError when either archive is unreadable."""
     tol = {**DEFAULT_TOLERANCES, **(tolerances or {})}
-    A, B = load_archive(a), load_archive(b)
+    A, B = load_archive(a).evidence, load_archive(b).evidence
     rep = DiffReport(a=Path(a), b=Path(b))
     for role in sorted(set(A.roles) | set(B.roles)):
         ra, rb = A.role(role), B.role(role)

@@ -1,4 +1,9 @@
-"""Which engine `cptest run` uses, and the CPU profile of scenarios too big for the reference engine.
+"""The CPU reference engine behind the engine protocol, which engine `cptest run` uses, and the CPU
+profile of scenarios too big for the reference engine.
+
+`ReferenceEngine` plans `cptest.reference.server` (the engine's own argv module builds and parses
+its flags); its scheduler processes are titled like SGLang's with another prefix, so that a fault
+never hits the wrong engine.
 
 Pure: the caller says whether a GPU is present. The decision is never silent: every change to the
 scenario comes back with a one-line `note` the CLI prints, and the CPU profile is also written into
@@ -19,9 +24,42 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cptest.contracts.base import EngineFacts
+from cptest.engines.base import ServerLaunch
+from cptest.reference.argv import TITLE_PREFIX, ReferenceConfig, build_argv
+from cptest.reference.layout import unsupported
 from cptest.scenario import Scenario
+from cptest.topology import Degrees
 
 REFERENCE_RELEASE = "builtin"
+
+LOG_PATTERNS = {
+    # cptest/reference/server.py prints it once, for the server: "KV pool: <rows> rows per rank, ...,
+    # logical capacity max_total_num_tokens=<rows x dcp>".
+    "max_total_num_tokens": r"logical capacity max_total_num_tokens=(?P<tokens>\d+)$",
+}
+
+
+@dataclass(frozen=True)
+class ReferenceEngine:
+    name: str = "reference"
+    release: str = REFERENCE_RELEASE
+    title_prefix: str = TITLE_PREFIX
+
+    def facts(self) -> EngineFacts:
+        # No documented exit statuses: the shutdown contract checks them only when declared.
+        return EngineFacts(release=self.release, log_patterns=LOG_PATTERNS)
+
+    def unexpressible(self, degrees: Degrees) -> list[str]:
+        return unsupported(degrees)
+
+    def argv(self, launch: ServerLaunch, node_rank: int, nodes: int) -> list[str]:
+        serve = launch.serve
+        return build_argv(ReferenceConfig(
+            model_path=launch.model_path, degrees=launch.degrees, host=launch.host, port=launch.port,
+            page_size=serve.page_size or 1, max_total_tokens=serve.max_total_tokens,
+            context_length=serve.context_length,
+        ))  # fmt: skip
 
 CPU_PROFILE: dict[str, int] = {"hidden": 512, "intermediate": 1024, "prompt_max": 256, "prompt_min": 64}
 """Limits of the reference CPU profile (see the module docstring)."""

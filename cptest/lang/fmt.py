@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cptest.lang import tables as T
-from cptest.lang.syntax import BLOCK, Call, Comment, Doc, Duration, Ident, Stmt, quote, read_doc
+from cptest.lang.syntax import BLOCK, Comment, Doc, Stmt, quote, read_doc
+from cptest.values import Call, Duration, Ident
 
 INDENT = "  "
 

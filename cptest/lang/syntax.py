@@ -19,29 +19,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 
 from cptest.errors import Problem, ScenarioError, Span, did_you_mean, one_of
 from cptest.lang.tables import BLOCK_KEYS, TOP_BLOCK
-
-# ---------------------------------------------------------------------------------------- values
-
-
-class Ident(str):
-    """A bare word (`triton`, `zigzag`), as opposed to a "string"."""
-
-    __slots__ = ()
-
-
-@dataclass(frozen=True)
-class Duration:
-    """A number with a unit (`30s`, `500ms`, `2m`), held in seconds."""
-
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Call:
-    """`name(arg, ...)`, e.g. `uniform(1024, 8192)`."""
-
-    name: str
-    args: tuple[Any, ...]
+from cptest.values import Call, Duration, Ident
 
 
 class Block:

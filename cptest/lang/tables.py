@@ -129,10 +129,4 @@ SYNTHETIC_ARCHITECTURES: dict[str, str] = {
 MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 FAULT_ACTIONS = ("kill", "stop", "cont", "sigterm", "sigint")
 SERVER_ONLY_ACTIONS = ("sigterm", "sigint")
-GRAPH_MODES: dict[str, tuple[str, ...]] = {
-    "decode": ("captured", "disabled"),
-    "prefill": ("eager", "captured"),
-}
-FFN_MODES = ("gathered", "local")
-CP_STRATEGIES = ("zigzag", "interleave")
 DIST_FUNCS = ("uniform", "choice")

@@ -21,33 +21,28 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from cptest.contracts import CONTRACTS, Declared
+from cptest.contracts.graph import MODES as GRAPH_MODES
 from cptest.errors import ProblemCollector, ScenarioError, Span, did_you_mean, one_of
 from cptest.lang import tables as T
-from cptest.lang.syntax import BLOCK, Call, Doc, Duration, Ident, Stmt, read_doc
+from cptest.lang.syntax import BLOCK, Doc, Stmt, read_doc
 from cptest.scenario import (
     Baseline,
-    CapacityExpect,
     Dist,
     Engine,
     Expect,
     Fault,
-    GenerationExpect,
-    GraphExpect,
-    LaunchExpect,
-    LogExpect,
     Model,
     ModelFacts,
-    RowsExpect,
     Sampling,
     Scenario,
     Serve,
-    ServingExpect,
-    ShutdownExpect,
     Topology,
     Workload,
     baseline_topology,
 )
 from cptest.topology import ADMISSION_CODES, layout_problems
+from cptest.values import Call, Duration, Ident, describe
 
 LANGUAGE_VERSION = 1
 MISSING: Any = object()
@@ -198,20 +193,6 @@ def merge(parent: list[Stmt], child: list[Stmt]) -> list[Stmt]:
 # ---------------------------------------------------------------------------------------- values
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, Duration):
-        return f"duration {value.seconds:g}s"
-    if isinstance(value, Call):
-        return f"{value.name}(...)"
-    if isinstance(value, Ident):
-        return f"word {str(value)!r}"
-    if isinstance(value, str):
-        return f'string "{value}"'
-    return repr(value)
-
-
 class _Values:
     """Typed access to the merged statements, adding a problem for every bad value."""
 
@@ -274,7 +255,7 @@ class _Values:
                     s.span,
                     f"invalid {key}",
                     expected=one_of(spec.choices),
-                    found=_describe(v),
+                    found=describe(v),
                     hint=f"did you mean '{close}'?" if close else None,
                 )
                 return MISSING
@@ -288,7 +269,7 @@ class _Values:
         raise AssertionError(kind)
 
     def _bad(self, s: Stmt, key: str, expected: str, v: Any) -> Any:
-        self.p.add(s.span, f"wrong type for {key}", expected=expected, found=_describe(v))
+        self.p.add(s.span, f"wrong type for {key}", expected=expected, found=describe(v))
         return MISSING
 
     def _range(self, s: Stmt, key: str, v: float, spec: T.Setting) -> Any:
@@ -326,7 +307,7 @@ class _Values:
             return MISSING
         if not all(isinstance(a, int) and not isinstance(a, bool) for a in v.args):
             self.p.add(
-                s.span, f"{v.name}() takes integer token counts", found=", ".join(map(_describe, v.args))
+                s.span, f"{v.name}() takes integer token counts", found=", ".join(map(describe, v.args))
             )
             return MISSING
         args = list(v.args)
@@ -513,7 +494,7 @@ def _model(v: _Values, where: Span, chain: _Chain) -> Model | None:
                 s.span,
                 "synthetic model needs an architecture",
                 expected=one_of(T.SYNTHETIC_ARCHITECTURES),
-                found=_describe(arg) if arg is not None else "nothing",
+                found=describe(arg) if arg is not None else "nothing",
                 hint=f"did you mean '{close}'?" if close else None,
             )
             return None
@@ -861,7 +842,7 @@ def _faults(v: _Values, topo: Topology | None) -> list[Fault]:
                     s.parts["trigger"],
                     "invalid fault time",
                     expected="a duration >= 0 (at 10s)",
-                    found=_describe(at),
+                    found=describe(at),
                 )
                 bad = True
             else:
@@ -882,7 +863,7 @@ def _faults(v: _Values, topo: Topology | None) -> list[Fault]:
                     s.parts["for"],
                     "invalid stop duration",
                     expected="a duration > 0 (for 5s)",
-                    found=_describe(heal),
+                    found=describe(heal),
                 )
                 bad = True
             else:
@@ -906,42 +887,17 @@ def _faults(v: _Values, topo: Topology | None) -> list[Fault]:
     return out
 
 
-def _num(
-    v: _Values, s: Stmt, what: str, x: Any, lo: float, hi: float | None = None, *, lo_open: bool = False
-) -> Any:
-    if x is None:
-        return None
-    if isinstance(x, bool) or not isinstance(x, int | float):
-        v.p.add(s.span, f"wrong type for {what}", expected="a number", found=_describe(x))
-        return MISSING
-    if (x <= lo if lo_open else x < lo) or (hi is not None and x > hi):
-        rng = (f"> {lo:g}" if lo_open else f">= {lo:g}") + (f" and <= {hi:g}" if hi is not None else "")
-        v.p.add(s.span, f"{what} is out of range", expected=rng, found=f"{x:g}")
-        return MISSING
-    return float(x)
-
-
-def _regex(v: _Values, s: Stmt, pattern: str | None) -> bool:
-    if pattern is None:
-        return True
-    try:
-        re.compile(pattern)
-    except re.error as err:
-        v.p.add(s.span, f"invalid regular expression: {err}", found=pattern)
-        return False
-    return True
-
-
 def _check_evidence_needs(p: ProblemCollector, expect: Expect) -> None:
-    """Expectations whose evidence cannot come from one run: per-step row records need eager decode
-    (Python hooks do not fire on CUDA-graph replay, sglang-cp.md §7), so decode graphs cannot also
-    be expected to be captured in the same scenario."""
-    if expect.rows is None:
+    """Expectations whose evidence cannot come from one run: per-step records need eager decode
+    (Python hooks do not fire on CUDA-graph replay, docs/decisions.md D8), so decode graphs cannot
+    also be expected to be captured in the same scenario."""
+    eager = [name for name, _ in expect.entries() if CONTRACTS[name].needs_eager]
+    if not eager:
         return
     for g in expect.graph:
         if g.phase == "decode" and g.mode == "captured" and not g.violated:
-            p.add(g.span, "decode CUDA graphs cannot be expected here: the rows expectation needs eager "
-                  "decode (hooks do not fire on graph replay)",
+            p.add(g.span, f"decode CUDA graphs cannot be expected here: the {eager[0]} expectation needs "
+                  "eager decode (hooks do not fire on graph replay)",
                   hint="put the graph expectation in a scenario of its own")  # fmt: skip
 
 
@@ -949,152 +905,40 @@ def _expect(v: _Values, workload: Workload | None) -> Expect:
     opener = v.stmt("", "expect")
     fields: dict[str, Any] = {}
     spans: dict[str, Span] = {}
-    graphs: list[GraphExpect] = []
     stmts = [s for (b, _k), s in v.one.items() if b == "expect"] + v.many.get(("expect", "log"), [])
     for s in stmts:
-        key = s.key
-        entry = _entry(v, s, key, workload)
+        name = s.key.split()[0]  # "graph decode" is a graph expectation
+        entry = _entry(v.p, s, CONTRACTS[name].expect, workload)
         if entry is None:
             continue
-        if key.startswith("graph"):
-            graphs.append(entry)
-        elif key == "log":
-            fields.setdefault("log", []).append(entry)
+        if CONTRACTS[name].repeatable:
+            fields.setdefault(name, []).append(entry)
         else:
-            fields[key] = entry
-            spans[key] = s.span
-    graphs.sort(key=lambda g: list(T.GRAPH_MODES).index(g.phase))
+            fields[name] = entry
+            spans[name] = s.span
+    if "graph" in fields:
+        fields["graph"].sort(key=lambda g: list(GRAPH_MODES).index(g.phase))
     return (
-        _node(Expect, v.p, opener.span if opener else None, field_spans=spans, graph=graphs, **fields)
+        _node(Expect, v.p, opener.span if opener else None, field_spans=spans, **fields)
         or Expect()
     )
 
 
-def _entry(v: _Values, s: Stmt, key: str, workload: Workload | None) -> Any:
-    d = dict(s.value)
-    common = {
-        "violated": d.pop("violated", False),
-        "because": d.pop("because", None),
-        "span": s.span,
-        "field_spans": dict(s.parts),
-    }
-    p = v.p
-    if key == "launch":
-        if not _regex(v, s, d.get("matching")):
-            return None
-        return _make(p, LaunchExpect, common, accepted=d["accepted"], matching=d.get("matching"))
-    if key == "rows":
-        if d["mode"] == "kv_owner":
-            m = d["modulus"]
-            if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-                p.add(s.span, "kv_owner modulus must be an integer >= 1", found=_describe(m))
-                return None
-            return _make(p, RowsExpect, common, mode="kv_owner", modulus=m)
-        if d["mode"] == "split":
-            strat, ffn = str(d["strategy"]), d["ffn"]
-            if strat not in T.CP_STRATEGIES:
-                p.add(
-                    s.parts["strategy"],
-                    f"unknown split strategy {strat!r}",
-                    expected=one_of(T.CP_STRATEGIES),
-                    hint=_dym(strat, T.CP_STRATEGIES),
-                )
-                return None
-            if ffn is not None and str(ffn) not in T.FFN_MODES:
-                p.add(
-                    s.parts["ffn"],
-                    f"unknown ffn row mode {str(ffn)!r}",
-                    expected=one_of(T.FFN_MODES),
-                    hint=_dym(str(ffn), T.FFN_MODES),
-                )
-                return None
-            return _make(p, RowsExpect, common, mode="split", strategy=strat, ffn=str(ffn) if ffn else None)
-        return _make(p, RowsExpect, common, mode="replicated")
-    if key == "capacity":
-        mult = _num(v, s, "capacity multiplier", d["multiplier"], 0.0, lo_open=True)
-        tol = _num(v, s, "capacity tolerance", d["tolerance"], 0.0, 1.0)
-        if mult is MISSING or tol is MISSING:
-            return None
-        return _make(p, CapacityExpect, common, multiplier=mult, tolerance=tol or 0.0)
-    if key == "generation":
-        agree = _num(v, s, "tokens_agree", d["tokens_agree"], 0.0, 1.0)
-        lp = _num(v, s, "logprob_within", d["logprob_within"], 0.0)
-        if agree is MISSING or lp is MISSING:
-            return None
-        if agree is None and lp is None:
-            p.add(s.span, "generation expects nothing", expected="tokens_agree >= R and/or logprob_within X")
-            return None
-        return _make(p, GenerationExpect, common, tokens_agree=agree, logprob_within=lp)
-    if key.startswith("graph"):
-        phase, mode = str(d["phase"]), str(d["mode"])
-        if phase not in T.GRAPH_MODES:
-            p.add(
-                s.parts["phase"],
-                f"unknown graph phase {phase!r}",
-                expected=one_of(T.GRAPH_MODES),
-                hint=_dym(phase, T.GRAPH_MODES),
-            )
-            return None
-        if mode not in T.GRAPH_MODES[phase]:
-            p.add(
-                s.parts["mode"],
-                f"unknown {phase} graph mode {mode!r}",
-                expected=one_of(T.GRAPH_MODES[phase]),
-                hint=_dym(mode, T.GRAPH_MODES[phase]),
-            )
-            return None
-        return _make(p, GraphExpect, common, phase=phase, mode=mode)
-    if key == "serving":
-        if d["all_complete"]:
-            return _make(p, ServingExpect, common, all_complete=True)
-        done, of = d["completed"], d["of"]
-        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (done, of)):
-            p.add(
-                s.span, "serving counts must be integers >= 0", found=f"{_describe(done)} of {_describe(of)}"
-            )
-            return None
-        if done > of:
-            p.add(s.span, f"serving expects {done} completed of only {of}", expected=f"completed <= {of}")
-            return None
-        if workload is not None and of != workload.requests:
-            p.add(
-                s.span,
-                f"serving counts 'of {of}' but the workload sends {workload.requests} requests",
-                expected=f"of {workload.requests}",
-            )
-            return None
-        return _make(p, ServingExpect, common, completed=done, of=of)
-    if key == "shutdown":
-        within = d.get("within", Duration(30.0))
-        if not isinstance(within, Duration) or within.seconds <= 0:
-            hint = "durations need a unit: 30s" if isinstance(within, int | float) else None
-            p.add(s.span, "shutdown 'within' needs a duration > 0", found=_describe(within), hint=hint)
-            return None
-        statuses = d.get("exit_status")
-        return _make(
-            p,
-            ShutdownExpect,
-            common,
-            within_s=within.seconds,
-            gpu_memory_released=d.get("gpu_memory_released", False),
-            no_orphans=d.get("no_orphans", False),
-            exit_status=list(statuses) if statuses is not None else None,
-        )
-    if key == "log":
-        if not _regex(v, s, d["pattern"]):
-            return None
-        return _make(p, LogExpect, common, mode=d["mode"], pattern=d["pattern"])
-    raise AssertionError(key)
-
-
-def _dym(word: str, choices: Any) -> str | None:
-    close = did_you_mean(word, choices)
-    return f"did you mean '{close}'?" if close else None
-
-
-def _make(p: ProblemCollector, cls: Any, common: dict[str, Any], **kw: Any) -> Any:
+def _entry(p: ProblemCollector, s: Stmt, cls: type[Declared], workload: Workload | None) -> Declared | None:
+    """One expectation statement as its contract's declared model; its validators' complaints are
+    positioned at the part of the statement they are about (or the statement)."""
+    data = {**s.value, "span": s.span, "field_spans": dict(s.parts)}
     try:
-        return cls(**common, **kw)
+        return cls.model_validate(data, context={"requests": workload.requests if workload else None})
     except ValidationError as err:
-        p.problems.append(_pydantic_problem(err, common["span"]))
+        for e in err.errors():
+            field = str(e["loc"][0]) if e["loc"] else None
+            where = s.parts.get(field, s.span) if field else s.span
+            if e["type"] == "cptest":
+                ctx = e.get("ctx") or {}
+                p.add(where, e["msg"], **{k: ctx.get(k) for k in ("expected", "found", "hint")})
+            else:
+                p.add(where, f"invalid value for {field or s.key}: {e['msg']}")
         return None
+
+

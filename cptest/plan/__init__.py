@@ -5,7 +5,7 @@
 `lint.py` compares what a scenario expects with what its pinned SGLang release is known to do.
 """
 
-from cptest.plan.build import SYNTHETIC_FIELDS, canonical_sha256, plan
+from cptest.plan.build import canonical_sha256, plan
 from cptest.plan.model import Plan
 
-__all__ = ["SYNTHETIC_FIELDS", "Plan", "canonical_sha256", "plan"]
+__all__ = ["Plan", "canonical_sha256", "plan"]

@@ -11,10 +11,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from cptest.contracts import Declared
 from cptest.engines.sglang.admission import Admission, LaunchConfig, predict
 from cptest.engines.sglang.releases import get_release
 from cptest.errors import Span
-from cptest.scenario import ExpectEntry, Scenario
+from cptest.scenario import Scenario
 
 # Which expectation a silent-wrongness warning contradicts when that expectation is declared to
 # hold: (checker, extra condition on the entry). The warning codes are admission.CONDITIONS'.
@@ -97,7 +98,7 @@ def _launch_findings(scenario: Scenario, adm: Admission) -> list[Finding]:
     return []
 
 
-def _holds(entry: ExpectEntry | None) -> bool:
+def _holds(entry: Declared | None) -> bool:
     return entry is not None and not entry.violated
 
 

@@ -1,7 +1,12 @@
-"""The Plan: everything a run needs, as pure JSON-serialisable data (no shell strings anywhere).
+"""The Plan: everything a run needs, as typed, pure JSON-serialisable data (no shell strings anywhere).
 
 `cptest.plan.plan(scenario, ...)` builds it; `cptest.run` executes it; the archive stores it as
-`plan.json`, and `cptest rerun` reads it back. Nothing here refers to the scenario's syntax.
+`plan.json`; `cptest check` and `cptest rerun` read it back. Nothing here refers to the scenario's
+syntax. Every field is typed: the servers' degrees and rank geometry (`cptest.topology`), the
+expectations (`cptest.contracts.Expectation`, one parameter model per contract), the pins.
+
+Version 2 (this one) typed the expectations; a version 1 `plan.json` is upgraded when read
+(`upgrade_v1`), so that archives made before stay checkable.
 """
 
 from __future__ import annotations
@@ -13,7 +18,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-PLAN_VERSION = 1
+from cptest.contracts import Expectation
+from cptest.engines import engine_for
+from cptest.scenario import ModelFacts
+from cptest.topology import Degrees, RankGeometry
+
+PLAN_VERSION = 2
 
 
 class _Frozen(BaseModel):
@@ -45,16 +55,32 @@ class ServerPlan(_Frozen):
     nodes: list[NodeLaunch]
     base_url: str
     world_size: int
-    topology: dict[str, Any]
-    """tp, dcp, attn_cp, attn_dp, cp_strategy, prefill_cp, gpus, nodes (resolved)."""
-    geometry: list[dict[str, Any]]
-    """Per world rank: tp/dcp/attn_cp/attn_tp/attn_dp ranks and groups (cptest.topology)."""
+    topology: Degrees
+    """The server's parallel degrees (resolved)."""
+    geometry: list[RankGeometry] = Field(default_factory=list)
+    """Per world rank: ranks, groups and process title (`cptest.topology`); empty when the degrees
+    cannot be laid out (a scenario that expects the engine to reject the launch)."""
     probe: bool = True
     eager: bool = False
     """True when per-step evidence is needed and CUDA graphs are disabled for this server."""
     ready_timeout_s: float = 600.0
     shutdown_timeout_s: float = 60.0
     process_title_prefix: str = "sglang::scheduler"
+
+
+def _absent(value: object) -> bool:
+    return value is None
+
+
+class SamplingParams(_Frozen):
+    """Exactly what goes into /generate's `sampling_params` (besides `max_new_tokens`): a setting
+    that is None is not sent, so the engine's default applies."""
+
+    temperature: float | None = Field(default=None, exclude_if=_absent)
+    top_p: float | None = Field(default=None, exclude_if=_absent)
+    top_k: int | None = Field(default=None, exclude_if=_absent)
+    sampling_seed: int | None = Field(default=None, exclude_if=_absent)
+    ignore_eos: bool | None = Field(default=None, exclude_if=_absent)
 
 
 class PlannedRequest(_Frozen):
@@ -69,8 +95,7 @@ class PlannedRequest(_Frozen):
     prompt: str
     """base64 of the token ids as little-endian uint32."""
     max_new_tokens: int
-    sampling: dict[str, Any]
-    """Exactly what goes into /generate's sampling_params."""
+    sampling: SamplingParams
     return_logprob: bool = True
     send_after_s: float | None = None
     """Open-loop arrival time (rate mode); None in closed-loop concurrency mode."""
@@ -132,16 +157,50 @@ class FaultPlan(_Frozen):
     """For stop: send SIGCONT this long after SIGSTOP."""
 
 
-class Expectation(_Frozen):
-    """One declared contract, with every figure the checker needs already resolved."""
+class SyntheticModel(_Frozen):
+    """Everything `cptest.run.models` needs to write the same synthetic weights on any machine."""
 
-    checker: str
-    """launch, rows, capacity, generation, graph, serving, shutdown, log."""
-    params: dict[str, Any] = Field(default_factory=dict)
-    expect_violation: bool = False
-    """The scenario declares this contract is broken (a no-go is a valid result)."""
-    source: str = ""
-    """file:line:col of the expectation in the scenario."""
+    architecture: Literal["llama", "qwen3", "deepseek_mla"]
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int | None = None
+    vocab: int
+    intermediate: int | None = None
+    seed: int | None = None
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+
+
+class ModelPin(_Frozen):
+    """The model a plan runs: by path, hub id and revision, or synthetic geometry and seed."""
+
+    kind: Literal["local", "hub", "synthetic"]
+    path: str | None = None
+    id: str | None = None
+    revision: str | None = None
+    sha256: str | None = None
+    architecture: str
+    """The HF architecture class (`LlamaForCausalLM`)."""
+    synthetic: SyntheticModel | None = Field(default=None, exclude_if=_absent)
+
+
+class LayoutContracts(_Frozen):
+    """What the degrees imply for the layout contracts (`cptest.topology`), for the reader of a
+    plan; `layout` "impossible" when the degrees cannot be laid out (then only `eager` is set)."""
+
+    layout: Literal["possible", "impossible"] = "possible"
+    capacity_multiplier: float | None = None
+    kv_owner: str | None = None
+    kv_replicated_in_dcp_group: bool | None = None
+    pcp_split: str | None = None
+    min_prompt_for_split: int | None = None
+    eager: str | None = None
+    """Why every CUDA-graph phase is disabled (per-step evidence), or None."""
 
 
 class Pins(_Frozen):
@@ -149,8 +208,7 @@ class Pins(_Frozen):
     release: str
     image: str | None = None
     image_digest: str | None = None
-    model: dict[str, Any]
-    """kind, path or id, revision, sha256 (weights), architecture facts."""
+    model: ModelPin
     cptest_version: str
     scenario_sha256: str
     """sha256 of the canonical scenario (not the raw text: formatting does not change it)."""
@@ -166,7 +224,55 @@ class Plan(_Frozen):
     faults: list[FaultPlan] = Field(default_factory=list)
     expectations: list[Expectation] = Field(default_factory=list)
     pins: Pins
-    model_facts: dict[str, Any] = Field(default_factory=dict)
-    """architecture, layers, hidden, heads, kv_heads, head_dim, vocab, is_mla."""
-    contracts: dict[str, Any] = Field(default_factory=dict)
+    model_facts: ModelFacts | None = None
+    contracts: LayoutContracts = Field(default_factory=LayoutContracts)
     """Derived layout contracts (cptest.topology): capacity multiplier, kv owner rule, splits."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("plan_version") == 1:
+            return upgrade_v1(data)
+        return data
+
+    def servers(self) -> list[ServerPlan]:
+        """The main server, then the baseline if there is one."""
+        return [self.main] + ([self.baseline] if self.baseline is not None else [])
+
+
+def upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A version 1 plan.json in version 2's shape: expectations `{checker, params}` become their
+    contract's parameters (capacity gains the log patterns of the plan's release table, the ones the
+    version 1 checker fell back to for SGLang 0.5.17); the always-zero expert-parallel ranks leave
+    the geometry; a request's sampling loses its copy of `max_new_tokens`. Pure: the archived file
+    is not changed."""
+    out = dict(data, plan_version=PLAN_VERSION)
+    main = data.get("main") or {}
+    engine = engine_for(str(main.get("engine", "")), str(main.get("release", "")))
+    expectations = []
+    for e in data.get("expectations") or []:
+        params = dict(e.get("params") or {})
+        if e.get("checker") == "capacity":
+            facts = engine.facts()
+            source = f"{engine.name} {facts.release} release table (added when reading a version 1 plan)"
+            params["log_patterns"] = {
+                "source": source,
+                **{k: facts.log_patterns.get(k) for k in ("kv_allocated", "max_total_num_tokens")},
+            }
+        expectations.append({"kind": e.get("checker"), "expect_violation": e.get("expect_violation", False),
+                             "source": e.get("source", ""), **params})
+    out["expectations"] = expectations
+    workload = data.get("workload")
+    if isinstance(workload, dict):
+        requests = []
+        for r in workload.get("requests") or []:
+            sampling = {k: v for k, v in (r.get("sampling") or {}).items() if k != "max_new_tokens"}
+            requests.append(dict(r, sampling=sampling))
+        out["workload"] = dict(workload, requests=requests)
+    for role in ("main", "baseline"):
+        server = data.get(role)
+        if isinstance(server, dict):
+            geometry = [{k: v for k, v in g.items() if k not in ("moe_dp_rank", "moe_ep_rank")}
+                        for g in server.get("geometry") or []]
+            out[role] = dict(server, geometry=geometry)
+    return out

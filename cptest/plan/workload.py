@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cptest.errors import PlanError, Problem
-from cptest.plan.model import PlannedRequest, WorkloadPlan, encode_ids
+from cptest.plan.model import PlannedRequest, SamplingParams, WorkloadPlan, encode_ids
 
 FIRST_ORDINARY_ID = 3
 """Token ids below this are kept out of synthetic prompts: 0/1/2 are BOS/EOS/PAD in the tiny
@@ -104,7 +104,7 @@ def build_workload(
     seed: int,
     prompt_tokens: Dist,
     output_tokens: Dist,
-    sampling: dict,
+    sampling: SamplingParams,
     vocab: int,
     concurrency: int | None,
     rate: float | None,
@@ -136,7 +136,7 @@ def build_workload(
         planned.append(
             PlannedRequest(
                 index=i, prompt=prompts[i], max_new_tokens=max_new[i],
-                sampling=dict(sampling, max_new_tokens=max_new[i]), return_logprob=logprobs,
+                sampling=sampling, return_logprob=logprobs,
                 send_after_s=send_after,
             )
         )  # fmt: skip

@@ -1,4 +1,4 @@
-"""The CPU reference engine: the CP contracts of architecture.md §3 executed for real (not SGLang).
+"""The CPU reference engine: the CP contracts of docs/architecture.md §9 executed for real (not SGLang).
 
     argv.py       the server's command line (built by the plan, parsed by the server)
     plan.py       the engine's part of planning: argv and rank titles (`cptest-ref::scheduler_TP<r>`)

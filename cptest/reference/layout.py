@@ -1,6 +1,6 @@
 """Rank layout of a reference server: groups, head shards and row splits (pure, no torch).
 
-The numbering is SGLang's (architecture.md §3, `cptest.topology`): TP blocks contiguous,
+The numbering is SGLang's (`cptest.topology`, docs/sglang.md §6): TP blocks contiguous,
 `tp_rank = attn_cp_rank * attn_tp + attn_tp_rank` (one attention-DP group), DCP groups contiguous
 slices of the TP group with `dcp_rank = tp_rank % dcp`. The reference runs one node, pp 1, attn_dp 1.
 
@@ -26,6 +26,15 @@ from cptest.topology import (
     zigzag_split,
 )
 
+
+def unsupported(d: Degrees) -> list[str]:
+    """Degrees this engine has no flag for (cptest/reference/argv.py): it would silently run tp only."""
+    if d.pp != 1 or d.attn_dp != 1 or d.nodes != 1:
+        return [f"the reference engine runs one node with pp 1 and attn_dp 1 (got nodes {d.nodes}, "
+                f"pp {d.pp}, attn_dp {d.attn_dp})"]
+    return []
+
+
 TOLERATED = frozenset({"cp_strategy_required", "prefill_cp_needs_attn_cp"})
 
 
@@ -34,10 +43,7 @@ def reference_problems(d: Degrees) -> list[str]:
     `cptest.topology`, then what this engine does not implement. The plan asks this before anything
     starts; the server asks again, so that a hand-written argv fails with the same words."""
     # A prefill_cp switch without a strategy or a second CP rank is tolerated: no split happens.
-    out = [p.message for p in layout_problems(d) if p.code not in TOLERATED]
-    if d.pp != 1 or d.attn_dp != 1 or d.nodes != 1:
-        out.append(f"the reference engine runs one node with pp 1 and attn_dp 1 (got nodes {d.nodes}, "
-                   f"pp {d.pp}, attn_dp {d.attn_dp})")
+    out = [p.message for p in layout_problems(d) if p.code not in TOLERATED] + unsupported(d)
     if d.dcp > 1 and d.pcp:
         out.append("--dcp-size > 1 does not support --enable-prefill-cp (PCP with DCP is not a contract "
                    "of the reference engine)")

@@ -16,8 +16,8 @@ from typing import Any
 
 import jinja2
 
-from cptest.checks.verdict import ScenarioVerdict
 from cptest.plan.model import Plan
+from cptest.verdict import ScenarioVerdict
 
 __all__ = ["render", "render_junit", "render_matrix"]
 
@@ -97,6 +97,6 @@ def render_matrix(archives: Iterable[Path | str]) -> str:
 
 
 def _worse(a: str, b: str) -> str:
-    from cptest.checks.verdict import merge
+    from cptest.verdict import merge
 
     return merge([a, b])

@@ -49,7 +49,7 @@ def build_payload(req: PlannedRequest) -> dict[str, Any]:
     """The /generate body for a planned request."""
     return {
         "input_ids": list(req.input_ids),
-        "sampling_params": {**req.sampling, "max_new_tokens": req.max_new_tokens},
+        "sampling_params": {**req.sampling.model_dump(), "max_new_tokens": req.max_new_tokens},
         "return_logprob": req.return_logprob,
         "logprob_start_len": -1,
         "stream": True,
@@ -66,9 +66,7 @@ def conformance(req: PlannedRequest, payload: dict[str, Any]) -> list[str]:
     sp = dict(payload.get("sampling_params") or {})
     if sp.pop("max_new_tokens", None) != req.max_new_tokens:
         diffs.append(f"max_new_tokens differs (planned {req.max_new_tokens})")
-    planned = {k: v for k, v in req.sampling.items() if k != "max_new_tokens"}
-    if "max_new_tokens" in req.sampling and req.sampling["max_new_tokens"] != req.max_new_tokens:
-        diffs.append("the plan's sampling.max_new_tokens disagrees with its max_new_tokens")
+    planned = req.sampling.model_dump()
     if sp != planned:
         diffs.append(f"sampling differs (planned {planned}, payload {sp})")
     if payload.get("return_logprob") != req.return_logprob:

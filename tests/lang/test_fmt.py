@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from cptest.errors import ScenarioError
 from cptest.lang import format_text, parse_text
 from cptest.lang.fmt import render_duration
-from cptest.lang.generate import random_scenario_text
+from cptest.testing.scenarios import random_scenario_text
 from tests.lang.test_parse import DEFAULTS, FULL
 
 MESSY = """# heading comment

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from cptest.errors import ScenarioError
 from cptest.lang import format_text, parse_text
-from cptest.lang.generate import random_scenario_text
+from cptest.testing.scenarios import random_scenario_text
 from tests.lang.cases import BAD, BASE, with_line
 from tests.lang.test_parse import FULL
 

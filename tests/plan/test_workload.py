@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cptest.errors import PlanError
-from cptest.plan.model import WorkloadPlan
+from cptest.plan.model import SamplingParams, WorkloadPlan
 from cptest.plan.workload import FIRST_ORDINARY_ID, Dist, build_workload, load_dataset, prompt_sha256
 
 VOCAB = 50
@@ -22,7 +22,7 @@ def workload(*, requests: int = 16, seed: int = 7, prompt: Dist = PROMPT,
              dataset: list[list[int]] | None = None) -> WorkloadPlan:  # fmt: skip
     return build_workload(
         requests=requests, seed=seed, prompt_tokens=prompt, output_tokens=output,
-        sampling={"temperature": 0.0}, vocab=vocab, concurrency=None if rate else 4, rate=rate,
+        sampling=SamplingParams(temperature=0.0), vocab=vocab, concurrency=None if rate else 4, rate=rate,
         timeout_s=30.0, dataset=dataset,
     )  # fmt: skip
 
@@ -56,7 +56,7 @@ def test_uniform_lengths_are_within_bounds_and_both_bounds_are_drawn():
 def test_fixed_length_is_exact():
     w = workload(prompt=Dist("fixed", (12,)), output=Dist("fixed", (3,)))
     assert {len(r.input_ids) for r in w.requests} == {12}
-    assert {(r.max_new_tokens, r.sampling["max_new_tokens"]) for r in w.requests} == {(3, 3)}
+    assert {r.max_new_tokens for r in w.requests} == {3}
 
 
 def test_choice_draws_only_from_its_values_and_uses_each():

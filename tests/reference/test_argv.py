@@ -26,7 +26,7 @@ def test_reference_plan_targets_reference_rank_titles_never_sglang_ones() -> Non
     s = choose(parse_file(SCENARIOS / "fault_kill_rank_dcp2.cps"), "reference", gpu_present=False).scenario
     p = plan(s)
     assert p.main.engine == "reference" and p.main.process_title_prefix == "cptest-ref::scheduler"
-    assert [g["process_title"] for g in p.main.geometry] == ["cptest-ref::scheduler_TP0",
+    assert [g.process_title for g in p.main.geometry] == ["cptest-ref::scheduler_TP0",
                                                              "cptest-ref::scheduler_TP1"]
     assert p.faults[0].process_title == "cptest-ref::scheduler_TP1"
     assert "--dcp-size" in p.main.nodes[0].argv and "sglang" not in " ".join(p.main.nodes[0].argv)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from cptest.checks.synthetic import make_plan, server_plan
-from cptest.checks.verdict import Verdict, scenario_verdict
 from cptest.report import render, render_junit, render_matrix
+from cptest.testing.archives import make_plan, server_plan
+from cptest.verdict import Verdict, scenario_verdict
 
 VERDICTS = [
     Verdict(checker="launch", status="pass", reason="ready after 3 s", source="a.cps:4:5"),

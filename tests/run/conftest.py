@@ -13,6 +13,7 @@ import pytest
 
 from cptest.plan.model import (
     FaultPlan,
+    ModelPin,
     NodeLaunch,
     Pins,
     Plan,
@@ -43,9 +44,11 @@ def fake_server(role: str, port: int, *args: str, **kw: Any) -> ServerPlan:
                       geometry=[], **kw)
 
 
-def requests(n: int, max_new: int = 4, sampling: dict[str, Any] | None = None) -> list[PlannedRequest]:
-    return [PlannedRequest(index=i, input_ids=[i + 1, 2, 3, 4], max_new_tokens=max_new,
-                           sampling=sampling if sampling is not None else {"temperature": 0.0})
+def requests(n: int, max_new: int = 4, prompt: list[int] | None = None) -> list[PlannedRequest]:
+    """`n` greedy requests; `prompt` replaces the default `[i + 1, 2, 3, 4]` (the fake engine's
+    knobs, `fake_engine.SLOW` and `FAIL`, travel in it)."""
+    return [PlannedRequest(index=i, input_ids=prompt or [i + 1, 2, 3, 4], max_new_tokens=max_new,
+                           sampling={"temperature": 0.0})
             for i in range(n)]
 
 
@@ -56,7 +59,9 @@ def make_plan(main: ServerPlan, *, baseline: ServerPlan | None = None, n: int = 
                 workload=WorkloadPlan(seed=1, concurrency=concurrency, rate_per_s=None, timeout_s=timeout_s,
                                       requests=reqs if reqs is not None else requests(n)),
                 faults=faults or [],
-                pins=Pins(engine="reference", release="fake", model={}, cptest_version="0",
+                pins=Pins(engine="reference", release="fake",
+                          model=ModelPin(kind="local", path="fake", architecture="FakeForCausalLM"),
+                          cptest_version="0",
                           scenario_sha256="ab" * 32))
 
 

@@ -10,7 +10,8 @@ children titled `sglang::scheduler_TP<r>` (each with a sleeping grandchild), and
 - with CPTEST_PROBE_DIR: appends a Step(decode) record to rank0.jsonl per generated token.
 Test knobs: `--reject MSG` (print and exit 1 during launch), `--ready-after S`, `--token-delay S`,
 `--ignore-sigterm`, `--orphan` (a double-forked grandchild reparented to init), and per request
-`sampling_params.fake_delay_s` (per-token delay) / `fake_error` (an error chunk).
+a prompt starting with `SLOW` then N (N ms per token) or `FAIL` (an error chunk naming the prompt's
+second token): the plan's sampling parameters are typed, so the knobs travel in the token ids.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ def spawn_orphan() -> None:
             "os._exit(0)\n")
     subprocess.run([sys.executable, "-c", code], check=True)
 
+
+
+SLOW = 900001
+"""A prompt `[SLOW, ms, ...]` is answered at `ms` milliseconds per token."""
+FAIL = 900002
+"""A prompt `[FAIL, n, ...]` gets an error chunk `bad input n`."""
 
 class Engine:
     def __init__(self, args: argparse.Namespace) -> None:
@@ -118,15 +125,16 @@ class Handler(BaseHTTPRequestHandler):
         ids = body["input_ids"]
         sp = body.get("sampling_params") or {}
         n = int(sp.get("max_new_tokens", 16))
-        delay = float(sp.get("fake_delay_s", e.args.token_delay))
+        knob = ids[0] if ids else None
+        delay = ids[1] / 1000 if knob == SLOW and len(ids) > 1 else e.args.token_delay
         with e.lock:
             e.inflight += 1
         try:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            if sp.get("fake_error"):
-                err = {"error": {"message": str(sp["fake_error"]), "code": 400}}
+            if knob == FAIL:
+                err = {"error": {"message": f"bad input {ids[1] if len(ids) > 1 else ''}", "code": 400}}
                 self.wfile.write(b"data: " + json.dumps(err).encode() + b"\n\n")
             else:
                 out: list[int] = []

@@ -1,31 +1,55 @@
-"""launch: the server became ready (accepted) or failed to launch for the declared reason (rejected).
+"""launch: the server became ready (accepted), or failed to launch for the declared reason (rejected).
 
-params: {"accepted": bool, "match": regex | None, "role": "main" (optional)}. Evidence: the role's
-Lifecycle `ready` / `launch_failed` events, and for a rejection every log of the role (plus the
-`launch_failed` reason, which carries the tail the runner saw).
+    expect { launch accepted }
+    expect { launch rejected matching "does not support --enable-prefill-cp" }
+
+Evidence: the role's Lifecycle `ready` / `launch_failed` events, and for a rejection every log of
+the role (plus the `launch_failed` reason, which carries the log tail the runner saw).
 """
 
 from __future__ import annotations
 
 import re
+from typing import Literal
 
-from cptest.checks.load import Archive
-from cptest.checks.verdict import Verdict, failed, passed, unknown
-from cptest.plan.model import Expectation
+from pydantic import field_validator
+
+from cptest.contracts.base import Contract, Declared, Params, PlanContext, regex
+from cptest.evidence import Evidence
+from cptest.verdict import Verdict, failed, passed, unknown
 
 NAME = "launch"
 
 
-def check(archive: Archive, expect: Expectation) -> Verdict:
-    p = expect.params
-    role = p.get("role", "main")
-    ev = archive.role(role)
+class LaunchExpect(Declared):
+    accepted: bool
+    matching: str | None = None
+    """rejected only: a regex the rejection message (log) must match."""
+
+    @field_validator("matching")
+    @classmethod
+    def _compiles(cls, v: str | None) -> str | None:
+        return regex(v)
+
+
+class LaunchParams(Params):
+    kind: Literal["launch"] = "launch"
+    accepted: bool = True
+    match: str | None = None
+
+
+def resolve(expect: LaunchExpect, ctx: PlanContext) -> LaunchParams:
+    return LaunchParams(accepted=expect.accepted, match=expect.matching)
+
+
+def check(evidence: Evidence, p: LaunchParams) -> Verdict:
+    role = p.role
+    ev = evidence.role(role)
     if ev.runner is None:
         return unknown(NAME, f"no runner evidence for {role} (evidence/{role}/runner.jsonl missing)")
     ready = ev.runner.events("ready")
     failed_ev = ev.runner.events("launch_failed")
-    accepted = bool(p.get("accepted", True))
-    if accepted:
+    if p.accepted:
         if ready:
             return passed(
                 NAME,
@@ -42,7 +66,7 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
                 launch_reason=d.get("reason"),
             )
         return unknown(NAME, f"neither ready nor launch_failed recorded for {role} (run interrupted?)")
-    pattern = p.get("match")
+    pattern = p.match
     if ready:
         return failed(
             NAME,
@@ -77,3 +101,6 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
         status=d.get("status"),
         launch_reason=d.get("reason"),
     )
+
+
+CONTRACT = Contract(NAME, LaunchExpect, LaunchParams, resolve, check)

@@ -1,49 +1,20 @@
-"""Specifications of cptest/checks/verdict.py, registry.py and the check entry points."""
+"""Specifications of cptest/checks: the guard around each checker, the scenario verdict, loading."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
 import cptest.checks as checks
-from cptest.checks import check, check_loaded, load_archive
-from cptest.checks.registry import guarded
-from cptest.checks.synthetic import make_plan, server_plan, write_archive
-from cptest.checks.verdict import Verdict, apply_expectation, merge
+from cptest.checks import check, check_loaded, guarded, load_archive
+from cptest.contracts import CONTRACTS, CapacityParams, Expectation, LaunchParams, ServingParams
 from cptest.errors import EvidenceError
 from cptest.evidence import Lifecycle
-from cptest.plan.model import Expectation
-
-
-def test_merge_keeps_the_worst() -> None:
-    assert merge(["pass", "unknown", "pass"]) == "unknown"
-    assert merge(["unknown", "fail", "pass"]) == "fail"
-    assert merge([]) == "pass"
-
-
-def test_merge_raises_on_a_status_it_does_not_know() -> None:
-    with pytest.raises(ValueError, match="'passed'"):
-        merge(["pass", "passed"])
-
-
-def test_expected_violation_observed_passes_and_keeps_its_figures() -> None:
-    raw = Verdict(checker="rows", status="fail", figures={"position": 4}, reason="position 4 written twice")
-    assert apply_expectation(raw, True, "a.cps:3:1") == Verdict(
-        checker="rows",
-        status="pass",
-        figures={"position": 4},
-        expect_violation=True,
-        source="a.cps:3:1",
-        reason="violation expected and observed: position 4 written twice",
-    )
-
-
-def test_expected_violation_that_does_not_happen_fails() -> None:
-    raw = Verdict(checker="rows", status="pass", reason="ok")
-    assert apply_expectation(raw, True, "").status == "fail"
-    assert apply_expectation(raw.model_copy(update={"status": "unknown"}), True, "").status == "unknown"
+from cptest.testing.archives import SGLANG_0_5_17, make_plan, server_plan, write_archive
 
 
 def _archive(tmp_path: Path, expectations: list[Expectation], engine: str = "sglang"):
@@ -53,17 +24,44 @@ def _archive(tmp_path: Path, expectations: list[Expectation], engine: str = "sgl
     return load_archive(tmp_path)
 
 
-def test_crashing_checker_is_unknown_with_the_exception_text(tmp_path: Path) -> None:
-    def boom(archive, expect):
+def test_crashing_checker_is_unknown_with_the_exception_text(tmp_path: Path, monkeypatch) -> None:
+    def boom(evidence, expect):
         raise KeyError("rows")
 
-    v = guarded(_archive(tmp_path, []), Expectation(checker="x"), {"x": boom})
-    assert (v.status, v.reason) == ("unknown", "checker crashed: KeyError: 'rows'")
+    monkeypatch.setitem(CONTRACTS, "launch", dataclasses.replace(CONTRACTS["launch"], check=boom))
+    v = guarded(_archive(tmp_path, []).evidence, LaunchParams(source="s.cps:2:3"))
+    assert (v.status, v.reason, v.checker) == ("unknown", "checker crashed: KeyError: 'rows'", "launch")
 
 
-def test_unknown_checker_name_is_unknown_with_a_suggestion(tmp_path: Path) -> None:
-    v = guarded(_archive(tmp_path, []), Expectation(checker="capacty"))
-    assert v.status == "unknown" and "did you mean 'capacity'?" in v.reason
+def test_an_unknown_contract_in_a_plan_is_an_evidence_error_with_a_suggestion(tmp_path: Path) -> None:
+    _archive(tmp_path, [LaunchParams()])
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    plan["expectations"][0]["kind"] = "capacty"
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    with pytest.raises(EvidenceError, match="bad plan at expectations.0") as err:
+        load_archive(tmp_path)
+    assert err.value.problems[0].hint == "did you mean 'capacity'?"
+
+
+def test_a_version_1_plan_is_upgraded_when_read(tmp_path: Path) -> None:
+    # Archives made before the expectations were typed keep being checkable.
+    _archive(tmp_path, [])
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    plan["plan_version"] = 1
+    plan["expectations"] = [
+        {"checker": "capacity", "params": {"multiplier": 2.0, "tolerance": 0.0}, "expect_violation": True,
+         "source": "s.cps:9:5"},
+        {"checker": "launch", "params": {"accepted": True, "match": None}, "expect_violation": False,
+         "source": ""},
+    ]
+    plan["main"]["geometry"] = [dict(g, moe_dp_rank=0, moe_ep_rank=0) for g in plan["main"]["geometry"]]
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    loaded = load_archive(tmp_path).plan
+    capacity, launch = loaded.expectations
+    assert isinstance(capacity, CapacityParams) and capacity.multiplier == 2.0 and capacity.expect_violation
+    assert capacity.log_patterns.source == "sglang 0.5.17 release table (added when reading a version 1 plan)"
+    assert capacity.log_patterns.kv_allocated == SGLANG_0_5_17.kv_allocated
+    assert isinstance(launch, LaunchParams) and launch.accepted and loaded.plan_version == 2
 
 
 def test_scenario_verdict_is_the_worst_and_counts_each_status(tmp_path: Path) -> None:
@@ -71,8 +69,8 @@ def test_scenario_verdict_is_the_worst_and_counts_each_status(tmp_path: Path) ->
         _archive(
             tmp_path,
             [
-                Expectation(checker="launch", params={"accepted": True}),
-                Expectation(checker="serving", params={"completed_min": 1}),
+                LaunchParams(accepted=True),
+                ServingParams(completed_min=1),
             ],
         )
     )
@@ -85,7 +83,7 @@ def test_reference_engine_results_are_labelled_and_do_not_qualify_sglang(tmp_pat
 
 
 def test_verdict_json_is_reproduced_exactly_from_the_evidence(tmp_path: Path) -> None:
-    _archive(tmp_path, [Expectation(checker="launch", params={"accepted": True}, source="s.cps:2:3")])
+    _archive(tmp_path, [LaunchParams(accepted=True, source="s.cps:2:3")])
     first = check(tmp_path).to_json()
     assert check(tmp_path).to_json() == first
     assert checks.ScenarioVerdict.from_json(first).to_json() == first

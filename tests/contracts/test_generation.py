@@ -1,15 +1,15 @@
-"""Specifications of cptest/checks/generation.py."""
+"""Specifications of cptest/contracts/generation.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from cptest.checks import check_loaded, load_archive
-from cptest.checks.synthetic import make_plan, server_plan, write_archive
+from cptest.contracts import Expectation, GenerationParams
 from cptest.evidence import RequestResult
-from cptest.plan.model import Expectation
+from cptest.testing.archives import make_plan, server_plan, write_archive
 
-EXPECT = Expectation(checker="generation", params={"tokens_agree": 0.75, "logprob_within": 0.05})
+EXPECT = GenerationParams(tokens_agree=0.75, logprob_within=0.05)
 
 
 def _req(index: int, ids: list[int], lps: list[float] | None = None, run: str = "main", status: str = "ok"):

@@ -1,6 +1,6 @@
 """generation: the main run's greedy outputs agree with the baseline's (same workload, TP only).
 
-params: {"tokens_agree": float, "logprob_within": float | None}
+    expect { generation tokens_agree >= 0.95 logprob_within 0.05 vs baseline }
 
 Definitions (docs/decisions.md):
 - Requests are paired by `index`; only pairs where both runs answered `ok` are compared (serving
@@ -16,24 +16,57 @@ Definitions (docs/decisions.md):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from cptest.checks.load import Archive
-from cptest.checks.verdict import Verdict, failed, passed, unknown
-from cptest.plan.model import Expectation
+from pydantic import field_validator, model_validator
+
+from cptest.contracts.base import Contract, Declared, Params, PlanContext, invalid, number
+from cptest.evidence import Evidence
+from cptest.verdict import Verdict, failed, passed, unknown
 
 NAME = "generation"
 
 
-def check(archive: Archive, expect: Expectation) -> Verdict:
-    p = expect.params
-    min_agree = float(p.get("tokens_agree", 1.0))
-    lp_tol = p.get("logprob_within")
-    main = archive.role("main").runner
-    if archive.plan.baseline is None:
+class GenerationExpect(Declared):
+    tokens_agree: float | None = None
+    logprob_within: float | None = None
+    vs: Literal["baseline"] = "baseline"
+
+    @field_validator("tokens_agree", mode="before")
+    @classmethod
+    def _agree(cls, x: Any) -> Any:
+        return number("tokens_agree", x, 0.0, 1.0)
+
+    @field_validator("logprob_within", mode="before")
+    @classmethod
+    def _logprob(cls, x: Any) -> Any:
+        return number("logprob_within", x, 0.0)
+
+    @model_validator(mode="after")
+    def _something(self) -> GenerationExpect:
+        if self.tokens_agree is None and self.logprob_within is None:
+            raise invalid("generation expects nothing", expected="tokens_agree >= R and/or logprob_within X")
+        return self
+
+
+class GenerationParams(Params):
+    kind: Literal["generation"] = "generation"
+    tokens_agree: float | None = None
+    logprob_within: float | None = None
+
+
+def resolve(expect: GenerationExpect, ctx: PlanContext) -> GenerationParams:
+    return GenerationParams(tokens_agree=expect.tokens_agree, logprob_within=expect.logprob_within)
+
+
+def check(evidence: Evidence, p: GenerationParams) -> Verdict:
+    min_agree = p.tokens_agree  # None: only the logprob tolerance was declared
+    lp_tol = p.logprob_within
+    main = evidence.role("main").runner
+    base = evidence.role("baseline")
+    if not base.planned:
         return unknown(NAME, "the plan has no baseline server to compare with")
-    base = archive.roles.get("baseline")
-    if base is None or base.runner is None:
+    if base.runner is None:
         return unknown(NAME, "no baseline evidence (evidence/baseline/runner.jsonl missing)")
     if main is None:
         return unknown(NAME, "no main evidence (evidence/main/runner.jsonl missing)")
@@ -88,7 +121,7 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
         "logprob_positions": lp_positions,
         "logprob_within": lp_tol,
     }
-    if frac < min_agree:
+    if min_agree is not None and frac < min_agree:
         fd = first_div or {}
         return failed(
             NAME,
@@ -110,7 +143,12 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
             )
     return passed(
         NAME,
-        f"greedy tokens agree {frac:.4f} >= {min_agree} over {len(pairs)} request(s)"
+        f"greedy tokens agree {frac:.4f}"
+        + (f" >= {min_agree}" if min_agree is not None else "")
+        + f" over {len(pairs)} request(s)"
         + (f"; max logprob diff {lp_max:.4g} <= {lp_tol}" if lp_tol is not None else ""),
         **figures,
     )
+
+
+CONTRACT = Contract(NAME, GenerationExpect, GenerationParams, resolve, check)

@@ -1,7 +1,9 @@
 """shutdown: after the signal every process exits in time, nothing is left, GPU memory comes back.
 
-params: {"within_s": float, "gpu_memory_released": bool, "no_orphans": bool,
-         "exit_statuses": list[int] | None, "role": "main"}
+    expect { shutdown within 30s gpu_memory_released no_orphans exit_status in (-9, 137) }
+
+Without `exit_status`, the accepted statuses are the engine release's own (`EngineFacts`: SGLang
+ends itself with SIGKILL by design, and otherwise after a rank was killed), resolved by the plan.
 
 Evidence: the role's Lifecycle events (`signal`, `exited` {node, status, after_s_since_signal},
 `teardown` {leftover_pids, killed}, `shutdown_done` {after_s, all_exited}), the last ProcessSample
@@ -11,26 +13,68 @@ unknown on its own; the verdict is the worst. GPU slack: 64 MiB per GPU (driver 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from cptest.checks.load import Archive
-from cptest.checks.verdict import Status, Verdict, combine, unknown
-from cptest.plan.model import Expectation
+from pydantic import model_validator
+
+from cptest.contracts.base import Contract, Declared, Params, PlanContext, invalid
+from cptest.evidence import Evidence
+from cptest.values import describe
+from cptest.verdict import Status, Verdict, combine, unknown
 
 NAME = "shutdown"
 GPU_SLACK_MIB = 64
 
 
-def check(archive: Archive, expect: Expectation) -> Verdict:
-    p = expect.params
-    role = p.get("role", "main")
-    ev = archive.role(role).runner
-    server = archive.server(role)
-    if ev is None or server is None:
+class ShutdownExpect(Declared):
+    within_s: float = 30.0
+    gpu_memory_released: bool = False
+    no_orphans: bool = False
+    exit_status: list[int] | None = None
+    """Accepted exit statuses of the server process; None: the engine's own (see the module)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _within(cls, data: Any) -> Any:
+        # The statement says `within 30s`: a duration (anything with `seconds`), never a bare number.
+        if not isinstance(data, dict) or "within" not in data:
+            return data
+        data = dict(data)
+        within = data.pop("within")
+        seconds = getattr(within, "seconds", None)
+        if not isinstance(seconds, int | float) or seconds <= 0:
+            hint = "durations need a unit: 30s" if isinstance(within, int | float) else None
+            raise invalid("shutdown 'within' needs a duration > 0", found=describe(within), hint=hint)
+        data["within_s"] = float(seconds)
+        return data
+
+
+class ShutdownParams(Params):
+    kind: Literal["shutdown"] = "shutdown"
+    within_s: float = 30.0
+    gpu_memory_released: bool = True
+    no_orphans: bool = True
+    exit_statuses: list[int] | None = None
+
+
+def resolve(expect: ShutdownExpect, ctx: PlanContext) -> ShutdownParams:
+    statuses = expect.exit_status
+    if statuses is None:
+        known = ctx.facts.rank_kill_exit_statuses if ctx.kills_a_rank else ctx.facts.sigterm_exit_statuses
+        statuses = sorted(known) if known is not None else None
+    return ShutdownParams(within_s=expect.within_s, gpu_memory_released=expect.gpu_memory_released,
+                          no_orphans=expect.no_orphans, exit_statuses=statuses)
+
+
+def check(evidence: Evidence, p: ShutdownParams) -> Verdict:
+    role = p.role
+    server = evidence.role(role)
+    ev = server.runner
+    if ev is None or not server.planned:
         return unknown(NAME, f"no runner evidence for {role} (evidence/{role}/runner.jsonl missing)")
     parts: list[tuple[str, Status, str]] = []
     figures: dict[str, Any] = {}
-    nodes = [n.node_rank for n in server.nodes]
+    nodes = server.nodes
     exited = {int(e.detail.get("node", 0)): e.detail for e in ev.events("exited")}
     figures["exited"] = {str(k): v for k, v in sorted(exited.items())}
     teardown = ev.events("teardown")
@@ -38,7 +82,7 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
     leftover = [pid for e in teardown for pid in e.detail.get("leftover_pids", [])]
     figures["killed_by_teardown"] = killed
 
-    within = float(p.get("within_s", server.shutdown_timeout_s))
+    within = p.within_s
     if not ev.events("signal") and not ev.events("shutdown_begin") and not exited:
         parts.append(("within", "unknown", "no signal, shutdown_begin or exited event recorded"))
     else:
@@ -74,7 +118,7 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
                 ("within", "pass", f"every node exited within {within:g} s (slowest {slowest:.1f} s)")
             )
 
-    if p.get("no_orphans", True):
+    if p.no_orphans:
         final = [s for s in ev.processes if s.phase == "final"] or [
             s for s in ev.processes if s.phase == "after"
         ]
@@ -96,11 +140,11 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
         else:
             parts.append(("no_orphans", "pass", "no process of the tree left"))
 
-    if p.get("gpu_memory_released", True):
+    if p.gpu_memory_released:
         before = [s for s in ev.gpu if s.phase == "before"]
         after = [s for s in ev.gpu if s.phase in ("after", "final")]
         if not before or not after:
-            if archive.plan.main.engine == "reference" and not any(s.used_mib for s in ev.gpu):
+            if server.engine == "reference" and not any(s.used_mib for s in ev.gpu):
                 # The CPU reference engine allocates no GPU memory: nothing to return.
                 parts.append(("gpu_memory", "pass", "not applicable: the reference engine uses no GPU"))
             else:
@@ -117,7 +161,7 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
             else:
                 parts.append(("gpu_memory", "pass", f"GPU memory back within {GPU_SLACK_MIB} MiB of before"))
 
-    accepted = p.get("exit_statuses")
+    accepted = p.exit_statuses
     if accepted is not None:
         statuses = {n: d.get("status") for n, d in exited.items()}
         figures["exit_statuses"] = {str(k): v for k, v in sorted(statuses.items())}
@@ -132,3 +176,6 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
         else:
             parts.append(("exit_status", "pass", f"exit statuses {sorted(set(statuses.values()))} accepted"))
     return combine(NAME, parts, **figures)
+
+
+CONTRACT = Contract(NAME, ShutdownExpect, ShutdownParams, resolve, check)

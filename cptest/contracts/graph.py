@@ -1,10 +1,10 @@
 """graph: the declared CUDA-graph state is what ran, on every rank.
 
-params: {"phase": "decode" | "prefill", "state": "captured" | "disabled" | "eager", "role": "main"}
+    expect { graph decode captured }      expect { graph prefill eager }
 
 Evidence: Graph records (capture at capture time; replay/eager counts from the runner's
-`can_run_graph` hook) and Step records (hooks fire only on eager forwards, never on replay:
-sglang-cp.md §7).
+`can_run_graph` hook) and Step records (Python hooks fire only on eager forwards, never on CUDA-graph
+replay: docs/decisions.md D8).
 - captured: every rank recorded a capture for the phase; if replay/eager counts were recorded, at
   least one replay (captured but never replayed means it ran eager).
 - disabled: no rank recorded a capture for the phase, and every rank has Step records of the phase
@@ -14,23 +14,52 @@ sglang-cp.md §7).
 
 from __future__ import annotations
 
-from cptest.checks._layout import all_ranks
-from cptest.checks.load import Archive
-from cptest.checks.verdict import Verdict, failed, passed, unknown
-from cptest.plan.model import Expectation
+from typing import Any, Literal
+
+from pydantic import ValidationInfo, field_validator
+
+from cptest.contracts.base import Contract, Declared, Params, PlanContext, choice
+from cptest.contracts.groups import all_ranks
+from cptest.evidence import Evidence
+from cptest.verdict import Verdict, failed, passed, unknown
 
 NAME = "graph"
 _STEP_MODES = {"decode": ("decode",), "prefill": ("extend", "mixed")}
+MODES: dict[str, tuple[str, ...]] = {"decode": ("captured", "disabled"), "prefill": ("eager", "captured")}
+"""What each phase may be declared as (SGLang has no prefill graph to disable, only eager prefill)."""
 
 
-def check(archive: Archive, expect: Expectation) -> Verdict:
-    p = expect.params
-    role = p.get("role", "main")
-    phase, state = p["phase"], p["state"]
-    if phase not in _STEP_MODES or state not in ("captured", "disabled", "eager"):
-        raise ValueError(f"unknown graph expectation {phase}/{state}")
-    ev = archive.role(role)
-    ranks = all_ranks(archive, role, NAME)
+class GraphExpect(Declared):
+    phase: Literal["decode", "prefill"]
+    mode: Literal["captured", "disabled", "eager"]
+
+    @field_validator("phase", mode="before")
+    @classmethod
+    def _phase(cls, phase: Any) -> Any:
+        return choice("graph phase", phase, MODES)
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode(cls, mode: Any, info: ValidationInfo) -> Any:
+        phase = info.data.get("phase")
+        return mode if phase is None else choice(f"{phase} graph mode", mode, MODES[phase])
+
+
+class GraphParams(Params):
+    kind: Literal["graph"] = "graph"
+    phase: Literal["decode", "prefill"]
+    state: Literal["captured", "disabled", "eager"]
+
+
+def resolve(expect: GraphExpect, ctx: PlanContext) -> GraphParams:
+    return GraphParams(phase=expect.phase, state=expect.mode)
+
+
+def check(evidence: Evidence, p: GraphParams) -> Verdict:
+    role = p.role
+    phase, state = p.phase, p.state
+    ev = evidence.role(role)
+    ranks = all_ranks(ev, NAME)
     if isinstance(ranks, Verdict):
         return ranks
     sizes: dict[str, list[int]] = {}
@@ -106,3 +135,6 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
         + (", no capture)" if state == "disabled" else ")"),
         **figures,
     )
+
+
+CONTRACT = Contract(NAME, GraphExpect, GraphParams, resolve, check, repeatable=True)

@@ -1,8 +1,9 @@
 """Synthetic plans and evidence that satisfy the CP contracts, for tests and the checks benchmark.
 
 Everything here builds *correct* evidence (the layout SGLang 0.5.17 should produce); a test breaks
-one record to show a checker notices. Writers follow the archive layout of `cptest.checks.load`.
-Pure except `write_archive`, which writes the files it is given and nothing else.
+one record to show a checker notices. Writers follow the archive layout of `cptest.store.Layout`.
+Pure except `write_archive`, which writes the files it is given and nothing else. Not used by any
+stage of cptest: this package (`cptest.testing`) serves the tests and the benchmarks.
 """
 
 from __future__ import annotations
@@ -14,9 +15,18 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from cptest.checks._layout import dcp_owner, zigzag_blocks
+from cptest.contracts import Expectation, LogPatterns
+from cptest.contracts.capacity import log_patterns_of
+from cptest.contracts.groups import zigzag_blocks
+from cptest.engines.sglang.engine import SGLangEngine
+from cptest.engines.sglang.releases import get_release
 from cptest.evidence import RankId, Step, dump_record, ranges_from, ranges_merge
-from cptest.plan.model import Expectation, NodeLaunch, Pins, Plan, PlannedRequest, ServerPlan, WorkloadPlan
+from cptest.plan.model import ModelPin, NodeLaunch, Pins, Plan, PlannedRequest, ServerPlan, WorkloadPlan
+from cptest.store import Layout
+from cptest.topology import Degrees, dcp_owner, titled_geometry
+
+SGLANG_0_5_17: LogPatterns = log_patterns_of("sglang", SGLangEngine(get_release("0.5.17")).facts())
+"""The capacity contract's log patterns for SGLang 0.5.17, as a plan carries them."""
 
 
 def rid(index: int, role: str = "main") -> str:
@@ -38,6 +48,8 @@ def server_plan(
 ) -> ServerPlan:
     tp = tp or world
     per_node = max(world // nodes, 1)
+    degrees = Degrees(tp=tp, pp=max(world // tp, 1), dcp=dcp, attn_cp=attn_cp, cp_strategy=cp_strategy,
+                      prefill_cp=cp_strategy is not None and attn_cp > 1, nodes=nodes)
     return ServerPlan(
         role=role,  # type: ignore[arg-type]
         engine=engine,  # type: ignore[arg-type]
@@ -54,16 +66,8 @@ def server_plan(
         ],
         base_url="http://127.0.0.1:30000",
         world_size=world,
-        topology={
-            "tp": tp,
-            "dcp": dcp,
-            "attn_cp": attn_cp,
-            "attn_dp": 1,
-            "cp_strategy": cp_strategy,
-            "gpus": world,
-            "nodes": nodes,
-        },
-        geometry=[{"world": w, "tp": w % tp} for w in range(world)],
+        topology=degrees,
+        geometry=titled_geometry(degrees),
     )
 
 
@@ -100,7 +104,7 @@ def make_plan(
         pins=Pins(
             engine=main.engine,
             release=main.release,
-            model={"path": "synthetic"},
+            model=ModelPin(kind="local", path="synthetic", architecture="LlamaForCausalLM"),
             cptest_version="0.1.0",
             scenario_sha256="0" * 64,
         ),
@@ -211,18 +215,19 @@ def write_archive(
     logs: dict[str, str] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write plan.json, evidence/<role>/rank<k>.jsonl, evidence/<role>/runner.jsonl and logs/<name>.
-    `logs` maps a file name (`main-node0.log`) to its text."""
+    """Write plan.json, the probe and runner evidence of each role and the logs, where
+    `cptest.store.Layout` puts them. `logs` maps a file name (`main-node0.log`) to its text."""
+    layout = Layout(dir)
     dir.mkdir(parents=True, exist_ok=True)
-    (dir / "plan.json").write_text(plan.model_dump_json(indent=2), encoding="utf-8")
+    layout.plan.write_text(plan.model_dump_json(indent=2), encoding="utf-8")
     for role, per_rank in (ranks or {}).items():
         for world, recs in per_rank.items():
-            write_jsonl(dir / "evidence" / role / f"rank{world}.jsonl", recs)
+            write_jsonl(layout.rank_file(role, world), recs)
     for role, recs in (runner or {}).items():
-        write_jsonl(dir / "evidence" / role / "runner.jsonl", recs)
+        write_jsonl(layout.runner_file(role), recs)
     for name, text in (logs or {}).items():
-        (dir / "logs").mkdir(exist_ok=True)
-        (dir / "logs" / name).write_text(text, encoding="utf-8")
+        layout.logs_dir.mkdir(exist_ok=True)
+        (layout.logs_dir / name).write_text(text, encoding="utf-8")
     for name, value in (extra or {}).items():
         (dir / name).write_text(json.dumps(value) if not isinstance(value, str) else value, encoding="utf-8")
     return dir

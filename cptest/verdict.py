@@ -23,7 +23,8 @@ SEVERITY: dict[str, int] = {"pass": 0, "unknown": 1, "fail": 2}
 """Worse is larger. A failure is a finding; unknown is an honest lack of one; pass needs evidence."""
 
 EXIT_CODES: dict[str, int] = {"pass": 0, "fail": 1, "unknown": 3}
-"""What `cptest check` returns for a scenario status (style.md rule 15: failures 1, infra 3)."""
+"""What `cptest check` returns for a scenario status: a failure is 1, an unknown or an
+infrastructure fault 3 (the README's exit codes)."""
 
 
 class Verdict(BaseModel):

@@ -1,10 +1,10 @@
 """rows: which rank computed which token rows, and who wrote which K/V positions.
 
-params: {"mode": "dcp_owner" | "pcp_split" | "replicated", "dcp": int, "cp": int,
-         "strategy": "zigzag" | "interleave" | None, "ffn": "local" | "gathered" | None,
-         "interleave": int (DCP interleave size, default 1), "role": "main"}
+    expect { rows replicated }                      TP only: every rank sees the same rows
+    expect { rows kv_owner position % 2 }           DCP: the K/V owner rule
+    expect { rows split zigzag ffn gathered }       PCP: the row split (and the FFN handoff)
 
-A *row* is one token of one request in one forward step (architecture.md §3). Evidence: the Step
+A *row* is one token of one request in one forward step (docs/architecture.md §9). Evidence: the Step
 records of every rank of the role; ranks of one group are matched by `Step.step` (they run the
 same batches in lockstep).
 
@@ -30,26 +30,72 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Any
+from typing import Any, Literal
 
-from cptest.checks._layout import groups, zigzag_blocks
-from cptest.checks.load import Archive, RoleEvidence
-from cptest.checks.verdict import Verdict, failed, passed, unknown
-from cptest.evidence import ranges_len, ranges_merge
-from cptest.plan.model import Expectation
+from pydantic import field_validator
+
+from cptest.contracts.base import Contract, Declared, Params, PlanContext, choice, invalid
+from cptest.contracts.groups import groups, zigzag_blocks
+from cptest.evidence import Evidence, RoleEvidence, ranges_len, ranges_merge
+from cptest.topology import CP_STRATEGIES
+from cptest.values import describe
+from cptest.verdict import Verdict, failed, passed, unknown
 
 NAME = "rows"
 _RID_INDEX = re.compile(r"^(?:cptest-)?(?:(?:main|baseline)-)?(\d+)$")
+FFN_MODES = ("gathered", "local")
+MODES = {"kv_owner": "dcp_owner", "split": "pcp_split", "replicated": "replicated"}
+"""Declared mode -> the layout the checker verifies."""
 
 
-def check(archive: Archive, expect: Expectation) -> Verdict:
-    p = expect.params
-    role = p.get("role", "main")
-    ev = archive.role(role)
-    server = archive.server(role)
-    if server is None:
+class RowsExpect(Declared):
+    mode: Literal["replicated", "kv_owner", "split"]
+    modulus: int | None = None
+    """kv_owner: KV position p is written only by DCP rank p % modulus (default: the topology's dcp)."""
+    strategy: Literal["zigzag", "interleave"] | None = None
+    ffn: Literal["gathered", "local"] | None = None
+
+    @field_validator("modulus", mode="before")
+    @classmethod
+    def _modulus(cls, m: Any) -> Any:
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise invalid("kv_owner modulus must be an integer >= 1", found=describe(m))
+        return m
+
+    @field_validator("strategy", mode="before")
+    @classmethod
+    def _strategy(cls, s: Any) -> Any:
+        return None if s is None else choice("split strategy", s, CP_STRATEGIES)
+
+    @field_validator("ffn", mode="before")
+    @classmethod
+    def _ffn(cls, f: Any) -> Any:
+        return None if f is None else choice("ffn row mode", f, FFN_MODES)
+
+
+class RowsParams(Params):
+    kind: Literal["rows"] = "rows"
+    mode: Literal["dcp_owner", "pcp_split", "replicated"]
+    dcp: int = 1
+    cp: int = 1
+    strategy: str | None = None
+    ffn: Literal["gathered", "local"] | None = None
+    interleave: int = 1
+    """DCP interleave size (SGLang 0.5.17 has only 1)."""
+
+
+def resolve(expect: RowsExpect, ctx: PlanContext) -> RowsParams:
+    d = ctx.degrees
+    return RowsParams(mode=MODES[expect.mode], dcp=expect.modulus or d.dcp, cp=d.attn_cp,
+                      strategy=expect.strategy or d.cp_strategy, ffn=expect.ffn)
+
+
+def check(evidence: Evidence, p: RowsParams) -> Verdict:
+    role = p.role
+    ev = evidence.role(role)
+    if not ev.planned:
         return unknown(NAME, f"the plan has no {role} server")
-    absent = [w for w in range(server.world_size) if w not in ev.ranks]
+    absent = [w for w in range(ev.world_size) if w not in ev.ranks]
     if absent:
         return unknown(
             NAME,
@@ -62,16 +108,11 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
             f"no Step records from any rank of {role}: per-step hooks do not fire on "
             "CUDA-graph replay; plan an eager run for row evidence",
         )
-    mode = p.get("mode")
-    if mode == "dcp_owner":
-        return _dcp_owner(archive, ev, role, int(p.get("dcp") or 1), int(p.get("interleave") or 1))
-    if mode == "pcp_split":
-        return _pcp_split(
-            archive, ev, role, int(p.get("cp") or 1), p.get("strategy") or "zigzag", p.get("ffn")
-        )
-    if mode == "replicated":
-        return _replicated(archive, ev, role)
-    raise ValueError(f"unknown rows mode {mode!r} (known: dcp_owner, pcp_split, replicated)")
+    if p.mode == "dcp_owner":
+        return _dcp_owner(ev, p.dcp, p.interleave)
+    if p.mode == "pcp_split":
+        return _pcp_split(ev, p.cp, p.strategy or "zigzag", p.ffn)
+    return _replicated(ev)
 
 
 def _truncated(ev: RoleEvidence, ranks: list[int]) -> list[int]:
@@ -122,8 +163,9 @@ def _expected_end(ev: RoleEvidence) -> dict[str, tuple[int, int]]:
     }
 
 
-def _dcp_owner(archive: Archive, ev: RoleEvidence, role: str, dcp: int, inter: int) -> Verdict:
-    dcp_groups, source = groups(archive, role, "dcp")
+def _dcp_owner(ev: RoleEvidence, dcp: int, inter: int) -> Verdict:
+    role = ev.role
+    dcp_groups, source = groups(ev, "dcp")
     if not dcp_groups:
         return unknown(NAME, f"no DCP groups known for {role}")
     violations: list[dict[str, Any]] = []
@@ -233,12 +275,11 @@ def _dcp_owner(archive: Archive, ev: RoleEvidence, role: str, dcp: int, inter: i
 
 
 # ---------------------------------------------------------------- PCP: row split
-def _pcp_split(
-    archive: Archive, ev: RoleEvidence, role: str, cp: int, strategy: str, ffn: str | None
-) -> Verdict:
-    if strategy not in ("zigzag", "interleave"):
+def _pcp_split(ev: RoleEvidence, cp: int, strategy: str, ffn: str | None) -> Verdict:
+    if strategy not in CP_STRATEGIES:
         raise ValueError(f"unknown cp strategy {strategy!r} (known: zigzag, interleave)")
-    cp_groups, source = groups(archive, role, "attn_cp")
+    role = ev.role
+    cp_groups, source = groups(ev, "attn_cp")
     violations: list[dict[str, Any]] = []
     holes: list[dict[str, Any]] = []
     n_steps = n_rows = n_requests = ffn_checked = fallback_by_rule = 0
@@ -422,8 +463,8 @@ def _short(r: list[tuple[int, int]]) -> str:
 
 
 # ---------------------------------------------------------------- TP only: replicated rows
-def _replicated(archive: Archive, ev: RoleEvidence, role: str) -> Verdict:
-    tp_groups, source = groups(archive, role, "tp")
+def _replicated(ev: RoleEvidence) -> Verdict:
+    tp_groups, source = groups(ev, "tp")
     violations: list[dict[str, Any]] = []
     holes: list[dict[str, Any]] = []
     n_steps = n_rows = 0
@@ -481,3 +522,6 @@ def _replicated(archive: Archive, ev: RoleEvidence, role: str) -> Verdict:
     }
     ok = f"{n_rows} rows in {n_steps} step(s) seen by every rank of each TP group"
     return _finish(violations, holes, _truncated(ev, [w for g in tp_groups for w in g]), figures, ok)
+
+
+CONTRACT = Contract(NAME, RowsExpect, RowsParams, resolve, check, needs_eager=True)

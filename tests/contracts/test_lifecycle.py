@@ -1,14 +1,14 @@
-"""Specifications of cptest/checks/{launch,serving,shutdown,graph,log}.py."""
+"""Specifications of cptest/contracts/{launch,serving,shutdown,graph,log}.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from cptest.checks import check_loaded, load_archive
-from cptest.checks.synthetic import make_plan, rank_id, server_plan, write_archive
-from cptest.checks.verdict import Verdict
+from cptest.contracts import Expectation, GraphParams, LaunchParams, LogParams, ServingParams, ShutdownParams
 from cptest.evidence import GpuSample, Graph, Lifecycle, ProcessSample, RequestResult, Step
-from cptest.plan.model import Expectation
+from cptest.testing.archives import make_plan, rank_id, server_plan, write_archive
+from cptest.verdict import Verdict
 
 
 def _one(
@@ -30,7 +30,7 @@ def _one(
 
 
 def test_a_run_killed_before_it_finished_is_unknown_not_a_hang(tmp_path: Path) -> None:
-    plan = make_plan(server_plan(), [Expectation(checker="serving", params={"completed_min": 2})],
+    plan = make_plan(server_plan(), [ServingParams(completed_min=2)],
                      requests=2)  # fmt: skip
     write_archive(tmp_path, plan, runner={"main": [Lifecycle(event="ready", detail={"after_s": 1.0})]})
     sv = check_loaded(load_archive(tmp_path))
@@ -53,8 +53,7 @@ def test_a_violation_seen_before_the_run_stopped_still_fails(tmp_path: Path) -> 
 
 def test_a_traceback_in_the_log_of_an_interrupted_run_is_unknown(tmp_path: Path) -> None:
     # Tearing an engine down mid-run prints tracebacks: they prove nothing about the engine.
-    plan = make_plan(server_plan(), [Expectation(checker="log", params={"pattern": "Traceback",
-                                                                         "present": False})])  # fmt: skip
+    plan = make_plan(server_plan(), [LogParams(pattern="Traceback", present=False)])  # fmt: skip
     killed = [Lifecycle(event="interrupted", detail={"reason": "SIGTERM"})]
     write_archive(tmp_path, plan, runner={"main": killed},
                   logs={"main-node0.log": "Traceback (most recent call last):\n"})  # fmt: skip
@@ -63,7 +62,7 @@ def test_a_traceback_in_the_log_of_an_interrupted_run_is_unknown(tmp_path: Path)
 
 
 def test_a_run_killed_during_its_baseline_is_unknown(tmp_path: Path) -> None:
-    plan = make_plan(server_plan(), [Expectation(checker="serving", params={"completed_min": 0})],
+    plan = make_plan(server_plan(), [ServingParams(completed_min=0)],
                      requests=0)  # fmt: skip
     plan = plan.model_copy(update={"baseline": plan.main.model_copy(update={"role": "baseline"})})
     main = [Lifecycle(event="ready", detail={"after_s": 1.0}), Lifecycle(event="shutdown_done")]
@@ -73,7 +72,7 @@ def test_a_run_killed_during_its_baseline_is_unknown(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- launch
-REJECT = Expectation(checker="launch", params={"accepted": False, "match": "does not support"})
+REJECT = LaunchParams(accepted=False, match="does not support")
 FAILED = Lifecycle(event="launch_failed", detail={"status": 1, "after_s": 3.0, "reason": "exit 1"})
 
 
@@ -99,13 +98,13 @@ def test_launch_expected_rejected_but_ready_fails(tmp_path: Path) -> None:
 
 def test_launch_with_neither_ready_nor_failure_is_unknown(tmp_path: Path) -> None:
     v = _one(
-        tmp_path, Expectation(checker="launch", params={"accepted": True}), [Lifecycle(event="launched")]
+        tmp_path, LaunchParams(accepted=True), [Lifecycle(event="launched")]
     )
     assert v.status == "unknown"
 
 
 # ---------------------------------------------------------------- serving
-SERVING = Expectation(checker="serving", params={"completed_min": 2, "of": 3})
+SERVING = ServingParams(completed_min=2, of=3)
 
 
 def _req(i: int, status: str) -> RequestResult:
@@ -133,10 +132,7 @@ def test_errors_short_of_the_minimum_fail(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- shutdown
-SHUTDOWN = Expectation(
-    checker="shutdown",
-    params={"within_s": 30, "gpu_memory_released": True, "no_orphans": True, "exit_statuses": [0, -9]},
-)
+SHUTDOWN = ShutdownParams(within_s=30, gpu_memory_released=True, no_orphans=True, exit_statuses=[0, -9])
 CLEAN = [
     GpuSample(phase="before", used_mib={"0": 500}),
     Lifecycle(event="signal", detail={"sig": 15, "pid": 10}),
@@ -185,7 +181,7 @@ def test_shutdown_without_gpu_samples_is_unknown(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- graph
 def _graph(state: str) -> Expectation:
-    return Expectation(checker="graph", params={"phase": "decode", "state": state})
+    return GraphParams(phase="decode", state=state)
 
 
 def test_decode_graph_captured_and_replayed_passes(tmp_path: Path) -> None:
@@ -221,7 +217,7 @@ def test_graph_disabled_but_captured_fails(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- log
 def test_log_pattern_expected_absent_but_present_fails(tmp_path: Path) -> None:
-    expect = Expectation(checker="log", params={"pattern": r"Traceback", "present": False})
+    expect = LogParams(pattern=r"Traceback", present=False)
     v = _one(tmp_path, expect, [], logs={"main-node0.log": "ok\nTraceback (most recent call last):\n"})
     assert v.status == "fail" and v.figures == {
         "file": "logs/main-node0.log",
@@ -230,5 +226,5 @@ def test_log_pattern_expected_absent_but_present_fails(tmp_path: Path) -> None:
 
 
 def test_log_pattern_without_logs_is_unknown(tmp_path: Path) -> None:
-    expect = Expectation(checker="log", params={"pattern": r"Traceback", "present": False})
+    expect = LogParams(pattern=r"Traceback", present=False)
     assert _one(tmp_path, expect, []).status == "unknown"

@@ -1,26 +1,49 @@
 """log: a pattern is present in (or absent from) the logs of a role.
 
-params: {"pattern": regex, "present": bool, "role": "main" (optional)}. Missing logs are unknown:
-an absent line in a log that does not exist proves nothing.
+    expect { log contains "DCP enabled, dcp_size=2" }      expect { log absent "Traceback" }
+
+Missing logs are unknown: an absent line in a log that does not exist proves nothing.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Literal
 
-from cptest.checks.load import Archive
-from cptest.checks.verdict import Verdict, failed, passed, unknown
-from cptest.plan.model import Expectation
+from pydantic import field_validator
+
+from cptest.contracts.base import Contract, Declared, Params, PlanContext, regex
+from cptest.evidence import Evidence
+from cptest.verdict import Verdict, failed, passed, unknown
 
 NAME = "log"
 
 
-def check(archive: Archive, expect: Expectation) -> Verdict:
-    p = expect.params
-    role = p.get("role", "main")
-    pattern = p["pattern"]
-    present = bool(p.get("present", True))
-    ev = archive.role(role)
+class LogExpect(Declared):
+    mode: Literal["contains", "absent"]
+    pattern: str
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        return regex(v) or v
+
+
+class LogParams(Params):
+    kind: Literal["log"] = "log"
+    pattern: str
+    present: bool = True
+
+
+def resolve(expect: LogExpect, ctx: PlanContext) -> LogParams:
+    return LogParams(pattern=expect.pattern, present=expect.mode == "contains")
+
+
+def check(evidence: Evidence, p: LogParams) -> Verdict:
+    role = p.role
+    pattern = p.pattern
+    present = p.present
+    ev = evidence.role(role)
     if not ev.logs:
         return unknown(NAME, f"no logs of {role} in the archive (logs/{role}-node*.log)")
     missing = [m for m in ev.missing if m.startswith("logs/")]
@@ -41,3 +64,6 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
     if present:
         return failed(NAME, f"{pattern!r} not found in any log of {role}")
     return passed(NAME, f"{pattern!r} absent from every log of {role}")
+
+
+CONTRACT = Contract(NAME, LogExpect, LogParams, resolve, check, repeatable=True)

@@ -1,15 +1,15 @@
-"""Specifications of cptest/checks/capacity.py."""
+"""Specifications of cptest/contracts/capacity.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from cptest.checks import check_loaded, load_archive
-from cptest.checks.synthetic import make_plan, rank_id, server_plan, write_archive
+from cptest.contracts import CapacityParams
 from cptest.evidence import Capacity, KvPool, ServerInfo
-from cptest.plan.model import Expectation
+from cptest.testing.archives import SGLANG_0_5_17, make_plan, rank_id, server_plan, write_archive
 
-EXPECT = Expectation(checker="capacity", params={"multiplier": 2, "tolerance": 0.0})
+EXPECT = CapacityParams(multiplier=2, tolerance=0.0, log_patterns=SGLANG_0_5_17)
 
 
 def _log(rows: int, logical: int) -> str:
@@ -83,7 +83,7 @@ def test_capacity_without_server_info_is_unknown(tmp_path: Path) -> None:
 
 
 def test_capacity_within_tolerance_passes(tmp_path: Path) -> None:
-    plan_expect = EXPECT.model_copy(update={"params": {"multiplier": 2, "tolerance": 0.01}})
+    plan_expect = EXPECT.model_copy(update={"multiplier": 2.0, "tolerance": 0.01})
     plan = make_plan(server_plan(world=1), [plan_expect])
     write_archive(
         tmp_path,

@@ -1,11 +1,13 @@
-"""Specifications of cptest/checks/rows.py: hand-written Step evidence in, Verdict out."""
+"""Specifications of cptest/contracts/rows.py: hand-written Step evidence in, Verdict out."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from cptest.checks import check_loaded, load_archive
-from cptest.checks.synthetic import (
+from cptest.contracts import Expectation, RowsParams
+from cptest.evidence import Geometry, RequestResult, Step
+from cptest.testing.archives import (
     dcp_steps,
     make_plan,
     rank_id,
@@ -14,10 +16,8 @@ from cptest.checks.synthetic import (
     write_archive,
     zigzag_steps,
 )
-from cptest.evidence import Geometry, RequestResult, Step
-from cptest.plan.model import Expectation
 
-DCP = Expectation(checker="rows", params={"mode": "dcp_owner", "dcp": 2}, source="s.cps:9:5")
+DCP = RowsParams(mode="dcp_owner", dcp=2, source="s.cps:9:5")
 PROMPTS = {rid(0): 5, rid(1): 8}
 
 
@@ -120,7 +120,7 @@ def test_dcp_groups_come_from_probe_geometry_when_present(tmp_path: Path) -> Non
     assert (v.status, v.figures["groups_from"]) == ("pass", "probe")
 
 
-PCP = Expectation(checker="rows", params={"mode": "pcp_split", "cp": 2, "strategy": "zigzag", "ffn": "local"})
+PCP = RowsParams(mode="pcp_split", cp=2, strategy="zigzag", ffn="local")
 
 
 def _pcp(tmp_path: Path, steps: dict[int, list[Step]], expect: Expectation = PCP):
@@ -181,13 +181,13 @@ def test_every_step_falling_back_on_short_extends_fails(tmp_path: Path) -> None:
 
 
 def test_gathered_ffn_declared_but_local_observed_fails(tmp_path: Path) -> None:
-    expect = PCP.model_copy(update={"params": {**PCP.params, "ffn": "gathered"}})
+    expect = PCP.model_copy(update={"ffn": "gathered"})
     v = _pcp(tmp_path, {w: [zigzag_steps(w, 2, {rid(0): 8})] for w in (0, 1)}, expect)
     assert v.status == "fail" and "MLP" in v.reason
 
 
 def test_interleave_split_rows_pass(tmp_path: Path) -> None:
-    expect = Expectation(checker="rows", params={"mode": "pcp_split", "cp": 2, "strategy": "interleave"})
+    expect = RowsParams(mode="pcp_split", cp=2, strategy="interleave")
     # packed batch: request 0 (3 tokens) at packed 0..2, request 1 (4 tokens) at 3..6; token i -> rank i % 2
     r0 = Step(
         rank=rank_id(0, cp=2),
@@ -211,7 +211,7 @@ def test_interleave_split_rows_pass(tmp_path: Path) -> None:
 
 
 def test_replicated_rows_seen_differently_by_one_tp_rank_fail(tmp_path: Path) -> None:
-    expect = Expectation(checker="rows", params={"mode": "replicated"})
+    expect = RowsParams(mode="replicated")
     plan = make_plan(server_plan(world=2), [expect])
     s0 = Step(
         rank=rank_id(0),
@@ -231,7 +231,7 @@ def test_replicated_rows_seen_differently_by_one_tp_rank_fail(tmp_path: Path) ->
 def test_interleave_fallback_on_a_one_token_batch_follows_sglangs_rule(tmp_path: Path) -> None:
     # interleave.py:64-69: fewer than cp extend tokens in the batch -> no split. Every CP rank
     # reports the same batch; the rule is about the batch, not the sum over ranks.
-    expect = Expectation(checker="rows", params={"mode": "pcp_split", "cp": 2, "strategy": "interleave"})
+    expect = RowsParams(mode="pcp_split", cp=2, strategy="interleave")
     health = {
         w: Step(rank=rank_id(w, cp=2), step=0, mode="extend", batch_size=1, rows_in=1, cp_active=False,
                 extend_lens=[1], seq_positions={"HEALTH_CHECK_1": [(0, 1)]})

@@ -1,8 +1,8 @@
 """capacity: physical rows x multiplier == every surface that reports logical KV capacity.
 
-params: {"multiplier": float, "tolerance": float (relative, default 0.0), "role": "main"}
+    expect { capacity logical == 2 * physical within 0.01 }
 
-The oracle of sglang-cp.md §4.3: per-rank pool rows x D == the rank's scheduler capacity
+The oracle (docs/architecture.md §9, capacity group): per-rank pool rows x D == the rank's scheduler capacity
 (`Capacity.max_total_num_tokens`) == the allocator's token space (`KvPool.allocator_size`) ==
 `/server_info` `max_total_num_tokens` == TP0's `max_total_num_tokens=` log line; and each rank's
 `KV Cache is allocated ... #tokens: N` line equals its pool rows. sgl-project/sglang#32730 once
@@ -11,32 +11,82 @@ reported per-rank values while allocating logical capacity, so every surface is 
 Required surfaces (missing => unknown): KvPool and Capacity of every planned rank, ServerInfo.
 The allocator size and the log lines are compared when present and listed under `not_seen` when
 not (the probe already reads the same numbers; a log format change must not hide them silently).
+The log lines are read with the patterns the plan carries (`CapacityParams.log_patterns`, from the
+engine's release table), so an archive says what it was judged with.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Literal
 
-from cptest.checks._layout import all_ranks
-from cptest.checks.load import Archive
-from cptest.checks.patterns import find_all, log_patterns
-from cptest.checks.verdict import Verdict, failed, passed, unknown
-from cptest.plan.model import Expectation
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from cptest.contracts.base import Contract, Declared, EngineFacts, Params, PlanContext, number
+from cptest.contracts.groups import all_ranks
+from cptest.evidence import Evidence, RoleEvidence
+from cptest.verdict import Verdict, failed, passed, unknown
 
 NAME = "capacity"
+
+
+class CapacityExpect(Declared):
+    multiplier: float
+    """logical capacity == multiplier * physical rows per rank."""
+    tolerance: float = 0.0
+    """Relative tolerance (`within 0.01`)."""
+
+    @field_validator("multiplier", mode="before")
+    @classmethod
+    def _multiplier(cls, x: Any) -> Any:
+        return number("capacity multiplier", x, 0.0, lo_open=True)
+
+    @field_validator("tolerance", mode="before")
+    @classmethod
+    def _tolerance(cls, x: Any) -> Any:
+        return number("capacity tolerance", x, 0.0, 1.0) or 0.0
+
+
+class LogPatterns(BaseModel):
+    """The log-line patterns a capacity verdict was judged with, and where they came from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    source: str
+    """e.g. `sglang 0.5.17 release table`."""
+    kv_allocated: str | None = None
+    """Per rank: `tp` (TP rank, from the line's prefix) and `tokens` (the pool's rows)."""
+    max_total_num_tokens: str | None = None
+    """The scheduler's logical capacity: `tokens`."""
+
+
+class CapacityParams(Params):
+    kind: Literal["capacity"] = "capacity"
+    multiplier: float
+    tolerance: float = 0.0
+    log_patterns: LogPatterns
+
+
+def log_patterns_of(engine: str, facts: EngineFacts) -> LogPatterns:
+    return LogPatterns(source=f"{engine} {facts.release} release table",
+                       kv_allocated=facts.log_patterns.get("kv_allocated"),
+                       max_total_num_tokens=facts.log_patterns.get("max_total_num_tokens"))
+
+
+def resolve(expect: CapacityExpect, ctx: PlanContext) -> CapacityParams:
+    return CapacityParams(multiplier=expect.multiplier, tolerance=expect.tolerance,
+                          log_patterns=log_patterns_of(ctx.engine, ctx.facts))
 
 
 def _close(found: float, want: float, tol: float) -> bool:
     return abs(found - want) <= tol * abs(want)
 
 
-def check(archive: Archive, expect: Expectation) -> Verdict:
-    p = expect.params
-    role = p.get("role", "main")
-    mult = float(p["multiplier"])
-    tol = float(p.get("tolerance") or 0.0)
-    ev = archive.role(role)
-    ranks = all_ranks(archive, role, NAME)
+def check(evidence: Evidence, p: CapacityParams) -> Verdict:
+    role = p.role
+    mult = p.multiplier
+    tol = p.tolerance
+    ev = evidence.role(role)
+    ranks = all_ranks(ev, NAME)
     if isinstance(ranks, Verdict):
         return ranks
     no_pool = [w for w in ranks if not ev.ranks[w].kv_pools]
@@ -85,13 +135,11 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
     if server_tokens is not None and logical is not None and not _close(server_tokens, logical, tol):
         mismatches.append({"surface": "server_info", "found": server_tokens, "expected": logical})
 
-    server = archive.server(role)
-    assert server is not None  # all_ranks returned ranks, so the plan has this server
-    patterns, patterns_from = log_patterns(server.release)
-    figures["patterns_from"] = patterns_from
+    patterns = p.log_patterns
+    figures["patterns_from"] = patterns.source
     text = ev.log_text
-    tp_to_world = _tp_to_world(archive, role)
-    kv_lines = find_all(patterns["kv_allocated"], text) if text else []
+    tp_to_world = _tp_to_world(ev)
+    kv_lines = find_all(patterns.kv_allocated, text) if text and patterns.kv_allocated else []
     figures["log_kv_allocated"] = {}
     for m in kv_lines:
         w = tp_to_world.get(int(m["tp"])) if m.get("tp") is not None else (0 if len(ranks) == 1 else None)
@@ -112,7 +160,7 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
             )
     if not kv_lines:
         not_seen.append("'KV Cache is allocated' log lines")
-    mt_lines = find_all(patterns["max_total_num_tokens"], text) if text else []
+    mt_lines = find_all(patterns.max_total_num_tokens, text) if text and patterns.max_total_num_tokens else []
     if mt_lines:
         tokens = int(mt_lines[-1]["tokens"])
         figures["log_max_total_num_tokens"] = tokens
@@ -157,9 +205,23 @@ def check(archive: Archive, expect: Expectation) -> Verdict:
     )
 
 
-def _tp_to_world(archive: Archive, role: str) -> dict[int, int]:
+def _tp_to_world(ev: RoleEvidence) -> dict[int, int]:
     """Log prefixes name the TP rank; map it to the world rank (probe geometry first, else equal)."""
     out = {}
-    for w, r in archive.role(role).ranks.items():
+    for w, r in ev.ranks.items():
         out[r.geometry[-1].rank.tp if r.geometry else w] = w
     return out
+
+
+def find_all(pattern: str, text: str) -> list[dict[str, Any]]:
+    """Every match of `pattern` over the lines of `text`: named groups plus the matched line."""
+    rx = re.compile(pattern, re.MULTILINE)
+    out = []
+    for m in rx.finditer(text):
+        start = text.rfind("\n", 0, m.start()) + 1
+        end = text.find("\n", m.end())
+        out.append({**m.groupdict(), "line": text[start : end if end >= 0 else len(text)]})
+    return out
+
+
+CONTRACT = Contract(NAME, CapacityExpect, CapacityParams, resolve, check)

@@ -1,0 +1,148 @@
+"""What every contract module shares: the declared and resolved bases, the planning context, the
+validation vocabulary, and the `Contract` record the registry lists.
+
+A contract module (`cptest/contracts/<name>.py`) defines, once:
+- `<Name>Expect(Declared)`: the expectation as the scenario declares it (a scenario node, with
+  positions); its validators say what is wrong with a statement, in the user's words;
+- `<Name>Params(Params)`: the same expectation resolved against the plan, with every figure its
+  checker needs (what `plan.json` stores, discriminated by `kind`);
+- `resolve(expect, ctx) -> Params` (pure, at plan time) and `check(evidence, params) -> Verdict`
+  (pure, at check time);
+- `CONTRACT = Contract(...)`, which `cptest.contracts` lists.
+Adding a contract is: its grammar rule (`lang/cps.lark` and its transformer method), one such
+module, one line in the registry and in `scenario.Expect`, and its documentation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+from pydantic_core import PydanticCustomError
+
+from cptest.errors import did_you_mean, one_of
+from cptest.evidence import Evidence
+from cptest.node import Node
+from cptest.topology import Degrees, KvHeadsRule
+from cptest.values import describe
+from cptest.verdict import Verdict
+
+Role = Literal["main", "baseline"]
+
+
+class Declared(Node):
+    """An expectation as written. `violated`: the scenario declares the contract broken (a no-go
+    is the expected, valid result), `because` says why."""
+
+    violated: bool = False
+    because: str | None = None
+
+
+class Params(BaseModel):
+    """An expectation resolved by the plan: what its checker judges the evidence with."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str
+    role: Role = "main"
+    """Which server's evidence is judged."""
+    expect_violation: bool = False
+    """The scenario declares this contract broken: an observed violation passes."""
+    source: str = ""
+    """file:line:col of the expectation in the scenario."""
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What contracts are judged with that depends on the engine and its release.
+
+    `log_patterns` maps a name to the regular expression a checker applies to each line of the
+    engine's log (named groups are the figures): `kv_allocated` (printed per rank: `tp`, `tokens`),
+    `max_total_num_tokens` (`tokens`). A name the engine does not print is absent, and the checker
+    lists that surface as not seen. Exit statuses are None where the engine documents none.
+    """
+
+    release: str
+    log_patterns: Mapping[str, str] = field(default_factory=dict)
+    sigterm_exit_statuses: frozenset[int] | None = None
+    rank_kill_exit_statuses: frozenset[int] | None = None
+    kv_heads_rule: KvHeadsRule = "attn_tp"
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What an expectation is resolved against: the main server, the workload, the engine."""
+
+    engine: str
+    degrees: Degrees
+    """The main server's parallel degrees."""
+    requests: int
+    """How many requests the workload sends."""
+    kills_a_rank: bool
+    """A fault of the scenario kills a rank (the engine then ends with other exit statuses)."""
+    facts: EngineFacts
+
+
+E = TypeVar("E", bound=Declared)
+P = TypeVar("P", bound=Params)
+
+
+@dataclass(frozen=True)
+class Contract(Generic[E, P]):
+    """One contract family, as the registry lists it."""
+
+    name: str
+    expect: type[E]
+    params: type[P]
+    resolve: Callable[[E, PlanContext], P]
+    check: Callable[[Evidence, P], Verdict]
+    repeatable: bool = False
+    """A scenario may declare it more than once (graph: once per phase; log: any number)."""
+    needs_eager: bool = False
+    """Its evidence is per-step records, which Python hooks only write on eager forwards (hooks
+    do not fire on CUDA-graph replay): the plan disables every graph phase (docs/decisions.md D8)."""
+
+
+# ------------------------------------------------------------------------------------ validation
+# Declared models validate a statement's raw values (what the grammar's transformer gives) in their
+# validators and raise `invalid(...)`: `cptest.lang.validate` turns it into a Problem positioned at
+# the field's part of the statement (or the statement), with `expected`, `found` and `hint`.
+def invalid(message: str, *, expected: str | None = None, found: str | None = None,
+            hint: str | None = None) -> PydanticCustomError:
+    ctx = {k: v for k, v in {"expected": expected, "found": found, "hint": hint}.items() if v is not None}
+    return PydanticCustomError("cptest", message, ctx)
+
+
+def number(what: str, x: Any, lo: float, hi: float | None = None, *, lo_open: bool = False) -> float | None:
+    """`x` as a float within [lo, hi] ((lo, hi] with `lo_open`); None stays None."""
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        raise invalid(f"wrong type for {what}", expected="a number", found=describe(x))
+    if (x <= lo if lo_open else x < lo) or (hi is not None and x > hi):
+        rng = (f"> {lo:g}" if lo_open else f">= {lo:g}") + (f" and <= {hi:g}" if hi is not None else "")
+        raise invalid(f"{what} is out of range", expected=rng, found=f"{x:g}")
+    return float(x)
+
+
+def regex(pattern: str | None) -> str | None:
+    """`pattern` if it compiles as a Python regular expression."""
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise invalid(f"invalid regular expression: {err}", found=pattern) from None
+    return pattern
+
+
+def choice(what: str, value: Any, choices: Collection[str]) -> str:
+    """`value` if it is one of `choices`, else 'unknown <what>' with a did-you-mean hint."""
+    text = str(value)
+    if text not in choices:
+        close = did_you_mean(text, choices)
+        raise invalid(f"unknown {what} {text!r}", expected=one_of(choices),
+                      hint=f"did you mean '{close}'?" if close else None)
+    return text

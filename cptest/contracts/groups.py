@@ -1,0 +1,50 @@
+"""Rank groups the checkers judge evidence against, and the one guard for "every rank reported".
+
+Groups come from the evidence first (the probe's `Geometry.groups`: what the engine built), and
+only when no rank reported them from the planned degrees, through `cptest.topology.geometry`
+(SGLang's numbering), so the planner, the checkers and the reference engine share one
+implementation of the layout.
+"""
+
+from __future__ import annotations
+
+from cptest.evidence import RoleEvidence
+from cptest.topology import geometry, group_problems, zigzag_split
+from cptest.verdict import Verdict, unknown
+
+
+def zigzag_blocks(length: int, cp: int, rank: int) -> list[tuple[int, int]]:
+    """Half-open offsets (within one extend of `length` tokens) that CP rank `rank` owns, empty
+    blocks dropped: `cptest.topology.zigzag_split`, the one implementation of the contract."""
+    return [(lo, hi) for lo, hi in zigzag_split(length, cp)[rank] if hi > lo]
+
+
+def groups(ev: RoleEvidence, name: str) -> tuple[list[list[int]], str]:
+    """The `name` groups (tp, dcp, attn_cp) of a server as lists of world ranks, and where they came
+    from ("probe" or "plan"). Ranks within a group are in group-rank order."""
+    seen: dict[tuple[int, ...], None] = {}
+    for rank in ev.ranks.values():
+        for g in rank.geometry[-1:]:
+            members = g.groups.get(name)
+            if members:
+                seen[tuple(members)] = None
+    if seen:
+        return [list(k) for k in sorted(seen)], "probe"
+    if ev.degrees is None or group_problems(ev.degrees):
+        return [], "plan"
+    planned: dict[tuple[int, ...], None] = {}
+    for g in geometry(ev.degrees):
+        planned.setdefault(g.group(name), None)
+    return [list(k) for k in planned], "plan"
+
+
+def all_ranks(ev: RoleEvidence, checker: str) -> list[int] | Verdict:
+    """Every planned world rank of the role, or the `unknown` verdict saying which one left no
+    evidence (a checker that compares all ranks cannot judge a partial set)."""
+    if not ev.planned:
+        return unknown(checker, f"the plan has no {ev.role} server")
+    ranks = list(range(ev.world_size))
+    absent = [w for w in ranks if w not in ev.ranks]
+    if absent:
+        return unknown(checker, f"no evidence from rank {absent[0]} of {ev.role}", missing_ranks=absent)
+    return ranks
