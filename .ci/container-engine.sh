@@ -9,7 +9,7 @@
 # Use:  set -a; eval "$(.ci/container-engine.sh start)"; set +a      (or: ... start >> "$GITHUB_ENV")
 #
 # Why Podman: the CPU machines have no Docker daemon, and Podman 4.3 from Debian serves the Docker
-# Engine API unchanged for the docker SDK (shared/reference/container-engine.md). Progress goes to
+# Engine API that the docker SDK speaks, unchanged (its compat API on a unix socket). Progress goes to
 # stderr so that stdout stays a clean environment listing.
 #
 # Environment knobs: CPTEST_ENGINE_DIR (state folder, default /tmp/cptest-engine).

@@ -97,7 +97,8 @@ def render_problem(problem: Problem, source: str | None) -> str:
         text_lines = source.splitlines() or [""]
         idx = min(max(problem.span.line, 1), len(text_lines)) - 1
         raw = text_lines[idx]
-        # Expand tabs in the prefix too, or the caret drifts (lark-dsl.md, pitfalls).
+        # Expand tabs in the prefix too: the line is shown tab-expanded, so a caret counted in
+        # characters would drift left of the column it names.
         pad = len(raw[: max(problem.span.col - 1, 0)].expandtabs())
         width = 1
         if problem.span.end_line == problem.span.line and problem.span.end_col > problem.span.col:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
 from cptest.contracts import (
@@ -57,15 +57,13 @@ class ModelFacts(Node):
     is_mla: bool = False
 
 
-class Model(Node):
-    kind: Literal["local", "hub", "synthetic"]
-    path: str | None = None
-    """local: directory, resolved against the scenario file's directory."""
-    id: str | None = None
-    revision: str | None = None
-    sha256: str | None = None
+class SyntheticGeometry(BaseModel):
+    """A synthetic checkpoint's architecture, geometry and seed: everything `cptest.run.models`
+    needs to write the same weights again on any machine (the plan pins it, `ModelPin.synthetic`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     architecture: Literal["llama", "qwen3", "deepseek_mla"] | None = None
-    """synthetic only, as are the geometry fields below."""
     layers: int | None = None
     hidden: int | None = None
     heads: int | None = None
@@ -79,7 +77,23 @@ class Model(Node):
     qk_nope_head_dim: int | None = None
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
+
+
+class Model(Node, SyntheticGeometry):
+    """The model to serve. The geometry fields (`SyntheticGeometry`) are set for `synthetic` only."""
+
+    kind: Literal["local", "hub", "synthetic"]
+    path: str | None = None
+    """local: directory, resolved against the scenario file's directory."""
+    id: str | None = None
+    revision: str | None = None
+    sha256: str | None = None
     facts: ModelFacts
+
+    def synthetic_geometry(self) -> SyntheticGeometry | None:
+        if self.kind != "synthetic":
+            return None
+        return SyntheticGeometry.model_validate({k: getattr(self, k) for k in SyntheticGeometry.model_fields})
 
 
 class Topology(Node, Degrees):

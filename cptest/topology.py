@@ -418,7 +418,7 @@ def kv_replicated_in_dcp_group(tp: int, dcp: int, kv_heads: int) -> bool:
     DCP all-gathers queries over the group and attends against each rank's local KV shard
     (0.5.17 `triton_backend.py:1797-1810`), which is only right when the group's ranks hold the same
     heads: true iff `dcp == 1` or `kv_heads <= tp // dcp` with the replica blocks aligned to the
-    groups. Nothing in 0.5.17 checks this on CUDA (sglang-cp.md §2.4).
+    groups. Nothing in 0.5.17 checks this on CUDA (docs/sglang.md §2.4).
     """
     if dcp == 1:
         return True

@@ -1,5 +1,5 @@
 # DCP2 on TP2 with 1 KV head: kv_heads 1 <= tp/dcp = 1, so both ranks of the DCP group hold the
-# same (replicated) KV head and the layout is consistent (sglang-cp.md §3, §4.2).
+# same (replicated) KV head and the layout is consistent (docs/sglang.md §3, §4.2).
 # - KV position p is written only by DCP rank p % 2 (§4.1 owner rule, triton masked write).
 # - Capacity: per-rank rows x dcp = max_total_num_tokens (§4.2; 0.5.17 pool_configurator.py:290-296
 #   sizes cells by attn_tp heads, model_runner logical = rows x dcp).

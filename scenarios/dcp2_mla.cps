@@ -32,6 +32,6 @@ scenario dcp2_mla {
     capacity logical == 2 * physical within 0.01
     # Calibrated on the noise floor, not guessed: TP1 vs TP2 of the same tiny bf16 model agree on
     # 0.596 of greedy tokens with max logprob diff 0.091 (results/tp2_llama_kv1/20261130T053444Z-65cc93be).
-    violated generation tokens_agree >= 0.5 logprob_within 0.1 vs baseline because "triton implements DCP for MHA only (sglang-cp.md §3.1)"
+    violated generation tokens_agree >= 0.5 logprob_within 0.1 vs baseline because "triton implements DCP for MHA only (docs/sglang.md §3.1)"
   }
 }

@@ -2,7 +2,7 @@
 # hidden 4096) on a synthetic model with few layers, on one 4-GPU host.
 # 8 KV heads > tp/dcp = 1: in 0.5.17 each rank's pool holds its TP shard of 2 KV heads
 # (pool_configurator.py:290-296), so the DCP group holds four different shards and every head misses
-# three quarters of its positions: generation is expected to diverge (sglang-cp.md §3.2 Llama row:
+# three quarters of its positions: generation is expected to diverge (docs/sglang.md §3.2, Llama DCP:
 # "triton needs kv_heads <= tp/dcp (not Llama-3.x on <= 8 GPUs)"; inferred).
 # The owner rule and the capacity accounting (logical = rows x 4) still hold.
 #
@@ -48,7 +48,7 @@ scenario dcp4_llama {
     capacity logical == 4 * physical within 0.01
     # Calibrated on the noise floor, not guessed: TP1 vs TP2 of the same tiny bf16 model agree on
     # 0.596 of greedy tokens with max logprob diff 0.091 (results/tp2_llama_kv1/20261130T053444Z-65cc93be).
-    violated generation tokens_agree >= 0.5 logprob_within 0.1 vs baseline because "kv_heads 8 > tp/dcp 1: DCP ranks hold different KV heads (sglang-cp.md §3.2)"
+    violated generation tokens_agree >= 0.5 logprob_within 0.1 vs baseline because "kv_heads 8 > tp/dcp 1: DCP ranks hold different KV heads (docs/sglang.md §3.2)"
     serving completed >= 32 of 64
     shutdown within 30s gpu_memory_released no_orphans exit_status in (-9, 137)
     log contains "DCP enabled, dcp_size=4, tp_size=4"

@@ -1,7 +1,7 @@
 # TP4 + DCP4 on a synthetic MLA model with DeepSeek-V3's attention geometry (128 heads,
 # kv_lora_rank 512, q_lora_rank 1536, nope 128, rope 64, v 128, hidden 7168), 2 dense layers.
 # MLA stores one latent KV per token on every rank, so DCP4 is layout-consistent and capacity
-# grows x4 (sglang-cp.md §4.2). With kv_lora 512 / rope 64 the FlashInfer MLA backend applies,
+# grows x4 (docs/sglang.md §4.2). With kv_lora 512 / rope 64 the FlashInfer MLA backend applies,
 # which has a DCP path (§3.1); triton's DCP path is MHA-only.
 cptest 1
 scenario dcp4_mla_dsv3_geometry {

@@ -1,6 +1,6 @@
 # PCP2 zigzag on tiny Llama (TP2, attn_cp 2 -> attention TP 1).
 # - Row split: each sequence's extend tokens form 4 blocks; CP rank r owns blocks r and 3-r
-#   (sglang-cp.md §5). The split itself is strategy code, independent of the model.
+#   (docs/sglang.md §5). The split itself is strategy code, independent of the model.
 # - Generation is expected to diverge: Llama shards attention heads over full TP, not attention TP,
 #   so CP gathers K/V from a partner holding other heads (§3.2 Llama row, inferred); and the triton
 #   backend has no PCP path at all (§3.1). Not rejected by 0.5.17 (server_args.py 6319-6343 only
@@ -34,6 +34,6 @@ scenario pcp2_zigzag_llama_kv2 {
     rows split zigzag
     # Calibrated on the noise floor, not guessed: TP1 vs TP2 of the same tiny bf16 model agree on
     # 0.596 of greedy tokens with max logprob diff 0.091 (results/tp2_llama_kv1/20261130T053444Z-65cc93be).
-    violated generation tokens_agree >= 0.5 logprob_within 0.1 vs baseline because "Llama attention is sharded over full TP and triton has no PCP path (sglang-cp.md §3.1, §3.2)"
+    violated generation tokens_agree >= 0.5 logprob_within 0.1 vs baseline because "Llama attention is sharded over full TP and triton has no PCP path (docs/sglang.md §3.1, §3.2)"
   }
 }

@@ -1,5 +1,5 @@
 # PCP2 zigzag on a tiny Qwen3 (TP2, attn_cp 2). Qwen3 partitions attention over attention TP
-# (sglang-cp.md §3, models/qwen3.py), which PCP needs, so the model side is consistent.
+# (docs/sglang.md §3, models/qwen3.py), which PCP needs, so the model side is consistent.
 # - Row split: CP rank r owns zigzag blocks r and 3-r of every sequence (§5).
 # - Generation: expected to agree with the TP2 baseline *if* the attention backend implements PCP;
 #   §3.1 lists no PCP path for triton (zigzag is fa3/fa4/trtllm_mha), and fa3 is not available on

@@ -1,5 +1,5 @@
 # PCP together with DCP. SGLang 0.5.23 rejects it at argument time with
-# "--dcp-size > 1 does not support --enable-prefill-cp." (sglang-cp.md §2.2), but the pinned
+# "--dcp-size > 1 does not support --enable-prefill-cp." (docs/sglang.md §2.2), but the pinned
 # 0.5.17 has no such check: server_args.py _handle_dcp_validation (3817-3847) and
 # _handle_context_parallelism (6287-6343) never look at both. So the admission contract
 # "SGLang rejects PCP+DCP" is expected to be violated on 0.5.17: the server launches.

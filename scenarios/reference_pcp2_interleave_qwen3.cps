@@ -1,5 +1,5 @@
 # PCP2 with the interleave strategy on a tiny Qwen3 (TP2, attn_cp 2): packed extend token i is
-# computed by CP rank i % 2 (sglang-cp.md §5, 0.5.17 layers/cp/interleave.py), K/V are gathered over
+# computed by CP rank i % 2 (docs/sglang.md §5, 0.5.17 layers/cp/interleave.py), K/V are gathered over
 # the CP group, and generation must agree with the TP2 baseline. SGLang 0.5.17 lists no attention
 # backend with an interleave path on the GPU machine; the reference engine implements the contract.
 cptest 1

@@ -1,6 +1,6 @@
 # SIGTERM to the server after 4 requests: the tokenizer manager drains (logs every 5 s), sends
 # ShutdownReq, kills schedulers still alive after 15 s, then kills the process tree
-# (sglang-cp.md §10; "Draining requests" at tokenizer_manager.py:3749 in 0.5.17).
+# (docs/sglang.md §10; "Draining requests" at tokenizer_manager.py:3749 in 0.5.17).
 # The accepted exit statuses are declared: a clean 0, or death by the signal / its own SIGKILL.
 cptest 1
 scenario sigterm_shutdown {

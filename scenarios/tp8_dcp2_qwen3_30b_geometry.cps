@@ -1,7 +1,7 @@
 # TP8 + DCP2 on a synthetic Qwen3 with Qwen3-30B-A3B's attention geometry (32 query heads,
 # 4 KV heads, head dim 128, hidden 2048), dense, few layers, on one 8-GPU host.
 # kv_heads 4 <= tp/dcp = 4: TP ranks 2k and 2k+1 share KV head k, and the DCP groups are the
-# contiguous pairs [0,1], [2,3], ... (sglang-cp.md §6), so each DCP group holds one replicated
+# contiguous pairs [0,1], [2,3], ... (docs/sglang.md §6), so each DCP group holds one replicated
 # head: layout-consistent, capacity x2 (§3.2 Qwen3-MoE row: "30B-A3B: 4 KV heads -> TP8/DCP2 fits").
 cptest 1
 scenario tp8_dcp2_qwen3_30b_geometry {

@@ -17,7 +17,7 @@ same batches in lockstep).
   request are disjoint and their union is one contiguous extend `[lo, hi)`; zigzag: rank r holds
   blocks r and 2cp-1-r of it (sizes differ by at most one, larger first; 0.5.17 zigzag.py:150-160);
   interleave: packed token i goes to rank i % cp. A CP extend step with `cp_active == False` is the
-  silent fallback of sglang-cp.md §5 and fails. ffn local: ffn_rows == attn_rows; gathered:
+  silent fallback of docs/sglang.md §5 and fails. ffn local: ffn_rows == attn_rows; gathered:
   ffn_rows == rows_in.
 - replicated: every rank of a TP group saw the same rows in each step (and attn_rows == rows_in).
 

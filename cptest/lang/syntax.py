@@ -92,7 +92,8 @@ def parser() -> Lark:
     """The LALR parser for cps.lark, built once per process.
 
     The basic lexer makes every keyword reserved, so an unknown key lexes as IDENT and the error
-    handler can name the valid keys from the parser's `accepts` set (lark-dsl.md §4).
+    handler can name the valid keys from the parser's `accepts` set (Lark's `UnexpectedToken.accepts`:
+    the terminals the LALR state could shift, i.e. exactly the keys valid in that block).
     """
     return Lark.open(
         "cps.lark",
@@ -549,7 +550,8 @@ def _syntax_problem(err: UnexpectedInput, text: str, filename: str) -> Problem:
         return Problem(Span(filename, line, col), "syntax error")
     tok = err.token
     if tok.type == "$END":
-        # Lark places end of input at the last token; point after it instead (lark-dsl.md §4.5).
+        # Lark reports end of input at the last token's position; point after it instead, where the
+        # missing text belongs.
         lines = text.splitlines() or [""]
         line, col = len(lines), len(lines[-1]) + 1
     span = Span(filename, line, col, tok.end_line or line, tok.end_column or col + 1)

@@ -27,7 +27,6 @@ from cptest.plan.model import (
     Plan,
     SamplingParams,
     ServerPlan,
-    SyntheticModel,
     WorkloadPlan,
 )
 from cptest.plan.workload import Dist, build_workload, load_dataset
@@ -185,8 +184,10 @@ def _model_path(scenario: Scenario, model_cache: Path) -> str:
         return str(m.path)
     if m.kind == "hub":
         return str(m.id)
-    # Synthetic weights are written at run time into a cache keyed by their geometry and seed.
-    key = hashlib.sha256(m.model_dump_json().encode()).hexdigest()[:16]
+    # Synthetic weights are written at run time into a cache keyed by their geometry and seed
+    # (sorted keys: the key must not depend on the order the model declares its fields in).
+    text = json.dumps(m.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    key = hashlib.sha256(text.encode()).hexdigest()[:16]
     return str(model_cache / f"{m.architecture}-{key}")
 
 
@@ -274,17 +275,13 @@ def _contracts(scenario: Scenario, facts: EngineFacts, eager: str | None) -> Lay
 
 def _pins(scenario: Scenario) -> Pins:
     m = scenario.model
-    synthetic = None
-    if m.kind == "synthetic":
-        # Everything cptest.run.models needs to write the same weights again on any machine.
-        synthetic = SyntheticModel.model_validate({k: getattr(m, k) for k in SyntheticModel.model_fields})
     return Pins(
         engine=scenario.engine.kind,
         release=scenario.engine.release,
         image=scenario.engine.image,
         image_digest=None,
         model=ModelPin(kind=m.kind, path=m.path, id=m.id, revision=m.revision, sha256=m.sha256,
-                       architecture=m.facts.architecture, synthetic=synthetic),
+                       architecture=m.facts.architecture, synthetic=m.synthetic_geometry()),
         cptest_version=__version__,
         scenario_sha256=canonical_sha256(scenario),
     )

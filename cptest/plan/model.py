@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cptest.contracts import Expectation
 from cptest.engines import engine_for
-from cptest.scenario import ModelFacts
+from cptest.scenario import ModelFacts, SyntheticGeometry
 from cptest.topology import Degrees, RankGeometry
 
 PLAN_VERSION = 2
@@ -157,25 +157,6 @@ class FaultPlan(_Frozen):
     """For stop: send SIGCONT this long after SIGSTOP."""
 
 
-class SyntheticModel(_Frozen):
-    """Everything `cptest.run.models` needs to write the same synthetic weights on any machine."""
-
-    architecture: Literal["llama", "qwen3", "deepseek_mla"]
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int | None = None
-    vocab: int
-    intermediate: int | None = None
-    seed: int | None = None
-    kv_lora_rank: int | None = None
-    q_lora_rank: int | None = None
-    qk_nope_head_dim: int | None = None
-    qk_rope_head_dim: int | None = None
-    v_head_dim: int | None = None
-
-
 class ModelPin(_Frozen):
     """The model a plan runs: by path, hub id and revision, or synthetic geometry and seed."""
 
@@ -186,7 +167,7 @@ class ModelPin(_Frozen):
     sha256: str | None = None
     architecture: str
     """The HF architecture class (`LlamaForCausalLM`)."""
-    synthetic: SyntheticModel | None = Field(default=None, exclude_if=_absent)
+    synthetic: SyntheticGeometry | None = Field(default=None, exclude_if=_absent)
 
 
 class LayoutContracts(_Frozen):

@@ -161,7 +161,7 @@ def pcp_local_rows(extend_lens: list[int], cp: int, strategy: str) -> tuple[bool
     """(split applies, per CP rank the packed row indices it computes) for an extend batch.
 
     zigzag: rank r owns blocks r and 2cp-1-r of each request (`topology.zigzag_split`), and falls
-    back silently to no split when any extend is shorter than 2cp (SGLang's rule, sglang-cp.md §5);
+    back silently to no split when any extend is shorter than 2cp (SGLang's rule, docs/sglang.md §5);
     interleave: packed index i goes to rank i % cp (needs >= cp rows in the batch).
     """
     total = sum(extend_lens)

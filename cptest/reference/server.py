@@ -10,7 +10,7 @@ SSE `data: {...}` chunks with cumulative output_ids and `meta_info.output_token_
 Signals: SIGTERM drains (new requests get 503, in-flight ones finish), then every rank exits and
 this process exits 0. A rank that dies makes the watcher send SIGQUIT to this process, which fails
 every in-flight request with an error chunk, SIGKILLs the ranks and then itself (status -9), as
-SGLang's watchdog path does (sglang-cp.md §10): requests get errors, never hang.
+SGLang's watchdog path does (docs/sglang.md §10): requests get errors, never hang.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ defaults {
   engine sglang "0.5.17"
   serve {
     # fa3 is stripped on the GPU machine; triton is also the MHA backend with a DCP path
-    # (sglang-cp.md §3.1).
+    # (docs/sglang.md §3.1).
     attention_backend triton
     # Python hooks do not fire on CUDA-graph replay (§7): per-step row evidence needs eager decode.
     cuda_graph_decode disabled

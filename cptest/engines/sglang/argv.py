@@ -34,7 +34,7 @@ class ServeConfig:
     cuda_graph: Mapping[str, str] = field(default_factory=dict)
     """Phase ("decode", "prefill") -> backend (e.g. "full", "breakable", "disabled")."""
     eager: bool = False
-    """Disable CUDA graphs in every phase (hooks do not fire on graph replay; sglang-cp.md §7)."""
+    """Disable CUDA graphs in every phase (hooks do not fire on graph replay; docs/sglang.md §7)."""
     page_size: int | None = None
     max_total_tokens: int | None = None
     mem_fraction_static: float | None = None

@@ -2,8 +2,8 @@
 
 Every entry cites `path:line` inside that release's wheel (relative to `sglang/srt/`). 0.5.17 entries
 were read in its source (`/tmp/sgl/src/sglang`) and, for the parse-time rules, confirmed by running
-its own `ServerArgs.from_cli_args` on a CPU machine. 0.5.23 entries cite the 0.5.23 wheel as
-summarised in `shared/reference/sglang-cp.md`, grep-checked against the wheel.
+its own `ServerArgs.from_cli_args` on a CPU machine. 0.5.23 entries cite the 0.5.23 wheel,
+grep-checked against it. docs/sglang.md explains these facts in prose, section by section.
 
 Nothing outside this package may branch on a release name: callers ask `get_release(name)` for the
 table and read fields. An unknown release raises `PlanError` naming the closest known one.
