@@ -232,7 +232,7 @@ def rerun(directory: Path, results: Path, launcher: str, as_json: bool) -> int:
 
 
 def _log() -> Any:
-    from cptest.log import Logger, TerminalSink
+    from cptest.outline import Logger, TerminalSink
 
     return Logger([TerminalSink(sys.stderr)])
 

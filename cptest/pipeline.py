@@ -25,7 +25,7 @@ from cptest.checks.diff import DiffReport, diff
 from cptest.engines.reference import choose
 from cptest.errors import CptestError, PlanError, Problem, RunError, ScenarioError
 from cptest.lang import parse_file
-from cptest.log import Logger
+from cptest.outline import Logger
 from cptest.plan import canonical_sha256, plan
 from cptest.plan.lint import Finding, lint
 from cptest.plan.model import Plan

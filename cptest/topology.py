@@ -66,7 +66,8 @@ class Degrees(BaseModel):
 
     @property
     def attn_tp(self) -> int:
-        return self.tp // self.attn_dp // self.attn_cp
+        """`tp // attn_dp // attn_cp` (at least 1, so that admission can reason about bad degrees)."""
+        return max(self.tp // max(self.attn_dp, 1) // max(self.attn_cp, 1), 1)
 
     @property
     def pcp(self) -> bool:

@@ -295,7 +295,7 @@ def test_check_of_a_folder_that_is_no_archive_is_an_evidence_error_not_a_pass(tm
 # ------------------------------------------------------------------------------ NO_COLOR
 LOGGER_SNIPPET = """
 import sys
-from cptest.log import Logger, TerminalSink
+from cptest.outline import Logger, TerminalSink
 log = Logger([TerminalSink(sys.stderr)])
 with log.step("waiting for rank 1"):
     log.warning("slow")

@@ -21,7 +21,7 @@ import cptest
 PACKAGE = Path(cptest.__file__).resolve().parent
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("cptest", "cptest.errors", "cptest.log", "cptest.retry", "cptest.values", "cptest.node")),
+    ("base", ("cptest", "cptest.errors", "cptest.outline", "cptest.retry", "cptest.values", "cptest.node")),
     ("topology", ("cptest.topology",)),
     ("evidence", ("cptest.evidence", "cptest.store", "cptest.verdict")),
     ("contracts", ("cptest.contracts",)),

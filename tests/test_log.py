@@ -1,4 +1,4 @@
-"""Specification of cptest/log.py: the outline logger and its sinks."""
+"""Specification of cptest/outline.py: the outline logger and its sinks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cptest.log import JsonLinesSink, JUnitSink, Logger, TerminalSink
+from cptest.outline import JsonLinesSink, JUnitSink, Logger, TerminalSink
 
 
 class Tty(io.StringIO):

@@ -11,7 +11,7 @@ import pytest
 from cptest import pipeline, store
 from cptest.contracts import LaunchParams, ServingParams
 from cptest.errors import ScenarioError
-from cptest.log import Logger, TerminalSink
+from cptest.outline import Logger, TerminalSink
 from cptest.plan.model import Plan
 from cptest.run.process import ProcessLauncher
 from cptest.run.runner import RunOptions

@@ -6,7 +6,7 @@ plan asks the engine it gets for argv, process titles and the facts contracts ar
 
 from __future__ import annotations
 
-from cptest.engines.base import Engine, ServerLaunch
+from cptest.engines.protocol import Engine, ServerLaunch
 from cptest.engines.reference import ReferenceEngine
 from cptest.engines.sglang.engine import SGLangEngine
 from cptest.engines.sglang.releases import get_release

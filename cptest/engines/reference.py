@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cptest.contracts.base import EngineFacts
-from cptest.engines.base import ServerLaunch
-from cptest.reference.argv import TITLE_PREFIX, ReferenceConfig, build_argv
+from cptest.engines.protocol import ServerLaunch
 from cptest.reference.layout import unsupported
+from cptest.reference.server_args import TITLE_PREFIX, ReferenceConfig, build_argv
 from cptest.scenario import Scenario
 from cptest.topology import Degrees
 

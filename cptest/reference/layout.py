@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from cptest.topology import (
     Degrees,
     RankGeometry,
+    dcp_owner,
     geometry,
     interleave_split,
     layout_problems,
@@ -28,7 +29,7 @@ from cptest.topology import (
 
 
 def unsupported(d: Degrees) -> list[str]:
-    """Degrees this engine has no flag for (cptest/reference/argv.py): it would silently run tp only."""
+    """Degrees this engine has no flag for (`server_args.py`): it would silently run tp only."""
     if d.pp != 1 or d.attn_dp != 1 or d.nodes != 1:
         return [f"the reference engine runs one node with pp 1 and attn_dp 1 (got nodes {d.nodes}, "
                 f"pp {d.pp}, attn_dp {d.attn_dp})"]
@@ -154,7 +155,7 @@ class Layout:
     # ------------------------------------------------------------------ rows
     def owner(self, position: int) -> int:
         """DCP rank that stores K/V of `position` (interleave 1)."""
-        return position % self.dcp
+        return dcp_owner(position, self.dcp)
 
 
 def pcp_local_rows(extend_lens: list[int], cp: int, strategy: str) -> tuple[bool, list[list[int]]]:

@@ -26,8 +26,8 @@ import torch.distributed as dist
 
 from cptest.evidence import Capacity, Geometry, Graph, KvPool, ProbeNote, RankId, Step, ranges_from
 from cptest.reference.layout import Layout
-from cptest.reference.model import KvPool as Pool
-from cptest.reference.model import Model, ModelConfig, SeqRows, SoloComm, load_shard
+from cptest.reference.modeling import KvPool as Pool
+from cptest.reference.modeling import Model, ModelConfig, SeqRows, SoloComm, load_shard
 from cptest.reference.scheduler import Request, Scheduler
 from cptest.store import rank_file_name
 from cptest.topology import Degrees, process_title
@@ -134,7 +134,7 @@ def rank_main(rank: int, args: RankArgs, conn: Any, parent: int) -> None:
         comm: Any = GlooComm(layout)
     else:
         comm = SoloComm()
-    from cptest.reference.model import load_config
+    from cptest.reference.modeling import load_config
 
     cfg = load_config(Path(args.model_dir))
     shard = load_shard(Path(args.model_dir), cfg, layout)

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from cptest import __version__
-from cptest.reference.argv import SERVER_TITLE, TITLE_PREFIX, ReferenceConfig, parse
 from cptest.reference.layout import Layout
+from cptest.reference.server_args import SERVER_TITLE, TITLE_PREFIX, ReferenceConfig, parse
 
 HEALTH_TIMEOUT_S = 20.0
 RANK_THREADS = 1
@@ -60,7 +60,7 @@ class Engine:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        from cptest.reference.model import load_config
+        from cptest.reference.modeling import load_config
         from cptest.reference.rank import RankArgs, free_port, rank_main
 
         cfg = self.cfg

@@ -33,7 +33,7 @@ import httpx
 
 from cptest.errors import RunError
 from cptest.evidence import RequestResult
-from cptest.log import Progress
+from cptest.outline import Progress
 from cptest.plan.model import PlannedRequest, WorkloadPlan
 from cptest.plan.workload import prompt_sha256
 from cptest.run.evidence_writer import RecordWriter

@@ -31,7 +31,7 @@ import psutil
 
 from cptest.errors import RunError
 from cptest.evidence import Lifecycle, RequestResult
-from cptest.log import Logger, null_logger
+from cptest.outline import Logger, null_logger
 from cptest.plan.model import FaultPlan
 from cptest.run.evidence_writer import RecordWriter
 from cptest.run.launcher import Handle

@@ -37,7 +37,7 @@ import httpx
 
 from cptest.errors import RunError
 from cptest.evidence import Lifecycle, ProbeNote, ServerInfo
-from cptest.log import JsonLinesSink, Logger
+from cptest.outline import JsonLinesSink, Logger
 from cptest.plan.model import Plan, ServerPlan
 from cptest.retry import Abort, retry
 from cptest.run.driver import WorkloadDriver, WorkloadSummary

@@ -24,7 +24,7 @@ import psutil
 
 from cptest.errors import RunError
 from cptest.evidence import GpuSample, Lifecycle, ProbeNote, ProcessSample
-from cptest.log import Logger, null_logger
+from cptest.outline import Logger, null_logger
 from cptest.plan.model import NodeLaunch
 from cptest.run.evidence_writer import RecordWriter
 from cptest.run.launcher import ExitInfo, Handle, Launcher

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest import fake_node  # noqa: E402
 
-from cptest.log import null_logger  # noqa: E402
+from cptest.outline import null_logger  # noqa: E402
 from cptest.run.evidence_writer import RecordWriter  # noqa: E402
 from cptest.run.process import ProcessLauncher, install_signal_handlers  # noqa: E402
 from cptest.run.supervisor import GpuQueryUnavailable, Supervisor  # noqa: E402

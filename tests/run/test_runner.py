@@ -11,7 +11,7 @@ import pytest
 
 from cptest.errors import RunError
 from cptest.evidence import Lifecycle, ProbeNote, ProcessSample, RequestResult, ServerInfo, read_records
-from cptest.log import Logger, TerminalSink
+from cptest.outline import Logger, TerminalSink
 from cptest.plan.model import FaultPlan, Plan
 from cptest.run import runner
 from cptest.run.process import Interrupted, ProcessLauncher

@@ -10,7 +10,7 @@ import pytest
 
 from cptest.errors import RunError
 from cptest.evidence import GpuSample, Lifecycle, ProbeNote, ProcessSample, read_records
-from cptest.log import Logger, TerminalSink
+from cptest.outline import Logger, TerminalSink
 from cptest.plan.model import NodeLaunch
 from cptest.run.evidence_writer import RecordWriter
 from cptest.run.launcher import ExitInfo

@@ -44,8 +44,7 @@ class LaunchConfig:
 
     @property
     def attn_tp(self) -> int:
-        d = self.degrees
-        return max(d.tp // max(d.attn_dp, 1) // max(d.attn_cp, 1), 1)
+        return self.degrees.attn_tp
 
     def values(self) -> dict[str, object]:
         """Every field by name, the degrees' among them: what rule messages are formatted with."""

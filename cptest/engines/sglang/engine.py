@@ -1,11 +1,11 @@
-"""SGLang behind the engine protocol (`cptest.engines.base.Engine`): one object per release table."""
+"""SGLang behind the engine protocol (`cptest.engines.protocol.Engine`): one object per release table."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from cptest.contracts.base import EngineFacts
-from cptest.engines.base import ServerLaunch
+from cptest.engines.protocol import ServerLaunch
 from cptest.engines.sglang.argv import ServeConfig, build_argv
 from cptest.engines.sglang.releases import Release
 from cptest.topology import Degrees

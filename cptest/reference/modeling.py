@@ -276,7 +276,7 @@ class Model:
         local = per_cp[lay.attn_cp_rank] if split else list(range(n_rows))
         local_t = torch.tensor(local, dtype=torch.long)
         seq_of_row = torch.tensor([i for i, s in enumerate(seqs) for _ in s.positions], dtype=torch.long)
-        owned = [p % lay.dcp == lay.dcp_rank for p in pos.tolist()]
+        owned = [lay.owner(p) == lay.dcp_rank for p in pos.tolist()]
         owned_t = torch.tensor(owned, dtype=torch.bool)
         kv_written: dict[str, list[int]] = {}
         at = 0

@@ -1,4 +1,4 @@
-"""cptest/reference/model.py: the attention math (LSE merge) and the paged pool's addressing."""
+"""cptest/reference/modeling.py: the attention math (LSE merge) and the paged pool's addressing."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cptest.reference.layout import Layout  # noqa: E402
-from cptest.reference.model import KvPool, ModelConfig, attend, merge_lse  # noqa: E402
+from cptest.reference.modeling import KvPool, ModelConfig, attend, merge_lse  # noqa: E402
 from cptest.topology import Degrees  # noqa: E402
 
 CFG = ModelConfig(architecture="LlamaForCausalLM", hidden=16, intermediate=32, layers=1, heads=2,

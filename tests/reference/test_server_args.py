@@ -1,4 +1,4 @@
-"""cptest/reference/argv.py and plan.py: the server's argv round-trips, and plans label reference ranks."""
+"""cptest/reference/server_args.py: the server's argv round-trips, and plans label reference ranks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from cptest.engines.reference import choose
 from cptest.lang import parse_file
 from cptest.plan import plan
-from cptest.reference.argv import ReferenceConfig, build_argv, parse
+from cptest.reference.server_args import ReferenceConfig, build_argv, parse
 from cptest.topology import Degrees
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
