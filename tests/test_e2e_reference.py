@@ -9,7 +9,7 @@ minutes in all on 2 CPU cores.
 They take minutes and are part of the README's test command (CI runs them). Never run two of them
 at once on one host: plans use fixed ports, and the supervisor counts every `cptest-ref::` process
 on the host as a possible orphan. The reference engine uses no GPU, so the `gpu_memory` part of
-`shutdown` passes as "not applicable" (cptest/checks/shutdown.py); every verdict must pass.
+`shutdown` passes as "not applicable" (cptest/contracts/shutdown.py); every verdict must pass.
 """
 
 from __future__ import annotations

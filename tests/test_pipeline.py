@@ -10,7 +10,7 @@ import pytest
 
 from cptest import pipeline, store
 from cptest.contracts import LaunchParams, ServingParams
-from cptest.errors import ScenarioError
+from cptest.errors import RunError, ScenarioError
 from cptest.outline import Logger, TerminalSink
 from cptest.plan.model import Plan
 from cptest.run.process import ProcessLauncher
@@ -85,3 +85,38 @@ def test_include_names_keep_the_scenario_resolvable_in_the_archive(tmp_path: Pat
     inside = tmp_path / "suite" / "defaults" / "tiny.cps"
     assert pipeline.include_name(inside, scenario) == "defaults/tiny.cps"
     assert pipeline.include_name(tmp_path / "elsewhere" / "x.cps", scenario) == "includes/x.cps"
+
+
+PCP_DCP = """cptest 1
+scenario pcp_dcp {
+  engine sglang "0.5.17"
+  model synthetic qwen3 { layers 2 hidden 64 heads 4 kv_heads 2 head_dim 16 vocab 128 intermediate 128 }
+  topology { gpus 2 tp 2 dcp 2 attn_cp 2 cp_strategy zigzag }
+  baseline { tp 1 }
+  workload { requests 2 concurrency 1 prompt_tokens 16 output_tokens 2 }
+  expect { generation tokens_agree >= 0.9 vs baseline }
+}
+"""
+
+
+def test_check_before_spending_stops_on_lint_findings_and_on_sglang_without_a_gpu(tmp_path: Path) -> None:
+    path = tmp_path / "pcp_dcp.cps"
+    path.write_text(PCP_DCP)
+    prepared = pipeline.prepare(path, gpu_present=True, model_cache=tmp_path / "models")
+    assert prepared.engine == "sglang" and [f.code for f in prepared.findings][:1] == ["pcp_with_dcp"]
+    with pytest.raises(pipeline.LintFindings) as err:
+        pipeline.runnable(prepared, gpu_present=True, ignore_lint=False)
+    assert err.value.exit_code == 1
+    pipeline.runnable(prepared, gpu_present=True, ignore_lint=True)  # the user's explicit choice
+    forced = pipeline.prepare(path, engine="sglang", gpu_present=False, model_cache=tmp_path / "models")
+    with pytest.raises(RunError, match="no GPU here") as err:
+        pipeline.runnable(forced, gpu_present=False, ignore_lint=True)
+    assert err.value.exit_code == 3
+
+
+def test_without_a_gpu_an_sglang_scenario_is_planned_for_the_reference_engine(tmp_path: Path) -> None:
+    path = tmp_path / "pcp_dcp.cps"
+    path.write_text(PCP_DCP)
+    prepared = pipeline.prepare(path, gpu_present=False, model_cache=tmp_path / "models")
+    assert (prepared.engine, prepared.plan.main.engine, prepared.findings) == ("reference", "reference", ())
+    assert prepared.notes and "reference engine" in prepared.notes[0]

@@ -2,7 +2,7 @@
 
 Process tree (like SGLang's): this process (title `cptest-ref::server`) serves HTTP and forks one
 process per rank (`cptest-ref::scheduler_TP<r>`, see `rank.py`). HTTP subset (SGLang 0.5.17 shapes,
-`cptest/run/workload.py`): `POST /generate` (input_ids, sampling_params, return_logprob, stream, rid;
+`cptest/run/driver.py`): `POST /generate` (input_ids, sampling_params, return_logprob, stream, rid;
 SSE `data: {...}` chunks with cumulative output_ids and `meta_info.output_token_logprobs`, then
 `data: [DONE]`), `GET /server_info` (alias `/get_server_info`), `GET /health`, `GET /health_generate`
 (a real one-token generation through every rank).
@@ -37,6 +37,11 @@ HEALTH_TIMEOUT_S = 20.0
 RANK_THREADS = 1
 """torch intra-op threads per rank. One: the ops are small, and ranks share the cores with each other
 and with cptest's driver; two threads per rank made a TP1 run five times slower on 2 cores (spinning)."""
+
+
+def capacity_line(rows: int, page: int, dcp: int) -> str:
+    """The line that states the server's KV capacity (`cptest.engines.reference.LOG_PATTERNS` reads it)."""
+    return f"KV pool: {rows} rows per rank, page {page}, logical capacity max_total_num_tokens={rows * dcp}"
 
 
 def log(msg: str) -> None:
@@ -82,8 +87,7 @@ class Engine:
                 f"strategy={lay.strategy}")
         log(f"{model.architecture}: {model.layers} layers, hidden {model.hidden}, heads {model.heads}, "
             f"kv_heads {model.kv_heads}; tp {d.tp}, dcp {d.dcp}, attn_cp {d.attn_cp}")
-        log(f"KV pool: {rows} rows per rank, page {cfg.page_size}, logical capacity "
-            f"max_total_num_tokens={rows * d.dcp}")
+        log(capacity_line(rows, cfg.page_size, d.dcp))
         args = RankArgs(model_dir=cfg.model_path, degrees=d, rows=rows, page=cfg.page_size,
                         max_running=cfg.max_running_requests, context_length=ctx, master_port=free_port(),
                         title_prefix=TITLE_PREFIX, threads=RANK_THREADS)
