@@ -181,15 +181,25 @@ class Workload(Node):
     ignore_eos: bool = True
 
 
-class Fault(Node):
+class FaultSpec(BaseModel):
+    """One fault: what is sent to which target, and when (the plan's `FaultPlan` adds the rank's
+    process title)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     action: Literal["kill", "stop", "cont", "sigterm", "sigint"]
     target: Literal["rank", "server"]
     rank: int | None = None
+    """World rank, when the target is a rank."""
     at_s: float | None = None
     after_requests: int | None = None
     after_decode_steps: int | None = None
     heal_after_s: float | None = None
     """stop only: send SIGCONT this long after SIGSTOP (`for 5s`)."""
+
+
+class Fault(Node, FaultSpec):
+    """A fault as written in the scenario."""
 
 
 class Expect(Node):

@@ -32,7 +32,7 @@ from cptest.plan.model import (
 from cptest.plan.workload import Dist, build_workload, load_dataset
 from cptest.probe.forward_hooks import spec as probe_hooks_spec
 from cptest.scenario import Dist as DistNode
-from cptest.scenario import Scenario, Topology
+from cptest.scenario import FaultSpec, Scenario, Topology
 from cptest.topology import (
     expected_capacity_multiplier,
     group_problems,
@@ -237,11 +237,8 @@ def _faults(scenario: Scenario, main: ServerPlan | None, problems: ProblemCollec
             if main.geometry:
                 title = main.geometry[f.rank].process_title
         out.append(
-            FaultPlan(
-                index=i, action=f.action, target=f.target, rank=f.rank, process_title=title,
-                at_s=f.at_s, after_requests=f.after_requests, after_decode_steps=f.after_decode_steps,
-                heal_after_s=f.heal_after_s,
-            )
+            FaultPlan(index=i, process_title=title,
+                      **{k: getattr(f, k) for k in FaultSpec.model_fields})
         )
     return out
 

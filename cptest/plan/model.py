@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cptest.contracts import Expectation
 from cptest.engines import engine_for
-from cptest.scenario import ModelFacts, SyntheticGeometry
+from cptest.scenario import FaultSpec, ModelFacts, SyntheticGeometry
 from cptest.topology import Degrees, RankGeometry
 
 PLAN_VERSION = 2
@@ -142,19 +142,12 @@ class WorkloadPlan(_Frozen):
     requests: list[PlannedRequest]
 
 
-class FaultPlan(_Frozen):
+class FaultPlan(FaultSpec):
+    """A scenario's fault, numbered, with the process title of the rank it targets."""
+
     index: int
-    action: Literal["kill", "stop", "cont", "sigterm", "sigint"]
-    target: Literal["rank", "server"]
-    rank: int | None = None
-    """World rank, when target is a rank."""
     process_title: str | None = None
     """Process title that identifies the rank (`sglang::scheduler_TP<r>`)."""
-    at_s: float | None = None
-    after_requests: int | None = None
-    after_decode_steps: int | None = None
-    heal_after_s: float | None = None
-    """For stop: send SIGCONT this long after SIGSTOP."""
 
 
 class ModelPin(_Frozen):
