@@ -310,10 +310,12 @@ def diff(a: Path, b: Path) -> int:
 @click.argument("directories", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @_guard
 def matrix(directories: tuple[Path, ...]) -> int:
-    """A markdown table of scenario x verdict over archives (or folders of archives)."""
+    """A markdown table of scenario x verdict over archives (or folders of archives; side runs in
+    `_`-named folders below them are left out)."""
     from cptest.report import render_matrix
+    from cptest.store import archives_under
 
-    archives = sorted({m.parent for d in directories for m in Path(d).rglob("verdict.json")})
+    archives = sorted({a for d in directories for a in archives_under(Path(d))})
     click.echo(render_matrix(archives))
     return 0
 

@@ -136,6 +136,18 @@ class Layout:
             self.role_dir(role).mkdir(parents=True, exist_ok=True)
 
 
+def archives_under(root: Path) -> list[Path]:
+    """Every archive (a folder with verdict.json) under `root`, sorted, leaving out side runs: a
+    folder whose name starts with `_` below `root` holds raw runs kept as evidence, not published
+    archives (docs/decisions.md D14). `root` itself may be such a folder, when asked for by name."""
+    out = []
+    for verdict in root.rglob(VERDICT):
+        archive = verdict.parent
+        if not any(part.startswith("_") for part in archive.relative_to(root).parts):
+            out.append(archive)
+    return sorted(set(out))
+
+
 def archive_dir(results_root: Path | str, scenario: str, scenario_sha256: str, now: datetime) -> Path:
     """`<results_root>/<scenario>/<UTC time>-<sha[:8]>`. Pure; `now` must be timezone-aware."""
     if now.tzinfo is None:

@@ -13,7 +13,7 @@ from cptest.contracts import LaunchParams
 from cptest.evidence import Capacity, KvPool, Lifecycle, RequestResult
 from cptest.pipeline import finish_archive
 from cptest.plan.model import Plan
-from cptest.store import Layout, archive_dir, begin, rank_file_name, verify
+from cptest.store import Layout, archive_dir, archives_under, begin, rank_file_name, verify
 from cptest.testing.archives import make_plan, rank_id, server_plan, write_archive, write_jsonl
 
 ENV = {"python": "3.11", "reasons": {}}
@@ -135,3 +135,13 @@ def test_write_archive_and_begin_share_one_layout(tmp_path: Path) -> None:
     # write_archive writes no manifest: judged as evidence, not as a finished archive.
     assert check(tmp_path / "w", require_finished=False).status == "pass"
     assert check(tmp_path / "w").status == "unknown"
+
+
+def test_archives_under_a_folder_leave_out_side_runs_unless_asked_for_by_name(tmp_path: Path) -> None:
+    for d in ("a/20260101T000000Z-aa", "b/20260101T000000Z-bb", "_side/a/20260101T000000Z-cc", "c/x"):
+        (tmp_path / d).mkdir(parents=True)
+    for d in ("a/20260101T000000Z-aa", "b/20260101T000000Z-bb", "_side/a/20260101T000000Z-cc"):
+        (tmp_path / d / "verdict.json").write_text("{}")
+    assert [p.relative_to(tmp_path).as_posix() for p in archives_under(tmp_path)] == [
+        "a/20260101T000000Z-aa", "b/20260101T000000Z-bb"]
+    assert [p.name for p in archives_under(tmp_path / "_side")] == ["20260101T000000Z-cc"]
