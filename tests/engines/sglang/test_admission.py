@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from cptest.engines.sglang.admission import LaunchConfig, predict
+from cptest.engines.sglang.admission import predict
 from cptest.engines.sglang.releases import get_release
-from cptest.topology import Degrees
+from tests.engines.sglang.configs import launch
 
 R17 = get_release("0.5.17")
-
-def launch(**kw) -> LaunchConfig:
-    """A LaunchConfig from flat keywords: the degrees' among them go into its `Degrees`."""
-    degrees = {k: kw.pop(k) for k in list(kw) if k in Degrees.model_fields}
-    return LaunchConfig(degrees=Degrees(**degrees), **kw)
-
 R23 = get_release("0.5.23")
 QWEN3_MOE = {"architecture": "Qwen3MoeForCausalLM", "heads": 32, "kv_heads": 4}
 LLAMA = {"architecture": "LlamaForCausalLM", "heads": 32, "kv_heads": 8}

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from cptest.engines.sglang.argv import LAUNCHER, ServeConfig, build_argv
+from cptest.engines.sglang.argv import LAUNCHER, build_argv
 from cptest.engines.sglang.releases import KNOWN_RELEASES, get_release
 from cptest.errors import PlanError
-from cptest.topology import Degrees
+from tests.engines.sglang.configs import serve_config
 
 R17 = get_release("0.5.17")
-
-def serve_config(model_path: str, **kw) -> ServeConfig:
-    """A ServeConfig from flat keywords: the degrees' among them (`nnodes` is `nodes`) go into its Degrees."""
-    if "nnodes" in kw:
-        kw["nodes"] = kw.pop("nnodes")
-    degrees = {k: kw.pop(k) for k in list(kw) if k in Degrees.model_fields}
-    return ServeConfig(model_path, degrees=Degrees(**{"tp": 1, **degrees}), **kw)
 
 
 DCP2 = serve_config("/models/qwen3", tp=2, dcp=2, attention_backend="triton", cuda_graph={"decode": "full"})

@@ -17,10 +17,10 @@ import pytest
 server_args = pytest.importorskip("sglang.srt.server_args")
 sglang = pytest.importorskip("sglang")
 
-from cptest.engines.sglang.admission import LaunchConfig, predict  # noqa: E402
-from cptest.engines.sglang.argv import LAUNCHER, ServeConfig, build_argv  # noqa: E402
+from cptest.engines.sglang.admission import predict  # noqa: E402
+from cptest.engines.sglang.argv import LAUNCHER, build_argv  # noqa: E402
 from cptest.engines.sglang.releases import KNOWN_RELEASES  # noqa: E402
-from cptest.topology import Degrees  # noqa: E402
+from tests.engines.sglang.configs import launch, serve_config  # noqa: E402
 
 RELEASE = KNOWN_RELEASES.get(getattr(sglang, "__version__", ""))
 if RELEASE is None:
@@ -29,18 +29,6 @@ if RELEASE is None:
     )
 
 
-def launch(**kw) -> LaunchConfig:
-    """A LaunchConfig from flat keywords: the degrees' among them go into its `Degrees`."""
-    degrees = {k: kw.pop(k) for k in list(kw) if k in Degrees.model_fields}
-    return LaunchConfig(degrees=Degrees(**degrees), **kw)
-
-
-def serve_config(model_path: str, **kw) -> ServeConfig:
-    """A ServeConfig from flat keywords: the degrees' among them (`nnodes` is `nodes`) go into its Degrees."""
-    if "nnodes" in kw:
-        kw["nodes"] = kw.pop("nnodes")
-    degrees = {k: kw.pop(k) for k in list(kw) if k in Degrees.model_fields}
-    return ServeConfig(model_path, degrees=Degrees(**{"tp": 1, **degrees}), **kw)
 
 
 QWEN3 = {
