@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cptest.contracts.base import EngineFacts
-from cptest.scenario import Serve
+from cptest.engines.sglang.admission import Admission
+from cptest.scenario import Scenario, Serve
 from cptest.topology import Degrees
 
 
@@ -51,6 +52,10 @@ class Engine(Protocol):
         Not what the engine *rejects*: a rejection is the engine's behaviour, which a scenario may
         expect and the launch contract judges. Empty when everything can be expressed.
         """
+        ...
+
+    def admission(self, scenario: Scenario) -> Admission | None:
+        """What the engine's release is known to do with this launch (None: nothing is known)."""
         ...
 
     def argv(self, launch: ServerLaunch, node_rank: int, nodes: int) -> list[str]:

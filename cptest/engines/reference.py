@@ -50,6 +50,9 @@ class ReferenceEngine:
         # No documented exit statuses: the shutdown contract checks them only when declared.
         return EngineFacts(release=self.release, log_patterns=LOG_PATTERNS)
 
+    def admission(self, scenario: Scenario) -> None:
+        return None  # what it refuses, it refuses at launch (reference/layout.reference_problems)
+
     def unexpressible(self, degrees: Degrees) -> list[str]:
         return unsupported(degrees)
 

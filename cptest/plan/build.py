@@ -113,6 +113,7 @@ def plan(scenario: Scenario, *, model_cache: Path = Path(".cptest/models")) -> P
         pins=_pins(scenario),
         model_facts=scenario.model.facts,
         contracts=_contracts(scenario, facts, eager_reason),
+        admission=engine.admission(scenario),
     )
 
 

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from cptest.contracts import Declared
-from cptest.engines.sglang.admission import Admission, LaunchConfig, predict
+from cptest.engines.sglang.admission import Admission, launch_config, predict
 from cptest.engines.sglang.releases import get_release
 from cptest.errors import Span
 from cptest.scenario import Scenario
@@ -43,16 +43,6 @@ class Finding:
         where = f"{self.span}: " if self.span else ""
         cite = f" (SGLang {self.citation})" if self.citation else ""
         return f"{where}{self.code}: {self.message}{cite}"
-
-
-def launch_config(scenario: Scenario) -> LaunchConfig:
-    topo, facts = scenario.topology, scenario.model.facts
-    return LaunchConfig(
-        degrees=topo.as_degrees(), architecture=facts.architecture,
-        heads=facts.heads, kv_heads=facts.kv_heads, is_mla=facts.is_mla,
-        attention_backend=scenario.serve.attention_backend,
-        min_prompt_len=scenario.workload.prompt_tokens.bounds()[0],
-    )  # fmt: skip
 
 
 def lint(scenario: Scenario) -> list[Finding]:

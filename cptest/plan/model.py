@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cptest.contracts import Expectation
 from cptest.engines import engine_for
+from cptest.engines.sglang.admission import Admission
 from cptest.scenario import FaultSpec, ModelFacts, SyntheticGeometry
 from cptest.topology import Degrees, RankGeometry
 
@@ -201,6 +202,10 @@ class Plan(_Frozen):
     model_facts: ModelFacts | None = None
     contracts: LayoutContracts = Field(default_factory=LayoutContracts)
     """Derived layout contracts (cptest.topology): capacity multiplier, kv owner rule, splits."""
+    admission: Admission | None = None
+    """What the engine's release table predicts for the main server's launch (accepted, or the
+    stage and message of its rejection) and the silent problems it knows of; None where the engine
+    states nothing. A record for the reader and for comparing prediction with evidence."""
 
     @model_validator(mode="before")
     @classmethod

@@ -9,10 +9,13 @@ Used by `cptest lint` and by `plan` to compare a scenario's `expect launch ...` 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict
+
 from cptest.engines.sglang.releases import Release, Rule
+from cptest.scenario import Scenario
 from cptest.topology import Degrees, kv_replicated_in_dcp_group, layout_codes
 
 AdmissionStage = Literal["parse", "worker_start", "runtime", "accepted"]
@@ -52,26 +55,38 @@ class LaunchConfig:
         return {**self.degrees.model_dump(), **out}
 
 
-@dataclass(frozen=True)
-class AdmissionWarning:
+class AdmissionWarning(BaseModel):
     """Something SGLang accepts but gets wrong or ignores without saying so."""
 
+    model_config = ConfigDict(frozen=True, extra="forbid")
     code: str
     message: str
     citation: str
 
 
-@dataclass(frozen=True)
-class Admission:
-    """The prediction. `accepted` is False only for a rule with an exception in this release;
-    `message` is then SGLang's text (what `expect launch rejected matching "..."` should match)."""
+class Admission(BaseModel):
+    """The prediction (the plan records it). `accepted` is False only for a rule with an exception
+    in this release; `message` is then SGLang's text (what `expect launch rejected matching "..."`
+    should match)."""
 
+    model_config = ConfigDict(frozen=True, extra="forbid")
     accepted: bool
     stage: AdmissionStage
     message: str | None
     citation: str
-    warnings: tuple[AdmissionWarning, ...] = field(default_factory=tuple)
+    warnings: tuple[AdmissionWarning, ...] = ()
     exception: str | None = None
+
+
+def launch_config(scenario: Scenario) -> LaunchConfig:
+    """What admission depends on, read from a scenario (its shortest prompt included)."""
+    topo, facts = scenario.topology, scenario.model.facts
+    return LaunchConfig(
+        degrees=topo.as_degrees(), architecture=facts.architecture,
+        heads=facts.heads, kv_heads=facts.kv_heads, is_mla=facts.is_mla,
+        attention_backend=scenario.serve.attention_backend,
+        min_prompt_len=scenario.workload.prompt_tokens.bounds()[0],
+    )  # fmt: skip
 
 
 Predicate = Callable[[LaunchConfig], bool]
@@ -183,5 +198,5 @@ def predict(release: Release, cfg: LaunchConfig) -> Admission:
                 warnings=tuple(warnings),
                 exception=rule.exception,
             )
-        warnings.append(AdmissionWarning(code, _render(rule, cfg), rule.citation))
+        warnings.append(AdmissionWarning(code=code, message=_render(rule, cfg), citation=rule.citation))
     return Admission(accepted=True, stage="accepted", message=None, citation="", warnings=tuple(warnings))

@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 from cptest.contracts.base import EngineFacts
 from cptest.engines.protocol import ServerLaunch
+from cptest.engines.sglang.admission import Admission, launch_config, predict
 from cptest.engines.sglang.argv import ServeConfig, build_argv
 from cptest.engines.sglang.releases import Release
+from cptest.scenario import Scenario
 from cptest.topology import Degrees
 
 TITLE_PREFIX = "sglang::scheduler"
@@ -49,6 +51,9 @@ class SGLangEngine:
             rank_kill_exit_statuses=self.table.rank_kill_exit_statuses,
             kv_heads_rule=self.table.kv_heads_rule,
         )
+
+    def admission(self, scenario: Scenario) -> Admission:
+        return predict(self.table, launch_config(scenario))
 
     def unexpressible(self, degrees: Degrees) -> list[str]:
         return []  # every degree has a flag in every known release (`Release.spellings`)

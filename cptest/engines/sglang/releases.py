@@ -156,7 +156,8 @@ RULES_0_5_17: dict[str, Rule] = {
         None,
         "server_args.py:3817-3847",
         note="0.5.17 does not reject --enable-prefill-cp with --dcp-size > 1 (confirmed with its own "
-        "ServerArgs.from_cli_args); 0.5.23 does. Untested combination.",
+        "ServerArgs.from_cli_args; 0.5.23 does). On 2 x H200 it launched and served, and no extend step was "
+        "split: results/pcp_dcp_rejected/20261130T053718Z-a67d18b6.",
     ),
     "dcp_at_least_1_worker": Rule(
         "dcp_at_least_1_worker",
