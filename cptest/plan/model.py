@@ -6,7 +6,7 @@ syntax. Every field is typed: the servers' degrees and rank geometry (`cptest.to
 expectations (`cptest.contracts.Expectation`, one parameter model per contract), the pins.
 
 Version 2 (this one) typed the expectations; a version 1 `plan.json` is upgraded when read
-(`upgrade_v1`), so that archives made before stay checkable.
+(`cptest.plan.upgrade`), so that archives made before stay checkable.
 """
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cptest.contracts import Expectation
-from cptest.engines import engine_for
 from cptest.engines.sglang.admission import Admission
+from cptest.plan.upgrade import PLAN_VERSION, upgrade_v1
 from cptest.scenario import FaultSpec, ModelFacts, SyntheticGeometry
 from cptest.topology import Degrees, RankGeometry
-
-PLAN_VERSION = 2
 
 
 class _Frozen(BaseModel):
@@ -211,47 +209,9 @@ class Plan(_Frozen):
     @classmethod
     def _upgrade(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("plan_version") == 1:
-            return upgrade_v1(data)
+            return upgrade_v1(data)  # archives made before the expectations were typed
         return data
 
     def servers(self) -> list[ServerPlan]:
         """The main server, then the baseline if there is one."""
         return [self.main] + ([self.baseline] if self.baseline is not None else [])
-
-
-def upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
-    """A version 1 plan.json in version 2's shape: expectations `{checker, params}` become their
-    contract's parameters (capacity gains the log patterns of the plan's release table, the ones the
-    version 1 checker fell back to for SGLang 0.5.17); the always-zero expert-parallel ranks leave
-    the geometry; a request's sampling loses its copy of `max_new_tokens`. Pure: the archived file
-    is not changed."""
-    out = dict(data, plan_version=PLAN_VERSION)
-    main = data.get("main") or {}
-    engine = engine_for(str(main.get("engine", "")), str(main.get("release", "")))
-    expectations = []
-    for e in data.get("expectations") or []:
-        params = dict(e.get("params") or {})
-        if e.get("checker") == "capacity":
-            facts = engine.facts()
-            source = f"{engine.name} {facts.release} release table (added when reading a version 1 plan)"
-            params["log_patterns"] = {
-                "source": source,
-                **{k: facts.log_patterns.get(k) for k in ("kv_allocated", "max_total_num_tokens")},
-            }
-        expectations.append({"kind": e.get("checker"), "expect_violation": e.get("expect_violation", False),
-                             "source": e.get("source", ""), **params})
-    out["expectations"] = expectations
-    workload = data.get("workload")
-    if isinstance(workload, dict):
-        requests = []
-        for r in workload.get("requests") or []:
-            sampling = {k: v for k, v in (r.get("sampling") or {}).items() if k != "max_new_tokens"}
-            requests.append(dict(r, sampling=sampling))
-        out["workload"] = dict(workload, requests=requests)
-    for role in ("main", "baseline"):
-        server = data.get(role)
-        if isinstance(server, dict):
-            geometry = [{k: v for k, v in g.items() if k not in ("moe_dp_rank", "moe_ep_rank")}
-                        for g in server.get("geometry") or []]
-            out[role] = dict(server, geometry=geometry)
-    return out
