@@ -218,15 +218,18 @@ class Rerun:
         return self.outcome.exit_code if self.diff.same else max(self.outcome.exit_code, 1)
 
 
-def rerun(archive: Path, results: Path, launcher: Launcher, *, log: Logger, now: datetime) -> Rerun:
-    """Run an archive's plan again into a new archive under `results`, then diff the evidence."""
+def rerun(archive: Path, results: Path, launcher: Launcher, *, log: Logger, now: datetime,
+          environment: Mapping[str, Any] | None = None, run_options: Any = None) -> Rerun:
+    """Run an archive's plan again into a new archive under `results`, then diff the evidence
+    (`environment` and `run_options` as for `run_scenario`)."""
     layout = store.Layout(archive)
     try:
         planned = Plan.model_validate_json(read_text(layout.plan))
     except ValueError as e:
         raise PlanError(f"{layout.plan}: not a plan this cptest can read ({e})") from None
     out = store.archive_dir(results, planned.scenario, planned.pins.scenario_sha256, now)
-    outcome = run_scenario(planned, out, launcher, scenario_text=read_text(layout.scenario), log=log)
+    outcome = run_scenario(planned, out, launcher, scenario_text=read_text(layout.scenario), log=log,
+                           environment=environment, run_options=run_options)
     return Rerun(outcome, diff(archive, out))
 
 

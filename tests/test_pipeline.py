@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import io
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from cptest import pipeline, store
+from cptest.checks.diff import diff
 from cptest.contracts import LaunchParams, ServingParams
 from cptest.errors import RunError, ScenarioError
 from cptest.outline import Logger, TerminalSink
@@ -73,6 +75,23 @@ def test_check_archive_says_when_the_stored_verdict_differs(tmp_path: Path) -> N
     # --write re-finishes it from the evidence.
     assert not pipeline.check_archive(out, write=True).differs
     assert not pipeline.check_archive(out).differs and store.verify(out) == []
+
+
+def test_a_rerun_of_a_deterministic_engine_runs_the_plan_again_and_diffs_clean(tmp_path: Path) -> None:
+    first = tmp_path / "first"
+    run(fake_plan(), first)
+    now = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+    log = Logger([TerminalSink(io.StringIO())])
+    done = pipeline.rerun(first, tmp_path / "results", ProcessLauncher(), log=log, now=now, environment=ENV,
+                          run_options=OPTS)
+    assert done.outcome.archive == tmp_path / "results" / "fake_scenario" / "20261130T120000Z-abababab"
+    assert done.outcome.verdict.status == "pass" and store.verify(done.outcome.archive) == []
+    assert done.diff.same and done.exit_code == 0, done.diff.render()
+    # A difference in the evidence is a failed rerun (exit 1), whatever the new verdict says.
+    (done.outcome.archive / "evidence/main/runner.jsonl").write_text(
+        (first / "evidence/main/runner.jsonl").read_text().replace('"output_ids":[', '"output_ids":[999,', 1))
+    again = pipeline.Rerun(done.outcome, diff(first, done.outcome.archive))
+    assert not again.diff.same and again.exit_code == 1
 
 
 def test_an_unreadable_scenario_is_bad_input(tmp_path: Path) -> None:
