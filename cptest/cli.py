@@ -264,12 +264,12 @@ def _verdict_text(verdict: Any, out: Path) -> str:
 @_guard
 def check(directory: Path, write: bool, as_json: bool) -> int:
     """Recompute verdicts from an archive's evidence alone (no GPU); compare with verdict.json."""
-    from cptest import pipeline
+    from cptest import pipeline, store
 
     done = pipeline.check_archive(directory, write=write)
     _emit(json.loads(done.verdict.to_json()), as_json, _verdict_text(done.verdict, directory))
     if done.differs:
-        click.echo(f"cptest: the recomputed verdict differs from {directory / 'verdict.json'}", err=True)
+        click.echo(f"cptest: the recomputed verdict differs from {store.Layout(directory).verdict}", err=True)
     return done.exit_code
 
 

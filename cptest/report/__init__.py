@@ -17,7 +17,8 @@ from typing import Any
 import jinja2
 
 from cptest.plan.model import Plan
-from cptest.verdict import ScenarioVerdict
+from cptest.store import Layout
+from cptest.verdict import ScenarioVerdict, merge
 
 __all__ = ["render", "render_junit", "render_matrix"]
 
@@ -52,10 +53,10 @@ def _env(autoescape: bool) -> jinja2.Environment:
 def _load(source: Path | str | ScenarioVerdict, plan: Plan | None) -> tuple[ScenarioVerdict, Plan | None]:
     if isinstance(source, ScenarioVerdict):
         return source, plan
-    d = Path(source)
-    verdict = ScenarioVerdict.from_json((d / "verdict.json").read_text(encoding="utf-8"))
-    if plan is None and (d / "plan.json").is_file():
-        plan = Plan.model_validate_json((d / "plan.json").read_text(encoding="utf-8"))
+    layout = Layout(Path(source))
+    verdict = ScenarioVerdict.from_json(layout.verdict.read_text(encoding="utf-8"))
+    if plan is None and layout.plan.is_file():
+        plan = Plan.model_validate_json(layout.plan.read_text(encoding="utf-8"))
     return verdict, plan
 
 
@@ -77,7 +78,7 @@ def render_matrix(archives: Iterable[Path | str]) -> str:
     checkers: dict[str, None] = {}
     for a in archives:
         d = Path(a)
-        p = d / "verdict.json"
+        p = Layout(d).verdict
         if not p.is_file():
             rows.append(
                 {"scenario": d.parent.name, "engine": "?", "status": "not checked", "by": {}, "dir": d}
@@ -97,6 +98,4 @@ def render_matrix(archives: Iterable[Path | str]) -> str:
 
 
 def _worse(a: str, b: str) -> str:
-    from cptest.verdict import merge
-
     return merge([a, b])
