@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
@@ -332,10 +332,7 @@ class RankEvidence:
 
     @classmethod
     def of(cls, world: int, records: Iterable[Record], dropped: int = 0) -> RankEvidence:
-        ev = cls(world=world, dropped=dropped)
-        for r in records:
-            getattr(ev, _RANK_SLOTS.get(type(r), "other")).append(r)
-        return ev
+        return _sorted_into(cls(world=world, dropped=dropped), records, _RANK_SLOTS)
 
 
 @dataclass
@@ -353,13 +350,20 @@ class RunnerEvidence:
 
     @classmethod
     def of(cls, records: Iterable[Record], dropped: int = 0) -> RunnerEvidence:
-        ev = cls(dropped=dropped)
-        for r in records:
-            getattr(ev, _RUNNER_SLOTS.get(type(r), "other")).append(r)
-        return ev
+        return _sorted_into(cls(dropped=dropped), records, _RUNNER_SLOTS)
 
     def events(self, name: str) -> list[Lifecycle]:
         return [e for e in self.lifecycle if e.event == name]
+
+
+E = TypeVar("E", RankEvidence, RunnerEvidence)
+
+
+def _sorted_into(ev: E, records: Iterable[Record], slots: dict[type, str]) -> E:
+    """Append each record to the list `slots` names for its type (`other` for the rest), in order."""
+    for r in records:
+        getattr(ev, slots.get(type(r), "other")).append(r)
+    return ev
 
 
 _RANK_SLOTS: dict[type, str] = {
