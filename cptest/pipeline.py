@@ -8,7 +8,7 @@ CLI does, `cptest.cli`), so a test, a suite runner or a notebook can drive a who
     outcome.verdict.status, outcome.exit_code
 
 Exit codes (`Outcome.exit_code`): 0 pass, 1 fail, 3 unknown or an infrastructure fault that stopped
-the run. A fault never loses what was gathered: the archive is finished with an unknown verdict.
+the run. A fault never loses what was gathered: the archive is finished from the evidence it has.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ class Outcome:
     verdict: ScenarioVerdict
     archive: Path
     error: CptestError | None = None
-    """The infrastructure fault that stopped the run, if any (the verdict is then unknown)."""
+    """The infrastructure fault that stopped the run, if any: the exit code is then 3, whatever the
+    checks found in what was gathered (the archive is finished from that evidence)."""
 
     @property
     def exit_code(self) -> int:
