@@ -79,8 +79,11 @@ class SyntheticGeometry(BaseModel):
     v_head_dim: int | None = None
 
 
-class Model(Node, SyntheticGeometry):
-    """The model to serve. The geometry fields (`SyntheticGeometry`) are set for `synthetic` only."""
+class ModelSource(BaseModel):
+    """Where a model comes from: a local directory, a hub id at a revision, or synthetic weights
+    (the plan pins the same fields, `ModelPin`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: Literal["local", "hub", "synthetic"]
     path: str | None = None
@@ -88,6 +91,11 @@ class Model(Node, SyntheticGeometry):
     id: str | None = None
     revision: str | None = None
     sha256: str | None = None
+
+
+class Model(Node, ModelSource, SyntheticGeometry):
+    """The model to serve. The geometry fields (`SyntheticGeometry`) are set for `synthetic` only."""
+
     facts: ModelFacts
 
     def synthetic_geometry(self) -> SyntheticGeometry | None:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from cptest.contracts import Expectation
 from cptest.engines.sglang.admission import Admission
 from cptest.plan.upgrade import PLAN_VERSION, upgrade_v1
-from cptest.scenario import FaultSpec, ModelFacts, SyntheticGeometry
+from cptest.scenario import FaultSpec, ModelFacts, ModelSource, SyntheticGeometry
 from cptest.topology import Degrees, RankGeometry
 
 
@@ -149,14 +149,9 @@ class FaultPlan(FaultSpec):
     """Process title that identifies the rank (`sglang::scheduler_TP<r>`)."""
 
 
-class ModelPin(_Frozen):
+class ModelPin(ModelSource):
     """The model a plan runs: by path, hub id and revision, or synthetic geometry and seed."""
 
-    kind: Literal["local", "hub", "synthetic"]
-    path: str | None = None
-    id: str | None = None
-    revision: str | None = None
-    sha256: str | None = None
     architecture: str
     """The HF architecture class (`LlamaForCausalLM`)."""
     synthetic: SyntheticGeometry | None = Field(default=None, exclude_if=_absent)
