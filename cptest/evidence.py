@@ -201,14 +201,39 @@ class ProcessSample(_Record):
     phase: str
     """before, running, after, final."""
     procs: list[dict[str, Any]]
-    """pid, ppid, name (process title), status, rss."""
+    """pid, ppid, name (process title), status, rss, scope: `tree` (a process of this run's trees),
+    `host` (titled like the engine, outside the trees, carrying this run's label or no cptest label:
+    an orphan or a leftover), `foreign` (titled like the engine and labelled by another cptest run
+    sharing the machine: not this run's to judge)."""
+
+
+class GpuProcessUse(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    gpu: str
+    pid: int
+    mib: int
+    ours: bool
+    """The process belongs to this run: a pid of its trees, or one carrying its label."""
 
 
 class GpuSample(_Record):
     kind: Literal["gpu"] = "gpu"
     phase: str
     used_mib: dict[str, int]
-    """GPU index -> memory in use."""
+    """GPU index -> memory in use on the device (every process)."""
+    processes: list[GpuProcessUse] | None = None
+    """Who holds that memory, per process (NVML); None where the machine cannot say."""
+
+    def ours_mib(self) -> dict[str, int] | None:
+        """GPU index -> MiB held by this run's processes (every GPU of the sample, zeros included);
+        None without per-process figures."""
+        if self.processes is None:
+            return None
+        out = {g: 0 for g in self.used_mib}
+        for p in self.processes:
+            if p.ours:
+                out[p.gpu] = out.get(p.gpu, 0) + p.mib
+        return out
 
 
 class LogLine(_Record):

@@ -238,6 +238,9 @@ class Expect(Node):
 class Scenario(Node):
     name: str
     description: str | None = None
+    exclusive: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Why the scenario must have the machine to itself (its contracts judge timing that another
+    server on the same GPUs or cores would disturb); a suite then runs it alone. None: it may share."""
     includes: list[str] = Field(default_factory=list)
     """Resolved paths of the files pulled in through `extends`, nearest first."""
     engine: Engine

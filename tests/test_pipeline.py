@@ -17,13 +17,13 @@ from cptest.outline import Logger, TerminalSink
 from cptest.plan.model import Plan
 from cptest.run.process import ProcessLauncher
 from cptest.run.runner import RunOptions
-from cptest.run.supervisor import GpuQueryUnavailable
+from cptest.run.supervisor import GpuQueryUnavailable, GpuReading
 from tests.run.conftest import fake_server, free_port, make_plan
 
 ENV = {"python": "3.11", "reasons": {}}
 
 
-def no_gpu() -> dict[str, int]:
+def no_gpu() -> GpuReading:
     raise GpuQueryUnavailable("no GPU in this test")
 
 

@@ -7,8 +7,12 @@ ends itself with SIGKILL by design, and otherwise after a rank was killed), reso
 
 Evidence: the role's Lifecycle events (`signal`, `exited` {node, status, after_s_since_signal},
 `teardown` {leftover_pids, killed}, `shutdown_done` {after_s, all_exited}), the last ProcessSample
-(phase "final", else "after"), and GpuSample "before" vs "after"/"final". Each part is pass, fail or
-unknown on its own; the verdict is the worst. GPU slack: 64 MiB per GPU (driver context noise).
+(phase "final", else "after"; processes of scope `foreign`, another run's on a shared machine, are
+not this run's orphans), and the GpuSamples. Where they attribute memory to processes (NVML), GPU
+memory is released when no process of this run holds any after shutdown: the judgement is the run's
+own, so runs may share GPUs. Otherwise the device total "after"/"final" is compared with "before",
+with a slack of 64 MiB per GPU (driver context noise). Each part is pass, fail or unknown on its
+own; the verdict is the worst.
 """
 
 from __future__ import annotations
@@ -126,8 +130,8 @@ def check(evidence: Evidence, p: ShutdownParams) -> Verdict:
             parts.append(("no_orphans", "fail", f"pid(s) {leftover} survived teardown"))
         elif not final:
             parts.append(("no_orphans", "unknown", "no final process sample"))
-        elif final[-1].procs:
-            procs = final[-1].procs
+        elif [p for p in final[-1].procs if p.get("scope") != "foreign"]:
+            procs = [p for p in final[-1].procs if p.get("scope") != "foreign"]
             figures["orphans"] = procs
             parts.append(
                 (
@@ -149,6 +153,8 @@ def check(evidence: Evidence, p: ShutdownParams) -> Verdict:
                 parts.append(("gpu_memory", "pass", "not applicable: the reference engine uses no GPU"))
             else:
                 parts.append(("gpu_memory", "unknown", "no GPU memory samples before and after"))
+        elif after[-1].processes is not None:
+            parts.append(_own_gpu_memory(ev.gpu, after[-1], figures))
         else:
             b, a = before[0].used_mib, after[-1].used_mib
             grew = {g: a[g] - b.get(g, 0) for g in sorted(a) if a[g] - b.get(g, 0) > GPU_SLACK_MIB}
@@ -176,6 +182,23 @@ def check(evidence: Evidence, p: ShutdownParams) -> Verdict:
         else:
             parts.append(("exit_status", "pass", f"exit statuses {sorted(set(statuses.values()))} accepted"))
     return combine(NAME, parts, **figures)
+
+
+def _own_gpu_memory(samples: list[Any], last: Any, figures: dict[str, Any]) -> tuple[str, Status, str]:
+    """The gpu_memory part from per-process figures: after shutdown no process of this run may hold
+    GPU memory (other runs sharing the GPUs do not count)."""
+    peak: dict[str, int] = {}
+    for s in samples:
+        for g, mib in (s.ours_mib() or {}).items():
+            peak[g] = max(peak.get(g, 0), mib)
+    held = [p for p in last.processes if p.ours and p.mib > 0]
+    figures["gpu_own_mib"] = {"peak": peak, "after": last.ours_mib()}
+    if held:
+        p = held[0]
+        return ("gpu_memory", "fail", f"pid {p.pid} of this run still holds {p.mib} MiB on GPU {p.gpu} "
+                                      f"after shutdown ({len(held)} process(es) in all)")
+    where = ", ".join(f"GPU {g} {m} MiB" for g, m in sorted(peak.items()) if m) or "none seen"
+    return ("gpu_memory", "pass", f"no process of this run holds GPU memory after shutdown (peak {where})")
 
 
 CONTRACT = Contract(NAME, ShutdownExpect, ShutdownParams, resolve, check)

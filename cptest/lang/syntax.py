@@ -271,6 +271,10 @@ class _Build:
         span = _span(self.f, meta)
         return Stmt("", "description", unquote(str(c[0])), span, span)
 
+    def exclusive(self, meta: Any, c: list[Token]) -> Stmt:
+        span = _span(self.f, meta)
+        return Stmt("", "exclusive", unquote(str(c[0])), span, span)
+
     def extends(self, meta: Any, c: list[Token]) -> Stmt:
         span = _span(self.f, meta)
         return Stmt("", "extends", unquote(str(c[0])), span, span)

@@ -14,7 +14,7 @@ TOP_BLOCK = "scenario"
 
 BLOCK_KEYS: dict[str, tuple[str, ...]] = {
     TOP_BLOCK: (
-        "description", "extends", "engine", "model", "facts", "topology", "serve", "baseline",
+        "description", "exclusive", "extends", "engine", "model", "facts", "topology", "serve", "baseline",
         "workload", "fault", "expect",
     ),
     "model": (

@@ -381,6 +381,7 @@ def resolve(
         return Scenario(
             name=doc.name or "",
             description=_description(v),
+            exclusive=_exclusive(v),
             includes=list(chain.includes),
             engine=engine,
             model=model,
@@ -415,6 +416,15 @@ def _node(cls: Any, p: ProblemCollector, span: Span | None, **kw: Any) -> Any:
 
 def _description(v: _Values) -> str | None:
     s = v.stmt("", "description")
+    return s.value if s else None
+
+
+def _exclusive(v: _Values) -> str | None:
+    s = v.stmt("", "exclusive")
+    if s is not None and not s.value.strip():
+        v.p.add(s.span, "exclusive needs a reason", expected='exclusive "why this scenario needs the GPUs '
+                'to itself"')
+        return None
     return s.value if s else None
 
 

@@ -24,6 +24,7 @@ from cptest.plan.model import (
     ModelPin,
     NodeLaunch,
     Pins,
+    Placement,
     Plan,
     SamplingParams,
     ServerPlan,
@@ -49,8 +50,6 @@ ENGINE_ENV = {
 }
 """Environment every engine process gets, before the scenario's own `serve { env ... }`."""
 
-MAIN_PORT = 30000
-BASELINE_PORT = 30100
 
 
 def canonical_sha256(scenario: Scenario) -> str:
@@ -72,12 +71,15 @@ def canonical_sha256(scenario: Scenario) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def plan(scenario: Scenario, *, model_cache: Path = Path(".cptest/models")) -> Plan:
+def plan(scenario: Scenario, *, model_cache: Path = Path(".cptest/models"),
+         placement: Placement | None = None) -> Plan:
     """The plan of `scenario`. Raises PlanError naming the scenario position of each problem.
 
     `model_cache` is where synthetic weights will be written at run time (an argument, so that
-    the plan stays a function of its inputs only).
+    the plan stays a function of its inputs only); `placement` the ports, GPUs and CPUs the servers
+    get on this machine (default: `Placement()`, what a lone run uses).
     """
+    place = placement or Placement()
     problems = ProblemCollector()
     try:
         engine = engine_for(scenario.engine.kind, scenario.engine.release)
@@ -87,15 +89,14 @@ def plan(scenario: Scenario, *, model_cache: Path = Path(".cptest/models")) -> P
         problems.raise_if_any(PlanError)
         raise
     eager_reason = _needs_eager(scenario)
-    main = _server(scenario, engine, scenario.topology, "main", MAIN_PORT, eager_reason, problems,
-                   model_cache)
+    main = _server(scenario, engine, scenario.topology, "main", place, eager_reason, problems, model_cache)
     baseline = None
     if scenario.baseline is not None:
         base_topo = scenario.baseline_topology()
         if base_topo is None:
             problems.add(scenario.baseline.span, "the baseline topology is impossible")
         else:
-            baseline = _server(scenario, engine, base_topo, "baseline", BASELINE_PORT, eager_reason, problems,
+            baseline = _server(scenario, engine, base_topo, "baseline", place, eager_reason, problems,
                                model_cache)
     workload = _workload(scenario, problems)
     faults = _faults(scenario, main, problems)
@@ -134,13 +135,14 @@ def _server(
     engine: Engine,
     topo: Topology,
     role: str,
-    port: int,
+    place: Placement,
     eager_reason: str | None,
     problems: ProblemCollector,
     model_cache: Path,
 ) -> ServerPlan | None:
     serve = scenario.serve
     degrees = topo.as_degrees()
+    port = place.main_port if role == "main" else place.baseline_port
     for why in engine.unexpressible(degrees):
         problems.add(topo.span or scenario.span, f"{role}: {why}")
     model_path = _model_path(scenario, model_cache)
@@ -152,6 +154,13 @@ def _server(
     )  # fmt: skip
     env = dict(ENGINE_ENV, **serve.env)
     per_node = max(degrees.world_size // max(degrees.nodes, 1), 1)
+    gpu_ids = list(range(per_node))
+    if place.gpus is not None:
+        if len(place.gpus) < per_node:
+            problems.add(topo.span or scenario.span, f"{role}: needs {per_node} GPU(s) per node, the placement "
+                         f"gives {len(place.gpus)} ({place.gpus})")
+            return None
+        gpu_ids = list(place.gpus[:per_node])
     nodes = []
     for n in range(degrees.nodes):
         try:
@@ -161,8 +170,8 @@ def _server(
                 problems.add(p.span or serve.span or scenario.span, p.message, hint=p.hint,
                              expected=p.expected, found=p.found)
             return None
-        nodes.append(NodeLaunch(node_rank=n, gpu_ids=list(range(per_node)), env=env, argv=argv, port=port,
-                                image=scenario.engine.image, model_mount=model_path))
+        nodes.append(NodeLaunch(node_rank=n, gpu_ids=gpu_ids, env=env, argv=argv, port=port,
+                                image=scenario.engine.image, model_mount=model_path, cpus=place.cpus))
     return ServerPlan(
         role=role,  # type: ignore[arg-type]
         engine=scenario.engine.kind,

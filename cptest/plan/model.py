@@ -43,6 +43,29 @@ class NodeLaunch(_Frozen):
     port: int
     model_mount: str | None = None
     """Host path of the model directory (mounted read-only in containers)."""
+    cpus: list[int] | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The host CPUs the node's processes may run on (None: wherever the OS puts them). Set when a
+    suite packs several servers onto one machine: each server its own cores, so that one server's
+    busy scheduler threads cannot slow another's steps."""
+
+
+MAIN_PORT = 30000
+BASELINE_PORT = 30100
+
+
+class Placement(_Frozen):
+    """Where on this machine a plan's servers run: the HTTP ports, the physical GPUs and the CPUs.
+
+    The default is what a lone `cptest run` uses (ports 30000/30100, GPUs 0..n-1, any CPU); a suite
+    that packs scenarios onto shared GPUs gives each its own (`cptest.suite`). The plan records the
+    result in every node (port, gpu_ids, cpus), so a rerun runs where the run did."""
+
+    main_port: int = Field(default=MAIN_PORT, ge=1, le=65535)
+    baseline_port: int = Field(default=BASELINE_PORT, ge=1, le=65535)
+    gpus: list[int] | None = None
+    """Physical GPU ids; a server of n GPUs per node takes the first n. None: 0..n-1."""
+    cpus: list[int] | None = None
+    """Host CPUs for every process of the servers; None: no pinning."""
 
 
 class ServerPlan(_Frozen):

@@ -259,6 +259,8 @@ def container_config(
         "detach": True,
         "device_requests": gpu_device_requests(node.gpu_ids),
     }
+    if node.cpus:  # a suite's placement: the container runs on these host CPUs only
+        config["cpuset_cpus"] = ",".join(str(c) for c in node.cpus)
     # With the host's IPC namespace /dev/shm is the host's: Docker ignores shm_size there and
     # Podman refuses the pair ("cannot set shmsize when running in the host IPC Namespace").
     if shm_size and ipc_mode != "host":

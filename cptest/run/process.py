@@ -83,6 +83,21 @@ def label_var(key: str) -> str:
     return LABEL_ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", key).upper()
 
 
+PIN_CPUS_CODE = "import os, sys; os.sched_setaffinity(0, map(int, sys.argv[1].split(','))); " \
+                "os.execvp(sys.argv[2], sys.argv[2:])"
+"""Run by this interpreter in front of an engine whose node has `cpus`: it sets the CPU affinity and
+execs the engine, so the engine keeps the pid and every process it starts inherits the set (setting
+it from outside after Popen would race the engine's first children; `preexec_fn` is not safe in a
+process with threads, and cptest has its sampler thread)."""
+
+
+def pinned_argv(argv: list[str], cpus: list[int] | None) -> list[str]:
+    """`argv`, started on `cpus` only (unchanged when `cpus` is None or empty)."""
+    if not cpus:
+        return argv
+    return [sys.executable, "-c", PIN_CPUS_CODE, ",".join(str(c) for c in cpus), *argv]
+
+
 def resolve_argv(argv: list[str], env: dict[str, str]) -> list[str]:
     """argv with argv[0] resolved on the engine's PATH (no shell). Raises RunError if not found."""
     if not argv:
@@ -209,7 +224,7 @@ class ProcessLauncher:
         Raises RunError when the executable is missing or the OS refuses to start it.
         """
         env = engine_env(node, self.base_env, labels)
-        argv = resolve_argv(node.argv, env)
+        argv = pinned_argv(resolve_argv(node.argv, env), node.cpus)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as log_file:
             try:

@@ -45,7 +45,8 @@ from cptest.run.evidence_writer import RecordWriter
 from cptest.run.faults import FaultInjector
 from cptest.run.launcher import ExitInfo, Launcher
 from cptest.run.process import Interrupted
-from cptest.run.supervisor import Owned, Supervisor, gpu_settled, query_gpu_memory
+from cptest.run.gpu import GpuReading, read_gpus
+from cptest.run.supervisor import Owned, Supervisor, gpu_settled
 from cptest.store import Layout
 
 Role = Literal["main", "baseline"]
@@ -80,7 +81,7 @@ class RunOptions:
     """Knobs of the run stage that are not part of the plan (test seams and local settings)."""
 
     sample_interval_s: float = 2.0
-    gpu_query: Callable[[], dict[str, int]] = query_gpu_memory
+    gpu_query: Callable[[], GpuReading] = read_gpus
     gpu_settle_s: float = 15.0
     http_timeout_s: float = 10.0
     ready_poll_s: float = 1.0

@@ -11,9 +11,7 @@ run unwinds through `__exit__` as on any other error.
 from __future__ import annotations
 
 import contextlib
-import shutil
 import signal
-import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,44 +21,18 @@ from typing import Any, Literal
 import psutil
 
 from cptest.errors import RunError
-from cptest.evidence import GpuSample, Lifecycle, ProbeNote, ProcessSample
+from cptest.evidence import GpuProcessUse, GpuSample, Lifecycle, ProbeNote, ProcessSample
 from cptest.outline import Logger, null_logger
 from cptest.plan.model import NodeLaunch
 from cptest.run.evidence_writer import RecordWriter
+from cptest.run.gpu import GpuQueryUnavailable, GpuReading, parse_gpu_memory, query_gpu_memory, read_gpus
 from cptest.run.launcher import ExitInfo, Handle, Launcher
-
-NVIDIA_SMI_ARGV: list[str] = ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]
 
 Role = Literal["main", "baseline"]
 
-
-class GpuQueryUnavailable(Exception):
-    """GPU memory cannot be read here (no nvidia-smi, no driver). Recorded as a note, not an error."""
-
-
-def query_gpu_memory(argv: list[str] | None = None, timeout_s: float = 10.0) -> dict[str, int]:
-    """GPU index -> MiB in use, from nvidia-smi (argv list, no shell).
-
-    Raises GpuQueryUnavailable when nvidia-smi is absent or fails.
-    """
-    argv = list(argv or NVIDIA_SMI_ARGV)
-    if shutil.which(argv[0]) is None:
-        raise GpuQueryUnavailable(f"{argv[0]} not found on PATH; GPU memory not sampled")
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=True).stdout
-    except (subprocess.SubprocessError, OSError) as e:
-        raise GpuQueryUnavailable(f"{argv[0]} failed: {e}") from None
-    return parse_gpu_memory(out)
-
-
-def parse_gpu_memory(text: str) -> dict[str, int]:
-    """`0, 1234` lines -> {"0": 1234}. Lines that are not `index, number` are skipped."""
-    used: dict[str, int] = {}
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
-            used[parts[0]] = int(parts[1])
-    return used
+RUN_LABEL = "cptest.run"
+"""The label (an environment variable of every engine process, `process.label_var`) naming the run:
+what tells this run's stray processes from another run's on a shared machine."""
 
 
 def describe_processes(pids: list[int], scope: str = "tree") -> list[dict[str, Any]]:
@@ -79,6 +51,18 @@ def describe_processes(pids: list[int], scope: str = "tree") -> list[dict[str, A
         except (psutil.Error, OSError):
             continue
     return procs
+
+
+def run_label_of(pid: int) -> str | None:
+    """The cptest run label in a process's environment; "" for a process with none (started
+    outside cptest); None when its environment cannot be read (gone, or another user's)."""
+    from cptest.run.process import label_var
+
+    try:
+        env = psutil.Process(pid).environ()
+    except (psutil.Error, OSError):
+        return None
+    return env.get(label_var(RUN_LABEL), "")
 
 
 def host_processes_titled(prefix: str) -> list[int]:
@@ -112,7 +96,9 @@ class Supervisor:
     launcher: Launcher
     log: Logger = field(default_factory=null_logger)
     sample_interval_s: float = 2.0
-    gpu_query: Callable[[], dict[str, int]] = query_gpu_memory
+    gpu_query: Callable[[], GpuReading] = read_gpus
+    run_label: str | None = None
+    """This run's label value (`RUN_LABEL`); set from the first `start`. None: every stray is ours."""
     title_prefix: str = "sglang::"
     teardown_grace_s: float = 10.0
     owned: list[Owned] = field(default_factory=list)
@@ -147,6 +133,8 @@ class Supervisor:
               writer: RecordWriter) -> Owned:
         """Start a node through the launcher and own it at once. Writes Lifecycle `launched`."""
         handle = self.launcher.start(node, log_path, labels)
+        if self.run_label is None:
+            self.run_label = labels.get(RUN_LABEL)
         owned = Owned(handle, role, writer)
         self.owned.append(owned)
         writer.write(Lifecycle(run=role, event="launched",
@@ -187,20 +175,50 @@ class Supervisor:
         procs = describe_processes(pids)
         if host:
             strays = [p for p in host_processes_titled(self.title_prefix) if p not in pids]
-            procs += describe_processes(strays, scope="host")
+            foreign = [p for p in strays if not self._ours_by_label(p)]
+            procs += describe_processes([p for p in strays if p not in foreign], scope="host")
+            procs += describe_processes(foreign, scope="foreign")
         writer.write(ProcessSample(phase=phase, procs=procs))
         return self.sample_gpu(phase, role, writer)
 
-    def sample_gpu(self, phase: str, role: Role, writer: RecordWriter) -> dict[str, int] | None:
+    def _ours_by_label(self, pid: int) -> bool:
+        """A stray is this run's unless it carries another cptest run's label (unlabelled ones and
+        unreadable ones stay ours to explain: leftovers of a run that is not running any more)."""
+        if self.run_label is None:
+            return True
+        label = run_label_of(pid)
+        return label in (None, "", self.run_label)
+
+    def tree_pids(self) -> set[int]:
+        """Every pid of the owned trees: alive now, or seen before (a launcher that keeps a snapshot)."""
+        pids: set[int] = set()
+        for o in self.owned:
+            pids.update(getattr(o.handle, "known", {}))
+            pids.update(o.handle.pids())
+        return pids
+
+    def ours(self, pid: int, tree: set[int] | None = None) -> bool:
+        """`pid` belongs to this run: a process of an owned tree (now or ever, `tree` if the caller
+        has it), or one labelled with this run (an orphan that left the tree)."""
+        if pid in (self.tree_pids() if tree is None else tree):
+            return True
+        return self.run_label is not None and run_label_of(pid) == self.run_label
+
+    def sample_gpu(self, phase: str, role: Role, writer: RecordWriter) -> GpuReading | None:
         try:
-            used = self.gpu_query()
+            reading = self.gpu_query()
         except GpuQueryUnavailable as e:
             if role not in self._gpu_note_written:
                 self._gpu_note_written.add(role)
                 writer.write(ProbeNote(level="warning", message=str(e)))
             return None
-        writer.write(GpuSample(phase=phase, used_mib=used))
-        return used
+        uses = None
+        if reading.processes is not None:
+            tree = self.tree_pids()
+            uses = [GpuProcessUse(gpu=g, pid=pid, mib=mib, ours=self.ours(pid, tree))
+                    for g, held in sorted(reading.processes.items()) for pid, mib in sorted(held.items())]
+        writer.write(GpuSample(phase=phase, used_mib=reading.used_mib, processes=uses))
+        return reading
 
     def start_sampling(self, role: Role, writer: RecordWriter) -> None:
         """Sample the role's trees every `sample_interval_s` (phase `running`) until stop_sampling."""
@@ -229,14 +247,24 @@ class Supervisor:
             self._thread = None
 
 
-def gpu_settled(sup: Supervisor, before: dict[str, int] | None,
+def gpu_settled(sup: Supervisor, before: GpuReading | None,
                 tolerance_mib: int = 0) -> Callable[[bool], bool]:
-    """A `retry` predicate: true when every GPU of `before` uses no more than before + tolerance."""
+    """A `retry` predicate: true when no process of this run holds GPU memory any more (where the
+    machine attributes memory to processes), else when every GPU of `before` uses no more than
+    before + tolerance (a device total: only meaningful when nothing else shares the GPUs)."""
 
     def ok(last: bool) -> bool:
         if before is None:
             return True
         now = sup.gpu_query()
-        return all(now.get(k, 0) <= v + tolerance_mib for k, v in before.items())
+        if now.processes is not None:
+            tree = sup.tree_pids()
+            return not any(mib > 0 and sup.ours(pid, tree) for held in now.processes.values()
+                           for pid, mib in held.items())
+        return all(now.used_mib.get(k, 0) <= v + tolerance_mib for k, v in before.used_mib.items())
 
     return ok
+
+
+__all__ = ["GpuQueryUnavailable", "GpuReading", "Supervisor", "gpu_settled", "parse_gpu_memory",
+           "query_gpu_memory", "read_gpus"]

@@ -20,12 +20,12 @@ from conftest import fake_node  # noqa: E402
 from cptest.outline import null_logger  # noqa: E402
 from cptest.run.evidence_writer import RecordWriter  # noqa: E402
 from cptest.run.process import ProcessLauncher, install_signal_handlers  # noqa: E402
-from cptest.run.supervisor import GpuQueryUnavailable, Supervisor  # noqa: E402
+from cptest.run.supervisor import GpuQueryUnavailable, GpuReading, Supervisor  # noqa: E402
 
 EXPECTED = 1 + 2 * 2 + 1  # main, 2 schedulers with a helper each, one orphan
 
 
-def no_gpu() -> dict[str, int]:
+def no_gpu() -> GpuReading:
     raise GpuQueryUnavailable("no GPU in tests")
 
 

@@ -16,12 +16,12 @@ from cptest.plan.model import FaultPlan, Plan
 from cptest.run import runner
 from cptest.run.process import Interrupted, ProcessLauncher
 from cptest.run.runner import RunOptions, run_plan
-from cptest.run.supervisor import GpuQueryUnavailable
+from cptest.run.supervisor import GpuQueryUnavailable, GpuReading
 
 from conftest import alive, fake_server, free_port, make_plan, requests  # isort: skip
 
 
-def no_gpu() -> dict[str, int]:
+def no_gpu() -> GpuReading:
     raise GpuQueryUnavailable("nvidia-smi not found on PATH; GPU memory not sampled")
 
 

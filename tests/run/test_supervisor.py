@@ -15,12 +15,12 @@ from cptest.plan.model import NodeLaunch
 from cptest.run.evidence_writer import RecordWriter
 from cptest.run.launcher import ExitInfo
 from cptest.run.process import ProcessLauncher
-from cptest.run.supervisor import GpuQueryUnavailable, Supervisor, parse_gpu_memory, query_gpu_memory
+from cptest.run.supervisor import GpuQueryUnavailable, GpuReading, Supervisor, parse_gpu_memory, query_gpu_memory
 
 from conftest import fake_node, wait_until  # isort: skip
 
 
-def no_gpu() -> dict[str, int]:
+def no_gpu() -> GpuReading:
     raise GpuQueryUnavailable("nvidia-smi not found on PATH; GPU memory not sampled")
 
 
@@ -109,8 +109,8 @@ def test_samples_record_the_tree_with_titles_and_a_note_when_gpus_cannot_be_read
 
 def test_gpu_memory_is_sampled_when_readable(tmp_path: Path) -> None:
     writer = RecordWriter(tmp_path / "r.jsonl")
-    with Supervisor(FlakyLauncher(), gpu_query=lambda: {"0": 10}) as sup:
-        assert sup.sample("before", "main", writer) == {"0": 10}
+    with Supervisor(FlakyLauncher(), gpu_query=lambda: GpuReading({"0": 10})) as sup:
+        assert sup.sample("before", "main", writer) == GpuReading({"0": 10})
     (gpu,) = [r for r in read_records(tmp_path / "r.jsonl")[0] if isinstance(r, GpuSample)]
     assert gpu.used_mib == {"0": 10} and gpu.phase == "before"
 
