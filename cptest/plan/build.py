@@ -157,8 +157,8 @@ def _server(
     gpu_ids = list(range(per_node))
     if place.gpus is not None:
         if len(place.gpus) < per_node:
-            problems.add(topo.span or scenario.span, f"{role}: needs {per_node} GPU(s) per node, the placement "
-                         f"gives {len(place.gpus)} ({place.gpus})")
+            problems.add(topo.span or scenario.span,
+                         f"{role}: needs {per_node} GPU(s) per node, the placement gives {place.gpus}")
             return None
         gpu_ids = list(place.gpus[:per_node])
     nodes = []

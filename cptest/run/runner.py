@@ -43,9 +43,9 @@ from cptest.retry import Abort, retry
 from cptest.run.driver import WorkloadDriver, WorkloadSummary
 from cptest.run.evidence_writer import RecordWriter
 from cptest.run.faults import FaultInjector
+from cptest.run.gpu import GpuReading, read_gpus
 from cptest.run.launcher import ExitInfo, Launcher
 from cptest.run.process import Interrupted
-from cptest.run.gpu import GpuReading, read_gpus
 from cptest.run.supervisor import Owned, Supervisor, gpu_settled
 from cptest.store import Layout
 

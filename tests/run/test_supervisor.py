@@ -15,7 +15,13 @@ from cptest.plan.model import NodeLaunch
 from cptest.run.evidence_writer import RecordWriter
 from cptest.run.launcher import ExitInfo
 from cptest.run.process import ProcessLauncher
-from cptest.run.supervisor import GpuQueryUnavailable, GpuReading, Supervisor, parse_gpu_memory, query_gpu_memory
+from cptest.run.supervisor import (
+    GpuQueryUnavailable,
+    GpuReading,
+    Supervisor,
+    parse_gpu_memory,
+    query_gpu_memory,
+)
 
 from conftest import fake_node, wait_until  # isort: skip
 
