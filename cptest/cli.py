@@ -186,15 +186,21 @@ def schema() -> int:
 @click.option("--ignore-lint", is_flag=True, help="run even when lint finds a mismatch")
 @click.option("--engine", "engine_name", type=click.Choice(["sglang", "reference"]), default=None,
               help="override the scenario's engine (with no GPU, sglang scenarios run on the reference)")
+@click.option("--gpus", default=None, metavar="IDS",
+              help="physical GPUs for the servers, e.g. 2,3 (default 0..n-1)")
+@click.option("--cpus", default=None, metavar="IDS", help="pin every server process to these CPUs, e.g. 4-9")
+@click.option("--ports", default=None, metavar="MAIN,BASELINE",
+              help="HTTP ports of the main and baseline server (default 30000,30100)")
 @json_option
 @_guard
 def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name: str | None,
-        as_json: bool) -> int:
+        gpus: str | None, cpus: str | None, ports: str | None, as_json: bool) -> int:
     """Plan, lint, launch, drive the workload, inject faults, gather evidence, check, archive."""
     from cptest import pipeline
 
     gpu = shutil.which("nvidia-smi") is not None
-    prepared = pipeline.prepare(file, engine=engine_name, gpu_present=gpu, model_cache=MODEL_CACHE)
+    prepared = pipeline.prepare(file, engine=engine_name, gpu_present=gpu, model_cache=MODEL_CACHE,
+                                placement=_placement(gpus, cpus, ports))
     for note in prepared.notes:
         click.echo(note, err=True)
     if prepared.engine == "reference" and launcher != "process":
@@ -211,6 +217,55 @@ def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name
     outcome = pipeline.run_scenario(prepared.plan, out, pipeline.launcher_named(launcher),
                                     scenario_text=prepared.text, log=_log(), includes=prepared.includes)
     return _outcome(outcome, as_json)
+
+
+def _placement(gpus: str | None, cpus: str | None, ports: str | None) -> Any:
+    """The `--gpus/--cpus/--ports` of `cptest run` as a plan Placement (bad values: exit 2)."""
+    from cptest.errors import ScenarioError
+    from cptest.plan.model import Placement
+    from cptest.suite.machine import parse_ids
+
+    try:
+        main_port, baseline_port = (30000, 30100)
+        if ports is not None:
+            main_port, baseline_port = (int(x) for x in ports.split(","))
+        return Placement(main_port=main_port, baseline_port=baseline_port,
+                         gpus=parse_ids(gpus, "--gpus") if gpus else None,
+                         cpus=parse_ids(cpus, "--cpus") if cpus else None)
+    except (ValueError, CptestError) as e:
+        msg = (e.problems[0].message if isinstance(e, CptestError)
+               else f"--ports {ports!r}: expected two port numbers, MAIN,BASELINE")
+        raise ScenarioError(msg) from None
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+              show_default=True)
+@click.option("--gpus", default=None, metavar="IDS", help="the GPUs the suite may use (default: every GPU)")
+@click.option("--cpus", default=None, metavar="IDS", help="the CPUs the suite may use (default: all it may)")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="at most this many scenarios at once (1: one at a time)")
+@click.option("--launcher", type=click.Choice(["process", "docker"]), default="process", show_default=True)
+@click.option("--ignore-lint", is_flag=True, help="run scenarios even when lint finds a mismatch")
+@click.option("--engine", "engine_name", type=click.Choice(["sglang", "reference"]), default=None,
+              help="override every scenario's engine")
+@json_option
+@_guard
+def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | None, jobs: int | None,
+          launcher: str, ignore_lint: bool, engine_name: str | None, as_json: bool) -> int:
+    """Run many scenarios (files, or the .cps files of folders), concurrently where their servers fit
+    on this machine's GPUs, CPUs and ports; one summary; exit code of the worst verdict."""
+    from cptest.suite.machine import discover, parse_ids
+    from cptest.suite.runner import run_suite, scenario_files
+
+    machine = discover(gpus=parse_ids(gpus, "--gpus") if gpus else None,
+                       cpus=parse_ids(cpus, "--cpus") if cpus else None)
+    done = run_suite(scenario_files(paths), machine, results=results, log=_log(), engine=engine_name,
+                     gpu_present=shutil.which("nvidia-smi") is not None, model_cache=MODEL_CACHE, jobs=jobs,
+                     ignore_lint=ignore_lint, launcher=launcher)
+    _emit(done.record | {"folder": str(done.folder)}, as_json, (done.folder / "summary.md").read_text())
+    return done.exit_code
 
 
 @main.command()

@@ -28,7 +28,7 @@ from cptest.lang import parse_file
 from cptest.outline import Logger
 from cptest.plan import canonical_sha256, plan
 from cptest.plan.lint import Finding, lint
-from cptest.plan.model import Plan
+from cptest.plan.model import Placement, Plan
 from cptest.run.launcher import Launcher
 from cptest.scenario import Scenario
 from cptest.verdict import ScenarioVerdict
@@ -85,7 +85,8 @@ def include_name(include: Path, scenario_file: Path) -> str:
     return rel if not rel.startswith("..") else f"includes/{include.name}"
 
 
-def prepare(path: Path, *, engine: str | None = None, gpu_present: bool, model_cache: Path) -> Prepared:
+def prepare(path: Path, *, engine: str | None = None, gpu_present: bool, model_cache: Path,
+            placement: Placement | None = None) -> Prepared:
     """Parse, choose the engine, plan and lint `path`. Raises ScenarioError/PlanError on bad input.
 
     With no GPU an `sglang` scenario runs on the CPU reference engine (`cptest.engines.reference.
@@ -95,7 +96,7 @@ def prepare(path: Path, *, engine: str | None = None, gpu_present: bool, model_c
     text = read_text(path)
     scenario = parse_file(path)
     choice = choose(scenario, engine, gpu_present=gpu_present)
-    planned = plan(choice.scenario, model_cache=model_cache)
+    planned = plan(choice.scenario, model_cache=model_cache, placement=placement)
     findings = tuple(lint(scenario)) if choice.engine == "sglang" else ()
     includes = {include_name(Path(inc), path): read_text(Path(inc)) for inc in scenario.includes}
     return Prepared(scenario, planned, choice.engine, choice.notes, findings, includes, text)

@@ -56,6 +56,44 @@ def _wheel_sha256(dist: importlib.metadata.Distribution) -> tuple[str | None, st
     return None, "installed from an index: no wheel hash recorded (direct_url.json has none)"
 
 
+JIT_CACHES: dict[str, tuple[str, str]] = {
+    # name: (variable that moves it, where it is otherwise). Kept between launches on one machine
+    # (cptest never clears them): a warm cache turns minutes of kernel builds into loads.
+    "triton": ("TRITON_CACHE_DIR", "~/.triton/cache"),
+    "torchinductor": ("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_{user}"),
+    "flashinfer": ("FLASHINFER_WORKSPACE_BASE", "~/.cache/flashinfer"),
+    "deep_gemm": ("SGLANG_DG_CACHE_DIR", "~/.cache/deep_gemm"),
+    "tvm_ffi": ("TVM_FFI_CACHE_DIR", "~/.cache/tvm-ffi"),
+}
+MAX_CACHE_FILES = 200_000
+"""Counting stops here: a cache that large is warm, and the manifest must not take minutes."""
+
+
+def jit_caches(environ: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Where each JIT/compile cache the engine uses is, and how full it was when the run began
+    (files, bytes): the manifest says whether a run's startup built kernels or loaded them."""
+    import getpass
+    import os
+
+    env = os.environ if environ is None else environ
+    out: dict[str, dict[str, Any]] = {}
+    for name, (var, default) in JIT_CACHES.items():
+        path = Path(os.path.expanduser(env.get(var) or default.format(user=getpass.getuser())))
+        files = size = 0
+        for root, _, names in os.walk(path):
+            for n in names:
+                files += 1
+                try:
+                    size += os.lstat(os.path.join(root, n)).st_size
+                except OSError:
+                    continue
+            if files >= MAX_CACHE_FILES:
+                break
+        out[name] = {"path": str(path), "set_by": var if env.get(var) else "default", "files": files,
+                     "bytes": size}
+    return out
+
+
 def collect_environment(repo_root: Path | None = None) -> dict[str, Any]:
     """Facts that pin a result: python, torch, CUDA, driver, GPU model, sglang version and wheel hash,
     cptest version, flake.lock sha256. An absent fact is null, with its reason under `reasons`."""
@@ -65,6 +103,7 @@ def collect_environment(repo_root: Path | None = None) -> dict[str, Any]:
         "cptest": __version__,
     }
     reasons: dict[str, str] = {}
+    env["jit_caches"] = jit_caches()
     torch = _dist("torch")
     env["torch"] = torch.version if torch else None
     if torch is None:

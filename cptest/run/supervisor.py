@@ -11,6 +11,7 @@ run unwinds through `__exit__` as on any other error.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -46,11 +47,44 @@ def describe_processes(pids: list[int], scope: str = "tree") -> list[dict[str, A
                 procs.append({
                     "pid": pid, "ppid": p.ppid(), "name": p.name(),
                     "title": " ".join(cmd)[:200], "status": p.status(),
-                    "rss": p.memory_info().rss, "scope": scope,
+                    "rss": p.memory_info().rss, "scope": scope, "cpus": _affinity(p),
                 })
         except (psutil.Error, OSError):
             continue
     return procs
+
+
+def _affinity(p: psutil.Process) -> list[int] | None:
+    """The CPUs a process may run on (a suite pins servers to their own), where the OS says."""
+    try:
+        return sorted(p.cpu_affinity())
+    except (AttributeError, psutil.Error, OSError):
+        return None
+
+
+def foreign_sessions() -> set[int]:
+    """Sessions of engine trees that another live cptest process owns: each process-launcher tree has
+    a reaper, `python -m cptest.run.reaper <cptest pid> <create time> <session>`, whose command line
+    names its owner and the session. (Labels in the environment cannot tell: engines that set their
+    process title, SGLang's schedulers and the reference engine's processes, overwrite the memory
+    /proc/<pid>/environ is read from.)"""
+    me = os.getpid()
+    found: set[int] = set()
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info.get("cmdline") or []
+        if "cptest.run.reaper" in cmd:
+            at = cmd.index("cptest.run.reaper")
+            args = cmd[at + 1:]
+            if len(args) == 3 and args[0].isdigit() and args[2].isdigit() and int(args[0]) != me:
+                found.add(int(args[2]))
+    return found
+
+
+def session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
 
 
 def run_label_of(pid: int) -> str | None:
@@ -175,7 +209,8 @@ class Supervisor:
         procs = describe_processes(pids)
         if host:
             strays = [p for p in host_processes_titled(self.title_prefix) if p not in pids]
-            foreign = [p for p in strays if not self._ours_by_label(p)]
+            theirs = foreign_sessions() if strays else set()
+            foreign = [p for p in strays if session_of(p) in theirs or not self._ours_by_label(p)]
             procs += describe_processes([p for p in strays if p not in foreign], scope="host")
             procs += describe_processes(foreign, scope="foreign")
         writer.write(ProcessSample(phase=phase, procs=procs))

@@ -1,0 +1,99 @@
+"""What one planned scenario needs of the machine while it runs.
+
+A scenario runs its servers one after the other (main, then baseline), so it holds the most any of
+them needs: GPUs (one node only: a suite packs one host), GPU memory per GPU, CPUs. Nothing is
+measured here; the figures come from the plan, the scenario's serve settings and the model.
+
+GPU memory of an SGLang server, per GPU (0.5.17, `mem_cache/kv_cache_configurator.py:1614-1657`):
+the KV pool gets the memory free after loading the weights, less (1 - mem_fraction) of what was free
+before loading, and `--max-total-tokens` caps it. So a capped server holds its weights, its pool
+(rows x bytes per row) and a runtime part (CUDA context, NCCL buffers, activations, kernels); an
+uncapped one holds up to mem_fraction of the GPU plus the runtime part. The runtime part is measured,
+not guessed: `RUNTIME_MIB`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from cptest.plan.model import Plan
+from cptest.scenario import Scenario
+
+RUNTIME_MIB = 4608
+"""Per GPU, what an SGLang server holds besides weights and KV pool. The tiny-model archives of
+results/ (TP1, TP2, DCP2, PCP2 on 0.5.17) held at most 4098 MiB per GPU while running (GpuSample
+"running" less "before", pool of 64 MiB included); 4608 is that with an eighth of margin."""
+DEFAULT_MEM_FRACTION = 0.9
+"""When a scenario leaves --mem-fraction-static to SGLang (it picks about this on an 80+ GB GPU):
+reserve as if it took that much."""
+
+
+@dataclass(frozen=True)
+class Demand:
+    name: str
+    gpus: int
+    """GPUs the largest server uses (all on this host)."""
+    gpu_mib: int
+    """MiB that server may hold on each of its GPUs."""
+    cpus: int
+    exclusive: str | None = None
+    """Why it must run with nothing else on the machine (the scenario's `exclusive`), or None."""
+    cannot_run: str | None = None
+    """Why no placement on one host can run it (several nodes), or None."""
+    basis: str = ""
+    """How gpu_mib was estimated, for the suite record."""
+
+
+def demand_of(scenario: Scenario, planned: Plan, gpu_total_mib: int) -> Demand:
+    servers = planned.servers()
+    if any(len(s.nodes) > 1 for s in servers):
+        nodes = max(len(s.nodes) for s in servers)
+        return Demand(planned.scenario, 0, 0, 0, scenario.exclusive,
+                      cannot_run=f"{nodes} nodes: a suite packs one host")
+    cpus = max(_cpus(s.engine, s.world_size) for s in servers)
+    if planned.main.engine == "reference":
+        return Demand(planned.scenario, 0, 0, cpus, scenario.exclusive, basis="reference engine: no GPU")
+    gpus = max(len(s.nodes[0].gpu_ids) for s in servers)
+    mib, basis = max((_sglang_gpu_mib(scenario, s.topology.attn_tp, s.topology.tp * s.topology.pp,
+                                      gpu_total_mib) for s in servers), key=lambda x: x[0])
+    return Demand(planned.scenario, gpus, mib, cpus, scenario.exclusive, basis=basis)
+
+
+def _cpus(engine: str, world: int) -> int:
+    # SGLang: one per rank (a scheduler process each, busy while it runs batches), one for the HTTP
+    # and tokenizer process, one for the detokenizer. The reference engine's ranks are small CPU
+    # models whose timing nothing judges: one core per server keeps servers off each other's cores.
+    return world + 2 if engine == "sglang" else 1
+
+
+def _sglang_gpu_mib(scenario: Scenario, attn_tp: int, shards: int, gpu_total_mib: int) -> tuple[int, str]:
+    fraction = scenario.serve.mem_fraction or DEFAULT_MEM_FRACTION
+    budget = int(fraction * gpu_total_mib)
+    weights = _weights_mib(scenario, shards)
+    rows = scenario.serve.max_total_tokens
+    if rows is None:
+        return budget + RUNTIME_MIB, f"uncapped pool: mem_fraction {fraction} x {gpu_total_mib} + runtime"
+    f = scenario.model.facts
+    if f.is_mla:
+        per_row = f.layers * f.head_dim * 2  # one latent vector per layer, bf16
+    else:
+        per_row = f.layers * 2 * math.ceil(f.kv_heads / max(attn_tp, 1)) * f.head_dim * 2
+    pool = math.ceil(rows * per_row / (1 << 20))
+    static = min(budget, pool + weights)
+    return static + RUNTIME_MIB, (f"pool {rows} rows x {per_row} B = {pool} MiB + weights {weights} MiB "
+                                  f"+ runtime {RUNTIME_MIB} MiB")
+
+
+def _weights_mib(scenario: Scenario, shards: int) -> int:
+    """The checkpoint's size on disk split over the shards, when it is a local folder; else an
+    estimate from the geometry (bf16, 12 hidden^2 per layer, embedding and head)."""
+    m = scenario.model
+    if m.kind == "local" and m.path and Path(m.path).is_dir():
+        size = sum(p.stat().st_size for p in Path(m.path).glob("*.safetensors"))
+        if size:
+            return math.ceil(size / shards / (1 << 20))
+    f = m.facts
+    params = 2 * f.vocab * f.hidden + f.layers * 12 * f.hidden * f.hidden
+    return math.ceil(params * 2 / shards / (1 << 20))

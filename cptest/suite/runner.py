@@ -1,0 +1,313 @@
+"""Run a suite: plan everything, then start each scenario as its own `cptest run` where it fits.
+
+Each scenario is a child `python -m cptest run FILE --json --gpus .. --cpus .. --ports ..` in its own
+session: its signal handling, teardown guarantees, reaper and archive are exactly a lone run's, and
+one scenario's crash cannot take another down. The suite only schedules, watches and summarises.
+SIGINT/SIGTERM to the suite send SIGTERM to every child (each then tears its engines down and still
+archives an `unknown` verdict), wait for them, and end with exit 3.
+
+The suite's own record goes to `<results>/_suites/<UTC time>/` (a `_` folder: `cptest matrix`
+leaves it out, the archives themselves are under `<results>/<scenario>/`):
+    suite.json   the machine, per scenario its demand, placement, start and end, exit code,
+                 verdict and archive; wall time and GPU-seconds of the whole
+    summary.md   the matrix of the suite's archives
+    runs/<name>.log, runs/<name>.json   each child's console and its `--json` verdict
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from cptest.errors import CptestError, ScenarioError
+from cptest.outline import Logger
+from cptest.suite.demand import Demand, demand_of
+from cptest.suite.machine import Machine
+from cptest.suite.schedule import Granted, Pool, next_to_start
+from cptest.verdict import EXIT_CODES, SEVERITY
+
+POLL_S = 0.5
+HEARTBEAT_S = 30.0
+STOP_GRACE_S = 120.0
+"""After SIGTERM, how long a child gets to tear down and archive before it is killed."""
+
+
+@dataclass
+class Entry:
+    """One scenario of the suite, from planning to its verdict."""
+
+    file: Path
+    name: str
+    demand: Demand | None = None
+    not_run: str | None = None
+    granted: Granted | None = None
+    started: float | None = None
+    ended: float | None = None
+    exit_code: int | None = None
+    status: str | None = None
+    archive: str | None = None
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def key(self) -> str:
+        return str(self.file)
+
+    def record(self, t0: float) -> dict[str, Any]:
+        g = self.granted
+        return {
+            "file": str(self.file), "scenario": self.name, "status": self.status, "exit_code": self.exit_code,
+            "archive": self.archive, "not_run": self.not_run,
+            "demand": asdict(self.demand) if self.demand else None,
+            "placement": g.placement.model_dump(mode="json") if g else None,
+            "started_s": round(self.started - t0, 3) if self.started is not None else None,
+            "ended_s": round(self.ended - t0, 3) if self.ended is not None else None,
+            "duration_s": round(self.ended - self.started, 3) if self.started and self.ended else None,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SuiteResult:
+    folder: Path
+    entries: list[Entry]
+    wall_s: float
+    exit_code: int
+    record: dict[str, Any]
+
+
+def scenario_files(paths: Sequence[Path]) -> list[Path]:
+    """The .cps files named, and those directly in the folders named (sorted; a folder's `defaults/`
+    and other subfolders are not scenarios). Raises ScenarioError for a path that is neither."""
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            out.extend(sorted(f for f in p.glob("*.cps") if f.is_file()))
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise ScenarioError(f"{p}: no such scenario file or folder")
+    seen: set[Path] = set()
+    return [f for f in out if not (f.resolve() in seen or seen.add(f.resolve()))]
+
+
+def plan_entries(files: list[Path], machine: Machine, *, engine: str | None, gpu_present: bool,
+                 model_cache: Path, pool: Pool, ignore_lint: bool = False) -> list[Entry]:
+    """Parse and plan every file first: a suite with bad input launches nothing (every problem of
+    every file is reported together, exit 2). A scenario that cannot run here (lint findings, an
+    SGLang plan without a GPU, more than the machine has) is kept with the reason, `not_run`."""
+    from cptest import pipeline
+
+    entries, problems = [], []
+    smallest = min(machine.gpus.values(), default=0)
+    for f in files:
+        try:
+            prepared = pipeline.prepare(f, engine=engine, gpu_present=gpu_present, model_cache=model_cache)
+        except CptestError as e:
+            problems.extend(e.problems)
+            continue
+        entry = Entry(f, prepared.plan.scenario, demand_of(prepared.scenario, prepared.plan, smallest))
+        entry.not_run = pool.never_fits(entry.demand)
+        try:
+            pipeline.runnable(prepared, gpu_present=gpu_present, ignore_lint=ignore_lint)
+        except CptestError as e:
+            entry.not_run = "; ".join(p.message for p in e.problems)
+        entries.append(entry)
+    if problems:
+        raise ScenarioError(problems)
+    return entries
+
+
+def child_argv(entry: Entry, granted: Granted, *, results: Path, engine: str | None,
+               ignore_lint: bool, launcher: str) -> list[str]:
+    p = granted.placement
+    argv = [sys.executable, "-m", "cptest", "run", str(entry.file), "--json", "--results", str(results),
+            "--ports", f"{p.main_port},{p.baseline_port}", "--launcher", launcher]
+    if p.gpus:
+        argv += ["--gpus", ",".join(map(str, p.gpus))]
+    if p.cpus:
+        argv += ["--cpus", ",".join(map(str, p.cpus))]
+    if engine:
+        argv += ["--engine", engine]
+    if ignore_lint:
+        argv.append("--ignore-lint")
+    return argv
+
+
+def run_suite(files: list[Path], machine: Machine, *, results: Path, log: Logger, engine: str | None = None,
+              gpu_present: bool, model_cache: Path, jobs: int | None = None, ignore_lint: bool = False,
+              launcher: str = "process", now: datetime | None = None) -> SuiteResult:
+    pool = Pool(machine, jobs)
+    entries = plan_entries(files, machine, engine=engine, gpu_present=gpu_present, model_cache=model_cache,
+                           pool=pool, ignore_lint=ignore_lint)
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+    folder = results / "_suites" / stamp
+    (folder / "runs").mkdir(parents=True, exist_ok=True)
+    log.info(f"suite of {len(entries)} scenario(s) on {machine.describe()}; record {folder}")
+    for e in entries:
+        if e.not_run:
+            e.status, e.exit_code = "unknown", EXIT_CODES["unknown"]
+            log.warning(f"{e.name}: not run: {e.not_run}")
+    waiting = [e for e in entries if not e.not_run]
+    running: list[Entry] = []
+    t0 = time.monotonic()
+    stopping: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopping.append(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    last_beat = t0
+    try:
+        while waiting or running:
+            if stopping:
+                break
+            for key, _, granted in next_to_start(pool, [(e.key, e.demand) for e in waiting]):
+                e = next(x for x in waiting if x.key == key)
+                waiting.remove(e)
+                _start(e, granted, folder, results=results, engine=engine, ignore_lint=ignore_lint,
+                       launcher=launcher)
+                running.append(e)
+                log.info(f"start {e.name}: {_where(granted)} "
+                         f"({len(running)} running, {len(waiting)} waiting)")
+            for e in [x for x in running if x.proc is not None and x.proc.poll() is not None]:
+                running.remove(e)
+                pool.release(e.key)
+                _finish(e, folder)
+                log.info(f"done  {e.name}: {(e.status or '?').upper()} in {e.ended - e.started:.0f} s "
+                         f"(exit {e.exit_code}) {e.archive or ''}")
+            if time.monotonic() - last_beat >= HEARTBEAT_S and running:
+                last_beat = time.monotonic()
+                now_s = time.monotonic()
+                log.info("running: " + ", ".join(f"{e.name} {now_s - e.started:.0f} s" for e in running)
+                         + f"; waiting {len(waiting)}; done {sum(1 for e in entries if e.ended)}")
+            time.sleep(POLL_S)
+        if stopping:
+            log.error(f"{signal.Signals(stopping[0]).name}: stopping {len(running)} running scenario(s) "
+                      f"(each archives what it gathered); {len(waiting)} not started")
+            _stop(running, folder)
+            for e in waiting:
+                e.status, e.exit_code, e.not_run = "unknown", EXIT_CODES["unknown"], "suite interrupted"
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        _stop([e for e in running if e.proc is not None and e.proc.poll() is None], folder)
+    wall = time.monotonic() - t0
+    code = _worst(entries)
+    if stopping:
+        code = 3
+    record = _record(entries, machine, t0, wall, jobs)
+    (folder / "suite.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (folder / "summary.md").write_text(_summary(entries, record), encoding="utf-8")
+    return SuiteResult(folder, entries, wall, code, record)
+
+
+def _where(g: Granted) -> str:
+    p = g.placement
+    gpus = f"GPU {','.join(map(str, g.gpus))}" if g.gpus else "no GPU"
+    cpus = f"CPUs {_ranges(g.cpus)}" if g.cpus else "any CPU"
+    return f"{gpus}, {cpus}, ports {p.main_port}/{p.baseline_port}"
+
+
+def _ranges(ids: Sequence[int]) -> str:
+    out, ids = [], sorted(ids)
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _start(e: Entry, granted: Granted, folder: Path, **kw: Any) -> None:
+    e.granted = granted
+    argv = child_argv(e, granted, **kw)
+    out = (folder / "runs" / f"{e.name}.json").open("wb")
+    err = (folder / "runs" / f"{e.name}.log").open("wb")
+    with out, err:
+        # Its own session: Ctrl-C on the terminal reaches the suite only, which stops children in order.
+        e.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                  start_new_session=True, env={**os.environ, "NO_COLOR": "1"})
+    e.started = time.monotonic()
+
+
+def _finish(e: Entry, folder: Path) -> None:
+    assert e.proc is not None
+    e.ended = time.monotonic()
+    e.exit_code = e.proc.returncode
+    try:
+        out = json.loads((folder / "runs" / f"{e.name}.json").read_text(encoding="utf-8") or "null")
+    except (OSError, ValueError):
+        out = None
+    if isinstance(out, dict) and "status" in out:
+        e.status, e.archive = out["status"], out.get("archive")
+    else:  # the child stopped before a verdict (bad input at run time, lint, a crash of cptest)
+        e.status = "unknown"
+        e.not_run = e.not_run or f"cptest run exited {e.exit_code} without a verdict; see runs/{e.name}.log"
+
+
+def _stop(running: list[Entry], folder: Path) -> None:
+    for e in running:
+        if e.proc is not None and e.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                e.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for e in running:
+        if e.proc is None:
+            continue
+        try:
+            e.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(e.proc.pid, signal.SIGKILL)
+            e.proc.wait()
+        if e.ended is None:
+            _finish(e, folder)
+
+
+def _worst(entries: list[Entry]) -> int:
+    statuses = [e.status or "unknown" for e in entries]
+    if not statuses:
+        return 0
+    worst = max(statuses, key=lambda s: SEVERITY.get(s, SEVERITY["unknown"]))
+    return EXIT_CODES.get(worst, 3)
+
+
+def _record(entries: list[Entry], machine: Machine, t0: float, wall: float,
+            jobs: int | None) -> dict[str, Any]:
+    busy = sum((e.demand.gpus if e.demand else 0) * ((e.ended or 0) - (e.started or 0))
+               for e in entries if e.started)
+    return {
+        "suite_version": 1,
+        "machine": {"gpus": {str(g): m for g, m in sorted(machine.gpus.items())}, "cpus": list(machine.cpus),
+                    "client_cpus": list(machine.client_cpus)},
+        "jobs": jobs,
+        "wall_s": round(wall, 3),
+        "gpu_seconds_held": round(len(machine.gpus) * wall, 1),
+        "gpu_seconds_busy": round(busy, 1),
+        "scenarios": [e.record(t0) for e in entries],
+        "counts": {s: sum(1 for e in entries if e.status == s) for s in ("pass", "fail", "unknown")},
+    }
+
+
+def _summary(entries: list[Entry], record: dict[str, Any]) -> str:
+    lines = [f"# Suite: {len(entries)} scenario(s), wall {record['wall_s']:.0f} s, "
+             f"{record['gpu_seconds_held']:.0f} GPU-seconds held", "",
+             "| scenario | verdict | exit | started (s) | duration (s) | placement | archive |",
+             "|---|---|---|---|---|---|---|"]
+    for e, r in zip(entries, record["scenarios"], strict=True):
+        where = _where(e.granted) if e.granted else (e.not_run or "")
+        lines.append(f"| {e.name} | {(e.status or '?').upper()} | {e.exit_code} | {r['started_s']} | "
+                     f"{r['duration_s']} | {where} | {e.archive or ''} |")
+    return "\n".join(lines) + "\n"
