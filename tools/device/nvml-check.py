@@ -13,7 +13,8 @@ import pynvml
 
 CHILD = r"""
 import os, sys, time, torch
-xs = [torch.empty(((i + 1) << 30,), dtype=torch.uint8, device=f"cuda:{i}") for i in range(torch.cuda.device_count())]
+xs = [torch.empty(((i + 1) << 30,), dtype=torch.uint8, device=f"cuda:{i}")
+      for i in range(torch.cuda.device_count())]
 torch.cuda.synchronize(); print("ready", os.getpid(), flush=True); time.sleep(30)
 """
 pynvml.nvmlInit()
@@ -34,7 +35,8 @@ def snap():
             acct = pynvml.nvmlDeviceGetAccountingMode(h)
         except pynvml.NVMLError as e:
             acct = str(e)
-        out[i] = {"used_mib": mem.used >> 20, "total_mib": mem.total >> 20, "procs": procs, "accounting": acct,
+        out[i] = {"used_mib": mem.used >> 20, "total_mib": mem.total >> 20, "procs": procs,
+                  "accounting": acct,
                   "uuid": pynvml.nvmlDeviceGetUUID(h)}
     return out
 print("before", json.dumps(snap()))
@@ -43,11 +45,9 @@ line = child.stdout.readline().strip()
 print("child says", line, "popen pid", child.pid, "my pid", os.getpid())
 time.sleep(1)
 print("during", json.dumps(snap()))
-child.kill(); child.wait()
+child.kill()
+child.wait()
 time.sleep(2)
 print("after", json.dumps(snap()))
 print("driver", pynvml.nvmlSystemGetDriverVersion(), "nvml", pynvml.nvmlSystemGetNVMLVersion())
 print("cpus", os.cpu_count(), len(os.sched_getaffinity(0)))
-import glob
-sib = sorted({open(f).read().strip() for f in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology/thread_siblings_list")})
-print("siblings", sib[:8], len(sib))
