@@ -376,6 +376,23 @@ def matrix(directories: tuple[Path, ...]) -> int:
 
 
 @main.command()
+@click.argument("directories", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@json_option
+@_guard
+def startup(directories: tuple[Path, ...], as_json: bool) -> int:
+    """Where each server's startup went (imports, weights, KV pool, graphs, JIT warm-up), from the
+    engine's log lines, for archives or folders of archives (side runs in `_` folders included)."""
+    from cptest.report.startup import render_table
+    from cptest.report.startup import startup as phases
+    from cptest.store import archives_under
+
+    archives = sorted({a for d in directories for a in archives_under(Path(d), side_runs=True)})
+    rows = [r for a in archives for role in ("main", "baseline") if (r := phases(a, role)) is not None]
+    _emit([r.as_json() for r in rows], as_json, render_table(rows))
+    return 0
+
+
+@main.command()
 @click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @_guard
 def report(directory: Path) -> int:

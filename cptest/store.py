@@ -136,14 +136,14 @@ class Layout:
             self.role_dir(role).mkdir(parents=True, exist_ok=True)
 
 
-def archives_under(root: Path) -> list[Path]:
-    """Every archive (a folder with verdict.json) under `root`, sorted, leaving out side runs: a
-    folder whose name starts with `_` below `root` holds raw runs kept as evidence, not published
-    archives (docs/decisions.md D14). `root` itself may be such a folder, when asked for by name."""
+def archives_under(root: Path, *, side_runs: bool = False) -> list[Path]:
+    """Every archive (a folder with verdict.json) under `root`, sorted, leaving out side runs unless
+    `side_runs`: a folder whose name starts with `_` below `root` holds raw runs kept as evidence,
+    not published archives (docs/decisions.md D14). `root` itself may be such a folder."""
     out = []
     for verdict in root.rglob(VERDICT):
         archive = verdict.parent
-        if not any(part.startswith("_") for part in archive.relative_to(root).parts):
+        if side_runs or not any(part.startswith("_") for part in archive.relative_to(root).parts):
             out.append(archive)
     return sorted(set(out))
 
