@@ -374,6 +374,7 @@ def resolve(
     workload = _workload(v, where)
     faults = _faults(v, topology)
     expect = _expect(v, workload)
+    exclusive = _exclusive(v)
     _check_evidence_needs(p, expect)
     if p.problems:
         raise ScenarioError(p.problems, sources=chain.sources)
@@ -381,7 +382,7 @@ def resolve(
         return Scenario(
             name=doc.name or "",
             description=_description(v),
-            exclusive=_exclusive(v),
+            exclusive=exclusive,
             includes=list(chain.includes),
             engine=engine,
             model=model,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from cptest.checks import check_loaded, load_archive
 from cptest.contracts import Expectation, GraphParams, LaunchParams, LogParams, ServingParams, ShutdownParams
-from cptest.evidence import GpuSample, Graph, Lifecycle, ProcessSample, RequestResult, Step
+from cptest.evidence import GpuProcessUse, GpuSample, Graph, Lifecycle, ProcessSample, RequestResult, Step
 from cptest.testing.archives import make_plan, rank_id, server_plan, write_archive
 from cptest.verdict import Verdict
 
@@ -228,3 +228,37 @@ def test_log_pattern_expected_absent_but_present_fails(tmp_path: Path) -> None:
 def test_log_pattern_without_logs_is_unknown(tmp_path: Path) -> None:
     expect = LogParams(pattern=r"Traceback", present=False)
     assert _one(tmp_path, expect, []).status == "unknown"
+
+
+# Per-process figures (NVML): only this run's processes count, so runs may share the GPUs.
+def _gpu(phase: str, total: int, *procs: tuple[int, int, bool]) -> GpuSample:
+    return GpuSample(phase=phase, used_mib={"0": total},
+                     processes=[GpuProcessUse(gpu="0", pid=p, mib=m, ours=o) for p, m, o in procs])
+
+
+def test_another_runs_memory_on_a_shared_gpu_does_not_fail_the_shutdown(tmp_path: Path) -> None:
+    runner = [_gpu("before", 4600, (900, 4000, False)), *CLEAN[1:-1],
+              _gpu("running", 12000, (900, 4000, False), (10, 4100, True)),
+              # another run started a server meanwhile: the device total grew by 4 GiB
+              _gpu("after", 8700, (900, 4000, False), (901, 4100, False))]
+    v = _one(tmp_path, SHUTDOWN, runner)
+    assert v.status == "pass", v.reason
+    assert v.figures["gpu_own_mib"] == {"peak": {"0": 4100}, "after": {"0": 0}}
+
+
+def test_a_process_of_this_run_still_holding_memory_fails_whatever_the_total(tmp_path: Path) -> None:
+    runner = [_gpu("before", 9000, (900, 8000, False)), *CLEAN[1:-1],
+              _gpu("after", 5000, (77, 1200, True))]  # the other run left: the total even fell
+    v = _one(tmp_path, SHUTDOWN, runner)
+    assert v.status == "fail"
+    assert v.reason == ("gpu_memory: pid 77 of this run still holds 1200 MiB on GPU 0 after shutdown "
+                        "(1 process(es) in all)")
+
+
+def test_a_foreign_stray_is_not_this_runs_orphan(tmp_path: Path) -> None:
+    runner = [*CLEAN]
+    stray = {"pid": 5, "name": "sglang::scheduler_TP0"}
+    runner[4] = ProcessSample(phase="final", procs=[{**stray, "scope": "foreign"}])
+    assert _one(tmp_path, SHUTDOWN, runner).figures["parts"]["no_orphans"] == "pass"
+    runner[4] = ProcessSample(phase="final", procs=[{**stray, "scope": "host"}])
+    assert _one(tmp_path / "b", SHUTDOWN, runner).figures["parts"]["no_orphans"] == "fail"

@@ -1,0 +1,111 @@
+"""cptest/suite/schedule.py and demand.py: packing, exclusive scenarios, ports, GPUs and CPUs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cptest.errors import RunError
+from cptest.lang import parse_file
+from cptest.plan import plan
+from cptest.suite.demand import RUNTIME_MIB, Demand, demand_of
+from cptest.suite.machine import Machine, discover, parse_ids
+from cptest.suite.schedule import Pool, next_to_start
+
+ROOT = Path(__file__).resolve().parents[2]
+H200 = 143156
+
+
+def two_h200(cpus: int = 30) -> Machine:
+    return Machine({0: H200, 1: H200}, tuple(range(2, 2 + cpus)))
+
+
+def tp2(name: str, mib: int = 4672, exclusive: str | None = None) -> Demand:
+    return Demand(name, gpus=2, gpu_mib=mib, cpus=4, exclusive=exclusive)
+
+
+def test_seven_tp2_servers_share_two_gpus_until_the_cpus_run_out() -> None:
+    pool = Pool(two_h200())
+    started = next_to_start(pool, [(f"s{i}", tp2(f"s{i}")) for i in range(8)])
+    assert [k for k, _, _ in started] == [f"s{i}" for i in range(7)]  # 7 x 4 CPUs of 30
+    ports = [g.placement.main_port for _, _, g in started]
+    assert len(set(ports)) == 7 and ports[0] == 30000
+    assert all(g.placement.baseline_port == g.placement.main_port + 1 for _, _, g in started)
+    cpus = [c for _, _, g in started for c in g.cpus]
+    assert len(cpus) == len(set(cpus)) == 28  # nobody shares a core
+    assert all(g.gpus == (0, 1) for _, _, g in started)
+    pool.release("s3")
+    (again,) = next_to_start(pool, [("s7", tp2("s7"))])
+    assert again[2].cpus == started[3][2].cpus and again[2].placement.main_port == ports[3]
+
+
+def test_gpu_memory_limits_how_many_share_a_gpu() -> None:
+    pool = Pool(Machine({0: 10_000}, tuple(range(64))))
+    big = Demand("big", gpus=1, gpu_mib=6000, cpus=3)
+    assert [k for k, _, _ in next_to_start(pool, [("a", big), ("b", big)])] == ["a"]
+    assert pool.free_mib == {0: 4000}
+    pool.release("a")
+    assert pool.free_mib == {0: 10_000}
+
+
+def test_one_gpu_servers_are_spread_over_the_least_loaded_gpus() -> None:
+    pool = Pool(two_h200())
+    one = Demand("one", gpus=1, gpu_mib=5000, cpus=3)
+    started = next_to_start(pool, [("a", one), ("b", one), ("c", one)])
+    assert [g.gpus for _, _, g in started] == [(0,), (1,), (0,)]
+    assert [g.placement.gpus for _, _, g in started] == [[0], [1], [0]]
+
+
+def test_an_exclusive_scenario_waits_for_an_idle_machine_and_blocks_the_queue_behind_it() -> None:
+    pool = Pool(two_h200())
+    queue = [("a", tp2("a")), ("x", tp2("x", exclusive="times steps")), ("b", tp2("b"))]
+    assert [k for k, _, _ in next_to_start(pool, queue)] == ["a"]  # b must not overtake x
+    pool.release("a")
+    assert [k for k, _, _ in next_to_start(pool, queue[1:])] == ["x"]
+    assert next_to_start(pool, queue[2:]) == []  # nothing beside an exclusive one
+    pool.release("x")
+    assert [k for k, _, _ in next_to_start(pool, queue[2:])] == ["b"]
+
+
+def test_jobs_caps_concurrency() -> None:
+    pool = Pool(two_h200(), jobs=1)
+    assert len(next_to_start(pool, [("a", tp2("a")), ("b", tp2("b"))])) == 1
+
+
+def test_what_can_never_fit_says_why() -> None:
+    pool = Pool(two_h200(cpus=3))
+    assert pool.never_fits(Demand("x", gpus=4, gpu_mib=1, cpus=1)) == "needs 4 GPU(s), the suite has 2"
+    assert "needs 4 CPUs" in (pool.never_fits(tp2("y")) or "")
+    assert pool.never_fits(Demand("z", 0, 0, 0, cannot_run="2 nodes: a suite packs one host")) == \
+        "2 nodes: a suite packs one host"
+    assert pool.never_fits(Demand("r", gpus=0, gpu_mib=0, cpus=1)) is None
+
+
+def test_demand_of_a_tiny_tp2_scenario_follows_the_pool_rule() -> None:
+    scenario = parse_file(ROOT / "scenarios" / "dcp2_llama_kv1.cps")
+    d = demand_of(scenario, plan(scenario), H200)
+    assert (d.gpus, d.cpus, d.exclusive) == (2, 4, None)
+    # 65536 rows x (4 layers x K,V x 1 head x 64 x 2 bytes) = 64 MiB, plus weights, plus runtime
+    assert RUNTIME_MIB + 64 <= d.gpu_mib <= RUNTIME_MIB + 64 + 64
+    assert "pool 65536 rows x 1024 B = 64 MiB" in d.basis
+
+
+def test_a_reference_scenario_needs_no_gpu() -> None:
+    scenario = parse_file(ROOT / "scenarios" / "reference_stop_rank_dcp2.cps")
+    d = demand_of(scenario, plan(scenario), H200)
+    assert (d.gpus, d.gpu_mib, d.cpus) == (0, 0, 1)
+
+
+def test_ids_parse_and_bad_ones_say_what_was_expected() -> None:
+    assert parse_ids("4-6,1", "--cpus") == [1, 4, 5, 6]
+    with pytest.raises(RunError, match="--gpus: 'a' is not a list of ids"):
+        parse_ids("a", "--gpus")
+
+
+def test_discover_keeps_cpus_for_cptest_and_gpu_memory_in_use_out() -> None:
+    m = discover(gpus=None, cpus=list(range(8)), gpu_totals={"0": 1000, "1": 1000}, reserve_mib=100)
+    assert m.client_cpus == (0, 1) and m.cpus == tuple(range(2, 8))
+    assert m.gpus == {0: 900, 1: 900}  # no GPU readable here: free = total, less the reserve
+    with pytest.raises(RunError, match=r"GPU\(s\) \[5\]"):
+        discover(gpus=[5], cpus=[0], gpu_totals={"0": 1000})

@@ -1,0 +1,126 @@
+"""`cptest suite` for real: concurrent reference-engine runs, an exclusive one alone, bad input.
+
+Each scenario is a real `cptest run` child with real engine processes (the CPU reference engine:
+CI has no GPU). The packing itself is specified in test_schedule.py; here the question is whether
+what the scheduler decided is what happened: runs overlapped in time, got their own ports and
+cores (the archived process samples show each server's CPU affinity), the exclusive one ran alone,
+every verdict passed, and the suite record says so.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cptest.errors import ScenarioError
+from cptest.evidence import ProcessSample, read_records
+from cptest.outline import Logger
+from cptest.suite.machine import Machine
+from cptest.suite.runner import run_suite, scenario_files
+from tests.reference.conftest import ensure_tiny_models
+
+pytest.importorskip("torch")
+REPO = Path(__file__).resolve().parents[2]
+
+SCENARIO = """cptest 1
+scenario {name} {{
+  {exclusive}
+  extends "{defaults}"
+  engine reference "builtin"
+  model local "{model}"
+  facts {{
+    architecture "LlamaForCausalLM"
+    layers 4
+    hidden 256
+    heads 8
+    kv_heads 1
+    head_dim 64
+    vocab 4096
+  }}
+  topology {{
+    gpus 2
+    tp 2
+  }}
+  baseline none
+  workload {{
+    requests 8
+    concurrency 4
+    output_tokens 8
+    prompt_tokens uniform(16, 64)
+  }}
+  expect {{
+    serving all_complete
+  }}
+}}
+"""
+
+
+def write(folder: Path, name: str, exclusive: str = "") -> Path:
+    f = folder / f"{name}.cps"
+    f.write_text(SCENARIO.format(name=name, exclusive=exclusive, model=ensure_tiny_models() / "llama-kv1",
+                                 defaults=REPO / "scenarios/defaults/tiny.cps"))
+    return f
+
+
+def test_two_scenarios_share_the_machine_and_an_exclusive_one_runs_alone(tmp_path: Path) -> None:
+    files = [write(tmp_path, "a"), write(tmp_path, "b"), write(tmp_path, "x", 'exclusive "times its steps"')]
+    results = tmp_path / "results"
+    done = run_suite(files, Machine({}, (0, 1)), results=results, log=Logger([]), gpu_present=False,
+                     model_cache=tmp_path / "models")
+    by = {e.name: e for e in done.entries}
+    assert done.exit_code == 0, [(e.name, e.status, e.not_run) for e in done.entries]
+    assert {e.status for e in done.entries} == {"pass"}
+    a, b, x = by["a"], by["b"], by["x"]
+    assert a.started < b.ended and b.started < a.ended, "a and b did not run at the same time"
+    assert x.started >= max(a.ended, b.ended), "the exclusive scenario started beside others"
+    assert {a.granted.placement.main_port, b.granted.placement.main_port} == {30000, 30010}
+    assert {a.granted.cpus, b.granted.cpus} == {(0,), (1,)}
+    for e in (a, b, x):
+        archive = Path(e.archive)
+        assert archive.parent.parent == results
+        node = json.loads((archive / "plan.json").read_text())["main"]["nodes"][0]
+        assert node["cpus"] == list(e.granted.cpus) and node["port"] == e.granted.placement.main_port
+        records, _ = read_records(archive / "evidence" / "main" / "runner.jsonl")
+        running = [s for s in records if isinstance(s, ProcessSample) and s.phase == "running"]
+        tree = [p for s in running for p in s.procs if p.get("scope") == "tree"]
+        assert tree and all(p["cpus"] == list(e.granted.cpus) for p in tree), tree
+    record = json.loads((done.folder / "suite.json").read_text())
+    assert record["counts"] == {"pass": 3, "fail": 0, "unknown": 0}
+    assert [s["scenario"] for s in record["scenarios"]] == ["a", "b", "x"]
+    assert (done.folder / "summary.md").read_text().count("| PASS |") == 3
+
+
+def test_a_bad_file_stops_the_suite_before_anything_runs(tmp_path: Path) -> None:
+    good = write(tmp_path, "good")
+    bad = tmp_path / "bad.cps"
+    bad.write_text("cptest 1\nscenario bad {\n  topology { tp two }\n}\n")
+    out = subprocess.run([sys.executable, "-m", "cptest", "suite", str(good), str(bad), "--results",
+                          str(tmp_path / "r")], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 2
+    assert f"{bad}:3:" in out.stderr
+    assert not (tmp_path / "r").exists()  # nothing launched, nothing archived
+
+
+def test_folders_expand_to_their_scenarios_and_missing_paths_are_bad_input(tmp_path: Path) -> None:
+    (tmp_path / "defaults").mkdir()
+    (tmp_path / "defaults" / "d.cps").write_text("")
+    for n in ("b", "a"):
+        (tmp_path / f"{n}.cps").write_text("")
+    assert [f.name for f in scenario_files([tmp_path, tmp_path / "a.cps"])] == ["a.cps", "b.cps"]
+    with pytest.raises(ScenarioError, match="no such scenario file or folder"):
+        scenario_files([tmp_path / "nope"])
+
+
+def test_run_placement_options_reach_the_plan_and_bad_ones_are_exit_2(tmp_path: Path) -> None:
+    f = write(tmp_path, "p")
+    bad = subprocess.run([sys.executable, "-m", "cptest", "run", str(f), "--ports", "30000"],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert bad.returncode == 2 and "--ports '30000': expected two port numbers" in bad.stderr
+    from cptest.cli import _placement
+
+    p = _placement("1", "4-5", "31000,31001")
+    assert (p.gpus, p.cpus, p.main_port, p.baseline_port) == ([1], [4, 5], 31000, 31001)
