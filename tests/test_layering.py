@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("checks", ("cptest.checks",)),
     ("report", ("cptest.report",)),
     ("pipeline", ("cptest.pipeline",)),
+    ("suite", ("cptest.suite",)),
     ("cli", ("cptest.cli", "cptest.__main__")),
 ]
 """Lowest first. A module belongs to the layer of its longest matching prefix."""
