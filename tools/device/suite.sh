@@ -24,24 +24,7 @@ pack() {
   nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$LOG" 2>&1
 }
 trap pack EXIT
-if [ ! -e /opt/sgl/.bundle-c3.done ]; then
-  say "installing c3"
-  bash .sglang-bundle/c3/install-bundle --complete > "$WORK/install-c3.log" 2>&1 \
-    || { say "install-bundle --complete failed"; tail -20 "$WORK/install-c3.log" | tee -a "$LOG"; exit 3; }
-fi
-SGLENV_QUIET=1 source .sglang-bundle/c3/sglang-env 2>/dev/null || SGLENV_QUIET=1 source /opt/cpt-env/sglang-env
-mkdir -p /opt/cpt-env && cp -f .sglang-bundle/c3/sglang-env .sglang-bundle/c3/make-tiny-models /opt/cpt-env/ 2>/dev/null
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /opt/cpt-deps \
-  .whl/*.whl > "$WORK/install-whl.log" 2>&1 || { say "wheel install failed"; cat "$WORK/install-whl.log"; exit 3; }
-rm -rf /opt/cpt && mkdir -p /opt/cpt/cptest-0.1.0.dist-info && cp -r cptest /opt/cpt/
-printf 'Metadata-Version: 2.1\nName: cptest\nVersion: 0.1.0\n' > /opt/cpt/cptest-0.1.0.dist-info/METADATA
-printf '[sglang.srt.plugins]\ncptest_probe = cptest.probe.plugin:register\n' \
-  > /opt/cpt/cptest-0.1.0.dist-info/entry_points.txt
-export PYTHONPATH="$PYTHONPATH:/opt/cpt:/opt/cpt-deps" PYTHONUNBUFFERED=1 NO_COLOR=1
-if [ ! -d .tiny-models/llama-kv4 ]; then
-  say "making tiny models"
-  python3 /opt/cpt-env/make-tiny-models .tiny-models --only llama-kv1,llama-kv2,llama-kv4,qwen3-kv2 >> "$LOG" 2>&1
-fi
+source tools/device/cptest-env.sh
 { echo "before:"; caches; } > "$OUT/jit-caches.txt"
 say "cptest suite $*"
 timeout --signal=TERM --kill-after=150 "$SUITE_TIMEOUT_S" python3 -m cptest suite --json --results "$WORK/results" "$@" \
