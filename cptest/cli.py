@@ -57,6 +57,22 @@ def _guard(fn: Callable[..., int | None]) -> Callable[..., None]:
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="machine-readable output on stdout")
+BASELINES = Path("~/.cache/cptest/baselines").expanduser()
+
+
+def baseline_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--no-baseline-cache", is_flag=True,
+                      help="run every baseline even when an identical one was kept")(fn)
+    return click.option("--baseline-cache", type=click.Path(file_okay=False, path_type=Path),
+                        default=BASELINES, show_default=True, envvar="CPTEST_BASELINE_CACHE",
+                        help="where identical baselines are kept and reused")(fn)
+
+
+def _run_options(baseline_cache: Path, no_baseline_cache: bool) -> Any:
+    from cptest.run.baseline_cache import BaselineCache
+    from cptest.run.runner import RunOptions
+
+    return RunOptions(baseline_cache=None if no_baseline_cache else BaselineCache(baseline_cache))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -191,10 +207,12 @@ def schema() -> int:
 @click.option("--cpus", default=None, metavar="IDS", help="pin every server process to these CPUs, e.g. 4-9")
 @click.option("--ports", default=None, metavar="MAIN,BASELINE",
               help="HTTP ports of the main and baseline server (default 30000,30100)")
+@baseline_options
 @json_option
 @_guard
 def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name: str | None,
-        gpus: str | None, cpus: str | None, ports: str | None, as_json: bool) -> int:
+        gpus: str | None, cpus: str | None, ports: str | None, baseline_cache: Path, no_baseline_cache: bool,
+        as_json: bool) -> int:
     """Plan, lint, launch, drive the workload, inject faults, gather evidence, check, archive."""
     from cptest import pipeline
 
@@ -215,7 +233,8 @@ def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name
         return 1
     out = pipeline.new_archive(results, prepared, datetime.now(UTC))
     outcome = pipeline.run_scenario(prepared.plan, out, pipeline.launcher_named(launcher),
-                                    scenario_text=prepared.text, log=_log(), includes=prepared.includes)
+                                    scenario_text=prepared.text, log=_log(), includes=prepared.includes,
+                                    run_options=_run_options(baseline_cache, no_baseline_cache))
     return _outcome(outcome, as_json)
 
 
@@ -250,10 +269,12 @@ def _placement(gpus: str | None, cpus: str | None, ports: str | None) -> Any:
 @click.option("--ignore-lint", is_flag=True, help="run scenarios even when lint finds a mismatch")
 @click.option("--engine", "engine_name", type=click.Choice(["sglang", "reference"]), default=None,
               help="override every scenario's engine")
+@baseline_options
 @json_option
 @_guard
 def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | None, jobs: int | None,
-          launcher: str, ignore_lint: bool, engine_name: str | None, as_json: bool) -> int:
+          launcher: str, ignore_lint: bool, engine_name: str | None, baseline_cache: Path,
+          no_baseline_cache: bool, as_json: bool) -> int:
     """Run many scenarios (files, or the .cps files of folders), concurrently where their servers fit
     on this machine's GPUs, CPUs and ports; one summary; exit code of the worst verdict."""
     from cptest.suite.machine import discover, parse_ids
@@ -263,7 +284,8 @@ def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | 
                        cpus=parse_ids(cpus, "--cpus") if cpus else None)
     done = run_suite(scenario_files(paths), machine, results=results, log=_log(), engine=engine_name,
                      gpu_present=shutil.which("nvidia-smi") is not None, model_cache=MODEL_CACHE, jobs=jobs,
-                     ignore_lint=ignore_lint, launcher=launcher)
+                     ignore_lint=ignore_lint, launcher=launcher,
+                     baseline_cache=None if no_baseline_cache else baseline_cache)
     _emit(done.record | {"folder": str(done.folder)}, as_json, (done.folder / "summary.md").read_text())
     return done.exit_code
 
@@ -273,14 +295,16 @@ def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | 
 @click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
               show_default=True)
 @click.option("--launcher", type=click.Choice(["process", "docker"]), default="process", show_default=True)
+@baseline_options
 @json_option
 @_guard
-def rerun(directory: Path, results: Path, launcher: str, as_json: bool) -> int:
+def rerun(directory: Path, results: Path, launcher: str, baseline_cache: Path, no_baseline_cache: bool,
+          as_json: bool) -> int:
     """Run an archive's plan again with the same pins, then diff the evidence."""
     from cptest import pipeline
 
     done = pipeline.rerun(directory, results, pipeline.launcher_named(launcher), log=_log(),
-                          now=datetime.now(UTC))
+                          now=datetime.now(UTC), run_options=_run_options(baseline_cache, no_baseline_cache))
     _outcome(done.outcome, as_json)
     click.echo(done.diff.render())
     return done.exit_code

@@ -148,6 +148,12 @@ def run_scenario(
         log.info(f"synthetic weights sha256 {digest}")
     env = dict(collect_environment(Path.cwd()) if environment is None else environment)
     env["weights_sha256"] = weights_sha256(model_dir)
+    if run_options is not None and getattr(run_options, "baseline_cache", None) is not None:
+        from dataclasses import replace
+
+        from cptest.run.baseline_cache import baseline_key
+
+        run_options = replace(run_options, baseline_key=baseline_key(planned, env))
     layout = store.Layout(out)
     store.begin(
         layout, scenario=planned.scenario, scenario_text=scenario_text,

@@ -133,6 +133,27 @@ def test_scenario_passes_on_the_reference_engine(name: str, tmp_path: Path) -> N
     assert not left, f"processes of the run still alive: {left}"
 
 
+def test_a_second_run_reuses_the_kept_baseline_and_reaches_the_same_verdicts(tmp_path: Path) -> None:
+    cache = tmp_path / "baselines"
+    argv = ["run", str(SCENARIOS / "tp2_llama_kv1.cps"), "--engine", "reference", "--results",
+            str(tmp_path / "results"), "--baseline-cache", str(cache), "--json"]
+    runs = [_verdict(_cptest(*argv)) for _ in range(2)]
+    first, second = (Path(v["archive"]) for v in runs)
+    records = [[json.loads(line) for line in (a / "evidence/main/runner.jsonl").read_text().splitlines()]
+               for a in (first, second)]
+    events = [[r["event"] for r in rs if r.get("kind") == "lifecycle"] for rs in records]
+    assert "baseline_cached" in events[0] and "baseline_reused" not in events[0]
+    assert "baseline_reused" in events[1] and "baseline_cached" not in events[1]
+    assert [(x["checker"], x["status"]) for x in runs[0]["verdicts"]] == \
+        [(x["checker"], x["status"]) for x in runs[1]["verdicts"]]
+    _assert_passes(runs[1])
+    # The archive that reused a baseline holds that baseline's evidence and is re-checkable alone.
+    assert (second / "evidence" / "baseline" / "runner.jsonl").read_bytes() == \
+        (first / "evidence" / "baseline" / "runner.jsonl").read_bytes()
+    check = _cptest("check", str(second), "--json")
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
 def test_readme_command_gives_a_verdict_without_a_gpu(tmp_path: Path) -> None:
     env_path = ":".join(p for p in os.environ.get("PATH", "").split(":")
                         if not (Path(p) / "nvidia-smi").exists())

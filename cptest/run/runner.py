@@ -40,6 +40,7 @@ from cptest.evidence import Lifecycle, ProbeNote, ServerInfo
 from cptest.outline import JsonLinesSink, Logger
 from cptest.plan.model import Plan, ServerPlan
 from cptest.retry import Abort, retry
+from cptest.run.baseline_cache import BaselineCache
 from cptest.run.driver import WorkloadDriver, WorkloadSummary
 from cptest.run.evidence_writer import RecordWriter
 from cptest.run.faults import FaultInjector
@@ -65,6 +66,8 @@ class ServerOutcome:
     shutdown_s: float | None = None
     all_exited: bool | None = None
     exits: list[ExitInfo] = field(default_factory=list)
+    reused: str | None = None
+    """The baseline cache key whose evidence this archive holds instead of a new run, if any."""
 
 
 @dataclass
@@ -88,6 +91,11 @@ class RunOptions:
     incremental_stream: bool = False
     """True when the plan's argv has --incremental-streaming-output (delta chunks)."""
     labels: dict[str, str] = field(default_factory=dict)
+    baseline_cache: BaselineCache | None = None
+    """Where baselines are kept and found (`cptest.run.baseline_cache`); None: always run them."""
+    baseline_key: tuple[str, dict] | None = None
+    """The plan's baseline key and what it was computed from (the pipeline sets it: it needs the
+    machine's environment); None: the baseline cannot be cached."""
 
 
 def log_tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
@@ -125,11 +133,16 @@ def run_plan(plan: Plan, out_dir: Path, *, launcher: Launcher, log: Logger,
                         why = "baseline skipped: the main server did not become ready"
                         outcome.skipped.append(why)
                         log.info(why)
+                    elif (reused := _reuse_baseline(layout, opts, writers["main"], log)) is not None:
+                        outcome.baseline = reused
                     else:
                         current[0] = "baseline"
                         writers["baseline"] = RecordWriter(layout.runner_file("baseline"))
                         outcome.baseline = _run_server(sup, plan, plan.baseline, writers["baseline"], layout,
                                                        opts, log, faults=False)
+                        writers["baseline"].close()
+                        _keep_baseline(outcome.baseline, len(plan.workload.requests), layout, opts,
+                                       writers["main"], log)
                 return outcome
             except KeyboardInterrupt as e:
                 reason = signal.Signals(e.signum).name if isinstance(e, Interrupted) else "SIGINT"
@@ -145,6 +158,37 @@ def run_plan(plan: Plan, out_dir: Path, *, launcher: Launcher, log: Logger,
         for w in writers.values():
             w.close()
         log.remove_sink(sink)
+
+
+def _reuse_baseline(layout: Layout, opts: RunOptions, writer: RecordWriter,
+                    log: Logger) -> ServerOutcome | None:
+    """Copy a cached baseline into the archive instead of running it; None on a miss."""
+    if opts.baseline_cache is None or opts.baseline_key is None:
+        return None
+    key = opts.baseline_key[0]
+    entry = opts.baseline_cache.lookup(key)
+    if entry is None:
+        return None
+    opts.baseline_cache.restore(key, layout)
+    writer.write(Lifecycle(run="baseline", event="baseline_reused",
+                           detail={"key": key, "archive": entry.get("archive"),
+                                   "stored": entry.get("stored")}))
+    log.info(f"baseline reused from the cache ({key[:12]}, made by {entry.get('archive')})")
+    return ServerOutcome("baseline", ready=True, reused=key)
+
+
+def _keep_baseline(out: ServerOutcome, requests: int, layout: Layout, opts: RunOptions, writer: RecordWriter,
+                   log: Logger) -> None:
+    """Store a clean baseline (ready, every request completed, every process exited) in the cache."""
+    if opts.baseline_cache is None or opts.baseline_key is None:
+        return
+    w = out.workload
+    if not (out.ready and out.all_exited and w is not None and w.completed == requests):
+        return
+    key, material = opts.baseline_key
+    if opts.baseline_cache.store(key, material, layout):
+        writer.write(Lifecycle(run="baseline", event="baseline_cached", detail={"key": key}))
+        log.info(f"baseline stored in the cache ({key[:12]})")
 
 
 def _run_server(sup: Supervisor, plan: Plan, server: ServerPlan, writer: RecordWriter, layout: Layout,

@@ -128,7 +128,7 @@ def plan_entries(files: list[Path], machine: Machine, *, engine: str | None, gpu
 
 
 def child_argv(entry: Entry, granted: Granted, *, results: Path, engine: str | None,
-               ignore_lint: bool, launcher: str) -> list[str]:
+               ignore_lint: bool, launcher: str, baseline_cache: Path | None = None) -> list[str]:
     p = granted.placement
     argv = [sys.executable, "-m", "cptest", "run", str(entry.file), "--json", "--results", str(results),
             "--ports", f"{p.main_port},{p.baseline_port}", "--launcher", launcher]
@@ -140,12 +140,14 @@ def child_argv(entry: Entry, granted: Granted, *, results: Path, engine: str | N
         argv += ["--engine", engine]
     if ignore_lint:
         argv.append("--ignore-lint")
+    argv += ["--baseline-cache", str(baseline_cache)] if baseline_cache else ["--no-baseline-cache"]
     return argv
 
 
 def run_suite(files: list[Path], machine: Machine, *, results: Path, log: Logger, engine: str | None = None,
               gpu_present: bool, model_cache: Path, jobs: int | None = None, ignore_lint: bool = False,
-              launcher: str = "process", now: datetime | None = None) -> SuiteResult:
+              launcher: str = "process", now: datetime | None = None,
+              baseline_cache: Path | None = None) -> SuiteResult:
     pool = Pool(machine, jobs)
     entries = plan_entries(files, machine, engine=engine, gpu_present=gpu_present, model_cache=model_cache,
                            pool=pool, ignore_lint=ignore_lint)
@@ -175,7 +177,7 @@ def run_suite(files: list[Path], machine: Machine, *, results: Path, log: Logger
                 e = next(x for x in waiting if x.key == key)
                 waiting.remove(e)
                 _start(e, granted, folder, results=results, engine=engine, ignore_lint=ignore_lint,
-                       launcher=launcher)
+                       launcher=launcher, baseline_cache=baseline_cache)
                 running.append(e)
                 log.info(f"start {e.name}: {_where(granted)} "
                          f"({len(running)} running, {len(waiting)} waiting)")
