@@ -15,7 +15,11 @@ builds or reads them.
 
 from __future__ import annotations
 
+import array
+import base64
+import binascii
 import json
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from cptest.errors import EvidenceError, Problem, Span
 from cptest.topology import Degrees
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""v2: a compact step's `pos` may be packed (base64 of little-endian int32) and its `kv` a string
+of 0/1 digits (`Step`); every v1 record reads unchanged."""
 Ranges = list[tuple[int, int]]
 """Sorted, disjoint, merged half-open integer ranges."""
 
@@ -101,6 +107,8 @@ class Step(_Record):
     step, where building the per-request maps cost more than the rest of the probe. Reading
     expands it (`_expand_rows`): request i's row is at position pos[i]; its K/V was written by this
     rank if kv[i] is true ("all": every row; null: no write seen, kv_written empty).
+    Since v2 `pos` may be a string, the base64 of the positions as little-endian int32, and `kv` a
+    string of "0"/"1" digits: the probe then never turns a number into text on the engine's thread.
     """
 
     kind: Literal["step"] = "step"
@@ -134,7 +142,11 @@ class Step(_Record):
         rows = data.pop("rows")
         if not isinstance(rows, dict) or set(rows) != {"rids", "pos", "kv"}:
             raise ValueError("rows: expected an object with exactly rids, pos and kv")
-        rids, pos, kv = rows["rids"], rows["pos"], rows["kv"]
+        rids, pos, kv = rows["rids"], _unpack_positions(rows["pos"]), rows["kv"]
+        if isinstance(kv, str) and kv != "all":
+            if kv.strip("01"):
+                raise ValueError('rows: kv as a string must be "all" or 0/1 digits')
+            kv = [c == "1" for c in kv]
         if not (isinstance(rids, list) and isinstance(pos, list) and len(rids) == len(pos)
                 and len(set(rids)) == len(rids)):
             raise ValueError("rows: rids and pos must be lists of one length, rids distinct")
@@ -152,6 +164,22 @@ class Step(_Record):
         else:
             raise ValueError('rows: kv must be a list as long as pos, "all" or null')
         return data
+
+
+def _unpack_positions(pos: Any) -> Any:
+    """A packed `pos` (base64 of little-endian int32) as a list; anything else as it is."""
+    if not isinstance(pos, str):
+        return pos
+    try:
+        raw = base64.b64decode(pos, validate=True)
+    except binascii.Error as e:
+        raise ValueError(f"rows: pos is neither a list nor base64: {e}") from None
+    if len(raw) % 4:
+        raise ValueError("rows: packed pos is not a whole number of int32")
+    values = array.array("i", raw)
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values.tolist()
 
 
 class Graph(_Record):

@@ -69,7 +69,7 @@ class CopyBatch:
         self.offsets: list[int] = [0]
         self.host: Any = None
         self.done: Any = None
-        self.values_: list[Any] | None = None
+        self.values_: Any = None
 
     def fits(self, tensors: list[Any]) -> bool:
         return self.device is None or all(t.device == self.device for t in tensors)
@@ -101,13 +101,21 @@ class CopyBatch:
         self.parts = []
 
     def ready(self) -> bool:
-        return self.host is not None and (self.done is None or bool(self.done.query()))
+        if self.host is None:
+            return False
+        if self.done is not None:
+            if not self.done.query():
+                return False
+            self.done = None  # arrived: the steps of this batch after the first ask no more
+        return True
 
-    def part(self, i: int) -> list[Any]:
+    def part(self, i: int) -> Any:
+        """Part `i` as a numpy view of the host copy (no per-value Python objects: the record
+        packs it, `records.finish_step_line`)."""
         if self.values_ is None:
             if self.done is not None:
                 self.done.synchronize()
-            self.values_ = self.host.tolist()
+            self.values_ = self.host.numpy()
         return self.values_[self.offsets[i]:self.offsets[i + 1]]
 
 
@@ -217,10 +225,11 @@ def around_model_runner_forward(original: Any, runner: Any, forward_batch: Any, 
 
     Opens a StepDraft before the forward (inner hooks fill it), then counts replay vs eager from
     `ModelRunnerOutput.can_run_graph` (model_runner.py:1526-1547) and writes a Step for an eager
-    forward. SGLang's own exceptions pass through unchanged; the probe's never do.
+    forward. SGLang's own exceptions pass through unchanged; the probe's never do. A paused probe
+    (runtime.ENV_SWITCH) opens no draft, so the inner hooks find none and return at once.
     """
     probe = get_probe()
-    if probe is None or getattr(runner, "is_draft_worker", False):
+    if probe is None or probe.paused or getattr(runner, "is_draft_worker", False):
         return original(runner, forward_batch, *args, **kwargs)
     _begin_step(probe, runner, forward_batch)
     try:
@@ -321,9 +330,9 @@ def _finish_step(job: StepJob) -> None:
     if job.batch is not None:
         got = {name: job.batch.part(job.first + k) for k, name in enumerate(job.which)}
     if "kv_mask" in got:
-        draft.kv_mask = got["kv_mask"]  # 0/1 (or bools): truth is what counts
+        draft.kv_mask = got["kv_mask"]  # 0/1 (or bools): truth is what counts; a numpy view
     if "zigzag" in got:
-        _resolve_zigzag(draft, got["zigzag"])
+        _resolve_zigzag(draft, got["zigzag"].tolist())
     positions = got.get("positions")
     probe.write(records.finish_step_line(draft, rank=probe.rank, rank_json=probe.rank_json, t=job.t,
                                          positions=positions, rid_text=probe.rid_text))

@@ -7,6 +7,7 @@ here. That keeps every decision about *what* a record says testable on a CPU.
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -136,7 +137,7 @@ def capacity(
 
 
 # ---------------------------------------------------------------- per-step evidence
-@dataclass
+@dataclass(slots=True)
 class StepDraft:
     """What the hooks of one forward step collect before the step's record is written.
 
@@ -327,16 +328,19 @@ class RidText:
     def __init__(self) -> None:
         self._rids: list[str] | None = None
         self._text: str | None = None
+        self._distinct = False
 
-    def of(self, rids: list[str]) -> str | None:
-        """`"a","b"` for plain ids, None when an id would need escaping in JSON."""
+    def of(self, rids: list[str], *, distinct: bool = False) -> str | None:
+        """`"a","b"` for plain ids, None when an id would need escaping in JSON (or, with
+        `distinct`, when an id repeats)."""
         if rids != self._rids:
             self._rids = list(rids)
+            self._distinct = len(set(rids)) == len(rids)
             try:
                 self._text = _QUOTED_COMMA.join(rids) if _PLAIN.fullmatch("".join(rids)) else None
             except TypeError:  # not all str: the general way converts them
                 self._text = None
-        return self._text
+        return None if distinct and not self._distinct else self._text
 
 
 def finish_step_line(draft: StepDraft, *, rank: RankId, rank_json: str, t: float,
@@ -345,29 +349,41 @@ def finish_step_line(draft: StepDraft, *, rank: RankId, rank_json: str, t: float
 
     The compact form (`rows`, see `cptest.evidence.Step`) covers a step of one row per distinct
     request (decode) with plain request ids; it is built with a few C-level joins, because it runs
-    on the engine's thread once per step. Anything else goes the general way. `rank_json` is
-    `rank.model_dump_json()`, made once per process; `rid_text` the caller's RidText, if it keeps one.
+    on the engine's thread once per step. Positions and the DCP mask given as numpy arrays (the
+    probe's host copies) are packed (`_packed_pos`, `_digits`): turning 2 x 64 numbers into
+    decimal text was most of the probe's cost per decode step. Anything else goes the general way.
+    `rank_json` is `rank.model_dump_json()`, made once per process; `rid_text` the caller's RidText,
+    if it keeps one.
     """
     rids = draft.rids
-    lens = None
+    one_each = False
     if positions is not None and not draft.cp_active and len(rids) == len(positions) and rids:
-        lens = request_lens(len(positions), rids, draft.extend_lens, draft.mode)
-    quoted = (rid_text or RidText()).of(rids) if lens is not None and _one_row_each(rids, lens) else None
+        if draft.mode == "decode" and draft.extend_lens is None:
+            one_each = True  # a decode batch: one row per request (request_lens)
+        else:
+            lens = request_lens(len(positions), rids, draft.extend_lens, draft.mode)
+            one_each = lens is not None and lens.count(1) == len(lens)
+    quoted = (rid_text or RidText()).of(rids, distinct=True) if one_each else None
     if quoted is None:
         draft.rids = [r if isinstance(r, str) else str(r) for r in rids]
+        if hasattr(draft.kv_mask, "tolist"):
+            draft.kv_mask = draft.kv_mask.tolist()
+        positions = positions.tolist() if hasattr(positions, "tolist") else positions
         return finish_step(draft, rank=rank, t=t, positions=positions).model_dump_json()
     source = _kv_source(draft, len(positions))
     if source == "mask":
-        kv = "[" + ",".join(map(str, map(int, draft.kv_mask or ()))) + "]"
+        mask = draft.kv_mask
+        kv = _digits(mask) if hasattr(mask, "astype") else f'[{",".join(map(str, map(int, mask or ())))}]'
     else:
         kv = '"all"' if source == "all" else "null"
     cp = "null" if draft.cp_configured is None else "false"  # cp_active is False on this path
+    pos = _packed_pos(positions) if hasattr(positions, "astype") else f'[{",".join(map(str, positions))}]'
     return (
         f'{{"v":{SCHEMA_VERSION},"t":{float(t)!r},"kind":"step","rank":{rank_json},"step":{int(draft.step)},'
         f'"mode":"{draft.mode}","batch_size":{int(draft.batch_size)},"rows_in":{int(draft.rows_in)},'
         f'"attn_rows":{_json_int(draft.attn_rows_seen)},"ffn_rows":{_json_int(draft.ffn_rows)},'
         f'"logits_rows":{_json_int(draft.logits_rows)},"cp_active":{cp},'
-        f'"rows":{{"rids":["{quoted}"],"pos":[{",".join(map(str, positions))}],"kv":{kv}}},'
+        f'"rows":{{"rids":["{quoted}"],"pos":{pos},"kv":{kv}}},'
         f'"extend_lens":[{",".join(map(str, draft.extend_lens or []))}],'
         f'"prefix_lens":[{",".join(map(str, draft.prefix_lens or []))}]}}'
     )
@@ -380,12 +396,18 @@ _PLAIN = re.compile(r'[^"\\\x00-\x1f\x7f-\uffff]*')
 _QUOTED_COMMA = '","'
 
 
+def _packed_pos(positions: Any) -> str:
+    """A numpy array of positions as the JSON string of its little-endian int32 bytes in base64."""
+    return '"' + base64.b64encode(positions.astype("<i4").tobytes()).decode("ascii") + '"'
+
+
+def _digits(mask: Any) -> str:
+    """A numpy 0/1 (or bool) array as the JSON string of its digits, e.g. "0101"."""
+    return '"' + ((mask != 0).astype("u1") + 48).tobytes().decode("ascii") + '"'
+
+
 def _json_int(v: int | None) -> str:
     return "null" if v is None else str(int(v))
-
-
-def _one_row_each(rids: Sequence[str], lens: Sequence[int]) -> bool:
-    return list(lens).count(1) == len(lens) and len(set(rids)) == len(rids)
 
 
 # ---------------------------------------------------------------- graph counters

@@ -52,6 +52,11 @@ ENV_DIR = "CPTEST_PROBE_DIR"
 ENV_POSITIONS = "CPTEST_PROBE_POSITIONS"
 """`0` stops gathering position and mask tensors for the host: steps are recorded without them."""
 ENV_GRAPH_FLUSH_S = "CPTEST_PROBE_GRAPH_FLUSH_S"
+ENV_SWITCH = "CPTEST_PROBE_SWITCH"
+"""A file whose content `off` pauses the probe at run time (anything else, or no file: on). The
+writer thread looks at it every WRITER_PERIOD_S; a paused probe records no step (a note marks each
+pause and resume). It exists to measure the probe's cost on one server in alternating windows
+(tools/device/probe-windows.py); evidence runs never set it."""
 MAX_ERRORS_PER_HOOK = 5
 WRITER_PERIOD_S = 0.02
 """How often the writer thread comes by (graph counts, work an idle engine left pending)."""
@@ -97,7 +102,8 @@ class Probe:
     """Per-process probe state. Tests build one with a tmp dir and a fake clock."""
 
     def __init__(self, out_dir: Path, *, clock: Callable[[], float] = time.monotonic,
-                 observe_positions: bool = True, graph_flush_s: float = 1.0) -> None:
+                 observe_positions: bool = True, graph_flush_s: float = 1.0,
+                 switch: Path | None = None) -> None:
         self.out_dir = out_dir
         self.clock = clock
         self.t0 = clock()
@@ -131,6 +137,10 @@ class Probe:
         self._io_lock = threading.Lock()
         self._graph_lock = threading.Lock()
         self._guarded: dict[tuple[str, Callable[..., Any]], Callable[..., Any]] = {}
+        self.switch = switch
+        self._switch_seen: tuple[int, int] | None = None
+        self.paused = False
+        """True while the switch file says `off`: the per-step hooks do nothing (ENV_SWITCH)."""
 
     # ------------------------------------------------------------ writing
     def now(self) -> float:
@@ -264,8 +274,27 @@ class Probe:
             self._writer = threading.Thread(target=self._write_loop, name="cptest-probe-writer", daemon=True)
             self._writer.start()
 
+    def poll_switch(self) -> None:
+        """Pause or resume as the switch file says; a stat per call, a read only when it changed."""
+        if self.switch is None:
+            return
+        try:
+            st = os.stat(self.switch)
+            seen = (st.st_mtime_ns, st.st_size)
+            if seen == self._switch_seen:
+                return
+            self._switch_seen = seen
+            paused = self.switch.read_text(encoding="utf-8").strip() == "off"
+        except OSError:
+            self._switch_seen, paused = None, False
+        if paused != self.paused:
+            self.paused = paused
+            self.note(f"probe {'paused' if paused else 'resumed'} by {self.switch}", "info")
+
     def _write_loop(self) -> None:
         while not self._stop.wait(WRITER_PERIOD_S):
+            with contextlib.suppress(Exception):
+                self.poll_switch()
             with contextlib.suppress(Exception):
                 if self._pending and self.clock() - self._pending[0][0] > IDLE_S:
                     self._finish_pending(time.monotonic() + 10 * IDLE_S)
@@ -340,7 +369,9 @@ def get_probe() -> Probe | None:
             Path(os.environ[ENV_DIR]),
             observe_positions=os.environ.get(ENV_POSITIONS, "1") != "0",
             graph_flush_s=float(os.environ.get(ENV_GRAPH_FLUSH_S, "1.0")),
+            switch=Path(os.environ[ENV_SWITCH]) if os.environ.get(ENV_SWITCH) else None,
         )
+        _PROBE.poll_switch()
         atexit.register(_PROBE.flush_held_at_exit)
         atexit.register(_PROBE.flush)
     return _PROBE

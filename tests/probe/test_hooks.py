@@ -323,3 +323,49 @@ def test_with_positions_off_steps_are_recorded_without_any_copy(tmp_path: Path, 
     finally:
         runtime.set_probe(None)
         p.close()
+
+
+def test_decode_steps_are_written_packed_and_read_back_as_numbers(probe: Probe, monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 1)
+    hooks.after_initialize_model_parallel(None)
+    fb = Batch(Mode("DECODE"), torch.arange(3), torch.tensor([70000, 5, 2**31 - 1]), ["a", "b", "c"], 3)
+    hooks.around_model_runner_forward(_dcp_forward(1, Layer()), Runner(), fb)
+    (s,) = [r for r in _records(probe) if isinstance(r, Step)]
+    line = next(x for x in (probe.out_dir / "rank1.jsonl").read_text().splitlines() if '"step"' in x)
+    assert '"pos":"' in line and '"kv":"011"' in line  # no number turned into text on the engine's thread
+    assert s.seq_positions == {"a": [(70000, 70001)], "b": [(5, 6)], "c": [(2**31 - 1, 2**31)]}
+    assert s.kv_written == {"a": [], "b": [(5, 6)], "c": [(2**31 - 1, 2**31)]}
+
+
+def test_a_switched_off_probe_records_no_step_until_switched_on(tmp_path: Path, monkeypatch: MP) -> None:
+    switch = tmp_path / "switch"
+    p = Probe(tmp_path / "probe", graph_flush_s=0.0, switch=switch)
+    runtime.set_probe(p)
+    try:
+        _fake_parallel_state(monkeypatch, 0)
+        hooks.after_initialize_model_parallel(None)
+        calls: list[int] = []
+
+        def forward(runner: Runner, fb: Batch) -> Output:
+            calls.append(1)
+            return Output(can_run_graph=False)
+
+        def step(position: int) -> None:
+            fb = Batch(Mode("DECODE"), torch.arange(1), torch.tensor([position]), ["a"], 1)
+            hooks.around_model_runner_forward(forward, Runner(), fb)
+
+        step(1)
+        switch.write_text("off\n")
+        p.poll_switch()
+        step(2)
+        switch.write_text("on\n")
+        p.poll_switch()
+        step(3)
+        assert len(calls) == 3  # the engine's forward ran every time
+        recs = _records(p)
+        assert [s.seq_positions for s in recs if isinstance(s, Step)] == [{"a": [(1, 2)]}, {"a": [(3, 4)]}]
+        notes = [r.message for r in recs if isinstance(r, ProbeNote) and r.message.startswith("probe ")]
+        assert notes == [f"probe paused by {switch}", f"probe resumed by {switch}"]
+    finally:
+        runtime.set_probe(None)
+        p.close()
