@@ -1,0 +1,123 @@
+"""Workload fidelity: cptest's client and SGLang's own `sglang.bench_serving` on one request set.
+
+    python3 tools/device/fidelity.py SCENARIO --port P --out DIR [--rounds 3]
+
+Runs on the GPU machine against one running SGLang server that has a tokenizer (bench_serving
+reads streamed text; tools/device/tiny_tokenizer.py gives a tiny model one). The request set is
+the scenario's planned workload (cptest's own planner: token ids, output lengths, concurrency),
+with `ignore_eos` so that every request produces exactly its planned tokens, and the same
+`return_logprob` body cptest always sends; bench_serving is given exactly these requests (its
+`get_dataset` is replaced by the plan's rows, nothing else of it) and the same concurrency, at an
+unlimited request rate. One warm-up pass of cptest's client, then `rounds` of each client in ABBA
+order (bench, cptest, cptest, bench, ...), so that a drift of the machine hits both alike.
+
+Compared, per client, as the median over rounds: output throughput (output tokens / wall time
+from the first request sent to the last finished; bench_serving's `output_throughput` is the
+same) and mean and median TTFT. Writes DIR/fidelity.json (every round of both) and prints the
+ratios cptest / bench_serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cptest import pipeline
+from cptest.plan.model import WorkloadPlan
+from cptest.run.driver import WorkloadDriver
+from cptest.run.evidence_writer import RecordWriter
+
+LOGPROB_BODY = {"return_logprob": True, "logprob_start_len": -1}
+"""What cptest's driver sends besides the sampling parameters (`driver.build_payload`)."""
+
+
+def planned_workload(scenario: Path) -> WorkloadPlan:
+    prepared = pipeline.prepare(scenario, engine="sglang", gpu_present=True, model_cache=Path(".tiny-models"))
+    w = prepared.plan.workload
+    reqs = [r.model_copy(update={"sampling": r.sampling.model_copy(update={"ignore_eos": True}),
+                                 "return_logprob": True}) for r in w.requests]
+    return w.model_copy(update={"requests": reqs})
+
+
+def run_cptest(workload: WorkloadPlan, port: int, out: Path) -> dict[str, Any]:
+    writer = RecordWriter(out)
+    try:
+        driver = WorkloadDriver(f"http://127.0.0.1:{port}", workload, role="main", writer=writer)
+        summary = asyncio.run(driver.arun())
+    finally:
+        writer.close()
+    ok = [r for r in summary.results if r.status == "ok"]
+    start = min(r.sent_at for r in ok)
+    end = max(r.sent_at + (r.e2e_s or 0.0) for r in ok)
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    return {"client": "cptest", "completed": len(ok), "failed": len(summary.results) - len(ok),
+            "duration_s": end - start, "output_tokens": sum(len(r.output_ids) for r in ok),
+            "output_throughput": sum(len(r.output_ids) for r in ok) / (end - start),
+            "mean_ttft_ms": 1000 * statistics.fmean(ttfts), "median_ttft_ms": 1000 * statistics.median(ttfts)}
+
+
+def run_bench_serving(workload: WorkloadPlan, port: int, out: Path) -> dict[str, Any]:
+    from sglang.benchmark import serving
+    from sglang.benchmark.datasets import DatasetRow
+
+    rows = [DatasetRow(prompt=list(r.input_ids), prompt_len=len(r.input_ids), output_len=r.max_new_tokens)
+            for r in workload.requests]
+    serving.get_dataset = lambda *_a, **_k: rows  # the plan's requests instead of a generated set
+    temperature = workload.requests[0].sampling.temperature or 0.0
+    sys.argv = ["bench_serving", "--backend", "sglang", "--host", "127.0.0.1", "--port", str(port),
+                "--dataset-name", "random-ids", "--tokenize-prompt", "--num-prompts", str(len(rows)),
+                "--max-concurrency", str(workload.concurrency), "--request-rate", "inf",
+                "--temperature", str(temperature), "--extra-request-body", json.dumps(LOGPROB_BODY),
+                "--disable-tqdm", "--output-file", str(out), "--warmup-requests", "1"]
+    serving.cli_main()
+    r = json.loads(out.read_text().splitlines()[-1])
+    return {"client": "bench_serving", "completed": r["completed"], "duration_s": r["duration"],
+            "output_tokens": r["total_output_tokens"], "output_throughput": r["output_throughput"],
+            "mean_ttft_ms": r["mean_ttft_ms"], "median_ttft_ms": r["median_ttft_ms"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("scenario", type=Path)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    workload = planned_workload(a.scenario)
+    if not workload.concurrency:
+        raise SystemExit("fidelity compares closed-loop runs: the scenario's workload needs a concurrency")
+    print(f"{len(workload.requests)} requests, concurrency {workload.concurrency}, "
+          f"{sum(len(r.input_ids) for r in workload.requests)} prompt tokens, "
+          f"{sum(r.max_new_tokens for r in workload.requests)} output tokens", flush=True)
+    runs: list[dict[str, Any]] = []
+    t0 = time.time()
+    warm = run_cptest(workload, a.port, a.out / "warmup.jsonl")
+    print(f"warm-up: {warm}", flush=True)
+    order = [c for i in range(a.rounds) for c in (("bench", "cptest") if i % 2 == 0 else ("cptest", "bench"))]
+    for i, client in enumerate(order):
+        run = (run_bench_serving(workload, a.port, a.out / f"bench-{i}.jsonl") if client == "bench"
+               else run_cptest(workload, a.port, a.out / f"cptest-{i}.jsonl"))
+        run["at_s"] = round(time.time() - t0, 1)
+        runs.append(run)
+        print(json.dumps(run), flush=True)
+    result: dict[str, Any] = {"scenario": str(a.scenario), "requests": len(workload.requests),
+                              "concurrency": workload.concurrency, "rounds": a.rounds, "runs": runs,
+                              "warmup": warm}
+    for metric in ("output_throughput", "mean_ttft_ms", "median_ttft_ms"):
+        med = {c: statistics.median(r[metric] for r in runs if r["client"] == c)
+               for c in ("cptest", "bench_serving")}
+        result[metric] = med | {"ratio": med["cptest"] / med["bench_serving"]}
+        print(f"{metric}: cptest {med['cptest']:.2f}, bench_serving {med['bench_serving']:.2f}, "
+              f"ratio {result[metric]['ratio']:.4f}", flush=True)
+    (a.out / "fidelity.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

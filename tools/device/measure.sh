@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# measure.sh: the probe's cost in alternating windows and the workload client's fidelity, on the
+# 2-GPU machine with SGLang 0.5.17 (call 3 of three, as qualify.sh: carry .sglang-bundle/c3 and .whl).
+#
+# 1. The probe's GPU tests and its CPU cost per decode step (benchmarks/probe_step.py, CPU and CUDA
+#    tensors) on this machine.
+# 2. Three servers of the tiny llama-kv1 (TP1, triton, eager, as cptest's evidence runs), each on
+#    its own physical cores: p0 (GPU 0) and p1 (GPU 1) with the probe on and a run-time switch
+#    (CPTEST_PROBE_SWITCH), f (GPU 1) without the probe and with a word-level tokenizer
+#    (tiny_tokenizer.py) so that sglang.bench_serving can read its stream.
+# 3. probe_windows.py on p0 and p1 (opposite ABBA patterns), then fidelity.py on f.
+# Returns $OUT/measure.log, windows.json, fidelity.json, probe-check.json (every probe line of p0/p1
+# read back by cptest's reader), server-logs.tar.gz, manifest.json, SHA256SUMS.
+set -uo pipefail
+T0=$(date +%s)
+OUT=${OUT:-/tmp/measure-out}
+WORK=/tmp/measure
+mkdir -p "$OUT" "$WORK"
+LOG="$OUT/measure.log"
+say() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
+PGS=()
+finish() {
+  for g in "${PGS[@]}"; do kill -TERM -- "-$g" 2>/dev/null; done
+  sleep 3
+  for g in "${PGS[@]}"; do kill -KILL -- "-$g" 2>/dev/null; done
+  tar -C "$WORK" -czf "$OUT/server-logs.tar.gz" server-p0.log server-p1.log server-f.log 2>/dev/null
+  python3 tools/side_run_manifest.py "$OUT" --commit "${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" \
+    --script tools/device/measure.sh \
+    --what "probe overhead in run-time windows and client fidelity vs bench_serving, SGLang 0.5.17, llama-kv1 TP1" \
+    >> "$LOG" 2>&1
+}
+trap finish EXIT
+source tools/device/cptest-env.sh
+
+say "probe tests on the GPU"
+python3 -m pytest -q -p no:cacheprovider tests/probe/test_hooks_cuda.py tests/probe/test_hooks.py \
+  tests/probe/test_runtime.py 2>&1 | tail -n 3 | tee -a "$LOG"
+for dev in cpu cuda; do
+  python3 benchmarks/probe_step.py --steps 4000 --layers 4 --batch 64 --device $dev 2>&1 | tee -a "$LOG"
+done
+
+python3 tools/device/tiny_tokenizer.py .tiny-models/llama-kv1 .tiny-models/llama-kv1-tok >> "$LOG" 2>&1
+HOOKS=$(python3 -c 'from cptest.probe.forward_hooks import spec; print(spec())')
+COMMON=(--attention-backend triton --sampling-backend pytorch --mem-fraction-static 0.2
+  --max-total-tokens 131072 --cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled
+  --disable-custom-all-reduce --host 127.0.0.1)
+read -r -a CPUSETS < <(python3 - <<'PY'
+import glob, os
+cores = {}
+for f in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology/thread_siblings_list"):
+    cpu = int(f.split("/")[5][3:])
+    if cpu in os.sched_getaffinity(0):
+        cores.setdefault(open(f).read().strip(), []).append(cpu)
+phys = sorted(cores.values())
+if len(phys) < 4:
+    phys = [sorted(c for p in phys for c in p)] * 4
+per = max(1, len(phys) // 4)
+sets = [sorted(c for p in phys[i * per:(i + 1) * per] for c in p) for i in range(3)]
+sets.append(sorted(c for p in phys[3 * per:] for c in p) or sets[-1])
+print(" ".join(",".join(map(str, s)) for s in sets))
+PY
+)
+say "cpu sets (p0 p1 f client): ${CPUSETS[*]}"
+launch() {  # name gpu port cpuset model probe(0/1) [extra args...]
+  local name=$1 gpu=$2 port=$3 cpus=$4 model=$5 probe=$6; shift 6
+  local envs=(CUDA_VISIBLE_DEVICES="$gpu") extra=("$@")
+  if [ "$probe" = 1 ]; then
+    mkdir -p "$WORK/probe-$name"
+    envs+=(CPTEST_PROBE_DIR="$WORK/probe-$name" CPTEST_PROBE_SWITCH="$WORK/switch-$name")
+    extra+=(--forward-hooks "$HOOKS")
+  fi
+  env "${envs[@]}" setsid python3 -c 'import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")}); os.execvp(sys.argv[2], sys.argv[2:])' \
+    "$cpus" python3 -m sglang.launch_server --model-path "$model" "${extra[@]}" --port "$port" \
+    > "$WORK/server-$name.log" 2>&1 & PGS+=($!)
+}
+say "launching p0 (GPU 0), p1 and f (GPU 1)"
+launch p0 0 31000 "${CPUSETS[0]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" --skip-tokenizer-init
+launch p1 1 31001 "${CPUSETS[1]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" --skip-tokenizer-init
+launch f 1 31002 "${CPUSETS[2]}" .tiny-models/llama-kv1-tok 0 "${COMMON[@]}" --disable-radix-cache
+pinned() { python3 -c 'import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")}); os.execvp(sys.argv[2], sys.argv[2:])' "$@"; }
+
+say "probe windows on p0 and p1"
+pinned "${CPUSETS[3]}" python3 tools/device/probe_windows.py --out "$OUT" \
+  --server "p0:31000:$WORK/switch-p0:$WORK/server-p0.log" --server "p1:31001:$WORK/switch-p1:$WORK/server-p1.log" \
+  --window-s "${WINDOW_S:-5}" --blocks "${BLOCKS:-8}" 2>&1 | tee -a "$LOG"
+
+say "fidelity on f"
+pinned "${CPUSETS[3]}" python3 tools/device/fidelity.py tools/device/fidelity_llama_kv1.cps --port 31002 \
+  --out "$WORK/fidelity" --rounds "${ROUNDS:-3}" 2>&1 | grep -v "^benchmark_args=\|^Namespace(" | tee -a "$LOG"
+cp "$WORK/fidelity/fidelity.json" "$OUT/" 2>/dev/null
+
+say "reading the probe's rank files back"
+python3 - "$WORK" > "$OUT/probe-check.json" 2>> "$LOG" <<'PY'
+import json, sys
+from pathlib import Path
+from cptest.evidence import ProbeNote, Step, read_records
+out = {}
+for d in sorted(Path(sys.argv[1]).glob("probe-p*")):
+    for f in sorted(d.glob("rank*.jsonl")):
+        recs, problems = read_records(f)
+        steps = [r for r in recs if isinstance(r, Step)]
+        text = f.read_text()
+        out[f"{d.name}/{f.name}"] = {
+            "bytes": len(text), "records": len(recs), "problems": [str(p) for p in problems][:5],
+            "steps": len(steps), "decode_steps": sum(s.mode == "decode" for s in steps),
+            "packed_lines": text.count('"pos":"'),
+            "notes": [r.message for r in recs if isinstance(r, ProbeNote)][:6]}
+print(json.dumps(out, indent=1))
+PY
+cat "$OUT/probe-check.json" | head -40 | tee -a "$LOG"
+say "done"
