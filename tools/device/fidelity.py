@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +64,23 @@ def run_cptest(workload: WorkloadPlan, port: int, out: Path) -> dict[str, Any]:
             "mean_ttft_ms": 1000 * statistics.fmean(ttfts), "median_ttft_ms": 1000 * statistics.median(ttfts)}
 
 
+def _without_hf_datasets() -> None:
+    """bench_serving's dataset package imports Hugging Face `datasets` at the top for its MMMU and
+    LongBench loaders, which the offline bundle lacks; a module whose `load_dataset` refuses stands
+    in, so those loaders fail if ever used and nothing else of bench_serving changes."""
+    if importlib.util.find_spec("datasets") is not None:
+        return
+
+    def load_dataset(*_a: Any, **_k: Any) -> Any:
+        raise RuntimeError("Hugging Face datasets is not installed here")
+
+    stand_in = types.ModuleType("datasets")
+    stand_in.load_dataset = load_dataset  # type: ignore[attr-defined]
+    sys.modules["datasets"] = stand_in
+
+
 def run_bench_serving(workload: WorkloadPlan, port: int, out: Path) -> dict[str, Any]:
+    _without_hf_datasets()
     from sglang.benchmark import serving
     from sglang.benchmark.datasets import DatasetRow
 

@@ -42,7 +42,7 @@ done
 python3 tools/device/tiny_tokenizer.py .tiny-models/llama-kv1 .tiny-models/llama-kv1-tok >> "$LOG" 2>&1
 HOOKS=$(python3 -c 'from cptest.probe.forward_hooks import spec; print(spec())')
 COMMON=(--attention-backend triton --sampling-backend pytorch --mem-fraction-static 0.2
-  --max-total-tokens 131072 --cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled
+  --cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled
   --disable-custom-all-reduce --host 127.0.0.1)
 read -r -a CPUSETS < <(python3 - <<'PY'
 import glob, os
@@ -74,15 +74,16 @@ launch() {  # name gpu port cpuset model probe(0/1) [extra args...]
     > "$WORK/server-$name.log" 2>&1 & PGS+=($!)
 }
 say "launching p0 (GPU 0), p1 and f (GPU 1)"
-launch p0 0 31000 "${CPUSETS[0]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" --skip-tokenizer-init
-launch p1 1 31001 "${CPUSETS[1]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" --skip-tokenizer-init
-launch f 1 31002 "${CPUSETS[2]}" .tiny-models/llama-kv1-tok 0 "${COMMON[@]}" --disable-radix-cache
+# a cohort of 64 x (128 + 4500) tokens must fit the pool whole: no retraction inside a window
+launch p0 0 31000 "${CPUSETS[0]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" --skip-tokenizer-init --max-total-tokens 524288
+launch p1 1 31001 "${CPUSETS[1]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" --skip-tokenizer-init --max-total-tokens 524288
+launch f 1 31002 "${CPUSETS[2]}" .tiny-models/llama-kv1-tok 0 "${COMMON[@]}" --disable-radix-cache --max-total-tokens 131072
 pinned() { python3 -c 'import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")}); os.execvp(sys.argv[2], sys.argv[2:])' "$@"; }
 
 say "probe windows on p0 and p1"
 pinned "${CPUSETS[3]}" python3 tools/device/probe_windows.py --out "$OUT" \
   --server "p0:31000:$WORK/switch-p0:$WORK/server-p0.log" --server "p1:31001:$WORK/switch-p1:$WORK/server-p1.log" \
-  --window-s "${WINDOW_S:-5}" --blocks "${BLOCKS:-8}" 2>&1 | tee -a "$LOG"
+  --window-s "${WINDOW_S:-4.5}" --blocks "${BLOCKS:-9}" 2>&1 | tee -a "$LOG"
 
 say "fidelity on f"
 pinned "${CPUSETS[3]}" python3 tools/device/fidelity.py tools/device/fidelity_llama_kv1.cps --port 31002 \

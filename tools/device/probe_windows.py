@@ -1,30 +1,36 @@
 """The probe's cost on one server, measured in alternating windows with the probe switched at run time.
 
     python3 tools/device/probe_windows.py --server NAME:PORT:SWITCH:LOG [--server ...] --out DIR
-        [--window-s 5] [--blocks 10] [--conc 64] [--prompt 128] [--new 1024] [--warm-s 15]
+        [--window-s 4.5] [--blocks 10] [--control-every 3] [--conc 64] [--prompt 128] [--new 4500]
 
 Each server is an eager SGLang server with the probe on (`CPTEST_PROBE_DIR`, `--forward-hooks`)
 and `CPTEST_PROBE_SWITCH=SWITCH` (cptest/probe/runtime.py: the probe's writer thread reads the
-file every 20 ms; `off` pauses every per-step hook). A closed loop of `conc` requests keeps each
-server busy (`prompt` ids, `new` tokens, ignore_eos; a finished request is replaced at once). The
-switch is flipped every `window_s` seconds in blocks of four windows, ABBA then BAAB (on off off
-on, off on on off, ...), so that a linear drift of the machine cancels within each block; a second
-server runs the opposite pattern. A window's throughput is the mean of SGLang's own `Decode batch
-... gen throughput (token/s)` lines (one per 40 decode steps) stamped inside it, dropping the first
-second after a switch and the last second before the next (the log's stamps are whole seconds).
+file every 20 ms; `off` pauses every per-step hook; the file is replaced whole, never seen half
+written). The load is a cohort: `conc` requests of `prompt` ids sent together, `new` tokens each
+(ignore_eos), so the decode batch stays whole for the cohort's life and its step time grows only
+with the context, smoothly. (A first version kept a closed loop of independent requests; they
+fell into step, finished together every ~3.5 s and refilled with a prefill burst, so a 5 s window
+caught a random part of that cycle: 4 % noise per block, results/_probe-overhead/.)
 
-Per block: overhead = 1 - mean(on windows) / mean(off windows). Reported: the mean over all
-blocks of all servers, a 95 % bootstrap interval of that mean (10000 resamples of the blocks),
-and the same for the method's null: the two middle windows of a block are in one state, so
-1 - second/first measures what the method reads when nothing changes. The probe's own notes
-(`probe paused` / `probe resumed`) are counted to confirm each switch took effect.
-Writes DIR/windows.json.
+One block per cohort: 1.5 s after the cohort starts, four windows of `window_s`, ABBA (on off
+off on) or BAAB alternately, so that the context's growth, linear in time, cancels within the
+block; a second server runs the opposite pattern. Every `control_every`-th block is a control:
+the same four windows with the probe left on, judged by the same estimator (what the method reads
+when nothing changes). A window's throughput is the mean of SGLang's own `Decode batch ... gen
+throughput (token/s)` lines (one per 40 decode steps) stamped inside it, dropping the first second
+after a switch and the last second before the next (the log's stamps are whole seconds).
+
+Per block: overhead = 1 - mean(on windows) / mean(off windows). Reported for the real blocks and,
+separately, the control blocks of all servers: the mean, a 95 % bootstrap interval of the mean
+(10000 resamples of the blocks) and the spread. The probe's own notes (`probe paused by`) are
+counted to confirm each switch took effect. Writes DIR/windows.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import statistics
@@ -51,6 +57,13 @@ class Server:
     windows: list[dict[str, Any]] = field(default_factory=list)
 
 
+def flip(switch: Path, state: str) -> None:
+    """Replace the switch file whole: the probe never reads it half written."""
+    tmp = switch.with_name(switch.name + ".tmp")
+    tmp.write_text(state + "\n")
+    os.replace(tmp, switch)
+
+
 def parse_server(text: str) -> Server:
     name, port, switch, log = text.split(":", 3)
     return Server(name, int(port), Path(switch), Path(log))
@@ -66,27 +79,28 @@ def wait_ready(server: Server, deadline: float) -> None:
     raise SystemExit(f"{server.name} not ready")
 
 
-def load(server: Server, conc: int, prompt: int, new: int, stop: threading.Event) -> list[threading.Thread]:
-    """`conc` threads, each sending one request after another until `stop`."""
+def cohort(server: Server, conc: int, prompt: int, new: int, n: int) -> threading.Thread:
+    """Send `conc` requests at once (distinct prompts: no prefix-cache hits); a thread that ends
+    when all have finished."""
 
-    def worker(i: int) -> None:
-        n = 0
-        while not stop.is_set():
-            ids = [(31 * i + 7 * j + 13 * n) % 4000 + 3 for j in range(prompt)]  # distinct: no cache hits
-            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": new, "temperature": 0,
-                                                          "ignore_eos": True}}
-            url = f"http://127.0.0.1:{server.port}/generate"
-            req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-            try:
-                urllib.request.urlopen(req, timeout=600).read()
-            except OSError:
-                time.sleep(0.5)
-            n += 1
+    def one(i: int) -> None:
+        ids = [(31 * i + 7 * j + 13 * n) % 4000 + 3 for j in range(prompt)]
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": new, "temperature": 0,
+                                                      "ignore_eos": True}}
+        url = f"http://127.0.0.1:{server.port}/generate"
+        req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=600).read()
 
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(conc)]
-    for t in threads:
-        t.start()
-    return threads
+    def all_of_them() -> None:
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(conc)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    t = threading.Thread(target=all_of_them, daemon=True)
+    t.start()
+    return t
 
 
 def window_rates(log: Path) -> list[tuple[float, float]]:
@@ -115,39 +129,46 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server", action="append", type=parse_server, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--window-s", type=float, default=5.0)
+    ap.add_argument("--window-s", type=float, default=4.5)
     ap.add_argument("--blocks", type=int, default=10)
+    ap.add_argument("--control-every", type=int, default=3)
     ap.add_argument("--conc", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--new", type=int, default=1024)
-    ap.add_argument("--warm-s", type=float, default=15.0)
+    ap.add_argument("--new", type=int, default=4500)
+    ap.add_argument("--lead-s", type=float, default=1.5)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + 400
     for s in a.server:
-        s.switch.write_text("on\n")
+        flip(s.switch, "on")
         wait_ready(s, deadline)
     print(f"{len(a.server)} servers ready", flush=True)
-    stop = threading.Event()
-    for s in a.server:
-        load(s, a.conc, a.prompt, a.new, stop)
-    time.sleep(a.warm_s)  # the batch fills and the first requests' lengths spread out
+    for t in [cohort(s, a.conc, a.prompt, 64, -1) for s in a.server]:
+        t.join()  # first-use allocations and triton builds, outside any window
+    lasted = []
     for b in range(a.blocks):
+        control = a.control_every > 0 and b % a.control_every == a.control_every - 1
+        t0 = time.monotonic()
+        running = [cohort(s, a.conc, a.prompt, a.new, b) for s in a.server]
+        time.sleep(a.lead_s)  # the cohort's prefill is over; the batch decodes whole
         for k in range(4):
             start = time.time()
             for j, s in enumerate(a.server):
-                state = (ABBA if (b + j) % 2 == 0 else BAAB)[k]
-                s.switch.write_text(state + "\n")
-                s.windows.append({"block": b, "slot": k, "state": state, "start": start,
-                                  "end": start + a.window_s})
+                label = (ABBA if (b + j) % 2 == 0 else BAAB)[k]
+                flip(s.switch, "on" if control else label)
+                s.windows.append({"block": b, "slot": k, "state": label, "control": control,
+                                  "start": start, "end": start + a.window_s})
             time.sleep(max(0.0, start + a.window_s - time.time()))
-        print(f"block {b + 1}/{a.blocks} done", flush=True)
-    for s in a.server:
-        s.switch.write_text("on\n")
-    stop.set()
+        for s in a.server:
+            flip(s.switch, "on")
+        for t in running:
+            t.join()
+        lasted.append(time.monotonic() - t0)
+        print(f"block {b + 1}/{a.blocks} {'(control) ' if control else ''}done; cohort {lasted[-1]:.1f} s",
+              flush=True)
     time.sleep(1.5)  # the last log lines reach the file
 
-    overhead, null, per_server = [], [], {}
+    real, control_blocks, per_server = [], [], {}
     for s in a.server:
         lines = window_rates(s.log)
         for w in s.windows:
@@ -158,38 +179,42 @@ def main() -> None:
         blocks = []
         for b in range(a.blocks):
             ws = [w for w in s.windows if w["block"] == b]
-            if any(w["rate"] is None for w in ws):
+            if len(ws) != 4 or any(w["rate"] is None for w in ws):
                 continue
             on = statistics.fmean(w["rate"] for w in ws if w["state"] == "on")
             off = statistics.fmean(w["rate"] for w in ws if w["state"] == "off")
-            blocks.append({"block": b, "on": on, "off": off, "overhead": 1 - on / off,
-                           "null": 1 - ws[2]["rate"] / ws[1]["rate"]})
-        overhead += [x["overhead"] for x in blocks]
-        null += [x["null"] for x in blocks]
+            blocks.append({"block": b, "control": ws[0]["control"], "on": on, "off": off,
+                           "overhead": 1 - on / off})
+        real += [x["overhead"] for x in blocks if not x["control"]]
+        control_blocks += [x["overhead"] for x in blocks if x["control"]]
         probe_dir = s.log.parent / f"probe-{s.name}"
         notes = sum(f.read_text().count('"probe paused by') for f in probe_dir.glob("rank*.jsonl"))
-        off_rate = statistics.fmean(x["off"] for x in blocks) if blocks else None
-        states = [w["state"] for w in s.windows]
+        states = [("on" if w["control"] else w["state"]) for w in s.windows]
         switched = sum(now == "off" and before != "off" for before, now in zip(["on", *states], states,
                                                                                 strict=False))
+        off_rate = statistics.fmean(x["off"] for x in blocks if not x["control"]) if blocks else None
+        mine = [x["overhead"] for x in blocks if not x["control"]]
         per_server[s.name] = {
             "blocks": blocks, "windows": s.windows, "pauses_noted": notes, "pauses_switched": switched,
             "off_tokens_per_s": off_rate, "decode_step_ms": 1000 * a.conc / off_rate if off_rate else None,
-            "overhead": summary([x["overhead"] for x in blocks]) if len(blocks) > 1 else None}
-    result = {"method": __doc__, "window_s": a.window_s, "blocks": a.blocks, "conc": a.conc,
-              "prompt": a.prompt, "new": a.new, "servers": per_server,
-              "overhead": summary(overhead), "null": summary(null)}
+            "overhead": summary(mine) if len(mine) > 1 else None}
+    result = {"method": __doc__, "window_s": a.window_s, "blocks": a.blocks, "control_every": a.control_every,
+              "conc": a.conc, "prompt": a.prompt, "new": a.new, "cohort_s": lasted, "servers": per_server,
+              "overhead": summary(real),
+              "control": summary(control_blocks) if len(control_blocks) > 1 else None}
     (a.out / "windows.json").write_text(json.dumps(result, indent=1) + "\n")
-    o, z = result["overhead"], result["null"]
-    for name, s in per_server.items():
-        so = s["overhead"]
-        print(f"{name}: {len(s['blocks'])} blocks, decode step {s['decode_step_ms']:.2f} ms, pauses noted "
-              f"{s['pauses_noted']} of {s['pauses_switched']} switched, overhead "
-              f"{100 * so['mean']:.2f} % [{100 * so['ci95'][0]:.2f}, {100 * so['ci95'][1]:.2f}]", flush=True)
-    def pct(x: dict[str, Any]) -> str:
-        return f"{100 * x['mean']:.2f} % (95 % CI {100 * x['ci95'][0]:.2f} .. {100 * x['ci95'][1]:.2f})"
 
-    print(f"probe overhead: {pct(o)}, {o['n']} blocks; null: {pct(z)}", flush=True)
+    def pct(x: dict[str, Any] | None) -> str:
+        if x is None:
+            return "n/a"
+        return (f"{100 * x['mean']:.2f} % (95 % CI {100 * x['ci95'][0]:.2f} .. {100 * x['ci95'][1]:.2f}, "
+                f"sd {100 * (x['stdev'] or 0):.2f}, {x['n']} blocks)")
+
+    for name, s in per_server.items():
+        print(f"{name}: decode step {s['decode_step_ms']:.2f} ms, pauses noted {s['pauses_noted']} of "
+              f"{s['pauses_switched']} switched, overhead {pct(s['overhead'])}", flush=True)
+    print(f"probe overhead: {pct(result['overhead'])}; control (probe never off): {pct(result['control'])}",
+          flush=True)
 
 
 if __name__ == "__main__":
