@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
+import orjson
 
 from cptest.errors import RunError
 from cptest.evidence import RequestResult
@@ -82,10 +82,15 @@ def parse_sse_line(line: str) -> dict[str, Any] | object | None:
     body = line[5:].strip()
     if body == "[DONE]":
         return DONE
-    obj = json.loads(body)
+    obj = orjson.loads(body)  # 2-3x json's speed; chunks are parsed on the event loop
     if not isinstance(obj, dict):
         raise ValueError(f"stream chunk is not an object: {body[:80]}")
     return obj
+
+
+def _logprob(triple: Any) -> float:
+    """`[logprob, token_id, text]` -> the logprob (NaN when SGLang sent none)."""
+    return float(triple[0]) if triple and triple[0] is not None else float("nan")
 
 
 @dataclass
@@ -109,17 +114,27 @@ class StreamState:
             err = chunk["error"]
             self.error = str(err.get("message", err) if isinstance(err, dict) else err)
             return
-        ids = [int(i) for i in chunk.get("output_ids") or []]
+        raw_ids = chunk.get("output_ids") or []
         meta = chunk.get("meta_info") or {}
-        lps = [float(t[0]) if t and t[0] is not None else float("nan")
-               for t in meta.get("output_token_logprobs") or []]
+        raw_lps = meta.get("output_token_logprobs") or []
         if self.incremental:
-            self.output_ids.extend(ids)
-            self.logprobs.extend(lps)
+            self.output_ids.extend(map(int, raw_ids))
+            self.logprobs.extend(map(_logprob, raw_lps))
         else:
-            self.output_ids = ids
-            if lps or not self.logprobs:
-                self.logprobs = lps
+            # Cumulative chunks repeat everything so far: convert only what is new, once the part
+            # already held is checked to be unchanged (a list comparison, C speed). Converting the
+            # whole list on every chunk was quadratic: at 32 streams of 256 tokens it held the event
+            # loop long enough to cost 6-12 % of the measured throughput against bench_serving.
+            n = len(self.output_ids)
+            if len(raw_ids) >= n and raw_ids[:n] == self.output_ids:
+                self.output_ids.extend(map(int, raw_ids[n:]))
+            else:
+                self.output_ids = list(map(int, raw_ids))
+            k = len(self.logprobs)
+            if raw_lps and len(raw_lps) >= k:
+                self.logprobs.extend(map(_logprob, raw_lps[k:]))
+            elif raw_lps or not self.logprobs:
+                self.logprobs = list(map(_logprob, raw_lps))
         if self.output_ids and self.first_token_at is None:
             self.first_token_at = now
         if meta.get("finish_reason") is not None:

@@ -82,6 +82,11 @@ def test_cumulative_chunks_replace_and_incremental_chunks_extend() -> None:
     cum.feed(chunk([5]), 1.0)
     cum.feed(chunk([5, 6], {"type": "length"}), 2.0)
     assert (cum.output_ids, cum.logprobs, cum.first_token_at) == ([5, 6], [-0.5, -0.5], 1.0)
+    # A cumulative chunk whose earlier part differs from what was held replaces it whole.
+    changed = StreamState()
+    changed.feed(chunk([5, 6]), 1.0)
+    changed.feed(chunk([7, 6, 8]), 2.0)
+    assert changed.output_ids == [7, 6, 8] and len(changed.logprobs) == 3
     inc = StreamState(incremental=True)
     inc.feed(chunk([5]), 1.0)
     inc.feed(chunk([6], {"type": "length"}), 2.0)

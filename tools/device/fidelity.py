@@ -68,7 +68,7 @@ def _without_hf_datasets() -> None:
     """bench_serving's dataset package imports Hugging Face `datasets` at the top for its MMMU and
     LongBench loaders, which the offline bundle lacks; a module whose `load_dataset` refuses stands
     in, so those loaders fail if ever used and nothing else of bench_serving changes."""
-    if importlib.util.find_spec("datasets") is not None:
+    if "datasets" in sys.modules or importlib.util.find_spec("datasets") is not None:
         return
 
     def load_dataset(*_a: Any, **_k: Any) -> Any:

@@ -74,7 +74,7 @@ launch() {  # name gpu port cpuset model probe(0/1) [extra args...]
     > "$WORK/server-$name.log" 2>&1 & PGS+=($!)
 }
 say "launching p0 (GPU 0), p1 and f (GPU 1)"
-# a cohort of 64 x (128 + 4500) tokens must fit the pool whole: no retraction inside a window
+# a cohort of 64 x (128 + 7000) tokens must fit the pool whole: no retraction inside a window
 launch p0 0 31000 "${CPUSETS[0]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" --skip-tokenizer-init --max-total-tokens 524288
 launch p1 1 31001 "${CPUSETS[1]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" --skip-tokenizer-init --max-total-tokens 524288
 launch f 1 31002 "${CPUSETS[2]}" .tiny-models/llama-kv1-tok 0 "${COMMON[@]}" --disable-radix-cache --max-total-tokens 131072

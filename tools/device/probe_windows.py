@@ -1,7 +1,7 @@
 """The probe's cost on one server, measured in alternating windows with the probe switched at run time.
 
     python3 tools/device/probe_windows.py --server NAME:PORT:SWITCH:LOG [--server ...] --out DIR
-        [--window-s 4.5] [--blocks 10] [--control-every 3] [--conc 64] [--prompt 128] [--new 4500]
+        [--window-s 4.5] [--blocks 10] [--control-every 3] [--conc 64] [--prompt 128] [--new 7000]
 
 Each server is an eager SGLang server with the probe on (`CPTEST_PROBE_DIR`, `--forward-hooks`)
 and `CPTEST_PROBE_SWITCH=SWITCH` (cptest/probe/runtime.py: the probe's writer thread reads the
@@ -134,7 +134,7 @@ def main() -> None:
     ap.add_argument("--control-every", type=int, default=3)
     ap.add_argument("--conc", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--new", type=int, default=4500)
+    ap.add_argument("--new", type=int, default=7000)
     ap.add_argument("--lead-s", type=float, default=1.5)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
