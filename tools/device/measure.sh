@@ -9,6 +9,8 @@
 #    (CPTEST_PROBE_SWITCH), f (GPU 1) without the probe and with a word-level tokenizer
 #    (tiny_tokenizer.py) so that sglang.bench_serving can read its stream.
 # 3. probe_windows.py on p0 and p1 (opposite ABBA patterns), then fidelity.py on f.
+# Run it as `COMMIT=<the commit, from here> bash tools/device/measure.sh`: the machine's copy of .git
+# may be stale, so its own `git rev-parse` named an older commit in the first three runs' manifests.
 # Returns $OUT/measure.log, windows.json, fidelity.json, probe-check.json (every probe line of p0/p1
 # read back by cptest's reader), server-logs.tar.gz, manifest.json, SHA256SUMS.
 set -uo pipefail
@@ -98,11 +100,11 @@ from cptest.evidence import ProbeNote, Step, read_records
 out = {}
 for d in sorted(Path(sys.argv[1]).glob("probe-p*")):
     for f in sorted(d.glob("rank*.jsonl")):
-        recs, problems = read_records(f)
+        recs, dropped = read_records(f)
         steps = [r for r in recs if isinstance(r, Step)]
         text = f.read_text()
         out[f"{d.name}/{f.name}"] = {
-            "bytes": len(text), "records": len(recs), "problems": [str(p) for p in problems][:5],
+            "bytes": len(text), "records": len(recs), "truncated_lines_dropped": dropped,
             "steps": len(steps), "decode_steps": sum(s.mode == "decode" for s in steps),
             "packed_lines": text.count('"pos":"'),
             "notes": [r.message for r in recs if isinstance(r, ProbeNote)][:6]}
