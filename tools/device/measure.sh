@@ -46,22 +46,7 @@ HOOKS=$(python3 -c 'from cptest.probe.forward_hooks import spec; print(spec())')
 COMMON=(--attention-backend triton --sampling-backend pytorch --mem-fraction-static 0.2
   --cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled
   --disable-custom-all-reduce --host 127.0.0.1)
-read -r -a CPUSETS < <(python3 - <<'PY'
-import glob, os
-cores = {}
-for f in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology/thread_siblings_list"):
-    cpu = int(f.split("/")[5][3:])
-    if cpu in os.sched_getaffinity(0):
-        cores.setdefault(open(f).read().strip(), []).append(cpu)
-phys = sorted(cores.values())
-if len(phys) < 4:
-    phys = [sorted(c for p in phys for c in p)] * 4
-per = max(1, len(phys) // 4)
-sets = [sorted(c for p in phys[i * per:(i + 1) * per] for c in p) for i in range(3)]
-sets.append(sorted(c for p in phys[3 * per:] for c in p) or sets[-1])
-print(" ".join(",".join(map(str, s)) for s in sets))
-PY
-)
+read -r -a CPUSETS < <(python3 tools/device/cpusets.py 4)
 say "cpu sets (p0 p1 f client): ${CPUSETS[*]}"
 launch() {  # name gpu port cpuset model probe(0/1) [extra args...]
   local name=$1 gpu=$2 port=$3 cpus=$4 model=$5 probe=$6; shift 6

@@ -46,22 +46,7 @@ COMMON=(--model-path .tiny-models/llama-kv1 --skip-tokenizer-init --attention-ba
   --host 127.0.0.1)
 # Each server gets its own whole physical cores, the client the rest: on a shared pool the
 # servers' busy scheduler threads met on the same cores and whole batches ran a third slower.
-read -r -a CPUSETS < <(python3 - <<'PY'
-import glob, os
-cores = {}
-for f in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology/thread_siblings_list"):
-    cpu = int(f.split("/")[5][3:])
-    if cpu in os.sched_getaffinity(0):
-        cores.setdefault(open(f).read().strip(), []).append(cpu)
-phys = sorted(cores.values())
-if len(phys) < 5:  # too few to share out: everyone everywhere
-    phys = [sorted(c for p in phys for c in p)] * 5
-per = max(1, len(phys) // 5)
-sets = [sorted(c for p in phys[i * per:(i + 1) * per] for c in p) for i in range(4)]
-sets.append(sorted(c for p in phys[4 * per:] for c in p) or sets[-1])
-print(" ".join(",".join(map(str, s)) for s in sets))
-PY
-)
+read -r -a CPUSETS < <(python3 tools/device/cpusets.py 5)
 say "cpu sets (on0 off0 on1 off1 client): ${CPUSETS[*]}"
 pinned() {  # cpuset argv...: run argv on those CPUs only
   local cpus=$1; shift
