@@ -30,3 +30,8 @@ def test_the_probe_step_benchmark_writes_a_record_per_step() -> None:
     pytest.importorskip("torch")
     out = _run("benchmarks/probe_step.py", "--steps", "300", "--layers", "2", "--batch", "8")
     assert "(301 records written)" in out  # 300 steps + the graph counts
+
+
+def test_the_driver_stream_benchmark_has_every_request_answered() -> None:
+    out = _run("benchmarks/driver_stream.py", "--requests", "16", "--concurrency", "4", "--tokens", "16")
+    assert "16/16 requests" in out and "chunks/s consumed" in out

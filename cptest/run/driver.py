@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import httpx
+import aiohttp
 import orjson
 
 from cptest.errors import RunError
@@ -74,18 +74,24 @@ def conformance(req: PlannedRequest, payload: dict[str, Any]) -> list[str]:
     return diffs
 
 
-def parse_sse_line(line: str) -> dict[str, Any] | object | None:
+def parse_sse_line(line: bytes | str) -> dict[str, Any] | object | None:
     """One line of the event stream -> a chunk dict, `DONE`, or None (blank, comment, non-data)."""
+    if isinstance(line, str):
+        line = line.encode()
     line = line.strip()
-    if not line.startswith("data:"):
+    if not line.startswith(b"data:"):
         return None
     body = line[5:].strip()
-    if body == "[DONE]":
+    if body == b"[DONE]":
         return DONE
     obj = orjson.loads(body)  # 2-3x json's speed; chunks are parsed on the event loop
     if not isinstance(obj, dict):
-        raise ValueError(f"stream chunk is not an object: {body[:80]}")
+        raise ValueError(f"stream chunk is not an object: {body[:80].decode(errors='replace')}")
     return obj
+
+
+def _json_text(obj: Any) -> str:
+    return orjson.dumps(obj).decode()
 
 
 def _logprob(triple: Any) -> float:
@@ -161,7 +167,7 @@ class WorkloadDriver:
 
     def __init__(self, base_url: str, workload: WorkloadPlan, *, role: Literal["main", "baseline"],
                  writer: RecordWriter, on_done: list[OnDone] | None = None, incremental_stream: bool = False,
-                 progress: Progress | None = None, transport: httpx.AsyncBaseTransport | None = None,
+                 progress: Progress | None = None,
                  connect_timeout_s: float = 10.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.workload = workload
@@ -170,7 +176,6 @@ class WorkloadDriver:
         self.on_done = list(on_done or [])
         self.incremental = incremental_stream
         self.progress = progress
-        self.transport = transport
         self.connect_timeout_s = connect_timeout_s
         self.summary = WorkloadSummary()
         self.started_at: float | None = None
@@ -192,10 +197,12 @@ class WorkloadDriver:
         self._stop = asyncio.Event()
         limit = self.workload.concurrency or (None if self.workload.rate_per_s else 1)
         sem = asyncio.Semaphore(limit) if limit else None
-        timeout = httpx.Timeout(self.connect_timeout_s, read=None, write=self.connect_timeout_s)
-        limits = httpx.Limits(max_connections=max(limit or len(self.workload.requests), 1) + 4)
-        async with httpx.AsyncClient(base_url=self.base_url, timeout=timeout, limits=limits,
-                                     transport=self.transport) as client:
+        connector = aiohttp.TCPConnector(limit=max(limit or len(self.workload.requests), 1) + 4)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)
+        # read_bufsize: a cumulative chunk of a long answer with logprobs is one line of hundreds of
+        # KB; aiohttp's line reader refuses lines over twice this buffer.
+        async with aiohttp.ClientSession(self.base_url, connector=connector, timeout=timeout,
+                                         json_serialize=_json_text, read_bufsize=1 << 22) as client:
             self.started_at = time.monotonic()
             await asyncio.gather(*(self._one(client, req, sem) for req in self.workload.requests))
         if self.progress is not None:
@@ -210,7 +217,7 @@ class WorkloadDriver:
         """Send no further request; those not yet sent are recorded as `not_sent`."""
         self._stop.set()
 
-    async def _one(self, client: httpx.AsyncClient, req: PlannedRequest,
+    async def _one(self, client: aiohttp.ClientSession, req: PlannedRequest,
                    sem: asyncio.Semaphore | None) -> None:
         assert self.started_at is not None
         if req.send_after_s is not None and not self.workload.concurrency:
@@ -235,7 +242,7 @@ class WorkloadDriver:
                              max_new_tokens=req.max_new_tokens, prompt_sha256=prompt_sha256(req.input_ids),
                              status=status, **kw)  # type: ignore[arg-type]
 
-    async def _send(self, client: httpx.AsyncClient, req: PlannedRequest) -> RequestResult:
+    async def _send(self, client: aiohttp.ClientSession, req: PlannedRequest) -> RequestResult:
         payload = build_payload(req)
         state = StreamState(incremental=self.incremental)
         sent_at = self.writer.now()
@@ -243,12 +250,12 @@ class WorkloadDriver:
         status, error = "ok", ""
         try:
             async with asyncio.timeout(self.workload.timeout_s):
-                async with client.stream("POST", "/generate", json=payload) as resp:
-                    if resp.status_code != 200:
-                        body = (await resp.aread()).decode(errors="replace")[:500]
-                        status, error = "error", f"HTTP {resp.status_code}: {body}"
+                async with client.post("/generate", json=payload) as resp:
+                    if resp.status != 200:
+                        body = (await resp.read()).decode(errors="replace")[:500]
+                        status, error = "error", f"HTTP {resp.status}: {body}"
                     else:
-                        async for line in resp.aiter_lines():
+                        async for line in resp.content:  # one event line at a time, as bytes
                             chunk = parse_sse_line(line)
                             if chunk is not None:
                                 state.feed(chunk, time.monotonic())
@@ -256,7 +263,7 @@ class WorkloadDriver:
                                 break
         except TimeoutError:
             status, error = "timeout", f"no finish within {self.workload.timeout_s} s"
-        except (httpx.HTTPError, ValueError, OSError) as e:
+        except (aiohttp.ClientError, ValueError, OSError) as e:
             status, error = "error", f"{type(e).__name__}: {e}"
         end = time.monotonic()
         if status == "ok":

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -172,28 +174,41 @@ def test_connection_refused_is_an_error(tmp_path: Path) -> None:
         writer=RecordWriter(tmp_path / "r.jsonl"),
     ).run()
     assert [r.status for r in summary.results] == ["error", "error"]
-    assert "ConnectError" in summary.results[0].error
+    assert "ClientConnectorError" in summary.results[0].error
 
 
-def test_a_stream_without_finish_or_with_abort_is_an_error(tmp_path: Path) -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
+class CannedStreams(http.server.BaseHTTPRequestHandler):
+    """A real HTTP server whose answer to /generate depends on the request's first input id."""
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if body["input_ids"][0] == 1:
             text = 'data: {"output_ids": [1], "meta_info": {"finish_reason": null}}\n\n'
         else:
-            text = (
-                'data: {"output_ids": [], "meta_info": {"finish_reason": {"type": "abort", '
-                '"message": "server shutting down"}}}\n\ndata: [DONE]\n\n'
-            )
-        return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+            text = ('data: {"output_ids": [], "meta_info": {"finish_reason": {"type": "abort", '
+                    '"message": "server shutting down"}}}\n\ndata: [DONE]\n\n')
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(text)))
+        self.end_headers()
+        self.wfile.write(text.encode())
 
-    summary = WorkloadDriver(
-        "http://x",
-        workload(requests(2)),
-        role="main",
-        writer=RecordWriter(tmp_path / "r.jsonl"),
-        transport=httpx.MockTransport(handler),
-    ).run()
+    def log_message(self, *_a: object) -> None:
+        pass
+
+
+def test_a_stream_without_finish_or_with_abort_is_an_error(tmp_path: Path) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CannedStreams)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        summary = WorkloadDriver(
+            f"http://127.0.0.1:{server.server_address[1]}",
+            workload(requests(2)),
+            role="main",
+            writer=RecordWriter(tmp_path / "r.jsonl"),
+        ).run()
+    finally:
+        server.shutdown()
     by_index = {r.index: r for r in summary.results}
     assert by_index[0].status == "error" and "without a finish_reason" in by_index[0].error
     assert by_index[1].status == "error" and "server shutting down" in by_index[1].error

@@ -1,0 +1,105 @@
+"""Benchmark of the workload driver's own cost per streamed chunk, against a server that costs nothing.
+
+cptest's client must not be what limits or delays what it measures (issue 10: within 3 % of
+`sglang.bench_serving` on throughput and TTFT). On the GPU machine it read TTFT 13 ms late and
+throughput 5 % low at 32 streams (results/_measure). This isolates the client: a local server
+(aiohttp, its own process) answers every request with SGLang 0.5.17's stream shape (cumulative
+`output_ids` and `output_token_logprobs`, `data: ...` events, `[DONE]`) as fast as it can, and
+the real `WorkloadDriver` runs a closed loop against it.
+
+Printed: chunks per second the driver consumed, its process CPU time per chunk, and the mean time
+from sending a request to seeing its first token (a free server answers at once, so that is the
+client's own delay).
+
+    python benchmarks/driver_stream.py [--requests 256] [--concurrency 32] [--tokens 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from cptest.plan.model import PlannedRequest, WorkloadPlan
+from cptest.run.driver import WorkloadDriver
+from cptest.run.evidence_writer import RecordWriter
+
+
+def serve(port: int, tokens: int) -> None:
+    from aiohttp import web
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        n = min(tokens, int(body["sampling_params"]["max_new_tokens"]))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        ids: list[int] = []
+        lps: list[list[object]] = []
+        for i in range(n):
+            ids.append(7 + i % 4000)
+            lps.append([-0.123456789, ids[-1], None])
+            meta = {"id": "x", "finish_reason": {"type": "length", "length": n} if i == n - 1 else None,
+                    "prompt_tokens": len(body["input_ids"]), "completion_tokens": i + 1,
+                    "output_token_logprobs": lps}
+            event = json.dumps({"output_ids": ids, "meta_info": meta}).encode()
+            await resp.write(b"data: " + event + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    web.run_app(app, host="127.0.0.1", port=port, print=None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=256)
+    a = ap.parse_args()
+    port = free_port()
+    server = multiprocessing.Process(target=serve, args=(port, a.tokens), daemon=True)
+    server.start()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    reqs = [PlannedRequest(index=i, input_ids=[1 + i % 100] * 64, max_new_tokens=a.tokens,
+                           sampling={"temperature": 0.0}) for i in range(a.requests)]
+    workload = WorkloadPlan(seed=1, concurrency=a.concurrency, rate_per_s=None, timeout_s=600, requests=reqs)
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            writer = RecordWriter(Path(d) / "r.jsonl")
+            driver = WorkloadDriver(f"http://127.0.0.1:{port}", workload, role="main", writer=writer)
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            summary = asyncio.run(driver.arun())
+            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            writer.close()
+    finally:
+        server.terminate()
+    ok = [r for r in summary.results if r.status == "ok"]
+    chunks = sum(len(r.output_ids) for r in ok)
+    print(f"driver on a free server: {len(ok)}/{a.requests} requests, concurrency {a.concurrency}, "
+          f"{a.tokens} tokens each")
+    print(f"  {chunks / wall:9.0f} chunks/s consumed, {1e6 * cpu / chunks:6.1f} us of client CPU per chunk")
+    ttft = statistics.fmean(r.ttft_s for r in ok if r.ttft_s)
+    print(f"  first token after {1000 * ttft:6.2f} ms on average")
+
+
+if __name__ == "__main__":
+    main()
