@@ -12,7 +12,9 @@ Printed, per step of a `--batch`-request decode batch over `--layers` layers:
 - engine thread: wall time of the hooked step minus the bare one: what SGLang's loop pays,
   including finishing and writing the previous step's record (the probe does that on the
   engine's thread, at the next step's start);
-- CPU time: process CPU time of the hooked run minus the bare one, per step (all threads).
+- CPU time: process CPU time of the hooked run minus the bare one, per step (all threads);
+- paused: the hooked step with the probe switched off at run time (tools/device/probe_windows.py
+  measures on against that state), minus the bare one.
 
     python benchmarks/probe_step.py [--steps N] [--batch B] [--layers L] [--device cpu|cuda]
 """
@@ -105,12 +107,17 @@ def main() -> None:
         probe.flush(timeout=600)
         on_cpu = (time.process_time() - cpu0) / a.steps * 1e6
         lines = (Path(d) / "rank0.jsonl").read_text().count("\n")
+        # Paused (CPTEST_PROBE_SWITCH): what the run-time windows leave in both states, the hooks'
+        # early returns; SGLang's own hook dispatch is not simulated here.
+        probe.paused = True
+        paused = per_step_us(lambda: hooks.around_model_runner_forward(forward, runner, fb), a.steps)
         probe.close()
         runtime.set_probe(None)
     print(f"probe step cost on {a.device}, decode batch of {a.batch}, {a.layers} layers, {a.steps} steps "
           f"({lines} records written)")
     print(f"  engine thread: {on - off:8.1f} us/step  (hooked {on:.1f}, unhooked {off:.1f})")
     print(f"  CPU time     : {on_cpu - off_cpu:8.1f} us/step the probe adds, both threads")
+    print(f"  paused       : {paused - off:8.1f} us/step left when switched off (hooks returning at once)")
 
 
 if __name__ == "__main__":

@@ -403,7 +403,7 @@ def _packed_pos(positions: Any) -> str:
 
 def _digits(mask: Any) -> str:
     """A numpy 0/1 (or bool) array as the JSON string of its digits, e.g. "0101"."""
-    return '"' + ((mask != 0).astype("u1") + 48).tobytes().decode("ascii") + '"'
+    return '"' + ((mask != 0).view("u1") + 48).tobytes().decode("ascii") + '"'
 
 
 def _json_int(v: int | None) -> str:
