@@ -53,7 +53,7 @@ launch() {  # name gpu port cpuset model probe(0/1) [extra args...]
   local envs=(CUDA_VISIBLE_DEVICES="$gpu") extra=("$@")
   if [ "$probe" = 1 ]; then
     mkdir -p "$WORK/probe-$name"
-    envs+=(CPTEST_PROBE_DIR="$WORK/probe-$name" CPTEST_PROBE_SWITCH="$WORK/switch-$name")
+    envs+=(CPTEST_PROBE_DIR="$WORK/probe-$name" CPTEST_PROBE_SWITCH="$WORK/switch-$name" SGLANG_LOG_MS=1)
     extra+=(--forward-hooks "$HOOKS")
   fi
   env "${envs[@]}" setsid python3 -c 'import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")}); os.execvp(sys.argv[2], sys.argv[2:])' \
@@ -70,7 +70,7 @@ pinned() { python3 -c 'import os, sys; os.sched_setaffinity(0, {int(c) for c in 
 say "probe windows on p0 and p1"
 pinned "${CPUSETS[3]}" python3 tools/device/probe_windows.py --out "$OUT" \
   --server "p0:31000:$WORK/switch-p0:$WORK/server-p0.log" --server "p1:31001:$WORK/switch-p1:$WORK/server-p1.log" \
-  --window-s "${WINDOW_S:-4.5}" --blocks "${BLOCKS:-9}" 2>&1 | tee -a "$LOG"
+  --window-s "${WINDOW_S:-1.5}" --cohorts "${COHORTS:-9}" --blocks-per-cohort 3 2>&1 | tee -a "$LOG"
 
 say "fidelity on f"
 pinned "${CPUSETS[3]}" python3 tools/device/fidelity.py tools/device/fidelity_llama_kv1.cps --port 31002 \

@@ -1,29 +1,35 @@
 """The probe's cost on one server, measured in alternating windows with the probe switched at run time.
 
     python3 tools/device/probe_windows.py --server NAME:PORT:SWITCH:LOG [--server ...] --out DIR
-        [--window-s 4.5] [--blocks 10] [--control-every 3] [--conc 64] [--prompt 128] [--new 7000]
+        [--window-s 1.5] [--cohorts 9] [--blocks-per-cohort 3] [--control-every 3] [--settle-s 0.3]
+        [--conc 64] [--prompt 128] [--new 7000]
 
-Each server is an eager SGLang server with the probe on (`CPTEST_PROBE_DIR`, `--forward-hooks`)
-and `CPTEST_PROBE_SWITCH=SWITCH` (cptest/probe/runtime.py: the probe's writer thread reads the
-file every 20 ms; `off` pauses every per-step hook; the file is replaced whole, never seen half
-written). The load is a cohort: `conc` requests of `prompt` ids sent together, `new` tokens each
-(ignore_eos), so the decode batch stays whole for the cohort's life and its step time grows only
-with the context, smoothly. (A first version kept a closed loop of independent requests; they
-fell into step, finished together every ~3.5 s and refilled with a prefill burst, so a 5 s window
-caught a random part of that cycle: 4 % noise per block, results/_probe-overhead/.)
+Each server is an eager SGLang server with the probe on (`CPTEST_PROBE_DIR`, `--forward-hooks`),
+`CPTEST_PROBE_SWITCH=SWITCH` (cptest/probe/runtime.py: the probe's writer thread reads the file
+every 20 ms; `off` pauses every per-step hook; the file is replaced whole, never seen half
+written) and `SGLANG_LOG_MS=1` (its log stamps carry milliseconds). The load is a cohort: `conc`
+requests of `prompt` ids sent together, `new` tokens each (ignore_eos), so the decode batch stays
+whole for the cohort's life and its step time changes only with the context, smoothly. (A closed
+loop of independent requests fell into step and refilled with a prefill burst every ~3.5 s, so a
+window caught a random part of that cycle: results/_measure run1.)
 
-One block per cohort: 1.5 s after the cohort starts, four windows of `window_s`, ABBA (on off
-off on) or BAAB alternately, so that the context's growth, linear in time, cancels within the
-block; a second server runs the opposite pattern. Every `control_every`-th block is a control:
-the same four windows with the probe left on, judged by the same estimator (what the method reads
-when nothing changes). A window's throughput is the mean of SGLang's own `Decode batch ... gen
-throughput (token/s)` lines (one per 40 decode steps) stamped inside it, dropping the first second
-after a switch and the last second before the next (the log's stamps are whole seconds).
+Blocks of four windows of `window_s`, ABBA (on off off on) or BAAB alternately, so that a drift
+linear in time cancels within each block; a second server runs the opposite pattern. A cohort
+holds `blocks_per_cohort` blocks, started `lead_s` after its requests. Every `control_every`-th
+block is a control: the same four windows with the probe left on, judged by the same estimator
+(what the method reads when nothing changes). A window's throughput is the mean of SGLang's own
+`Decode batch ... gen throughput (token/s)` lines (one per 40 decode steps, each measuring the
+steps since the last) stamped from `settle_s` after the window's switch to its end. Without
+millisecond stamps the first and last whole second of a window are dropped instead.
 
 Per block: overhead = 1 - mean(on windows) / mean(off windows). Reported for the real blocks and,
 separately, the control blocks of all servers: the mean, a 95 % bootstrap interval of the mean
 (10000 resamples of the blocks) and the spread. The probe's own notes (`probe paused by`) are
 counted to confirm each switch took effect. Writes DIR/windows.json.
+
+What it measures is the probe's work in its hooks; what a paused probe still costs (its hooks'
+early returns, SGLang's dispatch of registered hooks) is in both states and is bounded by
+benchmarks/probe_step.py's `paused` line.
 """
 
 from __future__ import annotations
@@ -42,8 +48,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\] Decode batch"
+LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.(\d{3}))?[^\]]*\] Decode batch"
                   r".*gen throughput \(token/s\): ([\d.]+)")
+"""SGLang's decode log line; with SGLANG_LOG_MS=1 its stamp carries milliseconds."""
 ABBA = ("on", "off", "off", "on")
 BAAB = ("off", "on", "on", "off")
 
@@ -103,14 +110,28 @@ def cohort(server: Server, conc: int, prompt: int, new: int, n: int) -> threadin
     return t
 
 
-def window_rates(log: Path) -> list[tuple[float, float]]:
-    """(stamp as epoch seconds, gen throughput) of every decode log line."""
-    out = []
+def window_rates(log: Path) -> tuple[list[tuple[float, float]], bool]:
+    """(stamp as epoch seconds, gen throughput) of every decode log line, and whether the stamps
+    carry milliseconds."""
+    out, ms = [], True
     for line in log.read_text(errors="replace").splitlines():
         m = LINE.match(line)
         if m:
-            out.append((datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp(), float(m.group(2))))
-    return out
+            t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
+            if m.group(2) is None:
+                ms = False
+            else:
+                t += int(m.group(2)) / 1000
+            out.append((t, float(m.group(3))))
+    return out, ms
+
+
+def in_window(t: float, w: dict[str, Any], ms: bool, settle_s: float) -> bool:
+    """A line stamped at t measured the 40 steps before t: keep it when they all ran in the window.
+    Whole-second stamps (no SGLANG_LOG_MS): a line stamped S was written in [S, S+1)."""
+    if ms:
+        return w["start"] + settle_s <= t <= w["end"]
+    return t >= w["start"] + 1.0 and t + 1.0 <= w["end"]
 
 
 def bootstrap(values: list[float], n: int = 10_000, seed: int = 1) -> tuple[float, float]:
@@ -129,8 +150,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server", action="append", type=parse_server, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--window-s", type=float, default=4.5)
-    ap.add_argument("--blocks", type=int, default=10)
+    ap.add_argument("--window-s", type=float, default=1.5)
+    ap.add_argument("--cohorts", type=int, default=9)
+    ap.add_argument("--blocks-per-cohort", type=int, default=3)
+    ap.add_argument("--settle-s", type=float, default=0.3,
+                    help="with millisecond stamps: lines this soon after a switch are dropped")
     ap.add_argument("--control-every", type=int, default=3)
     ap.add_argument("--conc", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=128)
@@ -146,38 +170,38 @@ def main() -> None:
     for t in [cohort(s, a.conc, a.prompt, 64, -1) for s in a.server]:
         t.join()  # first-use allocations and triton builds, outside any window
     lasted = []
-    for b in range(a.blocks):
-        control = a.control_every > 0 and b % a.control_every == a.control_every - 1
+    for c in range(a.cohorts):
         t0 = time.monotonic()
-        running = [cohort(s, a.conc, a.prompt, a.new, b) for s in a.server]
+        running = [cohort(s, a.conc, a.prompt, a.new, c) for s in a.server]
         time.sleep(a.lead_s)  # the cohort's prefill is over; the batch decodes whole
-        for k in range(4):
-            start = time.time()
-            for j, s in enumerate(a.server):
-                label = (ABBA if (b + j) % 2 == 0 else BAAB)[k]
-                flip(s.switch, "on" if control else label)
-                s.windows.append({"block": b, "slot": k, "state": label, "control": control,
-                                  "start": start, "end": start + a.window_s})
-            time.sleep(max(0.0, start + a.window_s - time.time()))
+        for i in range(a.blocks_per_cohort):
+            b = c * a.blocks_per_cohort + i
+            control = a.control_every > 0 and b % a.control_every == a.control_every - 1
+            for k in range(4):
+                start = time.time()
+                for j, s in enumerate(a.server):
+                    label = (ABBA if (b + j) % 2 == 0 else BAAB)[k]
+                    flip(s.switch, "on" if control else label)
+                    s.windows.append({"block": b, "slot": k, "state": label, "control": control,
+                                      "start": start, "end": start + a.window_s})
+                time.sleep(max(0.0, start + a.window_s - time.time()))
         for s in a.server:
             flip(s.switch, "on")
         for t in running:
             t.join()
         lasted.append(time.monotonic() - t0)
-        print(f"block {b + 1}/{a.blocks} {'(control) ' if control else ''}done; cohort {lasted[-1]:.1f} s",
-              flush=True)
+        print(f"cohort {c + 1}/{a.cohorts} done in {lasted[-1]:.1f} s", flush=True)
     time.sleep(1.5)  # the last log lines reach the file
 
     real, control_blocks, per_server = [], [], {}
     for s in a.server:
-        lines = window_rates(s.log)
+        lines, ms = window_rates(s.log)
         for w in s.windows:
-            # whole-second stamps: a line stamped S was written in [S, S+1)
-            got = [v for t, v in lines if t >= w["start"] + 1.0 and t + 1.0 <= w["end"]]
+            got = [v for t, v in lines if in_window(t, w, ms, a.settle_s)]
             w["lines"] = len(got)
             w["rate"] = statistics.fmean(got) if got else None
         blocks = []
-        for b in range(a.blocks):
+        for b in range(a.cohorts * a.blocks_per_cohort):
             ws = [w for w in s.windows if w["block"] == b]
             if len(ws) != 4 or any(w["rate"] is None for w in ws):
                 continue
@@ -198,7 +222,9 @@ def main() -> None:
             "blocks": blocks, "windows": s.windows, "pauses_noted": notes, "pauses_switched": switched,
             "off_tokens_per_s": off_rate, "decode_step_ms": 1000 * a.conc / off_rate if off_rate else None,
             "overhead": summary(mine) if len(mine) > 1 else None}
-    result = {"method": __doc__, "window_s": a.window_s, "blocks": a.blocks, "control_every": a.control_every,
+    result = {"method": __doc__, "window_s": a.window_s, "cohorts": a.cohorts,
+              "blocks_per_cohort": a.blocks_per_cohort, "settle_s": a.settle_s,
+              "control_every": a.control_every,
               "conc": a.conc, "prompt": a.prompt, "new": a.new, "cohort_s": lasted, "servers": per_server,
               "overhead": summary(real),
               "control": summary(control_blocks) if len(control_blocks) > 1 else None}
