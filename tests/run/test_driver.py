@@ -19,6 +19,7 @@ from cptest.run.driver import (
     DONE,
     StreamState,
     WorkloadDriver,
+    WorkloadSummary,
     build_payload,
     conformance,
     parse_sse_line,
@@ -166,13 +167,13 @@ def test_an_error_chunk_is_an_error(engine: str, tmp_path: Path) -> None:
     assert summary.results[0].status == "error" and "bad input 7" in summary.results[0].error
 
 
+def two_requests(url: str, tmp_path: Path) -> WorkloadSummary:
+    writer = RecordWriter(tmp_path / "r.jsonl")
+    return WorkloadDriver(url, workload(requests(2)), role="main", writer=writer).run()
+
+
 def test_connection_refused_is_an_error(tmp_path: Path) -> None:
-    summary = WorkloadDriver(
-        f"http://127.0.0.1:{free_port()}",
-        workload(requests(2)),
-        role="main",
-        writer=RecordWriter(tmp_path / "r.jsonl"),
-    ).run()
+    summary = two_requests(f"http://127.0.0.1:{free_port()}", tmp_path)
     assert [r.status for r in summary.results] == ["error", "error"]
     assert "ClientConnectorError" in summary.results[0].error
 
@@ -201,12 +202,7 @@ def test_a_stream_without_finish_or_with_abort_is_an_error(tmp_path: Path) -> No
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CannedStreams)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        summary = WorkloadDriver(
-            f"http://127.0.0.1:{server.server_address[1]}",
-            workload(requests(2)),
-            role="main",
-            writer=RecordWriter(tmp_path / "r.jsonl"),
-        ).run()
+        summary = two_requests(f"http://127.0.0.1:{server.server_address[1]}", tmp_path)
     finally:
         server.shutdown()
     by_index = {r.index: r for r in summary.results}
