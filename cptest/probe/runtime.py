@@ -56,7 +56,7 @@ ENV_SWITCH = "CPTEST_PROBE_SWITCH"
 """A file whose content `off` pauses the probe at run time (anything else, or no file: on). The
 writer thread looks at it every WRITER_PERIOD_S; a paused probe records no step (a note marks each
 pause and resume). It exists to measure the probe's cost on one server in alternating windows
-(tools/device/probe-windows.py); evidence runs never set it."""
+(tools/device/probe_windows.py); evidence runs never set it."""
 MAX_ERRORS_PER_HOOK = 5
 WRITER_PERIOD_S = 0.02
 """How often the writer thread comes by (graph counts, work an idle engine left pending)."""
@@ -330,6 +330,16 @@ class Probe:
             suffix = " (further errors of this hook are not written)" if n == MAX_ERRORS_PER_HOOK else ""
             self.note(f"{hook}: {type(exc).__name__}: {exc}{suffix}", "error")
 
+    def call(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)`, or None when it raised: the exception becomes a ProbeNote of hook
+        `name`. The per-step hooks call this directly; `guarded` wraps it for registration."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # the whole point: nothing escapes into the engine
+            with contextlib.suppress(Exception):
+                self.error(name, e)
+            return None
+
     def guarded(self, name: str) -> Callable[[F], F]:
         """Decorator: the wrapped function never raises; an exception becomes a ProbeNote."""
 
@@ -340,12 +350,7 @@ class Probe:
 
             @functools.wraps(fn)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
-                try:
-                    return fn(*args, **kwargs)
-                except Exception as e:  # the whole point: nothing escapes into the engine
-                    with contextlib.suppress(Exception):
-                        self.error(name, e)
-                    return None
+                return self.call(name, fn, *args, **kwargs)
 
             self._guarded[(name, fn)] = wrapper
             return wrapper  # type: ignore[return-value]
