@@ -14,7 +14,12 @@ Printed, per step of a `--batch`-request decode batch over `--layers` layers:
   engine's thread, at the next step's start);
 - CPU time: process CPU time of the hooked run minus the bare one, per step (all threads);
 - paused: the hooked step with the probe switched off at run time (tools/device/probe_windows.py
-  measures on against that state), minus the bare one.
+  measures on against that state), minus the bare one;
+- kept objects: objects the probe makes per step that live long enough for Python's collector to
+  move them to its oldest generation, with a young collection after every step (SGLang's engine
+  makes thousands of objects a step) and a middle one every tenth. Each such move brings the next
+  full collection of the whole engine process closer, a pause of the engine's thread that grows
+  with everything the engine holds.
 
     python benchmarks/probe_step.py [--steps N] [--batch B] [--layers L] [--device cpu|cuda]
 """
@@ -22,6 +27,7 @@ Printed, per step of a `--batch`-request decode batch over `--layers` layers:
 from __future__ import annotations
 
 import argparse
+import gc
 import tempfile
 import time
 import types
@@ -30,7 +36,7 @@ from typing import Any
 
 import torch
 
-from cptest.evidence import RankId
+from cptest.evidence import RankId, Step, read_records
 from cptest.probe import hooks, runtime
 from cptest.probe.runtime import Probe
 
@@ -80,6 +86,26 @@ def per_step_us(fn: Any, steps: int) -> float:
     return (time.perf_counter() - t0) / steps * 1e6
 
 
+def kept_per_step(fn: Any, fb: Any, steps: int) -> float:
+    """Objects moved to the collector's oldest generation per step (see the module's docstring)."""
+    moved = 0
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        gc.collect()
+        for i in range(steps):
+            fb.rids = list(fb.rids)  # SGLang builds a fresh list for every forward batch
+            fn()
+            gc.collect(0)
+            if i % 10 == 9:
+                moved += len(gc.get_objects(generation=1))  # all of them move on
+                gc.collect(1)
+    finally:
+        if was_enabled:
+            gc.enable()
+    return moved / steps
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20_000)
@@ -96,6 +122,8 @@ def main() -> None:
     cpu0 = time.process_time()
     per_step_us(lambda: bare(runner, fb), a.steps)
     off_cpu = (time.process_time() - cpu0) / a.steps * 1e6
+    gc_steps = min(a.steps, 2000)
+    kept_off = kept_per_step(lambda: bare(runner, fb), fb, gc_steps)
 
     with tempfile.TemporaryDirectory() as d:
         probe = Probe(Path(d), graph_flush_s=1.0)
@@ -106,7 +134,10 @@ def main() -> None:
         on = per_step_us(lambda: hooks.around_model_runner_forward(forward, runner, fb), a.steps)
         probe.flush(timeout=600)
         on_cpu = (time.process_time() - cpu0) / a.steps * 1e6
+        kept_on = kept_per_step(lambda: hooks.around_model_runner_forward(forward, runner, fb), fb, gc_steps)
+        probe.flush(timeout=600)
         lines = (Path(d) / "rank0.jsonl").read_text().count("\n")
+        steps_read = sum(isinstance(r, Step) for r in read_records(Path(d) / "rank0.jsonl")[0])
         # Paused (CPTEST_PROBE_SWITCH): what the run-time windows leave in both states, the hooks'
         # early returns; SGLang's own hook dispatch is not simulated here.
         probe.paused = True
@@ -114,10 +145,12 @@ def main() -> None:
         probe.close()
         runtime.set_probe(None)
     print(f"probe step cost on {a.device}, decode batch of {a.batch}, {a.layers} layers, {a.steps} steps "
-          f"({lines} records written)")
+          f"(+{gc_steps} for kept objects; {steps_read} steps read back from {lines} lines)")
     print(f"  engine thread: {on - off:8.1f} us/step  (hooked {on:.1f}, unhooked {off:.1f})")
     print(f"  CPU time     : {on_cpu - off_cpu:8.1f} us/step the probe adds, both threads")
     print(f"  paused       : {paused - off:8.1f} us/step left when switched off (hooks returning at once)")
+    print(f"  kept objects : {kept_on - kept_off:8.2f} per step moved to the collector's oldest generation "
+          f"by the probe ({kept_on:.2f} hooked, {kept_off:.2f} unhooked)")
 
 
 if __name__ == "__main__":

@@ -30,9 +30,11 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from cptest.errors import EvidenceError, Problem, Span
 from cptest.topology import Degrees
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """v2: a compact step's `pos` may be packed (base64 of little-endian int32) and its `kv` a string
-of 0/1 digits (`Step`); every v1 record reads unchanged."""
+of 0/1 digits (`Step`). v3: consecutive decode steps over the same requests may be one `steps`
+line (`StepBlock`), which the reader expands into its Step records. Every v1 and v2 record reads
+unchanged."""
 Ranges = list[tuple[int, int]]
 """Sorted, disjoint, merged half-open integer ranges."""
 
@@ -182,6 +184,61 @@ def _unpack_positions(pos: Any) -> Any:
     return values.tolist()
 
 
+class StepBlock(_Record):
+    """Consecutive decode steps of one rank over the same requests, one row per request each: one
+    line for up to a copy batch of steps (the probe writes it on the engine's thread, where a line
+    per step cost more than the rest of the probe). `read_records` expands it into one `Step` per
+    step, so nothing downstream sees this kind.
+
+    `pos` is the base64 of every step's positions as little-endian int32, step after step
+    (`len(step) * len(rids)` values); `kv` the 0/1 digits of the DCP owner mask in the same
+    order, "all" (every row written) or null (no write seen). `t`, `step`, `rows_in`,
+    `attn_rows`, `ffn_rows` and `logits_rows` have one entry per step; `batch_size` is the number
+    of requests.
+    """
+
+    kind: Literal["steps"] = "steps"
+    t: list[float]  # type: ignore[assignment]
+    rank: RankId
+    mode: Literal["decode"] = "decode"
+    cp_active: bool | None = None
+    rids: list[str]
+    step: list[int]
+    rows_in: list[int]
+    attn_rows: list[int | None]
+    ffn_rows: list[int | None]
+    logits_rows: list[int | None]
+    pos: str
+    kv: str | None
+
+    @model_validator(mode="after")
+    def _shape(self) -> StepBlock:
+        n, b = len(self.step), len(self.rids)
+        if any(len(x) != n for x in (self.t, self.rows_in, self.attn_rows, self.ffn_rows, self.logits_rows)):
+            raise ValueError("steps: t, step, rows_in, attn_rows, ffn_rows and logits_rows differ in length")
+        if len(set(self.rids)) != b:
+            raise ValueError("steps: rids must be distinct")
+        if len(_unpack_positions(self.pos)) != n * b:
+            raise ValueError("steps: pos must hold one position per request per step")
+        if self.kv is not None and self.kv != "all" and (len(self.kv) != n * b or self.kv.strip("01")):
+            raise ValueError('steps: kv must be "all", null, or one 0/1 digit per request per step')
+        return self
+
+    def expand(self) -> list[Step]:
+        n, b = len(self.step), len(self.rids)
+        pos = _unpack_positions(self.pos)
+        out = []
+        for k in range(n):
+            kv = self.kv if self.kv in (None, "all") else self.kv[k * b:(k + 1) * b]  # type: ignore[index]
+            out.append(Step.model_validate({
+                "v": self.v, "t": self.t[k], "rank": self.rank, "step": self.step[k], "mode": self.mode,
+                "batch_size": b, "rows_in": self.rows_in[k], "attn_rows": self.attn_rows[k],
+                "ffn_rows": self.ffn_rows[k], "logits_rows": self.logits_rows[k], "cp_active": self.cp_active,
+                "rows": {"rids": self.rids, "pos": pos[k * b:(k + 1) * b], "kv": kv},
+            }))
+        return out
+
+
 class Graph(_Record):
     """CUDA-graph capture and replay as observed by the probe."""
 
@@ -295,6 +352,7 @@ Record = Annotated[
     | KvPool
     | Capacity
     | Step
+    | StepBlock
     | Graph
     | ProbeNote
     | RequestResult
@@ -363,7 +421,10 @@ def read_records(path: Path) -> tuple[list[Record], int]:
             raise EvidenceError(Problem(Span(str(path), i, 1), "bad evidence record")) from None
         if rec.v > SCHEMA_VERSION:
             parse_record(line, Span(str(path), i, 1))  # raises "newer than this cptest"
-        out.append(rec)
+        if isinstance(rec, StepBlock):
+            out.extend(rec.expand())
+        else:
+            out.append(rec)
     return out, dropped
 
 

@@ -6,6 +6,7 @@ keeps a change elsewhere from silently breaking them, as the unfinished-run rule
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,10 +27,12 @@ def test_the_checks_benchmark_passes_its_own_archives() -> None:
     assert "rows path:" in out and "records path:" in out
 
 
-def test_the_probe_step_benchmark_writes_a_record_per_step() -> None:
+def test_the_probe_step_benchmark_records_every_step_and_prints_kept_objects() -> None:
     pytest.importorskip("torch")
     out = _run("benchmarks/probe_step.py", "--steps", "300", "--layers", "2", "--batch", "8")
-    assert "(301 records written)" in out  # 300 steps + the graph counts
+    # 300 timed steps, 300 more for kept objects: each one reads back as a Step
+    assert "600 steps read back" in out
+    assert re.search(r"kept objects : +-?\d+\.\d\d per step", out)
 
 
 def test_the_driver_stream_benchmark_has_every_request_answered() -> None:

@@ -34,7 +34,8 @@ def _make(name: str, hook: str) -> ForwardHook | None:
     probe = get_probe()
     if probe is None:
         return None
-    return probe.guarded(name)(getattr(hooks, hook))
+    fn = getattr(hooks, hook)
+    return fn if getattr(fn, "_cptest_guards_itself", False) else probe.guarded(name)(fn)
 
 
 def attn_rows(config: dict[str, Any] | None = None) -> ForwardHook | None:

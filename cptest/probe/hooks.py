@@ -1,7 +1,8 @@
 """Hook bodies: read plain values out of SGLang 0.5.17 objects and hand them to `records`.
 
 Every function here is called by SGLang's HookRegistry wrappers (see `plugin.TARGETS`) or by
-torch forward hooks (`forward_hooks`). Each one is wrapped by `Probe.guarded`, so an exception
+torch forward hooks (`forward_hooks`). Each one is wrapped by `Probe.guarded`, or contains its
+own errors (`guards_itself`: the hooks called every layer or every step), so an exception
 becomes a ProbeNote and never reaches SGLang. AFTER hooks return None, which HookRegistry reads as
 "keep the original result" (plugins/hook_registry.py:375-383). Nothing here mutates a tensor or an
 SGLang object. The only device->host copies (the batch's positions, the DCP owner mask, the
@@ -19,9 +20,11 @@ import os
 import re
 import socket
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from cptest.probe import records
+from cptest.probe import runtime as _runtime
 from cptest.probe.records import StepDraft
 from cptest.probe.runtime import Probe, get_probe
 
@@ -47,20 +50,25 @@ COPY_WITHIN_S = 0.1
 
 
 class CopyBatch:
-    """The device tensors of up to COPY_EVERY steps, brought to host memory together.
+    """Up to COPY_EVERY eager steps: their drafts and device tensors, brought to host memory
+    together, and the probe's deferred work for them (`Probe.defer`, once, when the batch opens).
 
-    `send()` concatenates them and copies the result with `non_blocking=True` (into pinned
+    `send()` concatenates the tensors and copies the result with `non_blocking=True` (into pinned
     memory, on the stream of the steps, after the kernels that made them), marked by one event:
     three CUDA calls per batch instead of a copy and an event per step, each of which cost
     10-20 us of the engine's CPU on the GPU machine. Until then the tensors are held as SGLang
     made them: 0.5.17 allocates positions and the DCP mask afresh for every forward
     (model_executor/forward_batch_info.py:904,923,967), so holding them keeps them unchanged.
-    Host tensors (tests, CPU) are cloned when added.
+    Host tensors (tests, CPU) are cloned when added. `run()`, once the copies are on the host,
+    writes the batch's Step records in one go and hands the drafts back for reuse: one deferred
+    item and one write per batch, not per step.
     """
 
-    __slots__ = ("born", "parts", "steps", "device", "stream", "offsets", "host", "done", "values_")
+    __slots__ = ("probe", "born", "parts", "steps", "device", "stream", "offsets", "host", "done",
+                 "values_", "drafts")
 
-    def __init__(self, born: float) -> None:
+    def __init__(self, probe: Probe, born: float) -> None:
+        self.probe = probe
         self.born = born
         self.parts: list[Any] = []
         self.steps = 0
@@ -70,34 +78,40 @@ class CopyBatch:
         self.host: Any = None
         self.done: Any = None
         self.values_: Any = None
+        self.drafts: list[StepDraft] = []
 
     def fits(self, tensors: list[Any]) -> bool:
-        return self.device is None or all(t.device == self.device for t in tensors)
+        """Whether a step's tensors go with this batch's (one step's tensors share a device)."""
+        return self.device is None or tensors[0].device == self.device
 
-    def add(self, tensors: list[Any]) -> int:
-        """Hold one step's tensors; returns the index of its first part."""
-        if self.device is None and tensors:
-            self.device = tensors[0].device
-            if tensors[0].is_cuda:
-                self.stream = sys.modules["torch"].cuda.current_stream(self.device)
-        first = len(self.parts)
-        for t in tensors:
-            flat = t if t.dim() == 1 else t.reshape(-1)  # SGLang's are 1-D: a reshape is a dispatch
+    def add(self, draft: StepDraft, tensors: list[Any]) -> None:
+        """Hold one step's draft and tensors (`draft.first` is the index of its first tensor)."""
+        draft.first = len(self.parts)
+        if tensors:
+            if self.device is None:
+                self.device = tensors[0].device
+                if tensors[0].is_cuda:
+                    self.stream = sys.modules["torch"].cuda.current_stream(self.device)
             if self.stream is None:
-                flat = flat.clone()
-            self.parts.append(flat)
-            self.offsets.append(self.offsets[-1] + int(flat.shape[0]))
+                tensors = [t.clone() for t in tensors]  # host tensors: the caller may change them
+            self.parts.extend(tensors)
+        self.drafts.append(draft)
         self.steps += 1
-        return first
 
     def send(self) -> None:
+        if self.host is not None:
+            return
         torch = sys.modules["torch"]
-        if self.stream is None:
-            self.host = torch.cat(self.parts) if self.parts else torch.empty(0)
+        flat = [t if t.dim() == 1 else t.reshape(-1) for t in self.parts]
+        for t in flat:
+            self.offsets.append(self.offsets[-1] + int(t.shape[0]))
+        if not flat:
+            self.host = ()  # steps without tensors: nothing to wait for
+        elif self.stream is None:
+            self.host = torch.cat(flat)
         else:
             with torch.cuda.stream(self.stream):  # also right from the writer thread
-                flat = torch.cat(self.parts)
-                self.host = flat.to("cpu", non_blocking=True)
+                self.host = torch.cat(flat).to("cpu", non_blocking=True)
                 self.done = torch.cuda.Event()
                 self.done.record()
         self.parts = []
@@ -108,7 +122,7 @@ class CopyBatch:
         if self.done is not None:
             if not self.done.query():
                 return False
-            self.done = None  # arrived: the steps of this batch after the first ask no more
+            self.done = None  # arrived: later asks need no device query
         return True
 
     def part(self, i: int) -> Any:
@@ -119,6 +133,73 @@ class CopyBatch:
                 self.done.synchronize()
             self.values_ = self.host.numpy()
         return self.values_[self.offsets[i]:self.offsets[i + 1]]
+
+    def run(self) -> None:
+        """Write the batch's records (each step's or block's errors contained on its own), then give
+        its drafts back to the probe. Runs of decode steps over the same requests become one
+        `steps` line (`records.steps_block_line`); any other step gets its own line."""
+        probe, drafts = self.probe, self.drafts
+        lines = []
+        i = 0
+        while i < len(drafts):
+            j = probe.call("step_end", _block_end, probe, self, i) or i + 1
+            line = (probe.call("step_end", _step_line, probe, self, drafts[i]) if j == i + 1
+                    else probe.call("step_end", _block_line, probe, self, i, j))
+            if line is not None:
+                lines.append(line)
+            i = j
+        if lines:
+            probe.write("\n".join(lines))
+        for draft in drafts:
+            if draft.notes:
+                for n in draft.notes:
+                    probe.warn_once(re.sub(r"\d+", "N", n), n)
+            probe.recycle(draft)
+        self.drafts = []
+        self.values_ = self.host = None
+
+
+def _block_end(probe: Probe, batch: CopyBatch, i: int) -> int:
+    """The end of the run of steps from `i` that one `steps` line can carry (i + 1: none)."""
+    drafts = batch.drafts
+    d = drafts[i]
+    which = d.which
+    if d.mode != "decode" or d.cp_active or d.extend_lens is not None or (which is not _WHICH_POS
+                                                                         and which is not _WHICH_POS_MASK):
+        return i + 1
+    b = len(d.rids)
+    offsets = batch.offsets
+    if b == 0 or probe.rid_text.of(d.rids, distinct=True) is None:
+        return i + 1
+    j = i + 1
+    while j < len(drafts):
+        e = drafts[j]
+        if (e.rids is not d.rids or e.which is not which or e.mode != "decode" or e.cp_active
+                or e.cp_configured is not d.cp_configured or e.extend_lens is not None
+                or (e.kv_rows is None) is not (d.kv_rows is None)
+                or (e.kv_rows == b) is not (d.kv_rows == b)):
+            break  # the block's steps share everything but their values (and one KV source)
+        j += 1
+    for k in range(batch.drafts[i].first, batch.drafts[j - 1].first + len(which)):
+        if offsets[k + 1] - offsets[k] != b:  # a part that is not one value per request
+            return i + 1
+    return j
+
+
+def _block_line(probe: Probe, batch: CopyBatch, i: int, j: int) -> str:
+    """The `steps` line of drafts i..j-1 of `batch` (`_block_end` said they fit one)."""
+    assert probe.rank_json is not None
+    drafts = batch.drafts[i:j]
+    first, b, width = drafts[0].first, len(drafts[0].rids), len(drafts[0].which)
+    batch.part(first)  # the host copy as numpy, once
+    values = batch.values_[batch.offsets[first]:batch.offsets[first + width * len(drafts)]]
+    values = values.reshape(len(drafts), width, b)
+    kv = [records._kv_source(d, b, b if width == 2 else None) for d in drafts][0]  # one for all (_block_end)
+    quoted = probe.rid_text.of(drafts[0].rids, distinct=True)
+    assert quoted is not None
+    return records.steps_block_line(drafts, rank_json=probe.rank_json, quoted=quoted,
+                                    positions=values[:, 0, :], kv=kv,
+                                    mask=values[:, 1, :] if kv == "mask" else None)
 
 
 def send_copies(probe: Probe) -> None:
@@ -131,6 +212,14 @@ def _send_locked(probe: Probe) -> None:
     batch, probe.copies = probe.copies, None
     if batch is not None:
         batch.send()
+
+
+def _open_batch(probe: Probe) -> CopyBatch:
+    """A new batch, deferred at once: records written after it wait for its steps."""
+    batch = CopyBatch(probe, probe.clock())
+    probe.copies, probe.kick = batch, send_copies
+    probe.defer(batch)
+    return batch
 
 
 # ---------------------------------------------------------------- geometry, pool, capacity
@@ -230,16 +319,24 @@ def around_model_runner_forward(original: Any, runner: Any, forward_batch: Any, 
     forward. SGLang's own exceptions pass through unchanged; the probe's never do. A paused probe
     (runtime.ENV_SWITCH) opens no draft, so the inner hooks find none and return at once.
     """
-    probe = get_probe()
+    probe = _runtime._PROBE or get_probe()
     if probe is None or probe.paused or getattr(runner, "is_draft_worker", False):
         return original(runner, forward_batch, *args, **kwargs)
-    _begin_step(probe, runner, forward_batch)
+    # Begin and end are guarded inline (not through Probe.call): two calls fewer every step.
+    try:
+        _begin_step_body(probe, runner, forward_batch)
+    except Exception as e:
+        probe.current = None
+        probe.call("step_begin", probe.error, "step_begin", e)
     try:
         result = original(runner, forward_batch, *args, **kwargs)
     except BaseException as e:
         probe.guarded("forward_raised")(_forward_raised)(probe, e)
         raise
-    _end_step(probe, forward_batch, result)
+    try:
+        _end_step_body(probe, forward_batch, result)
+    except Exception as e:
+        probe.call("step_end", probe.error, "step_end", e)
     return result
 
 
@@ -247,6 +344,8 @@ def _forward_raised(probe: Probe, e: BaseException) -> None:
     draft = probe.current
     probe.current = None
     step = draft.step if draft else -1
+    if draft is not None:
+        probe.recycle(draft)
     probe.note(f"step {step}: SGLang forward raised {type(e).__name__}: {e}", "warning")
 
 
@@ -255,91 +354,89 @@ def _begin_step_body(probe: Probe, runner: Any, fb: Any) -> None:
     probe.step_index += 1
     if probe.cp_configured is None:
         probe.cp_configured = _cp_configured()
-    mode = records.mode_of(getattr(fb.forward_mode, "name", str(fb.forward_mode)))
+    fm = fb.forward_mode
+    name = getattr(fm, "name", None) or str(fm)
+    mode = _MODES.get(name)
+    if mode is None:
+        mode = _MODES[name] = records.mode_of(name)
     ids = getattr(fb, "input_ids", None)
     rows_in = int(ids.shape[0]) if ids is not None else 0
-    rids = list(getattr(fb, "rids", None) or [])  # str in SGLang; records.finish_step_line makes sure
-    bs = int(getattr(fb, "batch_size", len(rids)) or 0)
-    if not rids:
-        rids = [f"#{i}" for i in range(bs)]
-    probe.current = StepDraft(
-        step=probe.step_index, mode=mode, batch_size=bs, rows_in=rows_in, rids=rids,
-        extend_lens=_int_list(getattr(fb, "extend_seq_lens_cpu", None)) if mode != "decode" else None,
-        prefix_lens=_int_list(getattr(fb, "extend_prefix_lens_cpu", None)) if mode != "decode" else None,
+    rids = getattr(fb, "rids", None)  # str in SGLang; records.finish_step_line makes sure
+    bs = int(getattr(fb, "batch_size", len(rids or ())) or 0)
+    rids = probe.same_rids(rids) if rids else [f"#{i}" for i in range(bs)]
+    decode = mode == "decode"
+    draft = probe.drafts.pop() if probe.drafts else None
+    if draft is None:
+        draft = StepDraft(step=0, mode=mode, batch_size=0, rows_in=0, rids=rids)
+    StepDraft.__init__(
+        draft, step=probe.step_index, mode=mode, batch_size=bs, rows_in=rows_in, rids=rids,
+        extend_lens=None if decode else _int_list(getattr(fb, "extend_seq_lens_cpu", None)),
+        prefix_lens=None if decode else _int_list(getattr(fb, "extend_prefix_lens_cpu", None)),
         cp_configured=probe.cp_configured,
     )
+    probe.current = draft
+
+
+_MODES: dict[str, records.StepMode] = {}
+"""SGLang's ForwardMode names -> our step modes, looked up once per name."""
+_WHICH: dict[tuple[bool, bool, bool], tuple[str, ...]] = {
+    (p, m, z): tuple(n for n, on in (("positions", p), ("kv_mask", m), ("zigzag", z)) if on)
+    for p in (False, True) for m in (False, True) for z in (False, True)
+}
+"""The names of a step's tensors in its CopyBatch, made once (a draft keeps one of these)."""
+_WHICH_POS, _WHICH_POS_MASK = _WHICH[True, False, False], _WHICH[True, True, False]
 
 
 def _end_step_body(probe: Probe, fb: Any, result: Any) -> None:
     draft, probe.current = probe.current, None
-    if draft is None or probe.rank is None:
+    if draft is None:
         return
     phase = "decode" if draft.mode in ("decode", "idle") else "prefill"
-    if bool(getattr(result, "can_run_graph", False)):
-        probe.count_graph("replay", phase)
-    else:
-        probe.count_graph("eager", phase)
-        pos_t = getattr(fb, "positions", None)
-        # Taken here, at the forward's end: every stream SGLang used in the forward has joined the
-        # current one by now, so the tensors kept by the inner hooks are complete in its order.
-        which, tensors = [], []
-        if probe.observe_positions and pos_t is not None:
-            which.append("positions")
-            tensors.append(_text_positions(pos_t))
-        if draft.kv_mask_pending is not None:
-            which.append("kv_mask")
-            tensors.append(draft.kv_mask_pending)
-        if draft.zigzag_pending is not None:
-            which.append("zigzag")
-            tensors.append(draft.zigzag_pending[0])
-        draft.kv_mask_pending = None
-        batch, first = None, 0
-        if tensors:
-            with probe.copy_lock:
-                if probe.copies is not None and not probe.copies.fits(tensors):
-                    _send_locked(probe)
-                if probe.copies is None:
-                    probe.copies, probe.kick = CopyBatch(probe.clock()), send_copies
-                batch = probe.copies
-                first = batch.add(tensors)
-                if batch.steps >= COPY_EVERY or probe.clock() - batch.born >= COPY_WITHIN_S:
-                    _send_locked(probe)
-        probe.defer(StepJob(probe, draft, probe.now(), batch, first, tuple(which)))
+    if probe.rank is None or bool(getattr(result, "can_run_graph", False)):
+        if probe.rank is not None:
+            probe.count_graph("replay", phase)
+        probe.recycle(draft)
+        return
+    probe.count_graph("eager", phase)
+    pos_t = getattr(fb, "positions", None)
+    # Taken here, at the forward's end: every stream SGLang used in the forward has joined the
+    # current one by now, so the tensors kept by the inner hooks are complete in its order.
+    has_pos = probe.observe_positions and pos_t is not None
+    mask, zigzag = draft.kv_mask_pending, draft.zigzag_pending
+    draft.kv_mask_pending = None
+    tensors = [_text_positions(pos_t)] if has_pos else []
+    if mask is not None:
+        tensors.append(mask)
+    if zigzag is not None:
+        tensors.append(zigzag[0])
+    draft.which = _WHICH[has_pos, mask is not None, zigzag is not None]
+    draft.t = probe.now()
+    with probe.copy_lock:
+        batch = probe.copies
+        if batch is not None and tensors and not batch.fits(tensors):
+            _send_locked(probe)
+            batch = None
+        if batch is None:
+            batch = _open_batch(probe)
+        batch.add(draft, tensors)
+        if batch.steps >= COPY_EVERY or probe.clock() - batch.born >= COPY_WITHIN_S:
+            _send_locked(probe)
 
 
-class StepJob:
-    """A step whose record waits for its host copies; `Probe.run_ready` finishes it."""
-
-    __slots__ = ("probe", "draft", "t", "batch", "first", "which")
-
-    def __init__(self, probe: Probe, draft: StepDraft, t: float, batch: CopyBatch | None, first: int,
-                 which: tuple[str, ...]) -> None:
-        self.probe, self.draft, self.t = probe, draft, t
-        self.batch, self.first, self.which = batch, first, which
-
-    def ready(self) -> bool:
-        return self.batch is None or self.batch.ready()
-
-    def run(self) -> None:
-        self.probe.call("step_end", _finish_step, self)
-
-
-def _finish_step(job: StepJob) -> None:
-    """Once the step's host copies are done: resolve them and write its Step record."""
-    probe, draft = job.probe, job.draft
+def _step_line(probe: Probe, batch: CopyBatch, draft: StepDraft) -> str:
+    """The Step record's line of one step of `batch`, its host copies arrived."""
     assert probe.rank is not None and probe.rank_json is not None
-    got: dict[str, list[Any]] = {}
-    if job.batch is not None:
-        got = {name: job.batch.part(job.first + k) for k, name in enumerate(job.which)}
-    if "kv_mask" in got:
-        draft.kv_mask = got["kv_mask"]  # 0/1 (or bools): truth is what counts; a numpy view
-    if "zigzag" in got:
-        _resolve_zigzag(draft, got["zigzag"].tolist())
-    positions = got.get("positions")
-    probe.write(records.finish_step_line(draft, rank=probe.rank, rank_json=probe.rank_json, t=job.t,
-                                         positions=positions, rid_text=probe.rid_text))
-    for n in draft.notes:
-        probe.warn_once(re.sub(r"\d+", "N", n), n)
+    positions = None
+    for k, name in enumerate(draft.which):
+        value = batch.part(draft.first + k)
+        if name == "positions":
+            positions = value
+        elif name == "kv_mask":
+            draft.kv_mask = value  # 0/1 (or bools): truth is what counts; a numpy view
+        else:
+            _resolve_zigzag(draft, value.tolist())
+    return records.finish_step_line(draft, rank=probe.rank, rank_json=probe.rank_json, t=draft.t,
+                                    positions=positions, rid_text=probe.rid_text)
 
 
 def _cp_configured() -> bool | None:
@@ -385,10 +482,24 @@ def _resolve_zigzag(draft: StepDraft, sharded: list[int]) -> None:
     draft.zigzag_pending = None
     split = records.split_zigzag_local(sharded[:keep], split_list, zigzag_index, draft.rids)
     if split is None:
-        draft.notes.append(f"step {draft.step}: zigzag positions do not fit split_list/zigzag_index")
+        draft.note(f"step {draft.step}: zigzag positions do not fit split_list/zigzag_index")
     draft.cp_local_positions = split
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def guards_itself(fn: F) -> F:
+    """Mark a hook that contains its own errors: registered without `Probe.guarded`'s wrapper.
+
+    For the hooks SGLang calls in every layer or every step: the wrapper is two more Python calls
+    each time, and `after_set_kv_buffer` runs once per layer per step, probe on or paused.
+    """
+    fn._cptest_guards_itself = True  # type: ignore[attr-defined]
+    return fn
+
+
+@guards_itself
 def after_set_kv_buffer(_result: Any, pool: Any, layer: Any, loc_info: Any, cache_k: Any, cache_v: Any,
                         *args: Any, **kwargs: Any) -> None:
     """AFTER mem_cache/memory_pool.py:2305 `MHATokenToKVPool.set_kv_buffer`, first layer of a step.
@@ -396,50 +507,55 @@ def after_set_kv_buffer(_result: Any, pool: Any, layer: Any, loc_info: Any, cach
     Records how many rows the write took and, under DCP, the owner mask SGLang passed
     (triton: `positions % dcp_size == dcp_rank`, layers/attention/triton_backend.py:1230-1239).
     """
-    probe = get_probe()
-    draft = probe.current if probe else None
-    if probe is None or draft is None or draft.kv_rows is not None:
-        return
-    draft.kv_rows = int(cache_k.shape[0])
-    mask = kwargs.get("dcp_kv_mask", args[3] if len(args) > 3 else None)
-    if mask is not None and probe.observe_positions:
-        draft.kv_mask_pending = mask  # copied with the step's positions when the forward ends
+    probe = _runtime._PROBE
+    draft = probe.current if probe is not None else None
+    if draft is None or draft.kv_rows is not None:
+        return  # every layer after the first, and every layer while paused: nothing more
+    try:
+        draft.kv_rows = int(cache_k.shape[0])
+        mask = kwargs.get("dcp_kv_mask", args[3] if len(args) > 3 else None)
+        if mask is not None and probe.observe_positions:
+            draft.kv_mask_pending = mask  # copied with the step's positions when the forward ends
+    except Exception as e:
+        probe.call("after_set_kv_buffer", probe.error, "after_set_kv_buffer", e)
 
 
 # ---------------------------------------------------------------- torch forward hooks
+@guards_itself
 def on_attn_input(_module: Any, args: tuple[Any, ...], _output: Any) -> None:
     """Forward hook on `model.layers.0.self_attn.attn` (RadixAttention, layers/radix_attention.py:150)."""
-    probe = get_probe()
-    draft = probe.current if probe else None
+    probe = _runtime._PROBE
+    draft = probe.current if probe is not None else None
     if draft is not None and draft.attn_rows_seen is None and args:
-        draft.attn_rows_seen = int(args[0].shape[0])
+        try:
+            draft.attn_rows_seen = int(args[0].shape[0])
+        except Exception as e:
+            probe.call("attn_rows", probe.error, "attn_rows", e)
 
 
+@guards_itself
 def on_mlp_input(_module: Any, args: tuple[Any, ...], _output: Any) -> None:
     """Forward hook on `model.layers.0.mlp`: rows entering the first MLP."""
-    probe = get_probe()
-    draft = probe.current if probe else None
+    probe = _runtime._PROBE
+    draft = probe.current if probe is not None else None
     if draft is not None and draft.ffn_rows is None and args:
-        draft.ffn_rows = int(args[0].shape[0])
+        try:
+            draft.ffn_rows = int(args[0].shape[0])
+        except Exception as e:
+            probe.call("mlp_rows", probe.error, "mlp_rows", e)
 
 
+@guards_itself
 def on_logits_input(_module: Any, args: tuple[Any, ...], _output: Any) -> None:
     """Forward hook on `logits_processor`: rows of hidden states entering it (input_ids, hidden, ...)."""
-    probe = get_probe()
-    draft = probe.current if probe else None
+    probe = _runtime._PROBE
+    draft = probe.current if probe is not None else None
     if draft is not None and draft.logits_rows is None and len(args) > 1:
-        draft.logits_rows = int(args[1].shape[0])
+        try:
+            draft.logits_rows = int(args[1].shape[0])
+        except Exception as e:
+            probe.call("logits_rows", probe.error, "logits_rows", e)
 
 
 def _opt_int(v: Any) -> int | None:
     return None if v is None else int(v)
-
-
-# The per-step path calls `Probe.call` directly: `guarded(name)(fn)` would cost a closure and a dict
-# lookup each time, three times a step, a measurable part of the probe's cost.
-def _begin_step(probe: Probe, runner: Any, fb: Any) -> None:
-    probe.call("step_begin", _begin_step_body, probe, runner, fb)
-
-
-def _end_step(probe: Probe, fb: Any, result: Any) -> None:
-    probe.call("step_end", _end_step_body, probe, fb, result)

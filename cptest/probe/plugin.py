@@ -77,6 +77,8 @@ def register() -> None:
             probe.note(f"hook target {t.path} ({t.cite}) not found: {type(e).__name__}: {e}; "
                        f"no {t.gives} evidence", "warning")
             continue
-        # AROUND guards its own begin/end: SGLang's own exceptions must pass through unchanged.
-        fn = t.hook if t.kind == "around" else probe.guarded(t.hook.__name__)(t.hook)
+        # AROUND guards its own begin/end (SGLang's own exceptions must pass through unchanged);
+        # the per-layer KV hook guards itself (a wrapper per layer per step is a measurable cost).
+        own = t.kind == "around" or getattr(t.hook, "_cptest_guards_itself", False)
+        fn = t.hook if own else probe.guarded(t.hook.__name__)(t.hook)
         HookRegistry.register(t.path, fn, kinds[t.kind])

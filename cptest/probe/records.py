@@ -141,8 +141,12 @@ def capacity(
 class StepDraft:
     """What the hooks of one forward step collect before the step's record is written.
 
-    Created when `ModelRunner.forward` is entered, filled by the inner hooks (CP split, KV write,
+    Opened when `ModelRunner.forward` is entered, filled by the inner hooks (CP split, KV write,
     `--forward-hooks`), turned into a `Step` by `finish_step` when the forward returns eagerly.
+    The probe reuses drafts (`StepDraft.__init__` on a finished one): a draft lives until its
+    copies arrive, a dozen steps, long enough for Python's collector to move a fresh one to its
+    oldest generation every step, and every such move brings the next full collection of the
+    whole engine process closer.
     """
 
     step: int
@@ -167,13 +171,25 @@ class StepDraft:
     """Rows handed to the KV pool's write in the first layer of this step."""
     kv_mask: list[bool] | None = None
     """The DCP owner mask SGLang passed to that write (True = this rank stores the row)."""
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] | None = None
+    """Why parts of the record are missing; made on the first note (most steps have none)."""
     kv_mask_pending: Any = None
     """The mask tensor as SGLang passed it, until the probe copies it (then into kv_mask)."""
     zigzag_pending: Any = None
     """The sharded positions tensor and what cutting them needs (keep, split_list, zigzag_index),
     until the probe copies it (then into cp_local_positions). Plain fields, not callbacks: a
     closure over the draft would make a reference cycle per step, left to the garbage collector."""
+    t: float = 0.0
+    """When the forward returned (the record's `t`)."""
+    first: int = 0
+    """Index of the step's first tensor in its CopyBatch."""
+    which: tuple[str, ...] = ()
+    """What the step's tensors in its CopyBatch are, in order (positions, kv_mask, zigzag)."""
+
+    def note(self, message: str) -> None:
+        if self.notes is None:
+            self.notes = []
+        self.notes.append(message)
 
 
 def request_lens(
@@ -247,7 +263,7 @@ def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence
         lens = request_lens(len(positions), draft.rids, draft.extend_lens, draft.mode)
         per_req = split_per_request(positions, draft.rids, lens) if lens is not None else None
     if positions is not None and lens is None and draft.rids:
-        draft.notes.append(
+        draft.note(
             f"step {draft.step}: could not cut {len(positions)} positions into {len(draft.rids)} requests"
         )
 
@@ -259,7 +275,7 @@ def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence
         if draft.cp_local_positions is not None:
             seq_positions = {rid: ranges_from(p) for rid, p in draft.cp_local_positions.items()}
         else:
-            draft.notes.append(f"step {draft.step}: PCP active but the sharded positions were not seen")
+            draft.note(f"step {draft.step}: PCP active but the sharded positions were not seen")
     else:
         attn_rows = draft.attn_rows_seen  # None unless the --forward-hooks attention hook saw it
         if per_req is not None:
@@ -299,20 +315,23 @@ def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence
     )
 
 
-def _kv_source(draft: StepDraft, n_rows: int) -> Literal["mask", "all"] | None:
+def _kv_source(draft: StepDraft, n_rows: int, mask_len: int | None = -1) -> Literal["mask", "all"] | None:
     """How the step's first-layer KV write maps onto its `n_rows` rows: row by row through the DCP
-    owner mask, all of them, or none (the write was not seen or does not fit; a note says which)."""
+    owner mask, all of them, or none (the write was not seen or does not fit; a note says which).
+    `mask_len` is the mask's length when the caller knows it without the mask (None: no mask)."""
+    if mask_len == -1:
+        mask_len = None if draft.kv_mask is None else len(draft.kv_mask)
     if draft.kv_rows is None:
         if draft.mode in ("extend", "decode", "mixed"):
-            draft.notes.append(f"step {draft.step}: no KV write seen; kv_written left empty")
+            draft.note(f"step {draft.step}: no KV write seen; kv_written left empty")
         return None
-    if draft.kv_mask is not None and len(draft.kv_mask) == n_rows:
+    if mask_len is not None and mask_len == n_rows:
         return "mask"
-    if draft.kv_mask is None and draft.kv_rows == n_rows:
+    if mask_len is None and draft.kv_rows == n_rows:
         return "all"
-    draft.notes.append(
+    draft.note(
         f"step {draft.step}: KV write of {draft.kv_rows} rows "
-        f"(mask {'of ' + str(len(draft.kv_mask)) if draft.kv_mask is not None else 'none'}) "
+        f"(mask {'of ' + str(mask_len) if mask_len is not None else 'none'}) "
         f"does not match the batch's {n_rows} rows; kv_written left empty"
     )
     return None
@@ -389,6 +408,25 @@ def finish_step_line(draft: StepDraft, *, rank: RankId, rank_json: str, t: float
     )
 
 
+def steps_block_line(drafts: Sequence[StepDraft], *, rank_json: str, quoted: str, positions: Any,
+                     kv: Literal["mask", "all"] | None, mask: Any = None) -> str:
+    """The JSON line of a `StepBlock`: decode steps over the same requests (`quoted`, from
+    `RidText.of`), `positions` and `mask` numpy arrays of one row per step. One line and two C-level
+    encodings for a whole copy batch, instead of a line per step."""
+    cp = "null" if drafts[0].cp_configured is None else "false"  # blocks hold no PCP-split step
+    kv_text = _digits(mask) if kv == "mask" else ('"all"' if kv == "all" else "null")
+    return (
+        f'{{"v":{SCHEMA_VERSION},"t":[{",".join([repr(float(d.t)) for d in drafts])}],"kind":"steps",'
+        f'"rank":{rank_json},"mode":"decode","cp_active":{cp},"rids":["{quoted}"],'
+        f'"step":[{",".join([str(d.step) for d in drafts])}],'
+        f'"rows_in":[{",".join([str(d.rows_in) for d in drafts])}],'
+        f'"attn_rows":[{",".join([_json_int(d.attn_rows_seen) for d in drafts])}],'
+        f'"ffn_rows":[{",".join([_json_int(d.ffn_rows) for d in drafts])}],'
+        f'"logits_rows":[{",".join([_json_int(d.logits_rows) for d in drafts])}],'
+        f'"pos":{_packed_pos(positions)},"kv":{kv_text}}}'
+    )
+
+
 _PLAIN = re.compile(r'[^"\\\x00-\x1f\x7f-\uffff]*')
 """Request ids that need no escaping in JSON (SGLang's are hex); others go the general way."""
 
@@ -397,12 +435,14 @@ _QUOTED_COMMA = '","'
 
 
 def _packed_pos(positions: Any) -> str:
-    """A numpy array of positions as the JSON string of its little-endian int32 bytes in base64."""
+    """A numpy array of positions (any shape, row after row) as the JSON string of its
+    little-endian int32 bytes in base64."""
     return '"' + base64.b64encode(positions.astype("<i4").tobytes()).decode("ascii") + '"'
 
 
 def _digits(mask: Any) -> str:
-    """A numpy 0/1 (or bool) array as the JSON string of its digits, e.g. "0101"."""
+    """A numpy 0/1 (or bool) array (any shape, row after row) as the JSON string of its digits,
+    e.g. "0101"."""
     return '"' + ((mask != 0).view("u1") + 48).tobytes().decode("ascii") + '"'
 
 

@@ -35,6 +35,8 @@ import atexit
 import collections
 import contextlib
 import functools
+import gc
+import json
 import os
 import threading
 import time
@@ -56,8 +58,11 @@ ENV_SWITCH = "CPTEST_PROBE_SWITCH"
 """A file whose content `off` pauses the probe at run time (anything else, or no file: on). The
 writer thread looks at it every WRITER_PERIOD_S; a paused probe records no step (a note marks each
 pause and resume). It exists to measure the probe's cost on one server in alternating windows
-(tools/device/probe_windows.py); evidence runs never set it."""
+(tools/device/probe_windows.py); evidence runs never set it. While it is set the probe also
+lists the process's garbage collections of generation 1 and 2 (`watch_gc`), so that the windows
+can be read against the collector's pauses."""
 MAX_ERRORS_PER_HOOK = 5
+MAX_SPARE_DRAFTS = 256
 WRITER_PERIOD_S = 0.02
 """How often the writer thread comes by (graph counts, work an idle engine left pending)."""
 IDLE_S = 0.15
@@ -131,16 +136,21 @@ class Probe:
         self.rid_text = RidText()
         self.copies: Any = None
         """Device copies being gathered for deferred work (the hooks' `CopyBatch`), under copy_lock."""
-        self.copy_lock = threading.Lock()
+        self.copy_lock = threading.RLock()
         self.kick: Callable[[Probe], None] | None = None
         """Sends what `copies` gathered; called before deferred work is finished without the engine."""
         self._io_lock = threading.Lock()
         self._graph_lock = threading.Lock()
         self._guarded: dict[tuple[str, Callable[..., Any]], Callable[..., Any]] = {}
+        self.drafts: list[StepDraft] = []
+        """Finished drafts for reuse (`recycle`): see StepDraft on why drafts are not made afresh."""
+        self._rids: list[str] | None = None
         self.switch = switch
         self._switch_seen: tuple[int, int] | None = None
         self.paused = False
         """True while the switch file says `off`: the per-step hooks do nothing (ENV_SWITCH)."""
+        self._gc_started = 0.0
+        self._gc_seen: list[list[float]] = []
 
     # ------------------------------------------------------------ writing
     def now(self) -> float:
@@ -176,11 +186,30 @@ class Probe:
             self.write(g.model_copy(update={"t": self.now()}))
 
     def write(self, record: BaseModel | str) -> None:
-        """Write a record (or its JSON line, made by the caller, once the rank is known)."""
+        """Write a record (or its JSON lines, made by the caller, once the rank is known)."""
         if self._pending and threading.get_ident() != self._runner:
+            if self.copies is not None and self.kick is not None:
+                self.kick(self)  # close the batch being filled: its later steps come after this record
             self._pending.append((self.clock(), _Write(self, record)))
             return
         self._write_now(record)
+
+    # ------------------------------------------------------------ per-step objects, kept few
+    def recycle(self, draft: StepDraft) -> None:
+        """Take a finished draft back for the next step (its references to SGLang's objects dropped)."""
+        if len(self.drafts) < MAX_SPARE_DRAFTS:
+            draft.rids = draft.kv_mask = draft.kv_mask_pending = draft.zigzag_pending = None  # type: ignore[assignment]
+            draft.cp_local_positions = draft.notes = None
+            self.drafts.append(draft)
+
+    def same_rids(self, rids: list[str]) -> list[str]:
+        """`rids`, or the equal list a previous step kept: a decode batch keeps its requests for
+        many steps, and a step then holds the probe's list instead of SGLang's fresh one."""
+        last = self._rids
+        if last is not None and rids == last:
+            return last
+        self._rids = rids = list(rids)
+        return rids
 
     def _write_now(self, record: BaseModel | str) -> None:
         line = ((record if isinstance(record, str) else dump_record(record)) + "\n").encode()
@@ -234,7 +263,8 @@ class Probe:
 
     def run_ready(self) -> None:
         """On the engine's thread, at a step's start: finish what the device is done with, in order."""
-        if self._pending:
+        pending = self._pending
+        if pending and pending[0][1].ready():
             self._run_pending(None)
 
     def _finish_pending(self, deadline: float) -> bool:
@@ -291,8 +321,33 @@ class Probe:
             self.paused = paused
             self.note(f"probe {'paused' if paused else 'resumed'} by {self.switch}", "info")
 
+    # ------------------------------------------------------------ the collector, when measuring
+    def watch_gc(self) -> None:
+        """List every collection of generation 1 or 2 (epoch end, generation, seconds, objects
+        collected); the writer writes them about once a second as a note `gc <JSON list>`. Only for the
+        run-time switch's measurements (ENV_SWITCH): a callback on every collection, in both states."""
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif info.get("generation", 0) >= 1:
+            self._gc_seen.append([round(time.time(), 4), info["generation"],
+                                  round(time.perf_counter() - self._gc_started, 6), info.get("collected", 0)])
+
+    def _write_gc(self) -> None:
+        if self._gc_seen and self.rank is not None:
+            seen, self._gc_seen = self._gc_seen, []
+            # "gc [[epoch_end, generation, seconds, collected], ...]"
+            self.write(ProbeNote(t=self.now(), rank=self.rank, message="gc " + json.dumps(seen)))
+
     def _write_loop(self) -> None:
+        rounds = 0
         while not self._stop.wait(WRITER_PERIOD_S):
+            rounds += 1
+            if rounds % 50 == 0:
+                with contextlib.suppress(Exception):
+                    self._write_gc()
             with contextlib.suppress(Exception):
                 self.poll_switch()
             with contextlib.suppress(Exception):
@@ -307,6 +362,8 @@ class Probe:
         finished = self._finish_pending(time.monotonic() + timeout)
         if finished:
             self._write_graph_counts(force=True)
+            with contextlib.suppress(Exception):
+                self._write_gc()
         self._write_lines()
         return finished
 
@@ -377,6 +434,8 @@ def get_probe() -> Probe | None:
             switch=Path(os.environ[ENV_SWITCH]) if os.environ.get(ENV_SWITCH) else None,
         )
         _PROBE.poll_switch()
+        if _PROBE.switch is not None:
+            _PROBE.watch_gc()
         atexit.register(_PROBE.flush_held_at_exit)
         atexit.register(_PROBE.flush)
     return _PROBE

@@ -316,7 +316,7 @@ def test_with_positions_off_steps_are_recorded_without_any_copy(tmp_path: Path, 
         hooks.after_initialize_model_parallel(None)
         fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([5, 6]), ["a", "b"], 2)
         hooks.around_model_runner_forward(_dcp_forward(1, Layer()), Runner(), fb)
-        assert p.copies is None  # nothing was gathered for the host
+        assert p.copies is None or p.copies.parts == []  # no tensor was gathered for the host
         (s,) = [r for r in _records(p) if isinstance(r, Step)]
         assert (s.mode, s.batch_size, s.rows_in) == ("decode", 2, 2)
         assert s.seq_positions == {} and s.kv_written == {}

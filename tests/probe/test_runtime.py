@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -170,3 +171,21 @@ def test_graph_counts_are_written_while_the_engine_is_idle(tmp_path: Path) -> No
     p.close()  # a final flush writes what was counted since, due or not
     recs, _ = read_records(tmp_path / "rank0.jsonl")
     assert sum(r.count for r in recs if r.event == "eager") == 1  # type: ignore[union-attr]
+
+
+def test_a_measuring_probe_lists_the_collections_of_older_generations(tmp_path: Path) -> None:
+    import gc
+
+    p = Probe(tmp_path, switch=tmp_path / "switch")
+    p.set_rank(RankId(world=0))
+    p.watch_gc()
+    try:
+        gc.collect(0)  # young collections are not listed
+        gc.collect(1)
+        gc.collect(2)
+    finally:
+        gc.callbacks.remove(p._on_gc)
+    p.close()
+    (note,) = [r for r in read_records(tmp_path / "rank0.jsonl")[0] if r.message.startswith("gc ")]  # type: ignore[union-attr]
+    seen = json.loads(note.message[3:])  # type: ignore[union-attr]
+    assert [c[1] for c in seen] == [1, 2] and all(c[2] >= 0 for c in seen)
