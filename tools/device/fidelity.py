@@ -1,6 +1,6 @@
 """Workload fidelity: cptest's client and SGLang's own `sglang.bench_serving` on one request set.
 
-    python3 tools/device/fidelity.py SCENARIO --port P --out DIR [--rounds 3]
+    python3 tools/device/fidelity.py SCENARIO --port P --out DIR [--rounds 8]
 
 Runs on the GPU machine against one running SGLang server that has a tokenizer (bench_serving
 reads streamed text; tools/device/tiny_tokenizer.py gives a tiny model one). The request set is
@@ -8,13 +8,16 @@ the scenario's planned workload (cptest's own planner: token ids, output lengths
 with `ignore_eos` so that every request produces exactly its planned tokens, and the same
 `return_logprob` body cptest always sends; bench_serving is given exactly these requests (its
 `get_dataset` is replaced by the plan's rows, nothing else of it) and the same concurrency, at an
-unlimited request rate. One warm-up pass of cptest's client, then `rounds` of each client in ABBA
-order (bench, cptest, cptest, bench, ...), so that a drift of the machine hits both alike.
+unlimited request rate. One warm-up pass of each client, then `rounds` rounds of one run of each,
+in ABBA order (bench, cptest, cptest, bench, ...), so that a drift of the machine hits both alike.
 
-Compared, per client, as the median over rounds: output throughput (output tokens / wall time
-from the first request sent to the last finished; bench_serving's `output_throughput` is the
-same) and mean and median TTFT. Writes DIR/fidelity.json (every round of both) and prints the
-ratios cptest / bench_serving.
+Compared per round, as the ratio cptest / bench_serving of the round's two runs: output throughput
+(output tokens / wall time from the first request sent to the last finished; bench_serving's
+`output_throughput` is the same) and mean and median TTFT. Printed: the median of the rounds'
+ratios and the mean with a 95 % bootstrap interval (10000 resamples of the rounds), and each
+client's median over its rounds. (results/_measure run4 compared the clients' medians over three
+rounds: TTFT fell over the rounds by more than the clients differed, so the ratio read the
+order of the rounds.) Writes DIR/fidelity.json (every run of both).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import random
 import statistics
 import sys
 import time
@@ -100,12 +104,23 @@ def run_bench_serving(workload: WorkloadPlan, port: int, out: Path) -> dict[str,
             "mean_ttft_ms": r["mean_ttft_ms"], "median_ttft_ms": r["median_ttft_ms"]}
 
 
+def _pair(pair: list[dict[str, Any]], metric: str) -> float:
+    by = {r["client"]: r[metric] for r in pair}
+    return by["cptest"] / by["bench_serving"]
+
+
+def bootstrap(values: list[float], n: int = 10_000, seed: int = 1) -> tuple[float, float]:
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(n))
+    return means[int(0.025 * n)], means[int(0.975 * n) - 1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("scenario", type=Path)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=8)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     workload = planned_workload(a.scenario)
@@ -116,7 +131,8 @@ def main() -> None:
           f"{sum(r.max_new_tokens for r in workload.requests)} output tokens", flush=True)
     runs: list[dict[str, Any]] = []
     t0 = time.time()
-    warm = run_cptest(workload, a.port, a.out / "warmup.jsonl")
+    warm = [run_cptest(workload, a.port, a.out / "warmup.jsonl"),
+            run_bench_serving(workload, a.port, a.out / "warmup-bench.jsonl")]
     print(f"warm-up: {warm}", flush=True)
     order = [c for i in range(a.rounds) for c in (("bench", "cptest") if i % 2 == 0 else ("cptest", "bench"))]
     for i, client in enumerate(order):
@@ -131,9 +147,13 @@ def main() -> None:
     for metric in ("output_throughput", "mean_ttft_ms", "median_ttft_ms"):
         med = {c: statistics.median(r[metric] for r in runs if r["client"] == c)
                for c in ("cptest", "bench_serving")}
-        result[metric] = med | {"ratio": med["cptest"] / med["bench_serving"]}
-        print(f"{metric}: cptest {med['cptest']:.2f}, bench_serving {med['bench_serving']:.2f}, "
-              f"ratio {result[metric]['ratio']:.4f}", flush=True)
+        ratios = [_pair(runs[2 * i:2 * i + 2], metric) for i in range(a.rounds)]
+        lo, hi = bootstrap(ratios)
+        result[metric] = med | {"round_ratios": ratios, "ratio_median": statistics.median(ratios),
+                                "ratio_mean": statistics.fmean(ratios), "ratio_ci95": [lo, hi]}
+        print(f"{metric}: cptest / bench_serving per round: median {statistics.median(ratios):.4f}, "
+              f"mean {statistics.fmean(ratios):.4f} (95 % CI {lo:.4f} .. {hi:.4f}, {len(ratios)} rounds); "
+              f"medians cptest {med['cptest']:.2f}, bench_serving {med['bench_serving']:.2f}", flush=True)
     (a.out / "fidelity.json").write_text(json.dumps(result, indent=1) + "\n")
 
 

@@ -9,6 +9,8 @@
 #    (CPTEST_PROBE_SWITCH), f (GPU 1) without the probe and with a word-level tokenizer
 #    (tiny_tokenizer.py) so that sglang.bench_serving can read its stream.
 # 3. probe_windows.py on p0 and p1 (opposite ABBA patterns), then fidelity.py on f.
+# Environment: COHORTS (9), WINDOW_S (1.5), ROUNDS (6), SKIP_FIDELITY=1 (windows only, no server f),
+# SKIP_TESTS=1 (no GPU tests or benchmark: a second call on the same machine).
 # Run it as `COMMIT=<the commit, from here> bash tools/device/measure.sh`: the machine's copy of .git
 # may be stale, so its own `git rev-parse` named an older commit in the first three runs' manifests.
 # Returns $OUT/measure.log, windows.json, fidelity.json, probe-check.json (every probe line of p0/p1
@@ -18,6 +20,7 @@ T0=$(date +%s)
 OUT=${OUT:-/tmp/measure-out}
 WORK=/tmp/measure
 mkdir -p "$OUT" "$WORK"
+rm -rf "$WORK"/probe-* "$WORK"/server-*.log "$WORK"/switch-* "$WORK/fidelity"  # an earlier call's, same machine
 LOG="$OUT/measure.log"
 say() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
 PGS=()
@@ -35,9 +38,9 @@ trap finish EXIT
 source tools/device/cptest-env.sh
 
 say "probe tests on the GPU"
-python3 -m pytest -q -p no:cacheprovider tests/probe/test_hooks_cuda.py tests/probe/test_hooks.py \
+[ "${SKIP_TESTS:-0}" = 1 ] || python3 -m pytest -q -p no:cacheprovider tests/probe/test_hooks_cuda.py tests/probe/test_hooks.py \
   tests/probe/test_runtime.py 2>&1 | tail -n 3 | tee -a "$LOG"
-for dev in cpu cuda; do
+[ "${SKIP_TESTS:-0}" = 1 ] || for dev in cpu cuda; do
   python3 benchmarks/probe_step.py --steps 4000 --layers 4 --batch 64 --device $dev 2>&1 | tee -a "$LOG"
 done
 
@@ -64,7 +67,7 @@ say "launching p0 (GPU 0), p1 and f (GPU 1)"
 # a cohort of 64 x (128 + 7000) tokens must fit the pool whole: no retraction inside a window
 launch p0 0 31000 "${CPUSETS[0]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" --skip-tokenizer-init --max-total-tokens 524288
 launch p1 1 31001 "${CPUSETS[1]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" --skip-tokenizer-init --max-total-tokens 524288
-launch f 1 31002 "${CPUSETS[2]}" .tiny-models/llama-kv1-tok 0 "${COMMON[@]}" --disable-radix-cache --max-total-tokens 131072
+[ "${SKIP_FIDELITY:-0}" = 1 ] || launch f 1 31002 "${CPUSETS[2]}" .tiny-models/llama-kv1-tok 0 "${COMMON[@]}" --disable-radix-cache --max-total-tokens 131072
 pinned() { python3 -c 'import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")}); os.execvp(sys.argv[2], sys.argv[2:])' "$@"; }
 
 say "probe windows on p0 and p1"
@@ -72,10 +75,12 @@ pinned "${CPUSETS[3]}" python3 tools/device/probe_windows.py --out "$OUT" \
   --server "p0:31000:$WORK/switch-p0:$WORK/server-p0.log" --server "p1:31001:$WORK/switch-p1:$WORK/server-p1.log" \
   --window-s "${WINDOW_S:-1.5}" --cohorts "${COHORTS:-9}" --blocks-per-cohort 3 2>&1 | tee -a "$LOG"
 
-say "fidelity on f"
-pinned "${CPUSETS[3]}" python3 tools/device/fidelity.py tools/device/fidelity_llama_kv1.cps --port 31002 \
-  --out "$WORK/fidelity" --rounds "${ROUNDS:-3}" 2>&1 | grep -v "^benchmark_args=\|^Namespace(" | tee -a "$LOG"
-cp "$WORK/fidelity/fidelity.json" "$OUT/" 2>/dev/null
+if [ "${SKIP_FIDELITY:-0}" != 1 ]; then
+  say "fidelity on f"
+  pinned "${CPUSETS[3]}" python3 tools/device/fidelity.py tools/device/fidelity_llama_kv1.cps --port 31002 \
+    --out "$WORK/fidelity" --rounds "${ROUNDS:-6}" 2>&1 | grep -v "^benchmark_args=\|^Namespace(" | tee -a "$LOG"
+  cp "$WORK/fidelity/fidelity.json" "$OUT/" 2>/dev/null
+fi
 
 say "reading the probe's rank files back"
 python3 - "$WORK" > "$OUT/probe-check.json" 2>> "$LOG" <<'PY'
@@ -91,7 +96,7 @@ for d in sorted(Path(sys.argv[1]).glob("probe-p*")):
         out[f"{d.name}/{f.name}"] = {
             "bytes": len(text), "records": len(recs), "truncated_lines_dropped": dropped,
             "steps": len(steps), "decode_steps": sum(s.mode == "decode" for s in steps),
-            "packed_lines": text.count('"pos":"'),
+            "packed_lines": text.count('"pos":"'), "block_lines": text.count('"kind":"steps"'),
             "notes": [r.message for r in recs if isinstance(r, ProbeNote)][:6]}
 print(json.dumps(out, indent=1))
 PY

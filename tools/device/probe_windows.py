@@ -27,6 +27,11 @@ separately, the control blocks of all servers: the mean, a 95 % bootstrap interv
 (10000 resamples of the blocks) and the spread. The probe's own notes (`probe paused by`) are
 counted to confirm each switch took effect. Writes DIR/windows.json.
 
+The switch also makes the probe list the engine's collections of generations 1 and 2 (`gc` notes,
+cptest/probe/runtime.py `watch_gc`): each window gets the number and the seconds of the full
+(generation 2) collections that ended in it, summed per state over the real blocks, so that a
+burst can be told apart from a steady cost.
+
 What it measures is the probe's work in its hooks; what a paused probe still costs (its hooks'
 early returns, SGLang's dispatch of registered hooks) is in both states and is bounded by
 benchmarks/probe_step.py's `paused` line.
@@ -134,6 +139,20 @@ def in_window(t: float, w: dict[str, Any], ms: bool, settle_s: float) -> bool:
     return t >= w["start"] + 1.0 and t + 1.0 <= w["end"]
 
 
+def gc_collections(probe_dir: Path) -> list[list[float]]:
+    """[epoch_end, generation, seconds, collected] of every listed collection of the server's ranks."""
+    out: list[list[float]] = []
+    for f in sorted(probe_dir.glob("rank*.jsonl")):
+        for line in f.read_text(errors="replace").splitlines():
+            if '"message":"gc [' not in line:
+                continue
+            try:
+                out += json.loads(json.loads(line)["message"][3:])
+            except (ValueError, KeyError):
+                continue  # a half line of a killed rank
+    return out
+
+
 def bootstrap(values: list[float], n: int = 10_000, seed: int = 1) -> tuple[float, float]:
     rng = random.Random(seed)
     means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(n))
@@ -194,12 +213,25 @@ def main() -> None:
     time.sleep(1.5)  # the last log lines reach the file
 
     real, control_blocks, per_server = [], [], {}
+    gc_by_state: dict[str, dict[str, float]] = {st: {"windows": 0, "full": 0, "full_s": 0.0, "gen1": 0}
+                                                for st in ("on", "off")}
     for s in a.server:
         lines, ms = window_rates(s.log)
+        collections = gc_collections(s.log.parent / f"probe-{s.name}")
         for w in s.windows:
             got = [v for t, v in lines if in_window(t, w, ms, a.settle_s)]
             w["lines"] = len(got)
             w["rate"] = statistics.fmean(got) if got else None
+            mine = [c for c in collections if w["start"] <= c[0] < w["end"]]
+            w["gc_full"] = sum(1 for c in mine if c[1] == 2)
+            w["gc_full_s"] = round(sum(c[2] for c in mine if c[1] == 2), 6)
+            w["gc_gen1"] = sum(1 for c in mine if c[1] == 1)
+            if not w["control"]:
+                g = gc_by_state[w["state"]]
+                g["windows"] += 1
+                g["full"] += w["gc_full"]
+                g["full_s"] += w["gc_full_s"]
+                g["gen1"] += w["gc_gen1"]
         blocks = []
         for b in range(a.cohorts * a.blocks_per_cohort):
             ws = [w for w in s.windows if w["block"] == b]
@@ -221,12 +253,14 @@ def main() -> None:
         per_server[s.name] = {
             "blocks": blocks, "windows": s.windows, "pauses_noted": notes, "pauses_switched": switched,
             "off_tokens_per_s": off_rate, "decode_step_ms": 1000 * a.conc / off_rate if off_rate else None,
-            "overhead": summary(mine) if len(mine) > 1 else None}
+            "overhead": summary(mine) if len(mine) > 1 else None,
+            "gc_listed": len(collections), "gc_full": sum(1 for c in collections if c[1] == 2),
+            "gc_full_s": round(sum(c[2] for c in collections if c[1] == 2), 6)}
     result = {"method": __doc__, "window_s": a.window_s, "cohorts": a.cohorts,
               "blocks_per_cohort": a.blocks_per_cohort, "settle_s": a.settle_s,
               "control_every": a.control_every,
               "conc": a.conc, "prompt": a.prompt, "new": a.new, "cohort_s": lasted, "servers": per_server,
-              "overhead": summary(real),
+              "overhead": summary(real), "gc_by_state": gc_by_state,
               "control": summary(control_blocks) if len(control_blocks) > 1 else None}
     (a.out / "windows.json").write_text(json.dumps(result, indent=1) + "\n")
 
@@ -241,6 +275,12 @@ def main() -> None:
               f"{s['pauses_switched']} switched, overhead {pct(s['overhead'])}", flush=True)
     print(f"probe overhead: {pct(result['overhead'])}; control (probe never off): {pct(result['control'])}",
           flush=True)
+    for st, g in gc_by_state.items():
+        print(f"collector in {st} windows (real blocks): {g['windows']} windows, "
+              f"{g['full']} full collections "
+              f"({g['full_s']:.3f} s), {g['gen1']} of generation 1", flush=True)
+    for name, s in per_server.items():
+        print(f"{name}: {s['gc_full']} full collections in the whole run, {s['gc_full_s']:.3f} s", flush=True)
 
 
 if __name__ == "__main__":
