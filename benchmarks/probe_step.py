@@ -22,6 +22,10 @@ Printed, per step of a `--batch`-request decode batch over `--layers` layers:
   with everything the engine holds.
 
     python benchmarks/probe_step.py [--steps N] [--batch B] [--layers L] [--device cpu|cuda]
+        [--profile TOP]
+
+`--profile TOP` also prints the TOP functions by their own time in a profiled run of the hooked
+steps (cProfile inflates Python calls, so read it for proportions, not for figures).
 """
 
 from __future__ import annotations
@@ -112,6 +116,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--device", default="cpu", help="cuda: real device copies and events (GPU machine)")
+    ap.add_argument("--profile", type=int, default=0, metavar="TOP")
     a = ap.parse_args()
     forward, fb = make_step(a.layers, a.batch, device=a.device)
     bare, _ = make_step(a.layers, a.batch, hooked=False, device=a.device)
@@ -140,6 +145,14 @@ def main() -> None:
         steps_read = sum(isinstance(r, Step) for r in read_records(Path(d) / "rank0.jsonl")[0])
         # Paused (CPTEST_PROBE_SWITCH): what the run-time windows leave in both states, the hooks'
         # early returns; SGLang's own hook dispatch is not simulated here.
+        if a.profile:
+            import cProfile
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.runcall(per_step_us, lambda: hooks.around_model_runner_forward(forward, runner, fb), a.steps)
+            probe.flush(timeout=600)
+            pstats.Stats(prof).sort_stats("tottime").print_stats(a.profile)
         probe.paused = True
         paused = per_step_us(lambda: hooks.around_model_runner_forward(forward, runner, fb), a.steps)
         probe.close()
