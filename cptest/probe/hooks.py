@@ -53,19 +53,22 @@ class CopyBatch:
     """Up to COPY_EVERY eager steps: their drafts and device tensors, brought to host memory
     together, and the probe's deferred work for them (`Probe.defer`, once, when the batch opens).
 
-    `send()` concatenates the tensors and copies the result with `non_blocking=True` (into pinned
-    memory, on the stream of the steps, after the kernels that made them), marked by one event:
-    three CUDA calls per batch instead of a copy and an event per step, each of which cost
-    10-20 us of the engine's CPU on the GPU machine. Until then the tensors are held as SGLang
-    made them: 0.5.17 allocates positions and the DCP mask afresh for every forward
+    `send()` concatenates the tensors of each dtype (positions, the DCP mask) and copies each
+    result with `non_blocking=True` (into pinned memory, on the stream of the steps, after the
+    kernels that made them), marked by one event: a few CUDA calls per batch instead of a copy
+    and an event per step, each of which cost 10-20 us of the engine's CPU on the GPU machine.
+    One `torch.cat` over positions and masks together cost 196 us there (its dtype promotion
+    converts every bool tensor on its own; benchmarks/cuda_ops.py, results/_measure run7), so
+    each dtype is concatenated apart. Until then the tensors are held as SGLang made them: 0.5.17
+    allocates positions and the DCP mask afresh for every forward
     (model_executor/forward_batch_info.py:904,923,967), so holding them keeps them unchanged.
     Host tensors (tests, CPU) are cloned when added. `run()`, once the copies are on the host,
     writes the batch's Step records in one go and hands the drafts back for reuse: one deferred
     item and one write per batch, not per step.
     """
 
-    __slots__ = ("probe", "born", "parts", "steps", "device", "stream", "offsets", "host", "done",
-                 "values_", "drafts")
+    __slots__ = ("probe", "born", "parts", "steps", "device", "stream", "sizes", "where", "host",
+                 "done", "values_", "drafts")
 
     def __init__(self, probe: Probe, born: float) -> None:
         self.probe = probe
@@ -74,7 +77,10 @@ class CopyBatch:
         self.steps = 0
         self.device: Any = None
         self.stream: Any = None
-        self.offsets: list[int] = [0]
+        self.sizes: list[int] = []
+        """Values of each part (known once sent)."""
+        self.where: list[tuple[int, int, int]] = []
+        """Part -> (its dtype's group, start, end) in that group's host copy."""
         self.host: Any = None
         self.done: Any = None
         self.values_: Any = None
@@ -98,23 +104,43 @@ class CopyBatch:
         self.drafts.append(draft)
         self.steps += 1
 
-    def send(self) -> None:
+    def send(self, on_engine_thread: bool = False) -> None:
+        """Start the host copies on the steps' stream: entered only when the caller is not on it
+        already (another thread, `Probe.kick`), as entering it costs 8.8 us on the GPU machine."""
         if self.host is not None:
             return
         torch = sys.modules["torch"]
-        flat = [t if t.dim() == 1 else t.reshape(-1) for t in self.parts]
-        for t in flat:
-            self.offsets.append(self.offsets[-1] + int(t.shape[0]))
-        if not flat:
+        index: dict[Any, int] = {}
+        groups: list[list[Any]] = []
+        totals: list[int] = []
+        for t in self.parts:
+            flat = t if t.dim() == 1 else t.reshape(-1)
+            n = int(flat.shape[0])
+            g = index.get(flat.dtype)
+            if g is None:
+                g = index[flat.dtype] = len(groups)
+                groups.append([])
+                totals.append(0)
+            start = totals[g]
+            totals[g] = start + n
+            self.where.append((g, start, start + n))
+            self.sizes.append(n)
+            groups[g].append(flat)
+        if not groups:
             self.host = ()  # steps without tensors: nothing to wait for
         elif self.stream is None:
-            self.host = torch.cat(flat)
+            self.host = [torch.cat(g) for g in groups]
+        elif on_engine_thread and torch.cuda.current_stream(self.device) == self.stream:
+            self._copy(torch, groups)  # already on the steps' stream (2.9 us to ask, 8.8 to enter)
         else:
-            with torch.cuda.stream(self.stream):  # also right from the writer thread
-                self.host = torch.cat(flat).to("cpu", non_blocking=True)
-                self.done = torch.cuda.Event()
-                self.done.record()
+            with torch.cuda.stream(self.stream):
+                self._copy(torch, groups)
         self.parts = []
+
+    def _copy(self, torch: Any, groups: list[list[Any]]) -> None:
+        self.host = [torch.cat(g).to("cpu", non_blocking=True) for g in groups]
+        self.done = torch.cuda.Event()
+        self.done.record()
 
     def ready(self) -> bool:
         if self.host is None:
@@ -131,8 +157,9 @@ class CopyBatch:
         if self.values_ is None:
             if self.done is not None:
                 self.done.synchronize()
-            self.values_ = self.host.numpy()
-        return self.values_[self.offsets[i]:self.offsets[i + 1]]
+            self.values_ = [h.numpy() for h in self.host]
+        g, start, end = self.where[i]
+        return self.values_[g][start:end]
 
     def run(self) -> None:
         """Write the batch's records (each step's or block's errors contained on its own), then give
@@ -168,7 +195,7 @@ def _block_end(probe: Probe, batch: CopyBatch, i: int) -> int:
                                                                          and which is not _WHICH_POS_MASK):
         return i + 1
     b = len(d.rids)
-    offsets = batch.offsets
+    sizes = batch.sizes
     if b == 0 or probe.rid_text.of(d.rids, distinct=True) is None:
         return i + 1
     j = i + 1
@@ -181,7 +208,7 @@ def _block_end(probe: Probe, batch: CopyBatch, i: int) -> int:
             break  # the block's steps share everything but their values (and one KV source)
         j += 1
     for k in range(batch.drafts[i].first, batch.drafts[j - 1].first + len(which)):
-        if offsets[k + 1] - offsets[k] != b:  # a part that is not one value per request
+        if sizes[k] != b:  # a part that is not one value per request
             return i + 1
     return j
 
@@ -190,16 +217,15 @@ def _block_line(probe: Probe, batch: CopyBatch, i: int, j: int) -> str:
     """The `steps` line of drafts i..j-1 of `batch` (`_block_end` said they fit one)."""
     assert probe.rank_json is not None
     drafts = batch.drafts[i:j]
-    first, b, width = drafts[0].first, len(drafts[0].rids), len(drafts[0].which)
-    batch.part(first)  # the host copy as numpy, once
-    values = batch.values_[batch.offsets[first]:batch.offsets[first + width * len(drafts)]]
-    values = values.reshape(len(drafts), width, b)
+    b, width = len(drafts[0].rids), len(drafts[0].which)
+    numpy = sys.modules["numpy"]
+    positions = numpy.stack([batch.part(d.first) for d in drafts])
+    mask = numpy.stack([batch.part(d.first + 1) for d in drafts]) if width == 2 else None
     kv = [records._kv_source(d, b, b if width == 2 else None) for d in drafts][0]  # one for all (_block_end)
     quoted = probe.rid_text.of(drafts[0].rids, distinct=True)
     assert quoted is not None
     return records.steps_block_line(drafts, rank_json=probe.rank_json, quoted=quoted,
-                                    positions=values[:, 0, :], kv=kv,
-                                    mask=values[:, 1, :] if kv == "mask" else None)
+                                    positions=positions, kv=kv, mask=mask if kv == "mask" else None)
 
 
 def send_copies(probe: Probe) -> None:
@@ -208,10 +234,10 @@ def send_copies(probe: Probe) -> None:
         _send_locked(probe)
 
 
-def _send_locked(probe: Probe) -> None:
+def _send_locked(probe: Probe, on_engine_thread: bool = False) -> None:
     batch, probe.copies = probe.copies, None
     if batch is not None:
-        batch.send()
+        batch.send(on_engine_thread)
 
 
 def _open_batch(probe: Probe) -> CopyBatch:
@@ -420,7 +446,7 @@ def _end_step_body(probe: Probe, fb: Any, result: Any) -> None:
             batch = _open_batch(probe)
         batch.add(draft, tensors)
         if batch.steps >= COPY_EVERY or probe.clock() - batch.born >= COPY_WITHIN_S:
-            _send_locked(probe)
+            _send_locked(probe, on_engine_thread=True)
 
 
 def _step_line(probe: Probe, batch: CopyBatch, draft: StepDraft) -> str:
