@@ -60,7 +60,8 @@ writer thread looks at it every WRITER_PERIOD_S; a paused probe records no step 
 pause and resume). It exists to measure the probe's cost on one server in alternating windows
 (tools/device/probe_windows.py); evidence runs never set it. While it is set the probe also
 lists the process's garbage collections of generation 1 and 2 (`watch_gc`), so that the windows
-can be read against the collector's pauses."""
+can be read against the collector's pauses, and times its own work on the engine's thread
+(`timing`, `cost` notes)."""
 MAX_ERRORS_PER_HOOK = 5
 MAX_SPARE_DRAFTS = 256
 WRITER_PERIOD_S = 0.02
@@ -151,6 +152,10 @@ class Probe:
         """True while the switch file says `off`: the per-step hooks do nothing (ENV_SWITCH)."""
         self._gc_started = 0.0
         self._gc_seen: list[list[float]] = []
+        self.timing = False
+        """Measure the probe's own time on the engine's thread (`watch_gc`'s companion, ENV_SWITCH)."""
+        self.cost: list[Any] = [0, 0, 0, 0]
+        """[probe ns, steps, first step's start ns, last step's end ns] since the last `cost` note."""
 
     # ------------------------------------------------------------ writing
     def now(self) -> float:
@@ -318,6 +323,8 @@ class Probe:
         except OSError:
             self._switch_seen, paused = None, False
         if paused != self.paused:
+            with contextlib.suppress(Exception):
+                self._write_cost()  # a cost note never spans a pause
             self.paused = paused
             self.note(f"probe {'paused' if paused else 'resumed'} by {self.switch}", "info")
 
@@ -341,6 +348,15 @@ class Probe:
             # "gc [[epoch_end, generation, seconds, collected], ...]"
             self.write(ProbeNote(t=self.now(), rank=self.rank, message="gc " + json.dumps(seen)))
 
+    def _write_cost(self) -> None:
+        """Write what `cost` gathered as a note `cost [epoch, steps, probe_ns, span_ns]`: the
+        probe's own time in the per-step hooks' begin and end (deferred records, copies included)
+        over `steps` steps that took `span_ns` from the first one's start to the last one's end."""
+        cost, self.cost = self.cost, [0, 0, 0, 0]
+        if cost[1] and self.rank is not None:
+            seen = [round(time.time(), 4), cost[1], cost[0], cost[3] - cost[2]]
+            self.write(ProbeNote(t=self.now(), rank=self.rank, message="cost " + json.dumps(seen)))
+
     def _write_loop(self) -> None:
         rounds = 0
         while not self._stop.wait(WRITER_PERIOD_S):
@@ -348,6 +364,9 @@ class Probe:
             if rounds % 50 == 0:
                 with contextlib.suppress(Exception):
                     self._write_gc()
+                if self.timing:
+                    with contextlib.suppress(Exception):
+                        self._write_cost()
             with contextlib.suppress(Exception):
                 self.poll_switch()
             with contextlib.suppress(Exception):
@@ -364,6 +383,7 @@ class Probe:
             self._write_graph_counts(force=True)
             with contextlib.suppress(Exception):
                 self._write_gc()
+                self._write_cost()
         self._write_lines()
         return finished
 
@@ -436,6 +456,7 @@ def get_probe() -> Probe | None:
         _PROBE.poll_switch()
         if _PROBE.switch is not None:
             _PROBE.watch_gc()
+            _PROBE.timing = True
         atexit.register(_PROBE.flush_held_at_exit)
         atexit.register(_PROBE.flush)
     return _PROBE

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import types
@@ -369,3 +370,18 @@ def test_a_switched_off_probe_records_no_step_until_switched_on(tmp_path: Path, 
     finally:
         runtime.set_probe(None)
         p.close()
+
+
+def test_a_timing_probe_notes_its_own_time_per_step_never_more_than_the_steps_took(
+        probe: Probe, monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 1)
+    hooks.after_initialize_model_parallel(None)
+    probe.timing = True
+    for i in range(5):
+        fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([5 + i, 9 + i]), ["a", "b"], 2)
+        hooks.around_model_runner_forward(_dcp_forward(1, Layer()), Runner(), fb)
+    probe.flush()
+    (note,) = [r for r in _records(probe) if isinstance(r, ProbeNote) and r.message.startswith("cost ")]
+    _epoch, steps, probe_ns, span_ns = json.loads(note.message[5:])
+    assert steps == 5 and 0 < probe_ns <= span_ns
+    assert len([r for r in _records(probe) if isinstance(r, Step)]) == 5  # timing changes no record

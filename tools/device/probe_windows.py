@@ -30,7 +30,10 @@ counted to confirm each switch took effect. Writes DIR/windows.json.
 The switch also makes the probe list the engine's collections of generations 1 and 2 (`gc` notes,
 cptest/probe/runtime.py `watch_gc`): each window gets the number and the seconds of the full
 (generation 2) collections that ended in it, summed per state over the real blocks, so that a
-burst can be told apart from a steady cost.
+burst can be told apart from a steady cost. And it makes the probe time its own work on the
+engine's thread (`cost` notes: begin and end of every probed step, deferred records and copies
+included, the inner hooks not): reported as a share of the probed steps' time with a bootstrap
+interval over the notes, a direct figure beside the windows' total one.
 
 What it measures is the probe's work in its hooks; what a paused probe still costs (its hooks'
 early returns, SGLang's dispatch of registered hooks) is in both states and is bounded by
@@ -139,18 +142,43 @@ def in_window(t: float, w: dict[str, Any], ms: bool, settle_s: float) -> bool:
     return t >= w["start"] + 1.0 and t + 1.0 <= w["end"]
 
 
-def gc_collections(probe_dir: Path) -> list[list[float]]:
-    """[epoch_end, generation, seconds, collected] of every listed collection of the server's ranks."""
-    out: list[list[float]] = []
+def probe_notes(probe_dir: Path, word: str) -> list[Any]:
+    """The JSON payloads of the probe's `<word> [...]` notes in the server's rank files."""
+    out: list[Any] = []
+    tag = f'"message":"{word} ['
     for f in sorted(probe_dir.glob("rank*.jsonl")):
         for line in f.read_text(errors="replace").splitlines():
-            if '"message":"gc [' not in line:
+            if tag not in line:
                 continue
             try:
-                out += json.loads(json.loads(line)["message"][3:])
+                out.append(json.loads(json.loads(line)["message"][len(word) + 1:]))
             except (ValueError, KeyError):
                 continue  # a half line of a killed rank
     return out
+
+
+def gc_collections(probe_dir: Path) -> list[list[float]]:
+    """[epoch_end, generation, seconds, collected] of every listed collection of the server's ranks."""
+    return [c for note in probe_notes(probe_dir, "gc") for c in note]
+
+
+def engine_share(costs: list[list[float]], n: int = 10_000, seed: int = 1) -> dict[str, Any] | None:
+    """The probe's own time on the engine's thread over the time its steps took (`cost` notes,
+    [epoch, steps, probe_ns, span_ns], each about a second of probed steps): the ratio of the
+    sums, a 95 % bootstrap interval over the notes, and the probe's microseconds per step."""
+    costs = [c for c in costs if c[1] >= 20 and c[3] > 0]  # a note cut short by a switch says little
+    if len(costs) < 2:
+        return None
+    rng = random.Random(seed)
+
+    def share(cs: list[list[float]]) -> float:
+        return sum(c[2] for c in cs) / sum(c[3] for c in cs)
+
+    shares = sorted(share(rng.choices(costs, k=len(costs))) for _ in range(n))
+    steps = sum(c[1] for c in costs)
+    return {"share": share(costs), "ci95": [shares[int(0.025 * n)], shares[int(0.975 * n) - 1]],
+            "notes": len(costs), "steps": steps, "probe_us_per_step": sum(c[2] for c in costs) / steps / 1000,
+            "step_ms": sum(c[3] for c in costs) / steps / 1e6}
 
 
 def bootstrap(values: list[float], n: int = 10_000, seed: int = 1) -> tuple[float, float]:
@@ -254,6 +282,7 @@ def main() -> None:
             "blocks": blocks, "windows": s.windows, "pauses_noted": notes, "pauses_switched": switched,
             "off_tokens_per_s": off_rate, "decode_step_ms": 1000 * a.conc / off_rate if off_rate else None,
             "overhead": summary(mine) if len(mine) > 1 else None,
+            "engine_share": engine_share(probe_notes(s.log.parent / f"probe-{s.name}", "cost")),
             "gc_listed": len(collections), "gc_full": sum(1 for c in collections if c[1] == 2),
             "gc_full_s": round(sum(c[2] for c in collections if c[1] == 2), 6)}
     result = {"method": __doc__, "window_s": a.window_s, "cohorts": a.cohorts,
@@ -281,6 +310,13 @@ def main() -> None:
               f"({g['full_s']:.3f} s), {g['gen1']} of generation 1", flush=True)
     for name, s in per_server.items():
         print(f"{name}: {s['gc_full']} full collections in the whole run, {s['gc_full_s']:.3f} s", flush=True)
+        e = s["engine_share"]
+        if e is not None:
+            print(f"{name}: the probe's own time on the engine's thread {100 * e['share']:.3f} % "
+                  f"of its steps' time "
+                  f"(95 % CI {100 * e['ci95'][0]:.3f} .. {100 * e['ci95'][1]:.3f}, {e['notes']} notes, "
+                  f"{e['steps']} steps): {e['probe_us_per_step']:.1f} us of a {e['step_ms']:.2f} ms step",
+                  flush=True)
 
 
 if __name__ == "__main__":
