@@ -5,11 +5,12 @@ from __future__ import annotations
 import base64
 import json
 import struct
+from pathlib import Path
 
 import pytest
 
 from cptest.errors import EvidenceError
-from cptest.evidence import Step, parse_record
+from cptest.evidence import Step, parse_record, read_records
 
 BASE = {"v": 1, "kind": "step", "rank": {"world": 1}, "step": 4, "mode": "decode", "batch_size": 3,
         "rows_in": 3}
@@ -62,3 +63,46 @@ def test_packed_positions_and_digit_owners_read_as_the_list_form() -> None:
 def test_the_compact_form_cannot_be_mixed_with_the_full_fields() -> None:
     with pytest.raises(EvidenceError):
         parse_record(_line(rows={"rids": ["a"], "pos": [1], "kv": None}, seq_positions={"a": [[1, 2]]}))
+
+
+def _block(**extra: object) -> dict[str, object]:
+    pos = base64.b64encode(struct.pack("<4i", 9, 7, 10, 8)).decode()  # two steps of requests a, b
+    return {"v": 3, "kind": "steps", "t": [0.5, 0.75], "rank": {"world": 1}, "rids": ["a", "b"],
+            "step": [4, 5], "rows_in": [2, 2], "attn_rows": [None, None], "ffn_rows": [2, 2],
+            "logits_rows": [2, 2], "cp_active": False, "pos": pos, "kv": "1001", **extra}
+
+
+def test_a_steps_block_reads_back_as_one_step_per_step(tmp_path: Path) -> None:
+    f = tmp_path / "rank1.jsonl"
+    f.write_text(json.dumps(_block()) + "\n" + _line(v=3, rows={"rids": ["c"], "pos": [3], "kv": None},
+                                                     batch_size=1, rows_in=1) + "\n")
+    recs, dropped = read_records(f)
+    assert dropped == 0 and [type(r) for r in recs] == [Step, Step, Step]
+    first, second = recs[0], recs[1]
+    assert isinstance(first, Step) and isinstance(second, Step)
+    assert (first.step, first.t, second.step, second.t) == (4, 0.5, 5, 0.75)
+    assert first.seq_positions == {"a": [(9, 10)], "b": [(7, 8)]}
+    assert second.seq_positions == {"a": [(10, 11)], "b": [(8, 9)]}
+    assert first.kv_written == {"a": [(9, 10)], "b": []} and second.kv_written == {"a": [], "b": [(8, 9)]}
+    assert (first.batch_size, first.ffn_rows, first.cp_active) == (2, 2, False)
+    # the same two steps written one line each read back equal
+    single = parse_record(_line(v=3, t=0.5, batch_size=2, rows_in=2, ffn_rows=2, logits_rows=2,
+                                cp_active=False, rows={"rids": ["a", "b"], "pos": [9, 7], "kv": "10"}))
+    assert first == single
+
+
+@pytest.mark.parametrize("bad", [
+    {"step": [4]},                                   # per-step fields of different lengths
+    {"rids": ["a", "a"]},                            # a request twice
+    {"pos": base64.b64encode(struct.pack("<3i", 1, 2, 3)).decode()},  # not one position per row
+    {"kv": "10"},                                    # owners for half the rows
+    {"kv": "1002"},                                  # digits other than 0/1
+])
+def test_a_malformed_steps_block_is_an_evidence_error(bad: dict[str, object]) -> None:
+    with pytest.raises(EvidenceError):
+        parse_record(json.dumps(_block(**bad)))
+
+
+def test_a_block_of_a_newer_schema_is_refused() -> None:
+    with pytest.raises(EvidenceError, match="newer"):
+        parse_record(json.dumps(_block(v=99)))

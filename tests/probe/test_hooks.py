@@ -385,3 +385,26 @@ def test_a_timing_probe_notes_its_own_time_per_step_never_more_than_the_steps_to
     _epoch, steps, probe_ns, span_ns = json.loads(note.message[5:])
     assert steps == 5 and 0 < probe_ns <= span_ns
     assert len([r for r in _records(probe) if isinstance(r, Step)]) == 5  # timing changes no record
+
+
+def test_decode_runs_over_the_same_requests_share_a_line_and_read_back_step_by_step(
+        probe: Probe, monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 1)
+    hooks.after_initialize_model_parallel(None)
+    mlp = Layer()
+    plan = [["a", "b"]] * 5 + [["a"]] * 3 + [["a", "c"]] * 4  # requests leave and join mid-batch
+    for i, rids in enumerate(plan):
+        fresh = list(rids)  # SGLang builds a new list each forward
+        pos = torch.tensor([10 * i + k for k in range(len(rids))])
+        fb = Batch(Mode("DECODE"), torch.arange(len(rids)), pos, fresh, len(rids))
+        hooks.around_model_runner_forward(_dcp_forward(1, mlp), Runner(), fb)
+    steps = [r for r in _records(probe) if isinstance(r, Step)]
+    assert [s.step for s in steps] == list(range(1, len(plan) + 1))
+    for i, (s, rids) in enumerate(zip(steps, plan, strict=True)):
+        want = {r: 10 * i + k for k, r in enumerate(rids)}
+        assert s.seq_positions == {r: [(p, p + 1)] for r, p in want.items()}
+        assert s.kv_written == {r: [(p, p + 1)] if p % 2 == 1 else [] for r, p in want.items()}
+        assert (s.batch_size, s.rows_in, s.mode) == (len(rids), len(rids), "decode")
+    text = (probe.out_dir / "rank1.jsonl").read_text()
+    assert text.count('"kind":"steps"') == 3  # one line per run of equal requests, not per step
+    assert '"kind":"step"' not in text
