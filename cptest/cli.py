@@ -30,10 +30,15 @@ def _emit(data: Any, as_json: bool, text: str) -> None:
 
 def _fail(err: CptestError, as_json: bool = False) -> None:
     if as_json:
-        click.echo(json.dumps({"error": type(err).__name__, "exit_code": err.exit_code,
-                               "problems": [{"where": str(p.span) if p.span else None, "message": p.message,
-                                             "expected": p.expected, "hint": p.hint} for p in err.problems]},
-                              indent=2))  # fmt: skip
+        out: dict[str, Any] = {
+            "error": type(err).__name__, "exit_code": err.exit_code,
+            "problems": [{"where": str(p.span) if p.span else None, "message": p.message,
+                          "expected": p.expected, "hint": p.hint} for p in err.problems]}  # fmt: skip
+        causes = getattr(err, "causes", None)
+        if causes is not None:  # preflight: the machine, not the engine (exit 3, verdict unknown)
+            out |= {"status": "unknown", "causes": [{"code": c.code, "message": c.message, "remedy": c.remedy}
+                                                    for c in causes]}
+        click.echo(json.dumps(out, indent=2))
     click.echo(err.render(), err=True)
     sys.exit(err.exit_code)
 

@@ -127,18 +127,24 @@ def run_scenario(
     includes: Mapping[str, str] | None = None,
     environment: Mapping[str, Any] | None = None,
     run_options: Any = None,
+    preflight: Mapping[str, Any] | None = None,
 ) -> Outcome:
     """Run `planned` and archive it under `out` (which must not exist): model weights, the first
     phase of the archive, the run, the checks, the report and the last phase.
 
-    `environment` defaults to `cptest.run.environment.collect_environment()` of this machine. A
-    RunError or Ctrl-C during the run is recorded as the outcome's `error`; the archive is finished
-    either way, from the evidence gathered.
+    `environment` defaults to `cptest.run.environment.collect_environment()` of this machine.
+    First `cptest.run.preflight` looks for what this machine cannot give the plan (a missing model,
+    a busy port, GPUs, disk): it raises InfrastructureError (exit 3) before anything is launched
+    or archived. A RunError, Ctrl-C or a crash of cptest itself during the run is recorded as the
+    outcome's `error` (exit 3); the archive is finished either way, from the evidence gathered.
     """
     from cptest.run.environment import collect_environment
     from cptest.run.models import ensure_synthetic, weights_sha256
+    from cptest.run.preflight import require
     from cptest.run.process import install_signal_handlers
     from cptest.run.runner import run_plan
+
+    require(planned, results=out, **(preflight or {}))
 
     model_dir = planned.main.nodes[0].model_mount
     synthetic = planned.pins.model.synthetic
@@ -170,11 +176,28 @@ def run_scenario(
     except KeyboardInterrupt:
         # Ctrl-C: the runner tore everything down; the archive still gets an (unknown) verdict.
         error = RunError("interrupted by Ctrl-C; every started process was torn down")
+    except Exception as e:  # cptest's own bug: never the engine's verdict
+        error = _crashed(out, e)
     finally:
         restore()
     verdict = checks.check(out, require_finished=False)  # this run is the one finishing it
     finish_archive(out, verdict, planned)
     return Outcome(verdict, out, error)
+
+
+class CptestCrash(RunError):
+    """cptest itself raised an unexpected exception during a run: exit 3, not the engine's doing."""
+
+
+def _crashed(out: Path, e: Exception) -> CptestCrash:
+    """The crash as the run's error, its traceback kept in the archive (logs/cptest-crash.txt)."""
+    import traceback
+
+    where = store.Layout(out).logs_dir / "cptest-crash.txt"
+    where.parent.mkdir(parents=True, exist_ok=True)
+    where.write_text("".join(traceback.format_exception(e)), encoding="utf-8")
+    return CptestCrash(f"unknown (cptest_crash): cptest crashed ({type(e).__name__}: {e}), a bug in cptest, "
+                       f"not the engine's behaviour; the traceback is in {where}: please report it")
 
 
 def roles_of(planned: Plan) -> list[str]:

@@ -14,6 +14,7 @@ results/<scenario>/<UTC YYYYmmddTHHMMSSZ>-<first 8 hex of the scenario sha256>/
   evidence/<role>/runner.jsonl    runner records: requests, processes, GPU memory, lifecycle
   evidence/cptest.jsonl      cptest's own outline log of the run
   logs/<role>-node<k>.log    the engine's stdout and stderr, per node
+  logs/cptest-crash.txt      only when cptest itself crashed during the run: its traceback
   verdict.json, report.md, junit.xml   written last
 ```
 

@@ -472,9 +472,11 @@ def _model(v: _Values, where: Span, chain: _Chain) -> Model | None:
     geometry, gspans = v.block("model")
     facts_block, fspans = v.block("facts")
     has_facts = v.stmt("", "facts") is not None
-    for opt in ("revision", "sha256"):
-        if opt in s.value and kind != "hub":
-            v.p.add(s.parts[opt], f"'{opt}' applies to hub models only")
+    if "revision" in s.value and kind != "hub":
+        v.p.add(s.parts["revision"], "'revision' applies to hub models only")
+    if "sha256" in s.value and kind == "synthetic":
+        v.p.add(s.parts["sha256"], "'sha256' pins a checkpoint on disk; synthetic weights are made by cptest",
+                hint="their sha256 is recorded in the manifest of each run")
     fields: dict[str, Any] = {"kind": kind}
     spans: dict[str, Span] = {}
     if kind != "synthetic" and gspans:
@@ -566,6 +568,7 @@ def _model(v: _Values, where: Span, chain: _Chain) -> Model | None:
     else:
         path = os.path.normpath(os.path.join(chain.dir_of(s.span), arg))
         fields["path"] = path
+        fields["sha256"] = s.value.get("sha256")  # the checkpoint's tree hash (cptest.run.preflight)
         facts = _local_facts(v, s, path, facts_block, fspans, has_facts, chain)
     if facts is None:
         return None

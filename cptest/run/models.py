@@ -129,6 +129,21 @@ def ensure_synthetic(model: dict[str, Any], directory: Path) -> str:
     return digest
 
 
+TREE_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".tiktoken", ".txt")
+"""The files of a checkpoint that determine what it computes: config and tokenizer files, weights."""
+
+
+def model_tree_sha256(model_dir: Path) -> str:
+    """One sha256 over a checkpoint directory's config, tokenizer and weights files: of the lines
+    `<name> <sha256 of the file>` sorted by name (cptest's own `cptest-weights.json` marker is not
+    part of the checkpoint). What a scenario pins with `model local "dir" sha256 "..."`."""
+    import hashlib
+
+    lines = sorted(f"{f.name} {sha256_file(f)}\n" for f in Path(model_dir).iterdir()
+                   if f.is_file() and f.suffix in TREE_SUFFIXES and f.name != MARKER)
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
 def weights_sha256(model_dir: str | None) -> dict[str, str] | None:
     """sha256 of every weights file of a local checkpoint (what pins a result to its weights), or
     None when `model_dir` is not a directory here (a hub id, a container-only path)."""

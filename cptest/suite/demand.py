@@ -19,12 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cptest.plan.model import Plan
+from cptest.run.preflight import RUNTIME_MIB
 from cptest.scenario import Scenario
 
-RUNTIME_MIB = 4608
-"""Per GPU, what an SGLang server holds besides weights and KV pool. The tiny-model archives of
-results/ (TP1, TP2, DCP2, PCP2 on 0.5.17) held at most 4098 MiB per GPU while running (GpuSample
-"running" less "before", pool of 64 MiB included); 4608 is that with an eighth of margin."""
 DEFAULT_MEM_FRACTION = 0.9
 """When a scenario leaves --mem-fraction-static to SGLang (it picks about this on an 80+ GB GPU):
 reserve as if it took that much."""

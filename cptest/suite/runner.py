@@ -252,7 +252,10 @@ def _finish(e: Entry, folder: Path) -> None:
         out = json.loads((folder / "runs" / f"{e.name}.json").read_text(encoding="utf-8") or "null")
     except (OSError, ValueError):
         out = None
-    if isinstance(out, dict) and "status" in out:
+    if isinstance(out, dict) and "causes" in out:  # preflight: nothing launched, the cause in one line
+        e.status = "unknown"
+        e.not_run = "; ".join(f"{c['message']} ({c['remedy']})" for c in out["causes"])
+    elif isinstance(out, dict) and "status" in out:
         e.status, e.archive = out["status"], out.get("archive")
     else:  # the child stopped before a verdict (bad input at run time, lint, a crash of cptest)
         e.status = "unknown"

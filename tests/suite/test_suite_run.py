@@ -94,6 +94,25 @@ def test_two_scenarios_share_the_machine_and_an_exclusive_one_runs_alone(tmp_pat
     assert (done.folder / "summary.md").read_text().count("| PASS |") == 3
 
 
+def test_a_scenario_without_its_weights_is_unknown_with_the_cause_and_the_others_run(tmp_path: Path) -> None:
+    good = write(tmp_path, "good")
+    lost = tmp_path / "lost.cps"
+    lost.write_text(SCENARIO.format(name="lost", exclusive="", model=tmp_path / "no-such-model",
+                                    defaults=REPO / "scenarios/defaults/tiny.cps"))
+    (tmp_path / "no-such-model").mkdir()  # its config.json (the plan reads it) but no weights
+    (tmp_path / "no-such-model" / "config.json").write_text(
+        (ensure_tiny_models() / "llama-kv1" / "config.json").read_text())
+    files = [good, lost]
+    results = tmp_path / "results"
+    done = run_suite(files, Machine({}, (0, 1)), results=results, log=Logger([]), gpu_present=False,
+                     model_cache=tmp_path / "models")
+    by = {e.name: e for e in done.entries}
+    assert by["good"].status == "pass"
+    assert by["lost"].status == "unknown" and by["lost"].archive is None
+    assert "holds no weights" in (by["lost"].not_run or "") and "model local" in (by["lost"].not_run or "")
+    assert done.exit_code == 3
+
+
 def test_a_bad_file_stops_the_suite_before_anything_runs(tmp_path: Path) -> None:
     good = write(tmp_path, "good")
     bad = tmp_path / "bad.cps"

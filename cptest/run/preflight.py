@@ -1,0 +1,198 @@
+"""Preflight: what this machine must give a plan before anything is launched.
+
+A run that fails because the machine could not give it what it needs says nothing about the engine.
+Before the archive is begun, `preflight` looks for every such cause it can see from outside the
+engine and `require` raises `InfrastructureError` (exit code 3, verdict unknown) with one line per
+cause naming what is wrong and what to do about it. Nothing is launched and nothing is archived:
+nothing was gathered yet.
+
+Causes (`Cause.code`):
+- `model_missing`: a local checkpoint directory that does not exist, has no readable
+  `config.json`, or holds no weights file (`*.safetensors`, `*.bin`). SGLang would die inside
+  `AutoConfig` with a traceback that reads like an engine failure.
+- `weights_mismatch`: the scenario pins the checkpoint (`sha256 "..."`) and its tree hash
+  (`cptest.run.models.model_tree_sha256`) is another.
+- `port_in_use`: a server's HTTP port cannot be bound on its host: another process listens there,
+  and readiness would be answered by it.
+- `gpus_missing`: the plan's GPUs are not all on this machine.
+- `gpu_memory_busy`: a planned GPU has less free memory than one server's runtime needs
+  (`RUNTIME_MIB`, the largest per-server peak measured on the 2 x H200 machine, rounded up:
+  results/_suite-check). SGLang 0.5.17 sizes its pool from the memory free when it starts
+  (mem_cache/kv_cache_configurator.py:1614-1650), so a busy GPU either fails it or shrinks its
+  capacity below what the scenario planned; either way not the engine's behaviour.
+- `disk_full`: less than `MIN_FREE_DISK` bytes free where the archive goes.
+
+A cause that appears only after launch (a port taken in the meantime, cptest's own crash) is
+recorded by the run itself (`pipeline.run_scenario`), with the same exit code.
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from cptest.errors import Problem, RunError
+from cptest.plan.model import Plan, ServerPlan
+
+CauseCode = Literal["model_missing", "weights_mismatch", "port_in_use", "gpus_missing", "gpu_memory_busy",
+                    "disk_full", "cptest_crash"]
+RUNTIME_MIB = 4608
+"""Per GPU, what an SGLang server holds besides weights and KV pool. The tiny-model archives of
+results/ (TP1, TP2, DCP2, PCP2 on 0.5.17) held at most 4098 MiB per GPU while running (GpuSample
+"running" less "before", pool of 64 MiB included); 4608 is that with an eighth of margin.
+cptest.suite.demand plans with it too."""
+MIN_FREE_DISK = 512 << 20
+"""An archive of the two-GPU suite is 1-3 MB, but a long run's rank files grow by about 30 MB per
+rank and 4 minutes of decode (results/_measure): below this a run may die writing its evidence."""
+TINY_MODELS = ("llama-kv1", "llama-kv2", "llama-kv4", "qwen3-kv2", "deepseek-mla")
+"""What `tools/make-tiny-models` makes: a missing one is a command away."""
+
+
+@dataclass(frozen=True)
+class Cause:
+    code: CauseCode
+    message: str
+    remedy: str
+
+    def line(self) -> str:
+        return f"unknown ({self.code}): {self.message}; {self.remedy}"
+
+
+class InfrastructureError(RunError):
+    """The machine could not give the run what it needs: exit code 3, the verdict unknown, one line
+    per cause (what is wrong; what to do)."""
+
+    def __init__(self, causes: list[Cause]) -> None:
+        self.causes = list(causes)
+        super().__init__([Problem(None, f"unknown ({c.code}): {c.message}", hint=c.remedy)
+                          for c in self.causes])
+
+    def render(self) -> str:
+        return "\n".join(c.line() for c in self.causes)
+
+
+GpuFree = Callable[[], dict[str, int] | None]
+"""GPU index -> free MiB now, for every GPU of this machine; None when they cannot be read."""
+
+
+def gpu_free_mib() -> dict[str, int] | None:
+    """This machine's GPUs and their free memory (NVML, else nvidia-smi); None when unreadable."""
+    from cptest.run.gpu import GpuQueryUnavailable, gpu_totals_mib, read_gpus
+
+    totals = gpu_totals_mib()
+    try:
+        used = read_gpus().used_mib
+    except GpuQueryUnavailable:
+        return None
+    if not totals:
+        return None
+    return {i: totals[i] - used.get(i, 0) for i in totals}
+
+
+def preflight(plan: Plan, *, results: Path, gpus: GpuFree = gpu_free_mib,
+              min_free_disk: int = MIN_FREE_DISK) -> list[Cause]:
+    """Every cause this machine gives `plan` to fail for a reason that is not the engine's."""
+    causes: list[Cause] = []
+    servers = [s for s in (plan.main, plan.baseline) if s is not None]
+    causes += _model(plan)
+    for server in servers:
+        causes += _ports(server)
+    if any(s.engine == "sglang" for s in servers):
+        causes += _gpus(servers, gpus)
+    causes += _disk(results, min_free_disk)
+    return causes
+
+
+def require(plan: Plan, *, results: Path, gpus: GpuFree = gpu_free_mib,
+            min_free_disk: int = MIN_FREE_DISK) -> None:
+    """Raise InfrastructureError when `preflight` finds anything."""
+    causes = preflight(plan, results=results, gpus=gpus, min_free_disk=min_free_disk)
+    if causes:
+        raise InfrastructureError(causes)
+
+
+def _model(plan: Plan) -> list[Cause]:
+    pin = plan.pins.model
+    if pin.kind != "local":
+        return []  # synthetic weights are written by the run; a hub model is the engine's to fetch
+    mount = plan.main.nodes[0].model_mount
+    if not mount:
+        return []
+    d = Path(mount)
+    remedy = _model_remedy(d)
+    if not d.is_dir():
+        return [Cause("model_missing", f"model directory {d} does not exist", remedy)]
+    try:
+        (d / "config.json").read_bytes()
+    except OSError as e:
+        return [Cause("model_missing", f"{d / 'config.json'} cannot be read ({e.strerror})", remedy)]
+    if not any(d.glob("*.safetensors")) and not any(d.glob("*.bin")):
+        return [Cause("model_missing", f"{d} holds no weights (*.safetensors, *.bin)", remedy)]
+    if pin.sha256:
+        from cptest.run.models import model_tree_sha256
+
+        found = model_tree_sha256(d)
+        if found != pin.sha256:
+            return [Cause("weights_mismatch", f"{d} is not the pinned checkpoint (tree sha256 {found}, "
+                          f"pinned {pin.sha256})",
+                          "restore the pinned files, or pin what is there if it is meant to be used")]
+    return []
+
+
+def _model_remedy(d: Path) -> str:
+    if d.name in TINY_MODELS:
+        return f"make it: python3 tools/make-tiny-models {d.parent} --only {d.name}"
+    return "put the checkpoint there, or point the scenario's `model local` at where it is"
+
+
+def _ports(server: ServerPlan) -> list[Cause]:
+    causes = []
+    for node in server.nodes:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # SO_REUSEADDR as the engine's server sets it: a port left in TIME_WAIT by an earlier run
+            # is free for it; a port something listens on is not.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((node.host, node.port))
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    raise
+                causes.append(Cause("port_in_use", f"{server.role} server's port {node.host}:{node.port} is "
+                                    "in use by another process",
+                                    f"stop it (`ss -ltnp | grep :{node.port}` names it) or give other ports: "
+                                    "--ports MAIN,BASELINE"))
+    return causes
+
+
+def _gpus(servers: list[ServerPlan], gpus: GpuFree) -> list[Cause]:
+    free = gpus()
+    if free is None:
+        return []  # unreadable here: `pipeline.runnable` already refuses SGLang without a GPU
+    wanted = sorted({g for s in servers if s.engine == "sglang" for n in s.nodes for g in n.gpu_ids})
+    missing = [g for g in wanted if str(g) not in free]
+    if missing:
+        have = sorted(map(int, free))
+        return [Cause("gpus_missing", f"the plan needs GPU(s) {wanted}; this machine has {have}",
+                      "run it on a machine with those GPUs, or choose others: --gpus IDS")]
+    busy = [(g, free[str(g)]) for g in wanted if free[str(g)] < RUNTIME_MIB]
+    if busy:
+        what = ", ".join(f"GPU {g}: {mib} MiB free" for g, mib in busy)
+        return [Cause("gpu_memory_busy", f"{what}; a server needs at least {RUNTIME_MIB} MiB on each GPU",
+                      "wait for or stop what holds them (nvidia-smi lists it), or choose others: --gpus IDS")]
+    return []
+
+
+def _disk(results: Path, min_free: int) -> list[Cause]:
+    where = results
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if free < min_free:
+        return [Cause("disk_full", f"{free >> 20} MiB free at {where}; a run needs {min_free >> 20} MiB",
+                      "free space there, or archive elsewhere: --results DIR")]
+    return []
