@@ -163,13 +163,17 @@ def test_readme_command_gives_a_verdict_without_a_gpu(tmp_path: Path) -> None:
     notes = [line for line in proc.stderr.splitlines() if "no GPU here" in line]
     assert len(notes) == 1, proc.stderr
     v = _verdict(proc)
-    assert v["engine"] == "reference" and v["status"] in ("pass", "fail", "unknown")
+    # The scenario declares generation violated on SGLang 0.5.17 (its kv_heads 8 > tp/dcp defect);
+    # the reference engine has no such defect, so there the contract is expected to hold: exit 0.
+    assert proc.returncode == 0 and v["engine"] == "reference" and v["status"] == "pass", proc.stdout
     plan = json.loads((Path(v["archive"]) / "plan.json").read_text())
     assert "reference CPU profile" in plan["description"]
     assert plan["pins"]["model"]["synthetic"]["hidden"] == 512
     by = {x["checker"]: x for x in v["verdicts"]}
-    for name in ("launch", "rows", "capacity", "serving", "log"):
-        assert by[name]["status"] == "pass", f"{name}: {by[name]['reason']}"
+    assert all(x["status"] == "pass" for x in v["verdicts"]), [(x["checker"], x["reason"])
+                                                               for x in v["verdicts"]]
+    assert "declared violated on sglang 0.5.17 only" in by["generation"]["reason"]
+    assert not by["generation"]["expect_violation"]
     assert not _alive(_tree_pids(Path(v["archive"])))
 
 

@@ -42,7 +42,11 @@ def guarded(evidence: Evidence, expect: Expectation) -> Verdict:
             raw = raw.model_copy(update={"checker": expect.kind})
     except Exception as e:  # the guard is the point: a crash is unknown, with its text
         raw = unknown(expect.kind, f"checker crashed: {type(e).__name__}: {e}", error=type(e).__name__)
-    return apply_expectation(raw, expect.expect_violation, expect.source)
+    verdict = apply_expectation(raw, expect.expect_violation, expect.source)
+    if expect.violated_on and not expect.expect_violation:
+        elsewhere = f"declared violated on {expect.violated_on} only: expected to hold here"
+        verdict = verdict.model_copy(update={"reason": f"{verdict.reason} ({elsewhere})"})
+    return verdict
 
 
 def check_loaded(archive: Archive, *, finished: bool = True) -> ScenarioVerdict:

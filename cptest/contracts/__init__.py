@@ -45,7 +45,12 @@ def resolve(name: str, expect: Declared, ctx: PlanContext) -> Params:
     """The plan's form of one declared expectation: its contract's parameters, with the scenario's
     `violated` and the expectation's position."""
     params = CONTRACTS[name].resolve(expect, ctx)
-    return params.model_copy(update={"expect_violation": expect.violated,
+    on = None
+    if expect.violated:
+        engine, release = expect.violated_on or (ctx.engine, None)
+        on = engine + (f" {release}" if release else "")
+    applies = expect.violation_applies(ctx.engine, ctx.facts.release)
+    return params.model_copy(update={"expect_violation": applies, "violated_on": on,
                                      "source": str(expect.span) if expect.span else ""})
 
 

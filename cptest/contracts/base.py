@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from cptest.errors import did_you_mean, one_of
@@ -31,14 +31,37 @@ from cptest.values import describe
 from cptest.verdict import Verdict
 
 Role = Literal["main", "baseline"]
+ENGINE_NAMES = ("sglang", "reference")
 
 
 class Declared(Node):
     """An expectation as written. `violated`: the scenario declares the contract broken (a no-go
-    is the expected, valid result), `because` says why."""
+    is the expected, valid result), `because` says why, `violated_on` on which engine and release
+    (written `on sglang "0.5.17"`; the scenario's own engine and release when not written): on any
+    other engine or release the contract is expected to hold."""
 
     violated: bool = False
     because: str | None = None
+    violated_on: tuple[str, str | None] | None = Field(default=None, exclude_if=lambda v: v is None)
+
+    @field_validator("violated_on")
+    @classmethod
+    def _known_engine(cls, v: tuple[str, str | None] | None) -> tuple[str, str | None] | None:
+        if v is not None and v[0] not in ENGINE_NAMES:
+            close = did_you_mean(v[0], ENGINE_NAMES)
+            raise PydanticCustomError("cptest", "unknown engine {found}",
+                                      {"found": repr(v[0]), "expected": one_of(ENGINE_NAMES),
+                                       "hint": f"did you mean '{close}'?" if close else None})
+        return v
+
+    def violation_applies(self, engine: str, release: str) -> bool:
+        """Whether the declared violation is expected on `engine` at `release`."""
+        if not self.violated:
+            return False
+        if self.violated_on is None:
+            return True
+        want_engine, want_release = self.violated_on
+        return want_engine == engine and (want_release is None or want_release == release)
 
 
 class Params(BaseModel):
@@ -50,7 +73,11 @@ class Params(BaseModel):
     role: Role = "main"
     """Which server's evidence is judged."""
     expect_violation: bool = False
-    """The scenario declares this contract broken: an observed violation passes."""
+    """The scenario declares this contract broken on this engine and release: an observed
+    violation passes."""
+    violated_on: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Where the scenario declares the contract broken (`sglang 0.5.17`), when it does; with
+    `expect_violation` false, the run is elsewhere and the contract is expected to hold."""
     source: str = ""
     """file:line:col of the expectation in the scenario."""
 

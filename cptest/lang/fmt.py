@@ -270,7 +270,11 @@ def _expectation(key: str, v: dict[str, Any]) -> str:
     else:
         raise AssertionError(key)
     if v.get("violated"):
-        return f"violated {body} because {quote(v['because'])}"
+        on = v.get("violated_on")
+        scope = ""
+        if on:
+            scope = f" on {on[0]}" + (f" {quote(on[1])}" if on[1] is not None else "")
+        return f"violated {body}{scope} because {quote(v['because'])}"
     return body
 
 

@@ -437,10 +437,16 @@ class _Build:
         return self._exp(meta, "log", {"mode": "absent", "pattern": unquote(str(c[0]))})
 
     def violated(self, meta: Any, c: list[Any]) -> Stmt:
-        inner, because = c
+        # `violated EXPECTATION [on ENGINE ["RELEASE"]] because "why"`
+        inner, because = c[0], c[-1]
+        engine, release = (c[2], c[3]) if len(c) == 5 else (None, None)
         span = _span(self.f, meta)
         value = {**inner.value, "violated": True, "because": unquote(str(because))}
-        return Stmt("expect", inner.key, value, span, span, inner.parts)
+        parts = dict(inner.parts)
+        if engine is not None:
+            value["violated_on"] = [str(engine), unquote(str(release)) if release is not None else None]
+            parts["violated_on"] = _tok_span(self.f, engine)
+        return Stmt("expect", inner.key, value, span, span, parts)
 
     # -- file
     def header(self, meta: Any, c: list[Token]) -> tuple[int, Span]:
