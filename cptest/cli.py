@@ -149,14 +149,16 @@ def lint(files: tuple[Path, ...], as_json: bool) -> int:
     for f in files:
         for finding in lint_scenario(parse_file(f)):
             found.append({"file": str(f), "where": str(finding.span) if finding.span else None,
-                          "code": finding.code, "message": finding.message, "citation": finding.citation})
+                          "code": finding.code, "message": finding.message, "citation": finding.citation,
+                          "provenance": finding.provenance, "evidence": finding.evidence,
+                          "blocks": finding.blocks})
             if not as_json:
                 click.echo(finding.render())
     if as_json:
         click.echo(json.dumps(found, indent=2))
     elif not found:
         click.echo(f"lint: {len(files)} file(s), no findings")
-    return 1 if found else 0
+    return 1 if any(x["blocks"] for x in found) else 0
 
 
 @main.command(name="compile")
@@ -230,7 +232,7 @@ def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name
         click.echo("cptest: the reference engine runs as local processes; --launcher process", err=True)
         launcher = "process"
     for finding in prepared.findings:
-        click.echo(f"lint: {finding.render()}", err=True)
+        click.echo(f"lint{'' if finding.blocks else ' (warning)'}: {finding.render()}", err=True)
     try:
         pipeline.runnable(prepared, gpu_present=gpu, ignore_lint=ignore_lint)
     except pipeline.LintFindings:

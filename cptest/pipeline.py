@@ -103,10 +103,14 @@ def prepare(path: Path, *, engine: str | None = None, gpu_present: bool, model_c
 
 
 def runnable(prepared: Prepared, *, gpu_present: bool, ignore_lint: bool) -> None:
-    """Check before spending: raises LintFindings (exit 1) unless lint is clean or ignored, and
-    RunError (exit 3) for an SGLang plan on a machine without a GPU."""
-    if prepared.findings and not ignore_lint:
-        raise LintFindings([Problem(f.span, f"{f.code}: {f.message}") for f in prepared.findings])
+    """Check before spending: raises LintFindings (exit 1) when lint found what the release was
+    observed to do against the scenario (findings from inferred rules only warn: running is how
+    they get tested), unless ignored, and RunError (exit 3) for an SGLang plan on a machine
+    without a GPU."""
+    blocking = [f for f in prepared.findings if f.blocks]
+    if blocking and not ignore_lint:
+        raise LintFindings([Problem(f.span, f"{f.code}: {f.message} [observed: {f.evidence}]")
+                            for f in blocking])
     if prepared.plan.main.engine == "sglang" and not gpu_present:
         raise RunError("no GPU here (nvidia-smi not found): SGLang cannot run; the CPU reference engine "
                        "(`--engine reference`) is the way to draft scenarios without a GPU")

@@ -118,6 +118,15 @@ scenario pcp_dcp {
 """
 
 
+def test_a_finding_of_an_inferred_rule_warns_and_the_run_goes_ahead(tmp_path: Path) -> None:
+    path = tmp_path / "llama_zigzag.cps"
+    path.write_text(PCP_DCP.replace("qwen3", "llama").replace("dcp 2 attn_cp 2", "attn_cp 2")
+                    .replace("scenario pcp_dcp", "scenario llama_zigzag").replace("kv_heads 2", "kv_heads 1"))
+    prepared = pipeline.prepare(path, gpu_present=True, model_cache=tmp_path / "models")
+    assert [(f.code, f.blocks) for f in prepared.findings] == [("llama_pcp_silent", False)]
+    pipeline.runnable(prepared, gpu_present=True, ignore_lint=False)  # a hypothesis: running tests it
+
+
 def test_check_before_spending_stops_on_lint_findings_and_on_sglang_without_a_gpu(tmp_path: Path) -> None:
     path = tmp_path / "pcp_dcp.cps"
     path.write_text(PCP_DCP)

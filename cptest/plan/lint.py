@@ -4,16 +4,21 @@ Pure. The knowledge is `cptest.engines.sglang.admission.predict` (rules and sile
 warnings as data per release); this module only compares it with the scenario's `expect` block.
 A finding is a mismatch the user should resolve: either the expectation is wrong, or the scenario
 should say `violated ... because "..."` to qualify a known no-go on purpose.
+
+Each finding carries its rule's provenance (`releases.Rule`): a finding from an `observed` rule
+(an archive or a test showed the release do it) blocks `cptest run` unless `--ignore-lint`; one
+from an `inferred` rule (read in the source) is a hypothesis, so it is printed as a warning and the
+run goes ahead: running it is how the hypothesis gets tested (docs/decisions.md D38).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cptest.contracts import Declared
 from cptest.engines.sglang.admission import Admission, launch_config, predict
-from cptest.engines.sglang.releases import get_release
+from cptest.engines.sglang.releases import Provenance, Rule, get_release
 from cptest.errors import Span
 from cptest.scenario import Scenario
 
@@ -38,11 +43,19 @@ class Finding:
     code: str
     message: str
     citation: str = ""
+    provenance: Provenance = "inferred"
+    evidence: str = ""
+
+    @property
+    def blocks(self) -> bool:
+        """Only what a release was seen to do stops a run; an inferred rule is what runs test."""
+        return self.provenance == "observed"
 
     def render(self) -> str:
         where = f"{self.span}: " if self.span else ""
         cite = f" (SGLang {self.citation})" if self.citation else ""
-        return f"{where}{self.code}: {self.message}{cite}"
+        known = f" [observed: {self.evidence}]" if self.blocks else " [inferred: a hypothesis, not blocking]"
+        return f"{where}{self.code}: {self.message}{cite}{known}"
 
 
 def lint(scenario: Scenario) -> list[Finding]:
@@ -54,7 +67,18 @@ def lint(scenario: Scenario) -> list[Finding]:
     findings = _launch_findings(scenario, admission)
     if admission.accepted:
         findings += _warning_findings(scenario, admission)
-    return findings
+    return [_known(f, release.rules.get(_rule_of(f, admission))) for f in findings]
+
+
+def _rule_of(f: Finding, adm: Admission) -> str:
+    """The release rule a finding comes from: the rejecting rule for launch findings, else its code."""
+    return (adm.rule or "") if f.code.startswith("launch-") else f.code
+
+
+def _known(f: Finding, rule: Rule | None) -> Finding:
+    if rule is None:
+        return f  # no rule of the release says it (`launch-mismatch` about a rule that is absent)
+    return replace(f, provenance=rule.provenance, evidence=rule.evidence)
 
 
 def _launch_findings(scenario: Scenario, adm: Admission) -> list[Finding]:

@@ -186,7 +186,23 @@ def test_finding_renders_with_position_code_and_citation():
     (finding,) = lint(scenario(GEN, topology=ZIGZAG, kv=1))
     text = finding.render()
     assert text.startswith(f"t.cps:{EXPECT_LINE}:5: llama_pcp_silent: ")
-    assert text.endswith(f"(SGLang {finding.citation})")
+    assert text.endswith(f"(SGLang {finding.citation}) [inferred: a hypothesis, not blocking]")
+
+
+def test_a_finding_carries_how_its_rule_is_known_and_only_observed_ones_block():
+    (inferred,) = lint(scenario(GEN, topology=ZIGZAG, kv=1))  # read in llama.py, never run
+    (observed,) = lint(scenario(GEN, topology=DCP2, kv=4))  # seen on 2 x H200
+    assert (inferred.code, inferred.provenance, inferred.blocks) == ("llama_pcp_silent", "inferred", False)
+    assert (observed.code, observed.provenance) == ("mha_dcp_kv_not_replicated", "observed")
+    assert observed.blocks
+    assert observed.evidence == "results/dcp2_llama_kv4/20261130T053844Z-f0f7ac74"
+    assert (ROOT / observed.evidence / "verdict.json").is_file()  # the evidence is an archive here
+    assert observed.render().endswith(f"[observed: {observed.evidence}]")
+
+
+def test_what_one_release_showed_is_not_evidence_about_the_next():
+    (on_0_5_23,) = lint(scenario(GEN, topology=DCP2, kv=4, release="0.5.23"))
+    assert on_0_5_23.code == "mha_dcp_kv_not_replicated" and on_0_5_23.provenance == "inferred"
 
 
 def test_reference_engine_scenarios_are_not_linted_against_sglang():

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from cptest.engines.sglang.releases import Release, Rule
 from cptest.scenario import Scenario
@@ -76,6 +76,8 @@ class Admission(BaseModel):
     citation: str
     warnings: tuple[AdmissionWarning, ...] = ()
     exception: str | None = None
+    rule: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The code of the rule that rejects the launch (None when accepted)."""
 
 
 def launch_config(scenario: Scenario) -> LaunchConfig:
@@ -197,6 +199,7 @@ def predict(release: Release, cfg: LaunchConfig) -> Admission:
                 citation=rule.citation,
                 warnings=tuple(warnings),
                 exception=rule.exception,
+                rule=code,
             )
         warnings.append(AdmissionWarning(code=code, message=_render(rule, cfg), citation=rule.citation))
     return Admission(accepted=True, stage="accepted", message=None, citation="", warnings=tuple(warnings))

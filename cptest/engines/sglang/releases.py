@@ -11,6 +11,7 @@ table and read fields. An unknown release raises `PlanError` naming the closest 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -28,6 +29,12 @@ raises in `initialize_model_parallel`), `runtime` (first forward), `silent` (no 
 degraded behaviour that only evidence can show)."""
 
 Support = Literal["supported", "untested", "rejected", "silently-wrong", "runtime-error"]
+Provenance = Literal["observed", "inferred"]
+"""How a rule is known: `observed` (an archive or a test that ran this release showed it: `evidence`
+names it) or `inferred` (read in the release's source, `citation`; a hypothesis until a run shows
+it). Lint blocks a run only on an observed rule (docs/decisions.md D38)."""
+PARSER_TEST = ("tests/engines/sglang/test_sglang_parser.py::test_parse_stage_predictions_match_sglang "
+               "(the release's own ServerArgs.from_cli_args, in CI)")
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,9 @@ class Rule:
     message: str | None
     citation: str
     note: str = ""
+    provenance: Provenance = "inferred"
+    evidence: str = ""
+    """For an observed rule: the archive (`results/<scenario>/<run>`) or test that showed it."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +135,8 @@ RULES_0_5_17: dict[str, Rule] = {
         "Decode context parallel size (--dcp-size / --decode-context-parallel-size) must be >= 1, "
         "but got dcp_size={dcp}.",
         "server_args.py:3818-3823",
+        provenance="observed",
+        evidence=PARSER_TEST,
     ),
     "cp_strategy_required": Rule(
         "cp_strategy_required",
@@ -132,6 +144,8 @@ RULES_0_5_17: dict[str, Rule] = {
         "ValueError",
         "--cp-strategy must be set when --enable-prefill-cp is enabled.",
         "server_args.py:6319-6322",
+        provenance="observed",
+        evidence=PARSER_TEST,
     ),
     "tp_divisible_by_attn_cp": Rule(
         "tp_divisible_by_attn_cp",
@@ -140,6 +154,8 @@ RULES_0_5_17: dict[str, Rule] = {
         "tp_size must be divisible by attn_cp_size",
         "server_args.py:6339-6342",
         note="only checked when attn_cp > 1",
+        provenance="observed",
+        evidence=PARSER_TEST,
     ),
     "tp_divisible_by_dp_attn_cp": Rule(
         "tp_divisible_by_dp_attn_cp",
@@ -147,7 +163,7 @@ RULES_0_5_17: dict[str, Rule] = {
         "AssertionError",
         "tp_size must be divisible by dp_size * attn_cp_size",
         "server_args.py:6343-6345",
-        note="only checked when attn_cp > 1",
+        note="only checked when attn_cp > 1; with dp 1 the attn_cp rule fires first, so never observed apart",
     ),
     "pcp_with_dcp": Rule(
         "pcp_with_dcp",
@@ -158,6 +174,8 @@ RULES_0_5_17: dict[str, Rule] = {
         note="0.5.17 does not reject --enable-prefill-cp with --dcp-size > 1 (confirmed with its own "
         "ServerArgs.from_cli_args; 0.5.23 does). On 2 x H200 it launched and served, and no extend step was "
         "split: results/pcp_dcp_rejected/20261130T053718Z-a67d18b6.",
+        provenance="observed",
+        evidence="results/pcp_dcp_rejected/20261130T053718Z-a67d18b6; " + PARSER_TEST,
     ),
     "dcp_at_least_1_worker": Rule(
         "dcp_at_least_1_worker",
@@ -234,6 +252,8 @@ RULES_0_5_17: dict[str, Rule] = {
         note="Llama shards KV heads over the full TP group while the pool holds the attention-TP "
         "shard, so the first extend's K does not fit the pool row and the scheduler dies. Observed "
         "on 2 x H200: results/pcp2_zigzag_llama_kv2/20261130T054143Z-22901f56 (tp 2, attn_cp 2).",
+        provenance="observed",
+        evidence="results/pcp2_zigzag_llama_kv2/20261130T054143Z-22901f56",
     ),
     "llama_pcp_silent": Rule(
         "llama_pcp_silent",
@@ -252,7 +272,10 @@ RULES_0_5_17: dict[str, Rule] = {
         "layers/attention/triton_backend.py:1797-1810; mem_cache/kv_cache_configurator.py:491",
         note="DCP all-gathers Q over the group and attends against each rank's own KV heads "
         "(pool holds max(1, kv_heads // attn_tp)); right only if the DCP group's ranks hold the same "
-        "KV heads, i.e. kv_heads <= tp/dcp. No check on CUDA (inferred wrong output)",
+        "KV heads, i.e. kv_heads <= tp/dcp. No check on CUDA (wrong output: observed with 4 KV heads at "
+        "tp 2 dcp 2, generation against the TP2 baseline below the 0.5 floor)",
+        provenance="observed",
+        evidence="results/dcp2_llama_kv4/20261130T053844Z-f0f7ac74",
     ),
     "dcp_backend_without_dcp_path": Rule(
         "dcp_backend_without_dcp_path",
@@ -435,7 +458,9 @@ RELEASE_0_5_17 = Release(
 # ------------------------------------------------------------------------------------------ 0.5.23
 
 RULES_0_5_23: dict[str, Rule] = {
-    **RULES_0_5_17,
+    # What 0.5.17 showed is not evidence about 0.5.23: its rules come over as inferred.
+    **{code: dataclasses.replace(rule, provenance="inferred", evidence="")
+       for code, rule in RULES_0_5_17.items()},
     "dcp_at_least_1": Rule(
         "dcp_at_least_1",
         "parse",
