@@ -137,13 +137,25 @@ def fmt(files: tuple[Path, ...], check: bool) -> int:
 
 
 @main.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("files", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--evidence", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              help="test every release rule against the archives under this folder instead")
 @json_option
 @_guard
-def lint(files: tuple[Path, ...], as_json: bool) -> int:
-    """Compare what each scenario expects with what its pinned SGLang release is known to do."""
+def lint(files: tuple[Path, ...], evidence: Path | None, as_json: bool) -> int:
+    """Compare what each scenario expects with what its pinned SGLang release is known to do; with
+    --evidence DIR, mark each release rule confirmed, refuted or untested by the archives in DIR."""
+    from cptest.errors import Problem, ScenarioError
     from cptest.lang import parse_file
     from cptest.plan.lint import lint as lint_scenario
+
+    if evidence is not None:
+        if files:
+            raise ScenarioError("cptest lint: give scenario files or --evidence DIR, not both")
+        return _lint_evidence(evidence, as_json)
+    if not files:
+        raise ScenarioError(Problem(None, "cptest lint: no scenario file given",
+                                    hint="cptest lint FILE... | cptest lint --evidence DIR"))
 
     found = []
     for f in files:
@@ -159,6 +171,35 @@ def lint(files: tuple[Path, ...], as_json: bool) -> int:
     elif not found:
         click.echo(f"lint: {len(files)} file(s), no findings")
     return 1 if any(x["blocks"] for x in found) else 0
+
+
+def _lint_evidence(root: Path, as_json: bool) -> int:
+    """`cptest lint --evidence DIR`: exit 1 when an archive refutes a rule, else 0."""
+    from cptest.checks.hypotheses import judge
+
+    judged = judge(root)
+    rows = [{"release": t.release, "rule": t.code, "stage": t.stage, "provenance": t.provenance,
+             "evidence": t.evidence, "status": t.status,
+             "archives": [{"archive": a, "outcome": o, "why": w} for a, o, w in t.seen]}
+            for t in judged.rules]
+    if as_json:
+        click.echo(json.dumps({"archives": judged.archives, "rules": rows,
+                               "skipped": [{"archive": a, "why": w} for a, w in judged.skipped]}, indent=2))
+    else:
+        click.echo(f"{judged.archives} SGLang archive(s) under {root}")
+        click.echo(f"{'release':<8} {'rule':<30} {'stage':<13} {'known as':<9} {'archives say':<12} "
+                   "confirm/refute/untested")
+        for t in judged.rules:
+            n = {o: sum(1 for _, x, _ in t.seen if x == o) for o in ("confirmed", "refuted", "untested")}
+            click.echo(f"{t.release:<8} {t.code:<30} {t.stage:<13} {t.provenance:<9} {t.status:<12} "
+                       f"{n['confirmed']}/{n['refuted']}/{n['untested']}")
+        for t in judged.rules:
+            for a, o, w in t.seen:
+                if o == "refuted":
+                    click.echo(f"refuted: {t.release} {t.code} by {a}: {w}")
+        for a, w in judged.skipped:
+            click.echo(f"skipped: {a}: {w}")
+    return 1 if any(t.status == "refuted" for t in judged.rules) else 0
 
 
 @main.command(name="compile")
