@@ -9,10 +9,13 @@ the real `WorkloadDriver` runs a closed loop against it.
 
 Printed: chunks per second the driver consumed, its process CPU time per chunk, and the mean time
 from sending a request to seeing its first token (a free server answers at once, so that is the
-client's own delay).
+client's own delay). `--compare` also runs a client shaped like `sglang.bench_serving`'s
+(`async_request_sglang_generate` in sglang/benchmark/serving.py of 0.5.17: a new aiohttp session
+per request, orjson, the first token stamped when a chunk has output) on the same server, in
+alternating rounds, and prints its first-token delay beside the driver's.
 
     python benchmarks/driver_stream.py [--requests 256] [--concurrency 32] [--tokens 256]
-        [--tokens-per-s 290]
+        [--tokens-per-s 290] [--compare ROUNDS]
 """
 
 from __future__ import annotations
@@ -65,6 +68,44 @@ def serve(port: int, tokens: int, per_s: float) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None)
 
 
+async def _bench_shaped(port: int, requests: int, concurrency: int, tokens: int) -> list[float]:
+    """First-token delays of a bench_serving-shaped client (see the module docstring)."""
+    import aiohttp
+    import orjson
+
+    sem = asyncio.Semaphore(concurrency)
+    out: list[float] = []
+    payload = {"input_ids": [1] * 64, "sampling_params": {"max_new_tokens": tokens}, "stream": True,
+               "return_logprob": True}
+
+    async def one() -> None:
+        async with sem, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600),
+                                              read_bufsize=10 * 1024**2) as session:
+            st, ttft = time.perf_counter(), 0.0
+            async with session.post(f"http://127.0.0.1:{port}/generate", json=payload) as resp:
+                async for raw in resp.content:
+                    raw = raw.strip()
+                    if not raw:
+                        continue
+                    data = raw[6:] if raw.startswith(b"data: ") else raw
+                    if data != b"[DONE]" and orjson.loads(data).get("output_ids") and ttft == 0.0:
+                        ttft = time.perf_counter() - st
+            out.append(ttft)
+
+    await asyncio.gather(*(one() for _ in range(requests)))
+    return out
+
+
+def _driver_ttft(port: int, workload: WorkloadPlan, out: Path) -> float:
+    writer = RecordWriter(out)
+    try:
+        driver = WorkloadDriver(f"http://127.0.0.1:{port}", workload, role="main", writer=writer)
+        done = asyncio.run(driver.arun())
+    finally:
+        writer.close()
+    return statistics.fmean(r.ttft_s for r in done.results if r.ttft_s)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -76,6 +117,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--compare", type=int, default=0, metavar="ROUNDS",
+                    help="also run a bench_serving-shaped client, ROUNDS rounds of each, alternating")
     ap.add_argument("--tokens-per-s", type=float, default=290.0,
                     help="per stream (0: as fast as possible); 290 is a 3.4 ms decode step, as on the GPU "
                          "machine (results/_measure run4)")
@@ -93,6 +136,7 @@ def main() -> None:
     reqs = [PlannedRequest(index=i, input_ids=[1 + i % 100] * 64, max_new_tokens=a.tokens,
                            sampling={"temperature": 0.0}) for i in range(a.requests)]
     workload = WorkloadPlan(seed=1, concurrency=a.concurrency, rate_per_s=None, timeout_s=600, requests=reqs)
+    compared: list[tuple[float, float]] = []
     try:
         with tempfile.TemporaryDirectory() as d:
             writer = RecordWriter(Path(d) / "r.jsonl")
@@ -101,6 +145,13 @@ def main() -> None:
             summary = asyncio.run(driver.arun())
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             writer.close()
+            for i in range(a.compare):  # ABAB...: a drift of the machine hits both clients alike
+                pair: dict[str, float] = {}
+                for who in (("shaped", "driver") if i % 2 == 0 else ("driver", "shaped")):
+                    pair[who] = _driver_ttft(port, workload, Path(d) / f"r{i}.jsonl") if who == "driver" \
+                        else statistics.fmean(asyncio.run(_bench_shaped(port, a.requests, a.concurrency,
+                                                                        a.tokens)))
+                compared.append((pair["driver"], pair["shaped"]))
     finally:
         server.terminate()
     ok = [r for r in summary.results if r.status == "ok"]
@@ -110,6 +161,9 @@ def main() -> None:
     print(f"  {chunks / wall:9.0f} chunks/s consumed, {1e6 * cpu / chunks:6.1f} us of client CPU per chunk")
     ttft = statistics.fmean(r.ttft_s for r in ok if r.ttft_s)
     print(f"  first token after {1000 * ttft:6.2f} ms on average (the server sends it at once: client delay)")
+    for i, (ours, shaped) in enumerate(compared):
+        print(f"  round {i + 1}: first token after {1000 * ours:6.2f} ms (driver), {1000 * shaped:6.2f} ms "
+              f"(bench_serving-shaped client)")
 
 
 if __name__ == "__main__":

@@ -36,5 +36,8 @@ def test_the_probe_step_benchmark_records_every_step_and_prints_kept_objects() -
 
 
 def test_the_driver_stream_benchmark_has_every_request_answered() -> None:
-    out = _run("benchmarks/driver_stream.py", "--requests", "16", "--concurrency", "4", "--tokens", "16")
+    out = _run("benchmarks/driver_stream.py", "--requests", "16", "--concurrency", "4", "--tokens", "16",
+               "--compare", "1")
     assert "16/16 requests" in out and "chunks/s consumed" in out
+    assert re.search(r"round 1: first token after +[\d.]+ ms \(driver\), +[\d.]+ ms \(bench_serving-shaped",
+                     out)
