@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cptest.checks.infrastructure import launch_cause
 from cptest.checks.load import Archive, load_archive, load_plan
 from cptest.contracts import CONTRACTS, Expectation
 from cptest.evidence import Evidence
@@ -61,6 +62,15 @@ def check_loaded(archive: Archive, *, finished: bool = True) -> ScenarioVerdict:
         None if finished else "the archive was never finished: cptest stopped after gathering evidence "
         "and before writing its verdict, so nothing certifies that the evidence is complete"
     )
+    cause = launch_cause(archive.evidence, roles_planned(archive))
+    if cause is not None:
+        # Nothing the engine did is judged: every launch verdict (a rejection looks the same) and
+        # every failure the missing run produced becomes unknown, with the cause.
+        verdicts = [
+            v.model_copy(update={"status": "unknown", "reason": f"not judged: {cause.describe()}"})
+            if v.checker == "launch" or v.status == "fail" else v
+            for v in verdicts
+        ] + [unknown("run", cause.describe(), infrastructure=cause.code)]
     if unfinished is not None:
         # What is missing because the run stopped early is not evidence of a broken contract:
         # absence-based failures become unknown; violations seen in what was gathered stay fail.
@@ -70,6 +80,10 @@ def check_loaded(archive: Archive, *, finished: bool = True) -> ScenarioVerdict:
             for v in verdicts
         ] + [unknown("run", unfinished)]
     return scenario_verdict(plan.scenario, plan.main.engine, plan.main.release, verdicts)
+
+
+def roles_planned(archive: Archive) -> list[str]:
+    return ["main"] + (["baseline"] if archive.plan.baseline is not None else [])
 
 
 ABSENCE_BASED = frozenset({"serving", "shutdown", "log"})

@@ -1,0 +1,56 @@
+"""A launch that failed for a reason that is not the engine's behaviour, read from its own log.
+
+Preflight (`cptest.run.preflight`) catches these before launch where it can; what it cannot see
+(a port taken between its check and the engine's bind, a file removed in between, a disk that
+filled during start-up) shows in the failed server's log. When a server's launch failed and its
+log or launch reason carries one of these signatures, the archive's verdicts say unknown with the
+cause instead of the failures the missing run would produce (`checks.check_loaded`).
+
+The signatures are the operating system's and Python's own texts, which SGLang and the reference
+engine print unchanged in the traceback that ends them: EADDRINUSE and ENOSPC as `strerror` gives
+them, a missing checkpoint file as `FileNotFoundError` or transformers' `does not appear to have
+a file named config.json` (AutoConfig, which SGLang 0.5.17 loads the model's config with).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from cptest.evidence import Evidence
+
+SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("port_in_use", re.compile(r"Address already in use")),
+    ("disk_full", re.compile(r"No space left on device")),
+    ("model_missing", re.compile(r"No such file or directory: '[^']*(?:config\.json|\.safetensors|\.bin)'"
+                                 r"|does not appear to have a file named config\.json")),
+)
+
+
+@dataclass(frozen=True)
+class LaunchCause:
+    role: str
+    code: str
+    line: str
+
+    def describe(self) -> str:
+        return (f"the {self.role} server did not launch for a reason that is not the engine's behaviour "
+                f"({self.code}): {self.line}")
+
+
+def launch_cause(evidence: Evidence, roles: list[str]) -> LaunchCause | None:
+    """The first server of `roles` whose launch failed with an infrastructure signature, if any."""
+    for role in roles:
+        ev = evidence.role(role)
+        if ev.runner is None:
+            continue
+        failed = ev.runner.events("launch_failed")
+        if not failed or ev.runner.events("ready"):
+            continue
+        text = str(failed[0].detail.get("reason", "")) + "\n" + ev.log_text
+        for code, pattern in SIGNATURES:
+            m = pattern.search(text)
+            if m:
+                line = text[text.rfind("\n", 0, m.start()) + 1:].split("\n", 1)[0].strip()
+                return LaunchCause(role, code, line[:300])
+    return None
