@@ -349,56 +349,36 @@ def around_model_runner_forward(original: Any, runner: Any, forward_batch: Any, 
     probe = _runtime._PROBE or get_probe()
     if probe is None or probe.paused or getattr(runner, "is_draft_worker", False):
         return original(runner, forward_batch, *args, **kwargs)
-    if probe.timing:
-        return _timed_forward(probe, original, runner, forward_batch, args, kwargs)
-    # Begin and end are guarded inline (not through Probe.call): two calls fewer every step.
+    # Begin and end are guarded inline (not through Probe.call): two calls fewer every step. While
+    # measuring (`Probe.timing`) the probe's own time in them is added up: begin and end include
+    # finishing earlier steps' records and sending copies; the inner hooks (KV write, forward
+    # hooks) are not in it, benchmarks/probe_step.py bounds them.
+    timing = probe.timing
+    t0 = time.perf_counter_ns() if timing else 0
     try:
         _begin_step_body(probe, runner, forward_batch)
     except Exception as e:
         probe.current = None
         probe.call("step_begin", probe.error, "step_begin", e)
+    t1 = time.perf_counter_ns() if timing else 0
     try:
         result = original(runner, forward_batch, *args, **kwargs)
     except BaseException as e:
         probe.guarded("forward_raised")(_forward_raised)(probe, e)
         raise
+    t2 = time.perf_counter_ns() if timing else 0
     try:
         _end_step_body(probe, forward_batch, result)
     except Exception as e:
         probe.call("step_end", probe.error, "step_end", e)
-    return result
-
-
-def _timed_forward(probe: Probe, original: Any, runner: Any, fb: Any, args: tuple[Any, ...],
-                   kwargs: dict[str, Any]) -> Any:
-    """`around_model_runner_forward` with the probe's own time on the engine's thread measured
-    (`Probe.timing`, measurements only): begin and end, which include finishing earlier steps'
-    records and sending copies. The inner hooks (KV write, forward hooks) are not in it;
-    benchmarks/probe_step.py bounds them."""
-    t0 = time.perf_counter_ns()
-    try:
-        _begin_step_body(probe, runner, fb)
-    except Exception as e:
-        probe.current = None
-        probe.call("step_begin", probe.error, "step_begin", e)
-    t1 = time.perf_counter_ns()
-    try:
-        result = original(runner, fb, *args, **kwargs)
-    except BaseException as e:
-        probe.guarded("forward_raised")(_forward_raised)(probe, e)
-        raise
-    t2 = time.perf_counter_ns()
-    try:
-        _end_step_body(probe, fb, result)
-    except Exception as e:
-        probe.call("step_end", probe.error, "step_end", e)
-    t3 = time.perf_counter_ns()
-    cost = probe.cost
-    cost[0] += t1 - t0 + t3 - t2
-    cost[1] += 1
-    if not cost[2]:
-        cost[2] = t0
-    cost[3] = t3
+    if timing:
+        t3 = time.perf_counter_ns()
+        cost = probe.cost
+        cost[0] += t1 - t0 + t3 - t2
+        cost[1] += 1
+        if not cost[2]:
+            cost[2] = t0
+        cost[3] = t3
     return result
 
 
