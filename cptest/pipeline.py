@@ -205,7 +205,7 @@ def _crashed(out: Path, e: Exception) -> CptestCrash:
 
 
 def roles_of(planned: Plan) -> list[str]:
-    return ["main"] + (["baseline"] if planned.baseline is not None else [])
+    return [s.role for s in planned.servers()]
 
 
 def finish_archive(root: Path, verdict: ScenarioVerdict, planned: Plan | None = None) -> dict[str, Any]:

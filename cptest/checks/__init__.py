@@ -62,7 +62,7 @@ def check_loaded(archive: Archive, *, finished: bool = True) -> ScenarioVerdict:
         None if finished else "the archive was never finished: cptest stopped after gathering evidence "
         "and before writing its verdict, so nothing certifies that the evidence is complete"
     )
-    cause = launch_cause(archive.evidence, roles_planned(archive))
+    cause = launch_cause(archive.evidence, [s.role for s in plan.servers()])
     if cause is not None:
         # Nothing the engine did is judged: every launch verdict (a rejection looks the same) and
         # every failure the missing run produced becomes unknown, with the cause.
@@ -80,10 +80,6 @@ def check_loaded(archive: Archive, *, finished: bool = True) -> ScenarioVerdict:
             for v in verdicts
         ] + [unknown("run", unfinished)]
     return scenario_verdict(plan.scenario, plan.main.engine, plan.main.release, verdicts)
-
-
-def roles_planned(archive: Archive) -> list[str]:
-    return ["main"] + (["baseline"] if archive.plan.baseline is not None else [])
 
 
 ABSENCE_BASED = frozenset({"serving", "shutdown", "log"})

@@ -98,7 +98,7 @@ def preflight(plan: Plan, *, results: Path, gpus: GpuFree = gpu_free_mib,
               min_free_disk: int = MIN_FREE_DISK) -> list[Cause]:
     """Every cause this machine gives `plan` to fail for a reason that is not the engine's."""
     causes: list[Cause] = []
-    servers = [s for s in (plan.main, plan.baseline) if s is not None]
+    servers = plan.servers()
     causes += _model(plan)
     for server in servers:
         causes += _ports(server)
