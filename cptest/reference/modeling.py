@@ -243,6 +243,20 @@ class SeqRows:
     context: int
     """Tokens of the request in the KV cache after this step (last position + 1)."""
     blocks: list[int]
+    logits_from: int | None = None
+    """Position from which the request wants logits, every row up to its last (an extend that
+    returns input logprobs); None (or a position past its last row): its last row only."""
+
+    def logits_first(self) -> int:
+        """Index, among this request's rows, of its first row with logits."""
+        last = len(self.positions) - 1
+        if self.logits_from is None:
+            return last
+        return min(max(self.logits_from - self.positions[0], 0), last)
+
+    def logits_rows(self) -> int:
+        """Rows of this request whose logits `Model.forward` returns (at least its last)."""
+        return len(self.positions) - self.logits_first()
 
 
 @dataclass
@@ -263,7 +277,12 @@ class Model:
     @torch.no_grad()
     def forward(self, tokens: list[int], seqs: list[SeqRows], extend: bool, want_logits: bool
                 ) -> tuple[torch.Tensor | None, ForwardStats]:
-        """Logits of the last row of each request (when `want_logits`), and what this rank did."""
+        """Logits (when `want_logits`) and what this rank did.
+
+        The logits are those of each request's rows from `SeqRows.logits_first` to its last row
+        (`logits_rows` of them: the last row alone unless it asks for input logprobs), packed in
+        batch order, [sum of logits_rows, vocab]. The final norm and lm_head run on those rows only.
+        """
         cfg, lay, sh = self.cfg, self.layout, self.shard
         n_rows = len(tokens)
         pos = torch.tensor([p for s in seqs for p in s.positions], dtype=torch.long)
@@ -325,9 +344,13 @@ class Model:
             hidden = hidden + self.comm.all_reduce(mlp, "tp")
         logits = None
         if want_logits:
-            last = torch.tensor([sum(len(s.positions) for s in seqs[: i + 1]) - 1 for i in range(len(seqs))],
-                                dtype=torch.long)
-            logits = rms_norm(hidden[last], sh.norm, cfg.eps) @ sh.lm_head.t()
+            rows: list[int] = []
+            at = 0
+            for s in seqs:
+                rows.extend(range(at + s.logits_first(), at + len(s.positions)))
+                at += len(s.positions)
+            sel = torch.tensor(rows, dtype=torch.long)
+            logits = rms_norm(hidden[sel], sh.norm, cfg.eps) @ sh.lm_head.t()
         return logits, ForwardStats(attn_rows=len(local), ffn_rows=n_rows, cp_active=split,
                                     local_rows=local, kv_written=kv_written)
 

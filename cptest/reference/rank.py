@@ -2,9 +2,11 @@
 
 Rank 0 also runs the scheduler: it receives requests from the HTTP process over a pipe, decides
 each step, broadcasts it to every rank (`broadcast_object_list` over the world group), samples
-from the logits and sends token events back. Every rank writes the probe's evidence records to
-`$CPTEST_PROBE_DIR/rank<world>.jsonl` (Geometry, KvPool, Capacity, Graph `disabled`, one Step per
-forward), flushed line by line so a killed rank leaves at most one truncated line.
+from the logits and sends token events back, with the logprobs a request asked for (its output
+tokens' top-k; with the first token, its input positions' logprobs and top-k). Every rank writes
+the probe's evidence records to `$CPTEST_PROBE_DIR/rank<world>.jsonl` (Geometry, KvPool, Capacity,
+Graph `disabled`, one Step per forward), flushed line by line so a killed rank leaves at most one
+truncated line.
 """
 
 from __future__ import annotations
@@ -181,11 +183,19 @@ def _write_static(ev: Evidence, layout: Layout, cfg: ModelConfig, args: RankArgs
     return rid
 
 
-def _step(model: Model, ev: Evidence, rid: RankId, msg: dict[str, Any]) -> Any:
-    """Run one broadcast step on this rank and record it; returns the logits."""
-    seqs = [SeqRows(rid=s[0], positions=list(range(s[1], s[1] + s[2])), context=s[3], blocks=s[4])
-            for s in msg["seqs"]]
-    logits, st = model.forward(msg["tokens"], seqs, msg["extend"], True)
+def _seq_rows(msg: dict[str, Any]) -> list[SeqRows]:
+    return [SeqRows(rid=s[0], positions=list(range(s[1], s[1] + s[2])), context=s[3], blocks=s[4],
+                    logits_from=s[5]) for s in msg["seqs"]]
+
+
+def _step(model: Model, ev: Evidence, rid: RankId, msg: dict[str, Any], want_logits: bool) -> Any:
+    """Run one broadcast step on this rank and record it; returns the logits (None without
+    `want_logits`: only the leader samples, so only it runs the final norm and lm_head).
+
+    `msg["seqs"]`: per request (rid, first position, rows, context, block table, logits_from), see
+    `SeqRows`; every rank gets the same message and runs the same forward (lockstep)."""
+    seqs = _seq_rows(msg)
+    logits, st = model.forward(msg["tokens"], seqs, msg["extend"], want_logits)
     pos = [p for s in seqs for p in s.positions]
     seq_positions: dict[str, list[tuple[int, int]]] = {}
     at = 0
@@ -198,7 +208,7 @@ def _step(model: Model, ev: Evidence, rid: RankId, msg: dict[str, Any]) -> Any:
     ev.write(Step(
         t=ev.now(), rank=rid, step=msg["step"], mode="extend" if msg["extend"] else "decode",
         batch_size=len(seqs), rows_in=len(pos), attn_rows=st.attn_rows, ffn_rows=st.ffn_rows,
-        logits_rows=len(seqs), cp_active=st.cp_active if model.layout.pcp else None,
+        logits_rows=sum(s.logits_rows() for s in seqs), cp_active=st.cp_active if model.layout.pcp else None,
         positions=ranges_from(pos[i] for i in st.local_rows), seq_positions=seq_positions,
         kv_written={k: ranges_from(v) for k, v in st.kv_written.items() if v},
         extend_lens=[len(s.positions) for s in seqs] if msg["extend"] else [],
@@ -220,7 +230,7 @@ def _follow(args: RankArgs, model: Model, ev: Evidence, rid: RankId) -> None:
         msg = _broadcast(None, args.degrees.tp)
         if msg.get("exit"):
             return
-        _step(model, ev, rid, msg)
+        _step(model, ev, rid, msg, want_logits=False)
 
 
 def sample(logits: torch.Tensor, sampling: dict[str, Any], gen: torch.Generator | None) -> tuple[int, float]:
@@ -248,6 +258,49 @@ def sample(logits: torch.Tensor, sampling: dict[str, Any], gen: torch.Generator 
         probs = torch.where(mask, probs, torch.zeros_like(probs))
     tok = int(torch.multinomial(probs / probs.sum(), 1, generator=gen))
     return tok, float(logp[tok])
+
+
+TopLogprobs = list[list[tuple[float, int]]]
+"""Per position, the top K `(logprob, token_id)` pairs, logprob descending."""
+
+
+def top_logprobs(logp: torch.Tensor, k: int) -> TopLogprobs:
+    """Top `k` of each row of log-probabilities [rows, vocab], sorted descending (torch.topk, as
+    SGLang's `get_top_logprobs_raw`, layers/logprob_processor.py:64-72 of 0.5.17)."""
+    k = min(k, logp.shape[-1])
+    values, indices = logp.topk(k, dim=-1)
+    return [list(zip(v, i, strict=True)) for v, i in zip(values.tolist(), indices.tolist(), strict=True)]
+
+
+LOGPROB_CHUNK_ROWS = 1024
+"""Rows per log_softmax when scoring input positions: the log-probabilities of a long prompt are
+never all in memory beside its logits (SGLang chunks the same way:
+layers/logprob_processor.py:416-504, `_forward_by_chunk`)."""
+
+
+def input_logprobs(rows: torch.Tensor, ids: list[int], start: int, k: int
+                   ) -> tuple[list[float | None], list[list[tuple[float, int]] | None] | None]:
+    """SGLang 0.5.17's input logprobs of positions `start`..len(ids)-1 from `rows`, the logits of
+    positions `start`..len(ids)-1 (row j scores token j+1; the last row is the sampling row).
+
+    Entry 0 is None whatever `start` is: SGLang computes logits from row `start` on, so token `start`
+    itself is never scored (layers/logits_processor.py:575-620; managers/scheduler_components/
+    logprob_result_processor.py:36-38 prepends None and drops the sampling row, :64-80 the same for
+    the top-k). Values: log_softmax of the raw logits (layers/logprob_processor.py:500-504, no
+    temperature). Returns (len(ids) - start values, as many top-k rows, or None when k == 0)."""
+    if start >= len(ids):
+        return [], ([] if k > 0 else None)
+    vals: list[float | None] = [None]
+    top: list[list[tuple[float, int]] | None] | None = [None] if k > 0 else None
+    scored = rows.shape[0] - 1
+    for a in range(0, scored, LOGPROB_CHUNK_ROWS):
+        b = min(a + LOGPROB_CHUNK_ROWS, scored)
+        logp = torch.log_softmax(rows[a:b].float(), dim=-1)
+        target = torch.tensor(ids[start + 1 + a : start + 1 + b], dtype=torch.long)
+        vals.extend(logp.gather(1, target[:, None]).squeeze(1).tolist())
+        if top is not None:
+            top.extend(top_logprobs(logp, k))
+    return vals, top
 
 
 class _Leader:
@@ -288,8 +341,9 @@ class _Leader:
     def _handle(self, m: tuple[Any, ...]) -> None:
         kind = m[0]
         if kind == "gen":
-            _, rid, ids, max_new, sampling = m
-            req = Request(rid=rid, input_ids=list(ids), max_new_tokens=int(max_new), sampling=dict(sampling))
+            _, rid, ids, max_new, sampling, start, k = m
+            req = Request(rid=rid, input_ids=list(ids), max_new_tokens=int(max_new), sampling=dict(sampling),
+                          logprob_start_len=int(start), top_logprobs_num=int(k))
             why = self.sched.submit(req)
             if why is not None:
                 self.conn.send([("error", rid, why)])
@@ -309,19 +363,32 @@ class _Leader:
         seqs = []
         for r in reqs:
             if extend:
+                n = len(r.input_ids)
                 tokens.extend(r.input_ids)
-                seqs.append((r.rid, 0, len(r.input_ids), len(r.input_ids), r.blocks))
+                start = r.logprob_start_len if 0 <= r.logprob_start_len < n else None
+                seqs.append((r.rid, 0, n, n, r.blocks, start))
             else:
                 p = len(r.input_ids) + len(r.output_ids) - 1
                 tokens.append(r.output_ids[-1])
-                seqs.append((r.rid, p, 1, p + 1, r.blocks))
+                seqs.append((r.rid, p, 1, p + 1, r.blocks, None))
         msg = {"step": self.step_no, "extend": extend, "tokens": tokens, "seqs": seqs}
         self.step_no += 1
         _broadcast(msg, self.args.degrees.tp)
-        logits = _step(self.model, self.ev, self.rid, msg)
+        logits = _step(self.model, self.ev, self.rid, msg, want_logits=True)
         events: list[tuple[Any, ...]] = []
-        for i, r in enumerate(reqs):
-            tok, lp = sample(logits[i], r.sampling, self.gens.get(r.rid))
+        at = 0
+        for r, s in zip(reqs, _seq_rows(msg), strict=True):
+            n_rows = s.logits_rows()
+            rows = logits[at : at + n_rows]
+            at += n_rows
+            tok, lp = sample(rows[-1], r.sampling, self.gens.get(r.rid))
+            extra: dict[str, Any] = {}
+            if r.top_logprobs_num > 0:
+                logp = torch.log_softmax(rows[-1:].float(), dim=-1)
+                extra["top"] = top_logprobs(logp, r.top_logprobs_num)[0]
+            if extend and r.logprob_start_len >= 0:
+                extra["input"], extra["input_top"] = input_logprobs(rows, r.input_ids, r.logprob_start_len,
+                                                                    r.top_logprobs_num)
             r.output_ids.append(tok)
             stops = set(r.sampling.get("stop_token_ids") or [])
             if not r.sampling.get("ignore_eos"):
@@ -331,7 +398,7 @@ class _Leader:
                 finish = {"type": "stop", "matched": tok}
             elif len(r.output_ids) >= r.max_new_tokens:
                 finish = {"type": "length", "length": r.max_new_tokens}
-            events.append(("token", r.rid, tok, lp, finish))
+            events.append(("token", r.rid, tok, lp, finish, extra or None))
             if finish is not None:
                 self.sched.finish(r)
                 self.gens.pop(r.rid, None)

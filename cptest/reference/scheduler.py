@@ -27,6 +27,11 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finished: dict[str, Any] | None = None
+    logprob_start_len: int = -1
+    """SGLang's `logprob_start_len`: -1 no input logprobs; L in [0, len(input_ids)]: input logprobs of
+    positions L..len(input_ids)-1 (none when L == len(input_ids)). Set only with `return_logprob`."""
+    top_logprobs_num: int = 0
+    """SGLang's `top_logprobs_num`: K > 0 also returns the top K of every input and output position."""
 
     @property
     def budget(self) -> int:

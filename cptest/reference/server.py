@@ -2,10 +2,21 @@
 
 Process tree (like SGLang's): this process (title `cptest-ref::server`) serves HTTP and forks one
 process per rank (`cptest-ref::scheduler_TP<r>`, see `rank.py`). HTTP subset (SGLang 0.5.17 shapes,
-`cptest/run/driver.py`): `POST /generate` (input_ids, sampling_params, return_logprob, stream, rid;
-SSE `data: {...}` chunks with cumulative output_ids and `meta_info.output_token_logprobs`, then
-`data: [DONE]`), `GET /server_info` (alias `/get_server_info`), `GET /health`, `GET /health_generate`
-(a real one-token generation through every rank).
+`cptest/run/driver.py`):
+
+- `POST /generate`: input_ids, sampling_params (max_new_tokens, temperature, top_k, top_p,
+  sampling_seed, stop_token_ids, ignore_eos), rid, stream, return_logprob, logprob_start_len (-1, or
+  0 <= L <= len(input_ids)), top_logprobs_num (0..64). `stream: false` answers one JSON object
+  `{text, output_ids, meta_info}`; `stream: true` SSE `data: {...}` chunks of the same shape with
+  cumulative output_ids and meta_info lists, then `data: [DONE]`. meta_info: id, finish_reason,
+  prompt_tokens, completion_tokens, cached_tokens, e2e_latency; with return_logprob also
+  input_token_logprobs, output_token_logprobs, output_token_logprobs_length, and with
+  top_logprobs_num > 0 input_top_logprobs and output_top_logprobs (`[logprob, token_id, null]`
+  triples; shapes and their SGLang sources: `Logprobs`). Logprobs are log_softmax of the raw
+  logits (not temperature-scaled). A bad body or value: 400 `{"error": {"message": ...}}`.
+- `POST /flush_cache` (200: the reference keeps no prefix cache to drop).
+- `GET /server_info` (alias `/get_server_info`), `GET /health`, `GET /health_generate` (a real
+  one-token generation through every rank).
 
 Signals: SIGTERM drains (new requests get 503, in-flight ones finish), then every rank exits and
 this process exits 0. A rank that dies makes the watcher send SIGQUIT to this process, which fails
@@ -140,13 +151,14 @@ class Engine:
                 if q is not None:
                     q.put(e)
 
-    def submit(self, rid: str, ids: list[int], max_new: int, sampling: dict[str, Any]) -> queue.Queue[Any]:
+    def submit(self, rid: str, ids: list[int], max_new: int, sampling: dict[str, Any],
+               logprob_start_len: int = -1, top_logprobs_num: int = 0) -> queue.Queue[Any]:
         q: queue.Queue[tuple[Any, ...]] = queue.Queue()
         with self.lock:
             if rid in self.queues:
                 raise ValueError(f"duplicate rid {rid!r}")
             self.queues[rid] = q
-        self._send([("gen", rid, ids, max_new, sampling)])
+        self._send([("gen", rid, ids, max_new, sampling, logprob_start_len, top_logprobs_num)])
         return q
 
     def release(self, rid: str, aborted: bool) -> None:
@@ -204,13 +216,101 @@ class Engine:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def meta(rid: str, prompt: int, out: list[int], lps: list[float], finish: dict[str, Any] | None,
-         logprob: bool, t0: float) -> dict[str, Any]:
+MAX_TOP_LOGPROBS = 64
+"""The largest `top_logprobs_num` the reference serves (SGLang sets no bound; a bound keeps a request's
+answer small)."""
+
+
+def _int_field(body: dict[str, Any], name: str, default: int) -> int:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{name} must be an integer, not {v!r}")
+    return v
+
+
+def logprob_options(body: dict[str, Any], n_input: int) -> tuple[int, int]:
+    """(logprob_start_len, top_logprobs_num) of a /generate body; ValueError for a value it refuses.
+
+    As SGLang 0.5.17, both are ignored without `return_logprob` (managers/scheduler.py:2542-2544): then
+    (-1, 0). `logprob_start_len` is -1 (output tokens only) or 0 <= L <= len(input_ids); SGLang refuses
+    L > len(input_ids) (scheduler.py:2561-2565) and serves L == len(input_ids) as no input positions.
+    `top_logprobs_num` is 0 <= K <= MAX_TOP_LOGPROBS.
+    """
+    start = _int_field(body, "logprob_start_len", -1)
+    k = _int_field(body, "top_logprobs_num", 0)
+    if not body.get("return_logprob"):
+        return -1, 0
+    if start < -1:
+        raise ValueError(f"logprob_start_len={start} must be -1 or a position 0..{n_input} of the input")
+    if start > n_input:
+        raise ValueError(f"logprob_start_len={start} is higher than the number of input tokens "
+                         f"len(input_ids)={n_input}. Please use a smaller logprob_start_len.")
+    if not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs_num={k} must be in 0..{MAX_TOP_LOGPROBS}")
+    return start, k
+
+
+def _triples(pairs: list[tuple[float, int]] | list[list[Any]] | None) -> list[list[Any]] | None:
+    return None if not pairs else [[lp, t, None] for lp, t in pairs]
+
+
+class Logprobs:
+    """The logprob fields of one request's `meta_info`, in SGLang 0.5.17's shapes.
+
+    Cited from `sglang/srt/` of the 0.5.17 wheel (cp312, sha256 fb4cba47...068093). SGLang
+    (return_text_in_logprobs false) sends every logprob as a triple `[logprob, token_id, null]`
+    (managers/tokenizer_manager.py:2699-2711, `detokenize_logprob_tokens`). With `return_logprob`,
+    every chunk's meta_info (2228-2236) has `input_token_logprobs`, `output_token_logprobs` and
+    `output_token_logprobs_length`, and with `top_logprobs_num` K > 0 also `input_top_logprobs` and
+    `output_top_logprobs` (2481-2586, `add_logprob_to_meta_info`): per position a list of K triples,
+    logprob descending (torch.topk, layers/logprob_processor.py:64-72), or null where SGLang has no
+    values (tokenizer_manager.py:2719-2737, `detokenize_top_logprobs_tokens`). The lists are
+    cumulative in every chunk of a stream; the input lists come once, with the first token
+    (managers/scheduler_components/output_streamer.py:459-497).
+
+    Input positions: with `logprob_start_len` L >= 0, `len(input_ids) - L` entries (positions
+    L..len(input_ids)-1, token ids `input_ids[L:]`); the first entry's logprob is null and its top-k
+    entry null *whatever L is*: SGLang computes logits from row L on, so token L itself is never
+    scored (layers/logits_processor.py:575-620; scheduler_components/logprob_result_processor.py:36-38
+    prepends None and drops the sampling row, :50 takes the ids from L, :64-80 the same for the
+    top-k; lengths asserted at :152-163, :276-285). With L == -1 (default) SGLang takes
+    L = len(input_ids) (managers/scheduler.py:2546-2550): the input lists are `[]`.
+    """
+
+    def __init__(self, ids: list[int], start: int, k: int) -> None:
+        self.ids, self.start, self.k = ids, start, k
+        self.input: list[list[Any]] = []
+        self.input_top: list[list[list[Any]] | None] = []
+        self.output: list[list[Any]] = []
+        self.output_top: list[list[list[Any]] | None] = []
+
+    def add(self, tok: int, lp: float, extra: dict[str, Any] | None) -> None:
+        extra = extra or {}
+        if "input" in extra:
+            self.input = [[v, t, None] for v, t in zip(extra["input"], self.ids[self.start :], strict=True)]
+            self.input_top = [_triples(row) for row in (extra.get("input_top") or [])]
+        self.output.append([lp, tok, None])
+        if self.k > 0:
+            self.output_top.append(_triples(extra.get("top")))
+
+    def fields(self) -> dict[str, Any]:
+        m: dict[str, Any] = {"input_token_logprobs": self.input, "output_token_logprobs": self.output,
+                             "output_token_logprobs_length": len(self.output)}
+        if self.k > 0:
+            m["input_top_logprobs"] = self.input_top
+            m["output_top_logprobs"] = self.output_top
+        return m
+
+
+def meta(rid: str, prompt: int, out: list[int], finish: dict[str, Any] | None, logprobs: Logprobs | None,
+         t0: float) -> dict[str, Any]:
     m: dict[str, Any] = {"id": rid, "finish_reason": finish, "prompt_tokens": prompt,
                          "completion_tokens": len(out), "cached_tokens": 0,
                          "e2e_latency": round(time.monotonic() - t0, 6)}
-    if logprob:
-        m["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(lps, out, strict=True)]
+    if logprobs is not None:
+        m.update(logprobs.fields())
     return m
 
 
@@ -263,6 +363,10 @@ def handler_for(engine: Engine) -> type[BaseHTTPRequestHandler]:
             self._json(200 if e[0] == "token" else 503, {})
 
         def do_POST(self) -> None:  # noqa: N802
+            if self.path.split("?")[0] == "/flush_cache":
+                # SGLang's route; the reference engine keeps no prefix cache, so there is nothing to drop.
+                self._json(200, {"message": "Cache flushed."})
+                return
             if self.path.split("?")[0] != "/generate":
                 self._json(404, {"error": {"message": f"no route {self.path}"}})
                 return
@@ -272,23 +376,23 @@ def handler_for(engine: Engine) -> type[BaseHTTPRequestHandler]:
                 ids = [int(i) for i in body["input_ids"]]
                 sp = dict(body.get("sampling_params") or {})
                 max_new = int(sp.pop("max_new_tokens", 128))
-            except (KeyError, TypeError, ValueError) as e:
+                start, k = logprob_options(body, len(ids))
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
                 self._json(400, {"error": {"message": f"bad request: {type(e).__name__}: {e}"}})
                 return
             if engine.draining:
                 self._json(503, {"error": {"message": "the server is shutting down"}})
                 return
             rid = str(body.get("rid") or uuid.uuid4().hex)
-            logprob = bool(body.get("return_logprob"))
+            logprobs = Logprobs(ids, start, k) if body.get("return_logprob") else None
             stream = bool(body.get("stream"))
             t0 = time.monotonic()
             try:
-                q = engine.submit(rid, ids, max_new, sp)
+                q = engine.submit(rid, ids, max_new, sp, start, k)
             except ValueError as e:
                 self._json(400, {"error": {"message": str(e)}})
                 return
             out: list[int] = []
-            lps: list[float] = []
             finished = False
             try:
                 if stream:
@@ -307,12 +411,13 @@ def handler_for(engine: Engine) -> type[BaseHTTPRequestHandler]:
                         else:
                             self._json(500, err)
                         return
-                    _, _, tok, lp, finish = e
+                    _, _, tok, lp, finish, extra = e
                     out.append(int(tok))
-                    lps.append(float(lp))
+                    if logprobs is not None:
+                        logprobs.add(int(tok), float(lp), extra)
                     finished = finish is not None
                     chunk = {"text": "", "output_ids": list(out),
-                             "meta_info": meta(rid, len(ids), out, lps, finish, logprob, t0)}
+                             "meta_info": meta(rid, len(ids), out, finish, logprobs, t0)}
                     if stream:
                         self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                         self.wfile.flush()
