@@ -11,6 +11,9 @@ only names the directory.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -119,14 +122,28 @@ def ensure_synthetic(model: dict[str, Any], directory: Path) -> str:
     cfg = _config(model)
     torch.manual_seed(int(model.get("seed") or 0))
     tensors = _tensors(torch, cfg)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(cfg, indent=2))
-    (directory / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
-    path = directory / "model.safetensors"
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
-    digest = sha256_file(path)
-    marker.write_text(json.dumps({"sha256": digest, "torch": torch.__version__, "model": model}, indent=2))
-    return digest
+    # Written aside and renamed into place: scenarios of one suite that share a model start at the
+    # same time, and a server must never load a checkpoint another process is still writing.
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+        (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
+        path = tmp / "model.safetensors"
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
+        digest = sha256_file(path)
+        (tmp / MARKER).write_text(json.dumps({"sha256": digest, "torch": torch.__version__, "model": model},
+                                             indent=2))
+        if directory.exists() and not marker.is_file():
+            shutil.rmtree(directory, ignore_errors=True)  # an interrupted write of an older cptest
+        try:
+            os.rename(tmp, directory)
+        except OSError:
+            if not marker.is_file():  # not another writer's complete copy: a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return json.loads(marker.read_text())["sha256"]
 
 
 TREE_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".tiktoken", ".txt")

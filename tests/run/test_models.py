@@ -107,3 +107,16 @@ def test_unsupported_architecture_is_a_run_error_that_writes_nothing(tmp_path: P
     assert "gemma" in err.value.problems[0].message
     assert err.value.problems[0].hint and "llama" in err.value.problems[0].hint
     assert not (tmp_path / "m").exists()
+
+
+def test_writers_racing_for_one_model_leave_one_complete_checkpoint(tmp_path: Path):
+    # A suite starts scenarios that share a model at the same moment: each writes aside and renames,
+    # so every caller gets the same digest and nobody ever sees half a checkpoint.
+    from concurrent.futures import ThreadPoolExecutor
+
+    target = tmp_path / "cache" / "llama"
+    with ThreadPoolExecutor(4) as pool:
+        digests = list(pool.map(lambda _: ensure_synthetic(tiny(seed=3), target), range(4)))
+    assert len(set(digests)) == 1
+    assert sha256_file(target / "model.safetensors") == digests[0]
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["llama"]  # no temporary left
