@@ -45,15 +45,27 @@ OnDone = Callable[[RequestResult, int], None]
 """Called after each request ends with the result and the number of `ok` requests so far."""
 
 
-def build_payload(req: PlannedRequest) -> dict[str, Any]:
-    """The /generate body for a planned request."""
-    return {
+def build_payload(req: PlannedRequest, top_logprobs: int = 0) -> dict[str, Any]:
+    """The /generate body for a planned request (`top_logprobs`: the workload's top-k per output)."""
+    payload = {
         "input_ids": list(req.input_ids),
         "sampling_params": {**req.sampling.model_dump(), "max_new_tokens": req.max_new_tokens},
         "return_logprob": req.return_logprob,
         "logprob_start_len": -1,
         "stream": True,
     }
+    if top_logprobs and req.return_logprob:
+        payload["top_logprobs_num"] = top_logprobs
+    return payload
+
+
+def top_pairs(position: Any) -> list[tuple[int, float]]:
+    """SGLang's top list at one position (`[[logprob, token_id, text], ...]` or null) -> (id, logprob)
+    pairs sorted by logprob, most likely first."""
+    if not position:
+        return []
+    pairs = [(int(t[1]), float(t[0])) for t in position if t and t[0] is not None]
+    return sorted(pairs, key=lambda p: -p[1])
 
 
 def conformance(req: PlannedRequest, payload: dict[str, Any]) -> list[str]:
@@ -109,7 +121,10 @@ class StreamState:
     finish_reason: dict[str, Any] | None = None
     error: str | None = None
     first_token_at: float | None = None
+    first_text_at: float | None = None
     done: bool = False
+    top: list[list[tuple[int, float]]] | None = None
+    """Top-k per output position, when the request asked for them."""
 
     def feed(self, chunk: dict[str, Any] | object, now: float) -> None:
         if chunk is DONE:
@@ -141,8 +156,18 @@ class StreamState:
                 self.logprobs.extend(map(_logprob, raw_lps[k:]))
             elif raw_lps or not self.logprobs:
                 self.logprobs = list(map(_logprob, raw_lps))
-        if self.output_ids and self.first_token_at is None:
+        raw_top = meta.get("output_top_logprobs")
+        if raw_top is not None:
+            if self.top is None:
+                self.top = []
+            if self.incremental:
+                self.top.extend(map(top_pairs, raw_top))
+            elif len(raw_top) > len(self.top):
+                self.top.extend(map(top_pairs, raw_top[len(self.top):]))
+        if self.first_token_at is None and self.output_ids:
             self.first_token_at = now
+        if self.first_text_at is None and chunk.get("text"):
+            self.first_text_at = now
         if meta.get("finish_reason") is not None:
             fr = meta["finish_reason"]
             self.finish_reason = fr if isinstance(fr, dict) else {"type": str(fr)}
@@ -165,7 +190,7 @@ class WorkloadDriver:
     """Drives one workload against one server. Closed loop (`concurrency`) or open loop (each
     request sent at `send_after_s` from the start). Writes a RequestResult per request as it ends."""
 
-    def __init__(self, base_url: str, workload: WorkloadPlan, *, role: Literal["main", "baseline"],
+    def __init__(self, base_url: str, workload: WorkloadPlan, *, role: Literal["main", "baseline", "control"],
                  writer: RecordWriter, on_done: list[OnDone] | None = None, incremental_stream: bool = False,
                  progress: Progress | None = None,
                  connect_timeout_s: float = 10.0) -> None:
@@ -190,14 +215,18 @@ class WorkloadDriver:
 
     async def arun(self) -> WorkloadSummary:
         for req in self.workload.requests:  # check all before sending any
-            diffs = conformance(req, build_payload(req))
+            diffs = conformance(req, build_payload(req, self.workload.top_logprobs))
             if diffs:
                 raise RunError(f"request {req.index}: the driver would send something else than planned: "
                                + "; ".join(diffs))
         self._stop = asyncio.Event()
         limit = self.workload.concurrency or (None if self.workload.rate_per_s else 1)
         sem = asyncio.Semaphore(limit) if limit else None
-        connector = aiohttp.TCPConnector(limit=max(limit or len(self.workload.requests), 1) + 4)
+        # force_close: one connection per request, opened inside the timed span, as bench_serving
+        # does (a session per request): keep-alive made cptest's median TTFT 13 % lower than
+        # bench_serving's on the same server (results/_measure run5), a difference of clients.
+        connector = aiohttp.TCPConnector(limit=max(limit or len(self.workload.requests), 1) + 4,
+                                         force_close=True)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)
         # read_bufsize: a cumulative chunk of a long answer with logprobs is one line of hundreds of
         # KB; aiohttp's line reader refuses lines over twice this buffer.
@@ -243,7 +272,7 @@ class WorkloadDriver:
                              status=status, **kw)  # type: ignore[arg-type]
 
     async def _send(self, client: aiohttp.ClientSession, req: PlannedRequest) -> RequestResult:
-        payload = build_payload(req)
+        payload = build_payload(req, self.workload.top_logprobs)
         state = StreamState(incremental=self.incremental)
         sent_at = self.writer.now()
         t0 = time.monotonic()
@@ -274,12 +303,17 @@ class WorkloadDriver:
                 status, error = "error", "stream ended without a finish_reason"
             elif fr.get("type") == "abort":
                 status, error = "error", f"aborted: {fr.get('message', '')}"
-        ttft = state.first_token_at - t0 if state.first_token_at is not None else None
+        # The first answer: sglang.bench_serving stamps its TTFT at the first chunk whose `text` is
+        # non-empty (benchmark/serving.py, async_request_sglang_generate); where the server sends
+        # text, so does cptest (the same event), else at the first chunk with an output token
+        # (a `--skip-tokenizer-init` server sends none).
+        first = state.first_text_at if state.first_text_at is not None else state.first_token_at
+        ttft = first - t0 if first is not None else None
         n = len(state.output_ids)
-        tpot = (end - state.first_token_at) / (n - 1) if state.first_token_at is not None and n > 1 else None
+        tpot = (end - first) / (n - 1) if first is not None and n > 1 else None
         return self._result(req, status, error=error, output_ids=state.output_ids,
                             output_logprobs=state.logprobs, sent_at=sent_at, ttft_s=ttft, tpot_s=tpot,
-                            e2e_s=end - t0)
+                            e2e_s=end - t0, output_top=state.top)
 
     def _finish(self, result: RequestResult) -> None:
         s = self.summary

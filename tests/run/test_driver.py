@@ -239,3 +239,17 @@ def test_open_loop_sends_each_request_at_its_planned_time(engine: str, tmp_path:
     start = driver.started_at - writer.t0
     sent = sorted(r.sent_at - start for r in summary.results)
     assert sent == pytest.approx([0.0, 0.3, 0.6], abs=0.08)
+
+
+def test_the_first_answer_is_stamped_at_the_first_text_where_the_server_sends_text() -> None:
+    # bench_serving's TTFT event: the first chunk with non-empty text, which incremental detokenization
+    # may hold back a chunk after the first token id.
+    from cptest.run.driver import StreamState
+
+    s = StreamState()
+    s.feed({"text": "", "output_ids": [5], "meta_info": {}}, 1.0)
+    s.feed({"text": "hi", "output_ids": [5, 6], "meta_info": {}}, 2.0)
+    assert (s.first_token_at, s.first_text_at) == (1.0, 2.0)
+    quiet = StreamState()
+    quiet.feed({"output_ids": [5], "meta_info": {}}, 1.0)
+    assert (quiet.first_token_at, quiet.first_text_at) == (1.0, None)
