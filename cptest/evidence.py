@@ -30,11 +30,14 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from cptest.errors import EvidenceError, Problem, Span
 from cptest.topology import Degrees
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """v2: a compact step's `pos` may be packed (base64 of little-endian int32) and its `kv` a string
 of 0/1 digits (`Step`). v3: consecutive decode steps over the same requests may be one `steps`
-line (`StepBlock`), which the reader expands into its Step records. Every v1 and v2 record reads
+line (`StepBlock`), which the reader expands into its Step records. v4: teacher-forced `score`
+records, a request's `output_top`, and the `control` server's records. Every v1-v3 record reads
 unchanged."""
+RunRole = Literal["main", "baseline", "control"]
+"""The servers of a run: the one under test, the parity reference, and the noise-floor control."""
 Ranges = list[tuple[int, int]]
 """Sorted, disjoint, merged half-open integer ranges."""
 
@@ -264,7 +267,7 @@ class RequestResult(_Record):
     """One workload request as sent and as answered."""
 
     kind: Literal["request"] = "request"
-    run: Literal["main", "baseline"] = "main"
+    run: RunRole = "main"
     index: int
     prompt_len: int
     max_new_tokens: int
@@ -277,6 +280,29 @@ class RequestResult(_Record):
     ttft_s: float | None = None
     tpot_s: float | None = None
     e2e_s: float | None = None
+    output_top: list[list[tuple[int, float]]] | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The planned top-k (`workload.top_logprobs`) at each output position, as (token id, logprob)
+    sorted by logprob: what the free-running comparison needs at a first divergence."""
+
+
+class Score(_Record):
+    """One teacher-forced scoring: a fixed token sequence (a prompt and the baseline's output for it)
+    sent with prompt logprobs, so that every server is judged on the same positions and histories."""
+
+    kind: Literal["score"] = "score"
+    run: RunRole = "main"
+    index: int
+    """The workload request whose prompt (and the baseline's output for it) was scored."""
+    sequence_sha256: str
+    """`prompt_sha256` of the whole scored sequence: every server must have scored the same one."""
+    start: int
+    """First scored position (the prompt's length: the output tokens are scored)."""
+    status: Literal["ok", "error", "timeout"]
+    error: str = ""
+    token_logprobs: list[float] = Field(default_factory=list)
+    """Log-probability of the sequence's own token at each scored position (NaN where none came)."""
+    top: list[list[tuple[int, float]]] = Field(default_factory=list)
+    """The top-k (token id, logprob) at each scored position, sorted by logprob."""
 
 
 class ProcessSample(_Record):
@@ -333,7 +359,7 @@ class LogLine(_Record):
 
 class ServerInfo(_Record):
     kind: Literal["server_info"] = "server_info"
-    run: Literal["main", "baseline"] = "main"
+    run: RunRole = "main"
     info: dict[str, Any]
 
 
@@ -341,7 +367,7 @@ class Lifecycle(_Record):
     """Launch, readiness, faults, exit: what happened to the server and when."""
 
     kind: Literal["lifecycle"] = "lifecycle"
-    run: Literal["main", "baseline"] = "main"
+    run: RunRole = "main"
     event: str
     """launched, ready, launch_failed, fault, signal, exited, timeout, teardown, interrupted."""
     detail: dict[str, Any] = Field(default_factory=dict)
@@ -356,6 +382,7 @@ Record = Annotated[
     | Graph
     | ProbeNote
     | RequestResult
+    | Score
     | ProcessSample
     | GpuSample
     | LogLine
@@ -454,6 +481,7 @@ class RunnerEvidence:
     """Runner records of one server, split by kind, in file order."""
 
     requests: list[RequestResult] = field(default_factory=list)
+    scores: list[Score] = field(default_factory=list)
     processes: list[ProcessSample] = field(default_factory=list)
     gpu: list[GpuSample] = field(default_factory=list)
     server_info: list[ServerInfo] = field(default_factory=list)
@@ -485,8 +513,8 @@ _RANK_SLOTS: dict[type, str] = {
     ProbeNote: "notes",
 }  # fmt: skip
 _RUNNER_SLOTS: dict[type, str] = {
-    RequestResult: "requests", ProcessSample: "processes", GpuSample: "gpu", ServerInfo: "server_info",
-    Lifecycle: "lifecycle", LogLine: "log_lines",
+    RequestResult: "requests", Score: "scores", ProcessSample: "processes", GpuSample: "gpu",
+    ServerInfo: "server_info", Lifecycle: "lifecycle", LogLine: "log_lines",
 }  # fmt: skip
 
 

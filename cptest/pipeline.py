@@ -161,9 +161,10 @@ def run_scenario(
     if run_options is not None and getattr(run_options, "baseline_cache", None) is not None:
         from dataclasses import replace
 
-        from cptest.run.baseline_cache import baseline_key
+        from cptest.run.baseline_cache import baseline_key, control_key
 
-        run_options = replace(run_options, baseline_key=baseline_key(planned, env))
+        run_options = replace(run_options, baseline_key=baseline_key(planned, env),
+                              control_key=control_key(planned, env))
     layout = store.Layout(out)
     store.begin(
         layout, scenario=planned.scenario, scenario_text=scenario_text,

@@ -41,7 +41,7 @@ from typing import Any
 from cptest.errors import Problem, Span
 
 MANIFEST_VERSION = 1
-ROLES = ("main", "baseline")
+ROLES = ("main", "baseline", "control")
 
 SCENARIO = "scenario.cps"
 PLAN = "plan.json"

@@ -91,13 +91,21 @@ tracebacks into its log."""
 def run_unfinished(archive: Archive) -> str | None:
     """Why the run did not finish, or None when every planned server's lifecycle is complete.
 
-    A server is complete with a `shutdown_done` or a `launch_failed` record. The baseline is only
-    required when the main server became ready (the runner skips it otherwise).
+    A server is complete with a `shutdown_done` or a `launch_failed` record. Servers run baseline,
+    control, main (archives before D39: main, then baseline only when main became ready). A server
+    the runner skipped by rule is not required: the baseline of an older archive whose main server
+    did not become ready, and the control when the baseline gave nothing to score.
     """
     main = archive.evidence.role("main").runner
     if main is None:
         return "the run did not finish: no runner evidence for the main server"
-    roles = ["main"] + (["baseline"] if archive.plan.baseline is not None and main.events("ready") else [])
+    plan = archive.plan
+    base = archive.evidence.role("baseline").runner
+    roles = ["main"]
+    if plan.baseline is not None and (base is not None or main.events("ready")):
+        roles.append("baseline")
+    if plan.control is not None and base is not None and any(r.status == "ok" for r in base.requests):
+        roles.append("control")
     for role in roles:
         runner = archive.evidence.role(role).runner
         if runner is None:

@@ -246,6 +246,14 @@ def _expectation(key: str, v: dict[str, Any]) -> str:
             body += f" tokens_agree >= {render_value(v['tokens_agree'])}"
         if v["logprob_within"] is not None:
             body += f" logprob_within {render_value(v['logprob_within'])}"
+        for b in v.get("bounds") or []:
+            rel = " * control" if b["relative"] else ""
+            if b["metric"] == "logprob":
+                body += f" logprob {b['stat']} <= {render_value(b['limit'])}{rel}"
+            else:
+                body += f" topk {render_value(b['k'])} agree >= {render_value(b['limit'])}{rel}"
+        if v.get("free_running_topk") is not None:
+            body += f" free_running topk {render_value(v['free_running_topk'])}"
         body += " vs baseline"
     elif key.startswith("graph"):
         body = f"graph {v['phase']} {v['mode']}"

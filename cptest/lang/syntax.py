@@ -394,8 +394,32 @@ class _Build:
         return self._exp(meta, "capacity", {"multiplier": c[0], "tolerance": c[1]})
 
     def generation(self, meta: Any, c: list[Any]) -> Stmt:
-        _agree_tok, agree, _lp_tok, lp = c
-        return self._exp(meta, "generation", {"tokens_agree": agree, "logprob_within": lp})
+        value: dict[str, Any] = {"tokens_agree": None, "logprob_within": None, "bounds": [],
+                                 "free_running_topk": None}
+        for key, v in c:
+            if key == "bound":
+                value["bounds"].append(v)
+            else:
+                value[key] = v
+        return self._exp(meta, "generation", value)
+
+    def gen_tokens_agree(self, meta: Any, c: list[Any]) -> tuple[str, Any]:
+        return ("tokens_agree", c[1])
+
+    def gen_logprob_within(self, meta: Any, c: list[Any]) -> tuple[str, Any]:
+        return ("logprob_within", c[1])
+
+    def gen_logprob(self, meta: Any, c: list[Any]) -> tuple[str, Any]:
+        _tok, stat, limit, rel = c
+        return ("bound", {"metric": "logprob", "stat": Ident(str(stat)), "limit": limit,
+                          "relative": rel is not None})
+
+    def gen_topk_agree(self, meta: Any, c: list[Any]) -> tuple[str, Any]:
+        _tok, k, _agree, limit, rel = c
+        return ("bound", {"metric": "topk_agree", "k": k, "limit": limit, "relative": rel is not None})
+
+    def gen_free_running(self, meta: Any, c: list[Any]) -> tuple[str, Any]:
+        return ("free_running_topk", c[2])
 
     def graph(self, meta: Any, c: list[Token]) -> Stmt:
         phase, mode = c

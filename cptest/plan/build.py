@@ -16,6 +16,7 @@ from typing import Any
 
 from cptest import __version__
 from cptest.contracts import CONTRACTS, EngineFacts, PlanContext, resolve
+from cptest.contracts.generation import GenerationParams
 from cptest.engines import Engine, ServerLaunch, engine_for
 from cptest.errors import PlanError, ProblemCollector
 from cptest.plan.model import (
@@ -35,6 +36,7 @@ from cptest.probe.forward_hooks import spec as probe_hooks_spec
 from cptest.scenario import Dist as DistNode
 from cptest.scenario import FaultSpec, Scenario, Topology
 from cptest.topology import (
+    Degrees,
     expected_capacity_multiplier,
     group_problems,
     kv_replicated_in_dcp_group,
@@ -100,17 +102,27 @@ def plan(scenario: Scenario, *, model_cache: Path = Path(".cptest/models"),
                                model_cache)
     workload = _workload(scenario, problems)
     faults = _faults(scenario, main, problems)
+    facts = engine.facts()
+    expectations = _expectations(scenario, engine.name, facts)
+    control = None
+    gen = next((e for e in expectations if isinstance(e, GenerationParams)), None)
+    if gen is not None and workload is not None:
+        workload = workload.model_copy(update={"top_logprobs": gen.free_running_topk or 0,
+                                               "score_topk": gen.score_topk()})
+        if gen.needs_control() and baseline is not None:
+            control = _server(scenario, engine, control_topology(baseline.topology, scenario.topology),
+                              "control", place, eager_reason, problems, model_cache)
     problems.raise_if_any(PlanError)
     assert main is not None and workload is not None
-    facts = engine.facts()
     return Plan(
         scenario=scenario.name,
         description=scenario.description or "",
         main=main,
         baseline=baseline,
+        control=control,
         workload=workload,
         faults=faults,
-        expectations=_expectations(scenario, engine.name, facts),
+        expectations=expectations,
         pins=_pins(scenario),
         model_facts=scenario.model.facts,
         contracts=_contracts(scenario, facts, eager_reason),
@@ -119,6 +131,15 @@ def plan(scenario: Scenario, *, model_cache: Path = Path(".cptest/models"),
 
 
 # ------------------------------------------------------------------------------------ pieces
+def control_topology(baseline: Degrees, main: Topology) -> Topology:
+    """The noise-floor control's topology: the baseline at another TP degree (TP1 when the baseline
+    is TP > 1, else TP2), nothing else parallel. Numerically different (the partial sums of a
+    sharded matmul are reduced in another order) and known to be equivalent: how far two such
+    servers disagree is the floor a layout under test is measured against (docs/decisions.md D39)."""
+    tp = 1 if baseline.tp > 1 else 2
+    return Topology(gpus=tp, nodes=1, tp=tp, pp=1, span=main.span)
+
+
 def _needs_eager(scenario: Scenario) -> str | None:
     """Why the servers must run eager, or None. Per-step records are only written on eager forwards:
     hooks do not fire on CUDA-graph replay (docs/decisions.md D8). The parser already rejects a

@@ -71,7 +71,7 @@ class Placement(_Frozen):
 class ServerPlan(_Frozen):
     """One server (main or baseline): its nodes and what rank geometry it should have."""
 
-    role: Literal["main", "baseline"]
+    role: Literal["main", "baseline", "control"]
     engine: Literal["sglang", "reference"]
     release: str
     nodes: list[NodeLaunch]
@@ -162,6 +162,12 @@ class WorkloadPlan(_Frozen):
     rate_per_s: float | None
     timeout_s: float
     requests: list[PlannedRequest]
+    top_logprobs: int = Field(default=0, exclude_if=lambda v: v == 0)
+    """`top_logprobs_num` of every free-running request (the free-running comparison's top-k)."""
+    score_topk: int = Field(default=0, exclude_if=lambda v: v == 0)
+    """> 0: after its workload each server scores the baseline's sequences (each prompt followed by
+    the baseline's output for it) with prompt logprobs and this many top logprobs per position
+    (`cptest.run.scoring`); 0: no teacher-forced scoring."""
 
 
 class FaultPlan(FaultSpec):
@@ -211,6 +217,9 @@ class Plan(_Frozen):
     description: str = ""
     main: ServerPlan
     baseline: ServerPlan | None = None
+    control: ServerPlan | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The noise-floor control: the baseline's model at another TP degree, scoring the baseline's
+    sequences like the main server does (docs/decisions.md D39); None when no bound is relative."""
     workload: WorkloadPlan
     faults: list[FaultPlan] = Field(default_factory=list)
     expectations: list[Expectation] = Field(default_factory=list)
@@ -231,5 +240,5 @@ class Plan(_Frozen):
         return data
 
     def servers(self) -> list[ServerPlan]:
-        """The main server, then the baseline if there is one."""
-        return [self.main] + ([self.baseline] if self.baseline is not None else [])
+        """The main server, then the baseline and the control where planned."""
+        return [self.main] + [s for s in (self.baseline, self.control) if s is not None]

@@ -10,6 +10,9 @@ new. The key is the sha256 of everything that determines the baseline's evidence
     the weights' sha256; the engine's install as the manifest records it (sglang version and wheel
     hash, torch, CUDA, driver, GPU model); the whole workload; the cptest version.
 
+The noise-floor control (docs/decisions.md D39) is cached the same way, under a key that adds its
+role and the baseline's key (it scores the baseline's output).
+
 Weights that cannot be hashed (a hub id not on disk) make no key: nothing is cached or reused.
 Only a clean baseline is stored: ready, every request with an outcome, shut down. A reused baseline
 is copied into the new archive (`evidence/baseline/`, `logs/baseline-*.log`), so each archive still
@@ -31,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cptest.plan.model import Plan
+from cptest.plan.model import Plan, ServerPlan
 from cptest.store import Layout
 
 CACHE_VERSION = 1
@@ -55,7 +58,20 @@ def _without_port(argv: list[str]) -> list[str]:
 def baseline_key(plan: Plan, environment: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
     """(key, what it was computed from) for `plan`'s baseline; None without a baseline or without
     a weights hash."""
-    server = plan.baseline
+    return server_key(plan, plan.baseline, environment)
+
+
+def control_key(plan: Plan, environment: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The control's key: its own server, and the baseline's key, since it scores the baseline's
+    output (a different baseline means different sequences, hence different evidence)."""
+    base = baseline_key(plan, environment)
+    if base is None:
+        return None
+    return server_key(plan, plan.control, environment, scored_from=base[0])
+
+
+def server_key(plan: Plan, server: ServerPlan | None, environment: Mapping[str, Any],
+               **extra: str) -> tuple[str, dict[str, Any]] | None:
     weights = environment.get("weights_sha256")
     if server is None or not weights:
         return None
@@ -73,7 +89,10 @@ def baseline_key(plan: Plan, environment: Mapping[str, Any]) -> tuple[str, dict[
         "install": {k: environment.get(k) for k in INSTALL_FACTS},
         "workload_sha256": hashlib.sha256(plan.workload.model_dump_json().encode()).hexdigest(),
         "cptest": plan.pins.cptest_version,
+        **extra,
     }
+    if server.role != "baseline":
+        material["role"] = server.role
     text = json.dumps(material, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest(), material
 
@@ -92,14 +111,14 @@ class BaselineCache:
         except (OSError, ValueError):
             return None
 
-    def restore(self, key: str, layout: Layout) -> None:
+    def restore(self, key: str, layout: Layout, role: str = "baseline") -> None:
         """Copy the entry's evidence and logs into the archive at `layout`."""
         src = self.entry(key)
-        shutil.copytree(src / "evidence", layout.role_dir("baseline"), dirs_exist_ok=True)
+        shutil.copytree(src / "evidence", layout.role_dir(role), dirs_exist_ok=True)
         for log in sorted((src / "logs").glob("*.log")):
             shutil.copy2(log, layout.logs_dir / log.name)
 
-    def store(self, key: str, material: dict[str, Any], layout: Layout) -> bool:
+    def store(self, key: str, material: dict[str, Any], layout: Layout, role: str = "baseline") -> bool:
         """Keep the archive's baseline evidence under `key` (written aside, then renamed, so a reader
         never sees half an entry). False when another run stored it first or the disk refused."""
         if self.lookup(key) is not None:
@@ -107,9 +126,9 @@ class BaselineCache:
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=self.root))
         try:
-            shutil.copytree(layout.role_dir("baseline"), tmp / "evidence")
+            shutil.copytree(layout.role_dir(role), tmp / "evidence")
             (tmp / "logs").mkdir()
-            for log in sorted(layout.logs_dir.glob("baseline-node*.log")):
+            for log in sorted(layout.logs_dir.glob(f"{role}-node*.log")):
                 shutil.copy2(log, tmp / "logs" / log.name)
             (tmp / "key.json").write_text(json.dumps({
                 "key": key, "material": material, "archive": str(layout.root),

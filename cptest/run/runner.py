@@ -10,14 +10,21 @@ returns a `RunOutcome` summary for the log. It writes:
     evidence/cptest.jsonl                     cptest's outline log
 The scenario, the plan and the manifest are the store's (`cptest.store.begin`/`finish`).
 
-Per server (main, then baseline if planned): sample GPUs and host processes (`before`); start every
-node; poll `GET /health_generate` with `retry` until 200, while watching every main process (an exit
-during launch is `launch_failed` with the status and the log's last lines: a *result*, for scenarios
-that expect a rejection, not an infrastructure error); record `/server_info`; run the workload (main:
-with the plan's faults); SIGTERM each main process and time until every process of every tree is gone
-(within `shutdown_timeout_s`, else `timeout` and a forced teardown); sample again (`after`), and wait
-up to `gpu_settle_s` for GPU memory to return to its `before` level (`final`). The baseline runs the
-same requests without faults; it is skipped when the main server did not become ready.
+Servers in order: when the plan scores (`workload.score_topk`), the baseline, the noise-floor
+control (when planned and the baseline answered), then the main server; otherwise the main server,
+then the baseline (skipped when the main server did not become ready); a baseline or control whose
+evidence the cache holds is copied instead of run (`cptest.run.baseline_cache`). Per server: sample
+GPUs and host processes (`before`); start every node; poll `GET /health_generate` with `retry` until
+200, while watching every main process (an exit during launch is `launch_failed` with the status and
+the log's last lines: a *result*, for scenarios that expect a rejection, not an infrastructure
+error); record `/server_info`; run the workload (main: with the plan's faults); SIGTERM each main
+process and time until every process of every tree is gone (within `shutdown_timeout_s`, else
+`timeout` and a forced teardown); sample again (`after`), and wait up to `gpu_settle_s` for GPU
+memory to return to its `before` level (`final`). The baseline and the control run the same requests
+without faults. When the plan scores (`workload.score_topk`), every server scores the baseline's
+sequences (`cptest.run.scoring`) on an empty prefix cache: the baseline after its workload (its own
+answers), the control and the main server before theirs (a fault may end the server during the
+workload), with `/flush_cache` between scoring and workload.
 
 Ctrl-C or SIGTERM to cptest (see `process.install_signal_handlers`): a Lifecycle `interrupted`
 record, teardown of everything, then KeyboardInterrupt (Ctrl-C) or RunError exit 3 (SIGTERM/SIGHUP).
@@ -36,7 +43,7 @@ from typing import Literal
 import httpx
 
 from cptest.errors import RunError
-from cptest.evidence import Lifecycle, ProbeNote, ServerInfo
+from cptest.evidence import Lifecycle, ProbeNote, RequestResult, ServerInfo, read_records
 from cptest.outline import JsonLinesSink, Logger
 from cptest.plan.model import Plan, ServerPlan
 from cptest.retry import Abort, retry
@@ -47,10 +54,11 @@ from cptest.run.faults import FaultInjector
 from cptest.run.gpu import GpuReading, read_gpus
 from cptest.run.launcher import ExitInfo, Launcher
 from cptest.run.process import Interrupted
+from cptest.run.scoring import Sequence, score, sequences_from
 from cptest.run.supervisor import Owned, Supervisor, gpu_settled
 from cptest.store import Layout
 
-Role = Literal["main", "baseline"]
+Role = Literal["main", "baseline", "control"]
 
 LOG_TAIL_LINES = 30
 """How many last log lines a `launch_failed` record carries."""
@@ -75,6 +83,7 @@ class RunOutcome:
     out_dir: Path
     main: ServerOutcome
     baseline: ServerOutcome | None = None
+    control: ServerOutcome | None = None
     skipped: list[str] = field(default_factory=list)
     """Why a planned phase did not run (e.g. the baseline after a failed main launch)."""
 
@@ -96,6 +105,8 @@ class RunOptions:
     baseline_key: tuple[str, dict] | None = None
     """The plan's baseline key and what it was computed from (the pipeline sets it: it needs the
     machine's environment); None: the baseline cannot be cached."""
+    control_key: tuple[str, dict] | None = None
+    """The same for the noise-floor control."""
 
 
 def log_tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
@@ -116,34 +127,54 @@ def run_plan(plan: Plan, out_dir: Path, *, launcher: Launcher, log: Logger,
     """
     opts = options or RunOptions()
     layout = Layout(out_dir)
-    layout.make_dirs(["main"] + (["baseline"] if plan.baseline is not None else []))
+    layout.make_dirs([s.role for s in plan.servers()])
     sink = JsonLinesSink(layout.cptest_log)
     log.add_sink(sink)
     writers: dict[Role, RecordWriter] = {}
     current: list[Role] = ["main"]
+    for_main: list[Lifecycle] = []  # cache hits and stores, told in the main runner file
     try:
         with Supervisor(launcher, log=log, sample_interval_s=opts.sample_interval_s, gpu_query=opts.gpu_query,
                         title_prefix=plan.main.process_title_prefix.split("::")[0] + "::") as sup:
             try:
-                writers["main"] = RecordWriter(layout.runner_file("main"))
-                outcome = RunOutcome(out_dir, _run_server(sup, plan, plan.main, writers["main"], layout,
-                                                          opts, log, faults=True))
-                if plan.baseline is not None:
-                    if not outcome.main.ready:
-                        why = "baseline skipped: the main server did not become ready"
-                        outcome.skipped.append(why)
-                        log.info(why)
-                    elif (reused := _reuse_baseline(layout, opts, writers["main"], log)) is not None:
-                        outcome.baseline = reused
-                    else:
+                skipped: list[str] = []
+                seqs: list[Sequence] | None = None
+                base_out = ctl_out = None
+                if plan.baseline is not None and not plan.workload.score_topk:
+                    # Nothing to score: main first, and no baseline at all when main never came up.
+                    writers["main"] = RecordWriter(layout.runner_file("main"))
+                    main = _run_server(sup, plan, plan.main, writers["main"], layout, opts, log, faults=True)
+                    if main.ready:
                         current[0] = "baseline"
-                        writers["baseline"] = RecordWriter(layout.runner_file("baseline"))
-                        outcome.baseline = _run_server(sup, plan, plan.baseline, writers["baseline"], layout,
-                                                       opts, log, faults=False)
-                        writers["baseline"].close()
-                        _keep_baseline(outcome.baseline, len(plan.workload.requests), layout, opts,
-                                       writers["main"], log)
-                return outcome
+                        base_out = _reference(sup, plan, plan.baseline, opts.baseline_key, None, writers,
+                                              layout, opts, log, for_main)
+                    else:
+                        skipped.append("baseline skipped: the main server did not become ready")
+                        log.info(skipped[-1])
+                    for note in for_main:
+                        writers["main"].write(note)
+                    return RunOutcome(out_dir, main, baseline=base_out, skipped=skipped)
+                if plan.baseline is not None:
+                    current[0] = "baseline"
+                    base_out = _reference(sup, plan, plan.baseline, opts.baseline_key, None, writers, layout,
+                                          opts, log, for_main)
+                    if plan.workload.score_topk:
+                        seqs = _baseline_sequences(layout, plan)
+                if plan.control is not None:
+                    if seqs:
+                        current[0] = "control"
+                        ctl_out = _reference(sup, plan, plan.control, opts.control_key, seqs, writers, layout,
+                                             opts, log, for_main)
+                    else:
+                        skipped.append("control skipped: the baseline gave no sequence to score")
+                        log.info(skipped[-1])
+                current[0] = "main"
+                writers["main"] = RecordWriter(layout.runner_file("main"))
+                for note in for_main:
+                    writers["main"].write(note)
+                main = _run_server(sup, plan, plan.main, writers["main"], layout, opts, log, faults=True,
+                                   seqs=seqs)
+                return RunOutcome(out_dir, main, baseline=base_out, control=ctl_out, skipped=skipped)
             except KeyboardInterrupt as e:
                 reason = signal.Signals(e.signum).name if isinstance(e, Interrupted) else "SIGINT"
                 w = writers.get(current[0])
@@ -160,39 +191,64 @@ def run_plan(plan: Plan, out_dir: Path, *, launcher: Launcher, log: Logger,
         log.remove_sink(sink)
 
 
-def _reuse_baseline(layout: Layout, opts: RunOptions, writer: RecordWriter,
-                    log: Logger) -> ServerOutcome | None:
-    """Copy a cached baseline into the archive instead of running it; None on a miss."""
-    if opts.baseline_cache is None or opts.baseline_key is None:
+def _reference(sup: Supervisor, plan: Plan, server: ServerPlan, key: tuple[str, dict] | None,
+               seqs: list[Sequence] | None, writers: dict[Role, RecordWriter], layout: Layout,
+               opts: RunOptions,
+               log: Logger, for_main: list[Lifecycle]) -> ServerOutcome:
+    """A server the main one is compared with (baseline, control): copied from the cache when it
+    holds the same evidence, else run (and stored when clean)."""
+    role: Role = server.role
+    if (reused := _reuse(role, key, layout, opts, log, for_main)) is not None:
+        return reused
+    writers[role] = RecordWriter(layout.runner_file(role))
+    out = _run_server(sup, plan, server, writers[role], layout, opts, log, faults=False, seqs=seqs)
+    writers[role].close()
+    _keep(role, key, out, len(plan.workload.requests), layout, opts, log, for_main)
+    return out
+
+
+def _baseline_sequences(layout: Layout, plan: Plan) -> list[Sequence]:
+    """What every server scores: the baseline's answers, read back from its runner file (a run or a
+    cache copy alike)."""
+    path = layout.runner_file("baseline")
+    if not path.exists():
+        return []
+    records, _ = read_records(path)
+    return sequences_from((r for r in records if isinstance(r, RequestResult)), plan.workload)
+
+
+def _reuse(role: Role, key: tuple[str, dict] | None, layout: Layout, opts: RunOptions, log: Logger,
+           for_main: list[Lifecycle]) -> ServerOutcome | None:
+    """Copy a cached server's evidence into the archive instead of running it; None on a miss."""
+    if opts.baseline_cache is None or key is None:
         return None
-    key = opts.baseline_key[0]
-    entry = opts.baseline_cache.lookup(key)
+    entry = opts.baseline_cache.lookup(key[0])
     if entry is None:
         return None
-    opts.baseline_cache.restore(key, layout)
-    writer.write(Lifecycle(run="baseline", event="baseline_reused",
-                           detail={"key": key, "archive": entry.get("archive"),
-                                   "stored": entry.get("stored")}))
-    log.info(f"baseline reused from the cache ({key[:12]}, made by {entry.get('archive')})")
-    return ServerOutcome("baseline", ready=True, reused=key)
+    opts.baseline_cache.restore(key[0], layout, role)
+    for_main.append(Lifecycle(run=role, event=f"{role}_reused",
+                              detail={"key": key[0], "archive": entry.get("archive"),
+                                      "stored": entry.get("stored")}))
+    log.info(f"{role} reused from the cache ({key[0][:12]}, made by {entry.get('archive')})")
+    return ServerOutcome(role, ready=True, reused=key[0])
 
 
-def _keep_baseline(out: ServerOutcome, requests: int, layout: Layout, opts: RunOptions, writer: RecordWriter,
-                   log: Logger) -> None:
-    """Store a clean baseline (ready, every request completed, every process exited) in the cache."""
-    if opts.baseline_cache is None or opts.baseline_key is None:
+def _keep(role: Role, key: tuple[str, dict] | None, out: ServerOutcome, requests: int, layout: Layout,
+          opts: RunOptions, log: Logger, for_main: list[Lifecycle]) -> None:
+    """Store a clean server (ready, every request completed, every process exited) in the cache."""
+    if opts.baseline_cache is None or key is None:
         return
     w = out.workload
     if not (out.ready and out.all_exited and w is not None and w.completed == requests):
         return
-    key, material = opts.baseline_key
-    if opts.baseline_cache.store(key, material, layout):
-        writer.write(Lifecycle(run="baseline", event="baseline_cached", detail={"key": key}))
-        log.info(f"baseline stored in the cache ({key[:12]})")
+    if opts.baseline_cache.store(key[0], key[1], layout, role):
+        for_main.append(Lifecycle(run=role, event=f"{role}_cached", detail={"key": key[0]}))
+        log.info(f"{role} stored in the cache ({key[0][:12]})")
 
 
 def _run_server(sup: Supervisor, plan: Plan, server: ServerPlan, writer: RecordWriter, layout: Layout,
-                opts: RunOptions, log: Logger, *, faults: bool) -> ServerOutcome:
+                opts: RunOptions, log: Logger, *, faults: bool,
+                seqs: list[Sequence] | None = None) -> ServerOutcome:
     role: Role = server.role
     out = ServerOutcome(role)
     probe_dir = layout.role_dir(role)
@@ -215,7 +271,20 @@ def _run_server(sup: Supervisor, plan: Plan, server: ServerPlan, writer: RecordW
             sup.sample("running", role, writer)  # the ready tree, even for a workload shorter than a period
             sup.start_sampling(role, writer)
             try:
+                # Every server scores on an empty prefix cache (a whole prefill of each sequence),
+                # and every workload runs on one: the main server and the control score before
+                # their workload (a fault may end the server during it), the baseline after (it
+                # scores its own answers); the cache is flushed in between.
+                scoring = bool(plan.workload.score_topk)
+                if scoring and seqs and server.role != "baseline":
+                    _score(sup, plan, server, seqs, writer, log)
+                    _flush_cache(server, writer, opts, log)
                 out.workload = _drive(sup, plan, server, owned, writer, probe_dir, opts, log, faults=faults)
+                if scoring and server.role == "baseline":
+                    own = sequences_from(out.workload.results, plan.workload)
+                    if own:
+                        _flush_cache(server, writer, opts, log)
+                        _score(sup, plan, server, own, writer, log)
             finally:
                 sup.stop_sampling()
             sup.check()
@@ -310,6 +379,40 @@ def _drive(sup: Supervisor, plan: Plan, server: ServerPlan, owned: list[Owned], 
                 injector.stop()
     writer.write(Lifecycle(run=server.role, event="workload_done", detail=summary.as_detail()))
     return summary
+
+
+def _score(sup: Supervisor, plan: Plan, server: ServerPlan, seqs: list[Sequence], writer: RecordWriter,
+           log: Logger) -> None:
+    """Teacher-forced scoring of the baseline's sequences (`cptest.run.scoring`), after the workload."""
+    with log.step(f"{server.role} scoring: {len(seqs)} sequences of the baseline"):
+        done = score(server.base_url, seqs, top_k=plan.workload.score_topk, role=server.role, writer=writer,
+                     concurrency=plan.workload.concurrency or 8, timeout_s=plan.workload.timeout_s,
+                     progress=log.progress(f"{server.role} scoring", len(seqs)))
+    ok = sum(s.status == "ok" for s in done)
+    writer.write(Lifecycle(run=server.role, event="scoring_done", detail={"sequences": len(seqs), "ok": ok}))
+    sup.check()
+
+
+def _flush_cache(server: ServerPlan, writer: RecordWriter, opts: RunOptions, log: Logger) -> None:
+    """Empty the server's prefix cache (SGLang 0.5.17 `/flush_cache`: 200 when done, 400 while
+    requests are pending, so it is asked again for a few seconds); the outcome is recorded."""
+    url = server.base_url.rstrip("/") + "/flush_cache"
+    detail: dict[str, object] = {}
+    deadline = time.monotonic() + 10.0
+    while True:
+        try:
+            r = httpx.post(url, timeout=opts.http_timeout_s)
+            detail = {"status": r.status_code, "message": r.text.strip()[:200]}
+            if r.status_code == 200:
+                break
+        except httpx.HTTPError as e:
+            detail = {"status": None, "message": f"{type(e).__name__}: {e}"}
+        if time.monotonic() > deadline:
+            log.warning(f"{server.role}: prefix cache not flushed ({detail['message']}); the next phase "
+                        f"may reuse cached prompts")
+            break
+        time.sleep(0.5)
+    writer.write(Lifecycle(run=server.role, event="cache_flushed", detail=detail))
 
 
 def _shutdown(sup: Supervisor, server: ServerPlan, owned: list[Owned], writer: RecordWriter,

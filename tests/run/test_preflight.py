@@ -151,7 +151,7 @@ def test_a_crash_of_cptest_during_the_run_is_unknown_with_its_traceback_kept(
 def test_the_cli_says_it_in_one_line_exits_3_and_launches_nothing(tmp_path: Path) -> None:
     scenarios = tmp_path / "scenarios"
     scenarios.mkdir()
-    for f in ("dcp2_llama_kv1.cps", "defaults"):
+    for f in ("reference_stop_rank_dcp2.cps", "defaults"):  # a scenario naming a local tiny model
         src = ROOT / "scenarios" / f
         dst = scenarios / f
         if src.is_dir():
@@ -160,7 +160,7 @@ def test_the_cli_says_it_in_one_line_exits_3_and_launches_nothing(tmp_path: Path
                 (dst / g.name).write_bytes(g.read_bytes())
         else:
             dst.write_bytes(src.read_bytes())
-    cmd = [sys.executable, "-m", "cptest", "run", str(scenarios / "dcp2_llama_kv1.cps"),
+    cmd = [sys.executable, "-m", "cptest", "run", str(scenarios / "reference_stop_rank_dcp2.cps"),
            "--results", str(tmp_path / "results"), "--engine", "reference", "--no-baseline-cache"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 3 and done.stdout == ""
