@@ -8,16 +8,21 @@ cptest 1
 scenario dcp2_mla {
   description "DCP2 on TP2, tiny DeepSeek MLA"
   extends "defaults/tiny.cps"
-  model local "../.tiny-models/deepseek-mla"
-  facts {
-    architecture "DeepseekV3ForCausalLM"
+
+  # tiny DeepSeek-V3-style MLA, written by cptest itself (cptest/run/models.py)
+  model synthetic deepseek_mla {
     layers 4
     hidden 256
     heads 8
     kv_heads 8
-    head_dim 48
     vocab 4096
-    mla true
+    intermediate 512
+    seed 4321
+    kv_lora_rank 64
+    q_lora_rank 128
+    qk_nope_head_dim 32
+    qk_rope_head_dim 16
+    v_head_dim 32
   }
   topology {
     gpus 2
@@ -30,8 +35,8 @@ scenario dcp2_mla {
   expect {
     rows kv_owner position % 2
     capacity logical == 2 * physical within 0.01
-    # Calibrated on the noise floor, not guessed: TP1 vs TP2 of the same tiny bf16 model agree on
-    # 0.596 of greedy tokens with max logprob diff 0.091 (results/tp2_llama_kv1/20261130T053444Z-65cc93be).
-    violated generation tokens_agree >= 0.5 logprob_within 0.1 vs baseline because "triton implements DCP for MHA only (docs/sglang.md §3.1)"
+    # Teacher-forced against the measured noise floor (docs/language.md "Generation parity"): the
+    # control is the baseline's model at another TP degree; free-running by vLLM's top-k rule.
+    violated generation logprob p99 <= 4 * control free_running topk 5 vs baseline because "triton implements DCP for MHA only (docs/sglang.md §3.1)"
   }
 }

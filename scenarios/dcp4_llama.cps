@@ -37,19 +37,19 @@ scenario dcp4_llama {
     tp 4
   }
   workload {
-    requests 64
+    requests 32
     concurrency 16
-    prompt_tokens uniform(1024, 4096)
-    output_tokens 64
+    prompt_tokens uniform(256, 1024)
+    output_tokens 32
   }
-  fault kill rank 2 after 32 requests
+  fault kill rank 2 after 16 requests
   expect {
     rows kv_owner position % 4
     capacity logical == 4 * physical within 0.01
-    # Calibrated on the noise floor, not guessed: TP1 vs TP2 of the same tiny bf16 model agree on
-    # 0.596 of greedy tokens with max logprob diff 0.091 (results/tp2_llama_kv1/20261130T053444Z-65cc93be).
-    violated generation tokens_agree >= 0.5 logprob_within 0.1 vs baseline because "kv_heads 8 > tp/dcp 1: DCP ranks hold different KV heads (docs/sglang.md §3.2)"
-    serving completed >= 32 of 64
+    # Teacher-forced against the measured noise floor (docs/language.md "Generation parity"): the
+    # control is the baseline's model at another TP degree; free-running by vLLM's top-k rule.
+    violated generation logprob p99 <= 4 * control free_running topk 5 vs baseline because "kv_heads 8 > tp/dcp 1: DCP ranks hold different KV heads (docs/sglang.md §3.2)"
+    serving completed >= 16 of 32
     shutdown within 30s gpu_memory_released no_orphans exit_status in (-9, 137)
     log contains "DCP enabled, dcp_size=4, tp_size=4"
   }

@@ -6,15 +6,17 @@ cptest 1
 scenario sigterm_shutdown {
   description "graceful SIGTERM shutdown of a TP2 server under load"
   extends "defaults/tiny.cps"
-  model local "../.tiny-models/llama-kv1"
-  facts {
-    architecture "LlamaForCausalLM"
+
+  # the tiny model's geometry, written by cptest itself (cptest/run/models.py)
+  model synthetic llama {
     layers 4
     hidden 256
     heads 8
     kv_heads 1
     head_dim 64
     vocab 4096
+    intermediate 512
+    seed 7
   }
   topology {
     gpus 2

@@ -4,15 +4,17 @@ cptest 1
 scenario tp1_llama_kv1 {
   description "TP1 baseline, tiny Llama with 1 KV head"
   extends "defaults/tiny.cps"
-  model local "../.tiny-models/llama-kv1"
-  facts {
-    architecture "LlamaForCausalLM"
+
+  # the tiny model's geometry, written by cptest itself (cptest/run/models.py)
+  model synthetic llama {
     layers 4
     hidden 256
     heads 8
     kv_heads 1
     head_dim 64
     vocab 4096
+    intermediate 512
+    seed 7
   }
   topology {
     gpus 1
