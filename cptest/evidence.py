@@ -280,6 +280,9 @@ class RequestResult(_Record):
     ttft_s: float | None = None
     tpot_s: float | None = None
     e2e_s: float | None = None
+    ttft_token_s: float | None = Field(default=None, exclude_if=lambda v: v is None)
+    """When `ttft_s` was stamped at the first text (a server that sends text): the time to the first
+    chunk with an output token id, which can come a chunk earlier."""
     output_top: list[list[tuple[int, float]]] | None = Field(default=None, exclude_if=lambda v: v is None)
     """The planned top-k (`workload.top_logprobs`) at each output position, as (token id, logprob)
     sorted by logprob: what the free-running comparison needs at a first divergence."""

@@ -193,7 +193,7 @@ class WorkloadDriver:
     def __init__(self, base_url: str, workload: WorkloadPlan, *, role: Literal["main", "baseline", "control"],
                  writer: RecordWriter, on_done: list[OnDone] | None = None, incremental_stream: bool = False,
                  progress: Progress | None = None,
-                 connect_timeout_s: float = 10.0) -> None:
+                 connect_timeout_s: float = 10.0, connection_per_request: bool = True) -> None:
         self.base_url = base_url.rstrip("/")
         self.workload = workload
         self.role = role
@@ -202,6 +202,7 @@ class WorkloadDriver:
         self.incremental = incremental_stream
         self.progress = progress
         self.connect_timeout_s = connect_timeout_s
+        self.connection_per_request = connection_per_request
         self.summary = WorkloadSummary()
         self.started_at: float | None = None
         """time.monotonic() when the first request could be sent (faults count time from here)."""
@@ -226,7 +227,7 @@ class WorkloadDriver:
         # does (a session per request): keep-alive made cptest's median TTFT 13 % lower than
         # bench_serving's on the same server (results/_measure run5), a difference of clients.
         connector = aiohttp.TCPConnector(limit=max(limit or len(self.workload.requests), 1) + 4,
-                                         force_close=True)
+                                         force_close=self.connection_per_request)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)
         # read_bufsize: a cumulative chunk of a long answer with logprobs is one line of hundreds of
         # KB; aiohttp's line reader refuses lines over twice this buffer.
@@ -309,11 +310,14 @@ class WorkloadDriver:
         # (a `--skip-tokenizer-init` server sends none).
         first = state.first_text_at if state.first_text_at is not None else state.first_token_at
         ttft = first - t0 if first is not None else None
+        by_token = None
+        if state.first_text_at is not None and state.first_token_at is not None:
+            by_token = state.first_token_at - t0
         n = len(state.output_ids)
         tpot = (end - first) / (n - 1) if first is not None and n > 1 else None
         return self._result(req, status, error=error, output_ids=state.output_ids,
                             output_logprobs=state.logprobs, sent_at=sent_at, ttft_s=ttft, tpot_s=tpot,
-                            e2e_s=end - t0, output_top=state.top)
+                            e2e_s=end - t0, output_top=state.top, ttft_token_s=by_token)
 
     def _finish(self, result: RequestResult) -> None:
         s = self.summary

@@ -51,10 +51,11 @@ def planned_workload(scenario: Path) -> WorkloadPlan:
     return w.model_copy(update={"requests": reqs})
 
 
-def run_cptest(workload: WorkloadPlan, port: int, out: Path) -> dict[str, Any]:
+def run_cptest(workload: WorkloadPlan, port: int, out: Path, keepalive: bool = False) -> dict[str, Any]:
     writer = RecordWriter(out)
     try:
-        driver = WorkloadDriver(f"http://127.0.0.1:{port}", workload, role="main", writer=writer)
+        driver = WorkloadDriver(f"http://127.0.0.1:{port}", workload, role="main", writer=writer,
+                                connection_per_request=not keepalive)
         summary = asyncio.run(driver.arun())
     finally:
         writer.close()
@@ -62,10 +63,17 @@ def run_cptest(workload: WorkloadPlan, port: int, out: Path) -> dict[str, Any]:
     start = min(r.sent_at for r in ok)
     end = max(r.sent_at + (r.e2e_s or 0.0) for r in ok)
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    # The first chunk with a token id, where it came before the first text (bench_serving's event).
+    by_token = [r.ttft_token_s if r.ttft_token_s is not None else r.ttft_s
+                for r in ok if r.ttft_s is not None]
     return {"client": "cptest", "completed": len(ok), "failed": len(summary.results) - len(ok),
             "duration_s": end - start, "output_tokens": sum(len(r.output_ids) for r in ok),
             "output_throughput": sum(len(r.output_ids) for r in ok) / (end - start),
-            "mean_ttft_ms": 1000 * statistics.fmean(ttfts), "median_ttft_ms": 1000 * statistics.median(ttfts)}
+            "mean_ttft_ms": 1000 * statistics.fmean(ttfts), "median_ttft_ms": 1000 * statistics.median(ttfts),
+            "median_ttft_token_ms": 1000 * statistics.median(by_token),
+            "text_after_token": sum(r.ttft_token_s is not None and r.ttft_token_s < r.ttft_s for r in ok
+                                    if r.ttft_s is not None),
+            "keepalive": keepalive}
 
 
 def _without_hf_datasets() -> None:
@@ -104,9 +112,9 @@ def run_bench_serving(workload: WorkloadPlan, port: int, out: Path) -> dict[str,
             "mean_ttft_ms": r["mean_ttft_ms"], "median_ttft_ms": r["median_ttft_ms"]}
 
 
-def _pair(pair: list[dict[str, Any]], metric: str) -> float:
-    by = {r["client"]: r[metric] for r in pair}
-    return by["cptest"] / by["bench_serving"]
+def _pair(pair: list[dict[str, Any]], metric: str, theirs: str | None = None) -> float:
+    by = {r["client"]: r for r in pair}
+    return by["cptest"][metric] / by["bench_serving"][theirs or metric]
 
 
 def bootstrap(values: list[float], n: int = 10_000, seed: int = 1) -> tuple[float, float]:
@@ -121,6 +129,9 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--keepalive", action="store_true",
+                    help="cptest's client keeps connections alive (default: one per request, "
+                    "as bench_serving)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     workload = planned_workload(a.scenario)
@@ -131,23 +142,24 @@ def main() -> None:
           f"{sum(r.max_new_tokens for r in workload.requests)} output tokens", flush=True)
     runs: list[dict[str, Any]] = []
     t0 = time.time()
-    warm = [run_cptest(workload, a.port, a.out / "warmup.jsonl"),
+    warm = [run_cptest(workload, a.port, a.out / "warmup.jsonl", a.keepalive),
             run_bench_serving(workload, a.port, a.out / "warmup-bench.jsonl")]
     print(f"warm-up: {warm}", flush=True)
     order = [c for i in range(a.rounds) for c in (("bench", "cptest") if i % 2 == 0 else ("cptest", "bench"))]
     for i, client in enumerate(order):
         run = (run_bench_serving(workload, a.port, a.out / f"bench-{i}.jsonl") if client == "bench"
-               else run_cptest(workload, a.port, a.out / f"cptest-{i}.jsonl"))
+               else run_cptest(workload, a.port, a.out / f"cptest-{i}.jsonl", a.keepalive))
         run["at_s"] = round(time.time() - t0, 1)
         runs.append(run)
         print(json.dumps(run), flush=True)
     result: dict[str, Any] = {"scenario": str(a.scenario), "requests": len(workload.requests),
                               "concurrency": workload.concurrency, "rounds": a.rounds, "runs": runs,
-                              "warmup": warm}
-    for metric in ("output_throughput", "mean_ttft_ms", "median_ttft_ms"):
-        med = {c: statistics.median(r[metric] for r in runs if r["client"] == c)
-               for c in ("cptest", "bench_serving")}
-        ratios = [_pair(runs[2 * i:2 * i + 2], metric) for i in range(a.rounds)]
+                              "warmup": warm, "keepalive": a.keepalive}
+    for metric, theirs in (("output_throughput", "output_throughput"), ("mean_ttft_ms", "mean_ttft_ms"),
+                           ("median_ttft_ms", "median_ttft_ms"), ("median_ttft_token_ms", "median_ttft_ms")):
+        med = {"cptest": statistics.median(r[metric] for r in runs if r["client"] == "cptest"),
+               "bench_serving": statistics.median(r[theirs] for r in runs if r["client"] == "bench_serving")}
+        ratios = [_pair(runs[2 * i:2 * i + 2], metric, theirs) for i in range(a.rounds)]
         lo, hi = bootstrap(ratios)
         result[metric] = med | {"round_ratios": ratios, "ratio_median": statistics.median(ratios),
                                 "ratio_mean": statistics.fmean(ratios), "ratio_ci95": [lo, hi]}

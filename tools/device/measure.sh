@@ -11,7 +11,9 @@
 # 3. probe_windows.py on p0 and p1 (opposite ABBA patterns), then fidelity.py on f.
 # Environment: COHORTS (9), WINDOW_S (1.5), ROUNDS (6), SKIP_FIDELITY=1 (windows only, no server f),
 # SKIP_TESTS=1 (no GPU tests or benchmark: a second call on the same machine), SKIP_SCORING=1 (no
-# scoring_check.py against p0 at the end). On a 1-GPU machine all three servers share GPU 0.
+# scoring_check.py against p0 at the end), SKIP_WINDOWS=1 (no p0/p1, no windows), KEEPALIVE_TOO=1 (a
+# second fidelity pass with cptest's client keeping connections alive). On a 1-GPU machine all
+# three servers share GPU 0.
 # Run it as `COMMIT=<the commit, from here> bash tools/device/measure.sh`: the machine's copy of .git
 # may be stale, so its own `git rev-parse` named an older commit in the first three runs' manifests.
 # Returns $OUT/measure.log, windows.json, fidelity.json, probe-check.json (every probe line of p0/p1
@@ -69,24 +71,36 @@ NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 G1=$([ "${NGPU:-0}" -ge 2 ] && echo 1 || echo 0)
 say "launching p0 (GPU 0), p1 and f (GPU $G1; $NGPU GPU(s) here)"
 # a cohort of 64 x (128 + 7000) tokens must fit the pool whole: no retraction inside a window
-launch p0 0 31000 "${CPUSETS[0]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" --skip-tokenizer-init --max-total-tokens 524288
-launch p1 "$G1" 31001 "${CPUSETS[1]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" --skip-tokenizer-init --max-total-tokens 524288
+if [ "${SKIP_WINDOWS:-0}" != 1 ]; then
+  launch p0 0 31000 "${CPUSETS[0]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" --skip-tokenizer-init --max-total-tokens 524288
+  launch p1 "$G1" 31001 "${CPUSETS[1]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" --skip-tokenizer-init --max-total-tokens 524288
+fi
 [ "${SKIP_FIDELITY:-0}" = 1 ] || launch f "$G1" 31002 "${CPUSETS[2]}" .tiny-models/llama-kv1-tok 0 "${COMMON[@]}" --disable-radix-cache --max-total-tokens 131072
 pinned() { python3 -c 'import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")}); os.execvp(sys.argv[2], sys.argv[2:])' "$@"; }
 
-say "probe windows on p0 and p1"
-pinned "${CPUSETS[3]}" python3 tools/device/probe_windows.py --out "$OUT" \
-  --server "p0:31000:$WORK/switch-p0:$WORK/server-p0.log" --server "p1:31001:$WORK/switch-p1:$WORK/server-p1.log" \
-  --window-s "${WINDOW_S:-1.5}" --cohorts "${COHORTS:-9}" --blocks-per-cohort 3 2>&1 | tee -a "$LOG"
+if [ "${SKIP_WINDOWS:-0}" != 1 ]; then
+  say "probe windows on p0 and p1"
+  pinned "${CPUSETS[3]}" python3 tools/device/probe_windows.py --out "$OUT" \
+    --server "p0:31000:$WORK/switch-p0:$WORK/server-p0.log" --server "p1:31001:$WORK/switch-p1:$WORK/server-p1.log" \
+    --window-s "${WINDOW_S:-1.5}" --cohorts "${COHORTS:-9}" --blocks-per-cohort 3 2>&1 | tee -a "$LOG"
+fi
 
 if [ "${SKIP_FIDELITY:-0}" != 1 ]; then
+  for i in $(seq 150); do curl -sf localhost:31002/health_generate > /dev/null && break; sleep 2; done
   say "fidelity on f"
   pinned "${CPUSETS[3]}" python3 tools/device/fidelity.py tools/device/fidelity_llama_kv1.cps --port 31002 \
     --out "$WORK/fidelity" --rounds "${ROUNDS:-6}" 2>&1 | grep -v "^benchmark_args=\|^Namespace(" | tee -a "$LOG"
   cp "$WORK/fidelity/fidelity.json" "$OUT/" 2>/dev/null
+  if [ "${KEEPALIVE_TOO:-0}" = 1 ]; then
+    say "fidelity on f, cptest's client keeping connections alive"
+    pinned "${CPUSETS[3]}" python3 tools/device/fidelity.py tools/device/fidelity_llama_kv1.cps --port 31002 \
+      --out "$WORK/fidelity-keepalive" --rounds "${ROUNDS:-6}" --keepalive 2>&1 \
+      | grep -v "^benchmark_args=\|^Namespace(" | tee -a "$LOG"
+    cp "$WORK/fidelity-keepalive/fidelity.json" "$OUT/fidelity-keepalive.json" 2>/dev/null
+  fi
 fi
 
-if [ "${SKIP_SCORING:-0}" != 1 ]; then
+if [ "${SKIP_SCORING:-0}" != 1 ] && [ "${SKIP_WINDOWS:-0}" != 1 ]; then
   say "teacher-forced scoring against p0 (tools/device/scoring_check.py)"
   pinned "${CPUSETS[3]}" python3 tools/device/scoring_check.py tools/device/fidelity_llama_kv1.cps --port 31000 \
     --out "$OUT" --requests 64 2>&1 | tail -n 40 | tee -a "$LOG"
