@@ -72,29 +72,62 @@ def render_junit(source: Path | str | ScenarioVerdict) -> str:
 
 
 def render_matrix(archives: Iterable[Path | str]) -> str:
-    """Markdown table: one row per archive (scenario, engine, status, per-checker statuses, archive),
-    sorted by scenario then archive name. An archive without verdict.json shows `not checked`."""
-    rows = []
+    """Markdown table: one row per scenario and engine, from its newest archive (archive names start
+    with their UTC time; older ones are counted in `older`, never mixed in), with per-checker
+    statuses. A generation cell shows the teacher-forced figures next to its status (main |Δlogprob|
+    p99 / the control's floor); one judged by the free-running contract of older plans is marked †
+    and explained under the table. An archive without verdict.json shows `not checked`."""
+    newest: dict[tuple[str, str], dict[str, Any]] = {}
+    older: dict[tuple[str, str], int] = {}
     checkers: dict[str, None] = {}
     for a in archives:
         d = Path(a)
         p = Layout(d).verdict
         if not p.is_file():
-            rows.append(
-                {"scenario": d.parent.name, "engine": "?", "status": "not checked", "by": {}, "dir": d}
-            )
-            continue
-        v = ScenarioVerdict.from_json(p.read_text(encoding="utf-8"))
-        by: dict[str, str] = {}
-        for x in v.verdicts:
-            by[x.checker] = x.status if x.checker not in by else _worse(by[x.checker], x.status)
-            if x.expect_violation and x.status == "pass":
-                # A declared no-go that was observed: a valid result, but not "the contract holds".
-                by[x.checker] = "pass (no-go seen)"
-            checkers.setdefault(x.checker, None)
-        rows.append({"scenario": v.scenario, "engine": v.engine, "status": v.status, "by": by, "dir": d})
-    rows.sort(key=lambda r: (r["scenario"], r["dir"].name))
-    return _env(False).get_template("matrix.md.j2").render(rows=rows, checkers=list(checkers))
+            row: dict[str, Any] = {"scenario": d.parent.name, "engine": "?", "status": "not checked",
+                                   "by": {}, "dir": d}
+        else:
+            v = ScenarioVerdict.from_json(p.read_text(encoding="utf-8"))
+            by: dict[str, str] = {}
+            for x in v.verdicts:
+                by[x.checker] = x.status if x.checker not in by else _worse(by[x.checker], x.status)
+                if x.expect_violation and x.status == "pass":
+                    # A declared no-go that was observed: a valid result, but not "the contract holds".
+                    by[x.checker] = "pass (no-go seen)"
+                checkers.setdefault(x.checker, None)
+            row = {"scenario": v.scenario, "engine": v.engine, "status": v.status, "by": by, "dir": d}
+            gen = next((x for x in v.verdicts if x.checker == "generation"), None)
+            if gen is not None:
+                note, row["legacy"] = _generation_note(gen.figures)
+                row["notes"] = {"generation": note}
+        key = (row["scenario"], row["engine"])
+        if key in newest:
+            older[key] = older.get(key, 0) + 1
+            if row["dir"].name < newest[key]["dir"].name:
+                continue
+        newest[key] = row
+    rows = sorted(newest.values(), key=lambda r: (r["scenario"], r["engine"]))
+    for r in rows:
+        r["older"] = older.get((r["scenario"], r["engine"]), 0)
+    legacy = any(r.get("legacy") for r in rows)
+    return _env(False).get_template("matrix.md.j2").render(rows=rows, checkers=list(checkers), legacy=legacy,
+                                                            superseded=any(r["older"] for r in rows))
+
+
+def _generation_note(figures: dict[str, Any]) -> tuple[str, bool]:
+    """(what the generation cell adds to its status, whether the older free-running contract judged it)."""
+    bounds = figures.get("bounds")
+    if not bounds:
+        return " †", True
+    logprob = next((b for b in bounds if str(b.get("bound", "")).startswith("logprob")), None)
+    if logprob is None or logprob.get("measured") is None:
+        return "", False
+    stat = str(logprob["bound"]).split()[1]
+    text = f" ({stat} {logprob['measured']:.3g}"
+    if logprob.get("floor") is not None:
+        ratio = logprob.get("ratio")
+        text += f" / floor {logprob['floor']:.3g}" + (f" = {ratio:.2g}x" if ratio is not None else "")
+    return text + ")", False
 
 
 def _worse(a: str, b: str) -> str:

@@ -59,3 +59,22 @@ def test_matrix_has_one_row_per_archive_sorted_with_engine_and_checker_columns(t
     assert lines[2] == "| alpha | reference | **PASS** | PASS | - | - | 20250101T000000Z-00000000 |"
     assert lines[3].startswith("| beta | ? | **not checked** |")
     assert lines[4] == "| zeta | sglang | **FAIL** | PASS | FAIL | UNKNOWN | 20250101T000000Z-00000000 |"
+
+
+def test_matrix_keeps_the_newest_archive_per_scenario_and_shows_the_generation_floor(tmp_path: Path) -> None:
+    old = Verdict(checker="generation", status="fail", reason="greedy", figures={"tokens_agree": 0.6})
+    new = Verdict(checker="generation", status="pass", reason="p99", figures={"bounds": [
+        {"bound": "logprob p99 <= 4 * control", "measured": 0.012, "floor": 0.01, "ratio": 1.2}]})
+    dirs = []
+    for stamp, v in (("20260101T000000Z-aaaaaaaa", old), ("20260102T000000Z-bbbbbbbb", new)):
+        d = tmp_path / "dcp2" / stamp
+        d.mkdir(parents=True)
+        (d / "verdict.json").write_text(scenario_verdict("dcp2", "sglang", "0.5.17", [v]).to_json())
+        dirs.append(d)
+    lines = render_matrix(reversed(dirs)).splitlines()
+    assert lines[0] == "| scenario | engine | verdict | generation | archive | older |"
+    assert lines[2] == ("| dcp2 | sglang | **PASS** | PASS (p99 0.012 / floor 0.01 = 1.2x) | "
+                        "20260102T000000Z-bbbbbbbb | 1 |")
+    assert len([x for x in lines if x.startswith("| dcp2")]) == 1 and "†" not in "".join(lines)
+    only_old = render_matrix(dirs[:1])
+    assert "FAIL †" in only_old and "superseded by teacher-forced parity" in only_old
