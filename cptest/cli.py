@@ -353,8 +353,15 @@ def rerun(directory: Path, results: Path, launcher: str, baseline_cache: Path, n
 
     done = pipeline.rerun(directory, results, pipeline.launcher_named(launcher), log=_log(),
                           now=datetime.now(UTC), run_options=_run_options(baseline_cache, no_baseline_cache))
-    _outcome(done.outcome, as_json)
-    click.echo(done.diff.render())
+    if as_json:  # one JSON document: the new run's verdict with the diff beside it
+        outcome = done.outcome
+        click.echo(json.dumps(json.loads(outcome.verdict.to_json()) | {"archive": str(outcome.archive),
+                              "diff": done.diff.as_json()}, indent=2, sort_keys=True))  # fmt: skip
+        if outcome.error is not None:
+            click.echo(outcome.error.render(), err=True)
+    else:
+        _outcome(done.outcome, as_json)
+        click.echo(done.diff.render())
     return done.exit_code
 
 
@@ -423,13 +430,18 @@ def verify(directory: Path, as_json: bool) -> int:
 @main.command()
 @click.argument("a", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.argument("b", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--other-scenario", is_flag=True,
+              help="compare archives of different scenarios (refused otherwise, exit 2)")
+@json_option
 @_guard
-def diff(a: Path, b: Path) -> int:
-    """Compare the evidence of two archives within the declared tolerances."""
+def diff(a: Path, b: Path, other_scenario: bool, as_json: bool) -> int:
+    """Compare the evidence of two archives within the declared tolerances: token ids, K/V ownership
+    and statuses exactly, logprobs and capacity within the plan's tolerances; timings are shown,
+    never counted. Exit 0 no difference, 1 differences, 2 archives of different scenarios."""
     from cptest.checks.diff import diff as diff_archives
 
-    report = diff_archives(a, b)
-    click.echo(report.render())
+    report = diff_archives(a, b, other_scenario=other_scenario)
+    _emit(report.as_json(), as_json, report.render())
     return 0 if report.same else 1
 
 
