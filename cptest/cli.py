@@ -269,9 +269,6 @@ def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name
                                 placement=_placement(gpus, cpus, ports))
     for note in prepared.notes:
         click.echo(note, err=True)
-    if prepared.engine == "reference" and launcher != "process":
-        click.echo("cptest: the reference engine runs as local processes; --launcher process", err=True)
-        launcher = "process"
     for finding in prepared.findings:
         click.echo(f"lint{'' if finding.blocks else ' (warning)'}: {finding.render()}", err=True)
     try:

@@ -142,6 +142,12 @@ def run_scenario(
     or archived. A RunError, Ctrl-C or a crash of cptest itself during the run is recorded as the
     outcome's `error` (exit 3); the archive is finished either way, from the evidence gathered.
     """
+    # A launcher that runs images (docker) checks every one against images/lock.json now, before
+    # anything is archived or launched (InfrastructureError, exit 3), and pins the verified digest
+    # into the plan, so that plan.json and the manifest record what ran.
+    pin_images = getattr(launcher, "pin_images", None)
+    if pin_images is not None:
+        planned = pin_images(planned)
     from cptest.run.environment import collect_environment
     from cptest.run.models import ensure_synthetic, weights_sha256
     from cptest.run.preflight import require

@@ -6,12 +6,21 @@ Contract (the `Launcher` protocol of `cptest.run.launcher`, plus what containers
   (its image ID, or the digest part of one of its repo digests). An image that is missing from the
   lock, marked `"status": "unbuilt"`, absent locally, or of another digest is refused with a
   `RunError` (exit 3) *before* anything is created. Images are never pulled implicitly.
+- `pin_images(plan)`, which the pipeline calls before the archive is begun, does that check for every
+  node of every server at once and returns the plan with the images it will run: a node that names
+  no image gets the lock's image for its engine (`"engine": "reference"`: the reference engine's
+  image, `cptest image build reference`), and `pins.image`/`pins.image_digest` record the verified
+  digest, so plan.json and the manifest say what ran. A refusal there is `InfrastructureError`
+  (`unknown (image_...)`, exit 3, nothing launched or archived; docs/decisions.md D36).
+- An image whose lock entry has `cptest_mount` gets the running cptest package mounted read-only at
+  `<cptest_mount>/cptest`, with PYTHONPATH set to it (the reference image holds no cptest).
 - A container runs `node.argv` as an argv list (never a shell string) under an init process
   (`init=True`): SGLang kills its own process group with SIGKILL on shutdown, which the kernel
   ignores for a namespace's pid 1, and the init also reaps zombies. `send_signal` therefore goes to
   the init, which forwards it to the main process only.
 - Host networking and host IPC (NCCL and SGLang's shared memory need them); the model directory is
-  mounted read-only at the same path, the probe directory read-write at the same path.
+  mounted read-only at the same path, the probe directory (the launcher's, else the node's
+  `CPTEST_PROBE_DIR`, where the runner tells the ranks to write) read-write at the same path.
 - GPUs are a device request for exactly `node.gpu_ids` (none when the list is empty). Inside the
   container those GPUs are numbered from 0, so `CUDA_VISIBLE_DEVICES` is rewritten to `0..n-1`.
 - Every container carries the caller's labels plus `cptest.node` and `cptest.launcher=docker`;
@@ -44,9 +53,11 @@ import docker.types
 import psutil
 import requests.exceptions
 
+import cptest
 from cptest.errors import Problem, RunError, did_you_mean, one_of
-from cptest.plan.model import NodeLaunch
+from cptest.plan.model import NodeLaunch, Plan
 from cptest.run.launcher import ExitInfo
+from cptest.run.preflight import Cause, InfrastructureError
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +66,13 @@ LOCK_VERSION = 1
 
 DEFAULT_LOCK_PATH = Path(__file__).resolve().parents[2] / "images" / "lock.json"
 """The committed lock of the repository (images/lock.json)."""
+LOCK_ENV = "CPTEST_IMAGE_LOCK"
+"""Names another lock file in place of the committed one (tests; a site's own images)."""
+
+
+def lock_path() -> Path:
+    """The lock the launcher and `cptest image build` use: $CPTEST_IMAGE_LOCK, else images/lock.json."""
+    return Path(os.environ.get(LOCK_ENV) or DEFAULT_LOCK_PATH)
 
 LABEL_RUN = "cptest.run"
 LABEL_ROLE = "cptest.role"
@@ -64,8 +82,10 @@ LABEL_LAUNCHER = "cptest.launcher"
 """Always `docker`: `.ci/container-engine.sh stop` and `sweep` find our containers by it."""
 
 LOCK_STATUSES = ("pinned", "unbuilt")
-LOCK_ENTRY_KEYS = ("digest", "status", "build", "dockerfile", "sglang", "note")
-"""Keys of one lock entry; only digest and status are read, the rest documents the image."""
+LOCK_ENTRY_KEYS = ("digest", "status", "build", "dockerfile", "sglang", "note", "engine", "cptest_mount",
+                   "layer", "inputs")
+"""Keys of one lock entry. The launcher reads digest, status, build, engine and cptest_mount;
+`cptest image build` reads layer and inputs; the rest documents the image."""
 _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _BUILD_HINT = "build it and pin it as images/README.md describes"
 
@@ -96,6 +116,10 @@ class LockEntry:
     status: str
     build: str | None = None
     """How to build the image (a human instruction; shown when the entry is unbuilt)."""
+    engine: str | None = None
+    """The engine whose nodes run this image when their plan names none (at most one per engine)."""
+    cptest_mount: str | None = None
+    """Where the image expects the cptest package (mounted read-only from the running checkout)."""
 
 
 @dataclass(frozen=True)
@@ -156,10 +180,19 @@ class ImageLock:
                                         expected="null", found=repr(digest),
                                         hint='set "status": "pinned" once the digest is real'))
                 continue
-            entries[ref] = LockEntry(ref, digest, status, raw.get("build"))
+            engine = raw.get("engine")
+            if engine is not None and any(e.engine == engine for e in entries.values()):
+                problems.append(Problem(None, f"{where}: a second image for engine {engine!r}",
+                                        hint="one image per engine; remove the older entry"))
+                continue
+            entries[ref] = LockEntry(ref, digest, status, raw.get("build"), engine, raw.get("cptest_mount"))
         if problems:
             raise RunError(problems)
         return cls(path, entries)
+
+    def for_engine(self, engine: str) -> LockEntry | None:
+        """The entry marked `"engine": engine` (the image of nodes that name none), or None."""
+        return next((e for e in self.entries.values() if e.engine == engine), None)
 
     def entry(self, reference: str) -> LockEntry:
         """The pinned entry of `reference`; RunError if it is absent or unbuilt."""
@@ -187,13 +220,26 @@ def image_digests(attrs: Mapping[str, Any]) -> list[str]:
     return [d for d in digests if d]
 
 
+class ImageRefused(RunError):
+    """An image the launcher will not run; `code` is its preflight cause (`image_unpinned`: not in
+    the lock or unbuilt, `image_missing`: not in the engine, `image_mismatch`: another digest)."""
+
+    def __init__(self, code: str, problem: Problem) -> None:
+        self.code = code
+        super().__init__(problem)
+
+
 def verify_image(client: docker.DockerClient, reference: str, lock: ImageLock) -> str:
-    """The pinned digest of `reference` after checking the local image has it; RunError otherwise."""
-    pinned = lock.entry(reference)
+    """The pinned digest of `reference` after checking the local image has it; ImageRefused (a
+    RunError, exit 3) otherwise."""
+    try:
+        pinned = lock.entry(reference)
+    except RunError as e:
+        raise ImageRefused("image_unpinned", e.problems[0]) from None
     try:
         image = client.images.get(reference)
     except docker.errors.ImageNotFound:
-        raise RunError(Problem(
+        raise ImageRefused("image_missing", Problem(
             None, f"image {reference!r} is not present in the container engine",
             expected=pinned.digest, hint=f"{pinned.build or _BUILD_HINT} (cptest never pulls implicitly)",
         )) from None
@@ -201,11 +247,11 @@ def verify_image(client: docker.DockerClient, reference: str, lock: ImageLock) -
         raise _engine_error(f"looking up image {reference!r}", e) from None
     local = image_digests(image.attrs)
     if pinned.digest not in local:
-        raise RunError(Problem(
+        raise ImageRefused("image_mismatch", Problem(
             None, f"image {reference!r} does not match its pin in {lock.path}",
             expected=pinned.digest, found=", ".join(local),
-            hint=(f"load the pinned image, or, if the local image is the one intended, pin it: set its "
-                  f"digest to {local[0]} in {lock.path} (images/README.md)"),
+            hint=(f"load the pinned image ({pinned.build or 'images/README.md'}), or, if the local image is "
+                  f"the one intended, pin it: set its digest to {local[0]} in {lock.path}"),
         ))
     return str(pinned.digest)
 
@@ -237,20 +283,31 @@ def container_config(
     ipc_mode: str = "host",
     shm_size: str | None = "16g",
     init: bool = True,
+    cptest_mount: str | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments for `client.containers.create` of this node (image checked elsewhere)."""
+    """Keyword arguments for `client.containers.create` of this node (image checked elsewhere).
+
+    `cptest_mount`: the image runs cptest from there (its lock entry says so): the running cptest
+    package is mounted read-only under it and PYTHONPATH points at it."""
     if node.image is None:
         raise RunError(Problem(None, f"node {node.node_rank} has no image; the docker launcher needs one",
                                hint="give the scenario's engine an image, or use the process launcher"))
     volumes: dict[str, dict[str, str]] = {}
     if node.model_mount:
         volumes[node.model_mount] = {"bind": node.model_mount, "mode": "ro"}
+    if probe_dir is None and node.env.get("CPTEST_PROBE_DIR"):
+        # The runner tells the ranks where to write their evidence: it must be the host's folder.
+        probe_dir = Path(node.env["CPTEST_PROBE_DIR"])
     if probe_dir is not None:
         volumes[str(probe_dir)] = {"bind": str(probe_dir), "mode": "rw"}
+    env = container_env(node)
+    if cptest_mount:
+        volumes.update(cptest_volume(cptest_mount))
+        env["PYTHONPATH"] = cptest_mount
     config: dict[str, Any] = {
         "image": node.image,
         "command": list(node.argv),
-        "environment": container_env(node),
+        "environment": env,
         "labels": {**labels, LABEL_NODE: str(node.node_rank), LABEL_LAUNCHER: "docker"},
         "network_mode": "host",
         "ipc_mode": ipc_mode,
@@ -266,6 +323,27 @@ def container_config(
     if shm_size and ipc_mode != "host":
         config["shm_size"] = shm_size
     return config
+
+
+def cptest_volume(mount: str) -> dict[str, dict[str, str]]:
+    """The running cptest package, read-only at `<mount>/cptest` (docs/decisions.md D44)."""
+    package = Path(cptest.__file__).resolve().parent
+    return {str(package): {"bind": f"{mount.rstrip('/')}/cptest", "mode": "ro"}}
+
+
+def engine_client(base_url: str | None = None, timeout_s: float = 60.0) -> docker.DockerClient:
+    """A client of the engine at `base_url` ($DOCKER_HOST, else Docker's socket) that answered a
+    ping; RunError saying how to start one otherwise."""
+    url = base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    try:
+        client = docker.DockerClient(base_url=url, timeout=int(timeout_s))
+        client.ping()
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+        raise RunError(Problem(
+            None, f"no container engine answers at {url}: {e}",
+            hint="start one (.ci/container-engine.sh start for Podman) or set DOCKER_HOST",
+        )) from None
+    return client
 
 
 def exit_status(code: int | None) -> int | None:
@@ -443,8 +521,8 @@ class DockerLauncher:
         init: bool = True,
         api_timeout_s: float = 60.0,
     ) -> None:
-        """`base_url` defaults to $DOCKER_HOST (then the SDK's default socket); `lock` to images/lock.json."""
-        self.lock = lock if isinstance(lock, ImageLock) else ImageLock.load(lock or DEFAULT_LOCK_PATH)
+        """`base_url` defaults to $DOCKER_HOST (then the SDK's default socket); `lock` to `lock_path()`."""
+        self.lock = lock if isinstance(lock, ImageLock) else ImageLock.load(lock or lock_path())
         self.base_url = base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         self.probe_dir = probe_dir
         self.ipc_mode = ipc_mode
@@ -461,24 +539,84 @@ class DockerLauncher:
     def client(self) -> docker.DockerClient:
         """A connected client; RunError saying how to start an engine when none answers."""
         if self._client is None:
-            try:
-                client = docker.DockerClient(base_url=self.base_url, timeout=int(self._api_timeout_s))
-                client.ping()
-            except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-                raise RunError(Problem(
-                    None, f"no container engine answers at {self.base_url}: {e}",
-                    hint="start one (.ci/container-engine.sh start for Podman) or set DOCKER_HOST",
-                )) from None
-            self._client = client
+            self._client = engine_client(self.base_url, self._api_timeout_s)
         return self._client
+
+    # -- before anything starts
+
+    def pin_images(self, plan: Plan) -> Plan:
+        """The plan as this launcher will run it, every image checked before anything starts.
+
+        Each node runs its image, or, naming none, the lock's image for its server's engine. Every
+        image must be pinned by the lock and present in the engine with the pinned digest; a plan
+        that already pins a digest (a rerun of an archived plan) must get that same one. Returns
+        the plan with the nodes' images set and `pins.image`/`pins.image_digest` recording the
+        main server's image and its verified digest. Raises InfrastructureError (exit 3, one
+        `unknown (image_...)` line per cause) otherwise.
+        """
+        causes: list[Cause] = []
+        updates: dict[str, Any] = {}
+        imageless: dict[str, list[str]] = {}
+        for server in plan.servers():
+            default = self.lock.for_engine(server.engine)
+            nodes = []
+            for node in server.nodes:
+                image = node.image or (default.reference if default else None)
+                if image is None and server.role not in imageless.setdefault(server.engine, []):
+                    imageless[server.engine].append(server.role)
+                nodes.append(node.model_copy(update={"image": image}))
+            updates[server.role] = server.model_copy(update={"nodes": nodes})
+        for engine, roles in imageless.items():
+            causes.append(Cause(
+                "image_unpinned", f"the {', '.join(roles)} server(s) ({engine}) name no image and "
+                f"{self.lock.path} has none for the {engine} engine",
+                f"name one (engine ... image \"REF\") or build and pin one: cptest image build {engine} "
+                "--update-lock"))  # fmt: skip
+        if causes:
+            raise InfrastructureError(causes)
+        images = sorted({n.image for s in updates.values() for n in s.nodes if n.image})
+        digests: dict[str, str] = {}
+        try:
+            client = self.client
+        except RunError as e:
+            p = e.problems[0]
+            raise InfrastructureError([Cause("container_engine_down", p.message, p.hint or "")]) from None
+        for image in images:
+            try:
+                digests[image] = verify_image(client, image, self.lock)
+            except ImageRefused as e:
+                p = e.problems[0]
+                pinned = f"pinned {p.expected}" if p.expected else ""
+                found = f"the engine has {p.found}" if p.found else ""
+                what = "; ".join(x for x in (pinned, found) if x)
+                causes.append(Cause(e.code, f"{p.message}{f' ({what})' if what else ''}",  # type: ignore[arg-type]
+                                    p.hint or ""))
+            except RunError as e:
+                causes.append(Cause("container_engine_down", e.problems[0].message, e.problems[0].hint or ""))
+        main_image = updates["main"].nodes[0].image
+        was = plan.pins.image_digest
+        if main_image in digests and was is not None and was != digests[main_image]:
+            causes.append(Cause(
+                "image_mismatch", f"the plan ran {main_image} with digest {was}; {self.lock.path} now pins "
+                f"{digests[main_image]}", "rerun with the lock (and image) the plan was run with, or run the "
+                "scenario afresh"))  # fmt: skip
+        if causes:
+            raise InfrastructureError(causes)
+        digest = digests.get(str(main_image))
+        pins = plan.pins.model_copy(update={"image": main_image, "image_digest": digest})
+        return plan.model_copy(update={**updates, "pins": pins})
 
     # -- the Launcher protocol
 
     def start(self, node: NodeLaunch, log_path: Path, labels: dict[str, str]) -> DockerHandle:
         """Verify the image pin, create and start the node's container, follow its logs into `log_path`."""
+        if node.image is None:
+            raise RunError(Problem(None, f"node {node.node_rank} has no image; the docker launcher needs one",
+                                   hint="give the scenario's engine an image, or use the process launcher"))
+        digest = verify_image(self.client, node.image, self.lock)
         config = container_config(node, labels, probe_dir=self.probe_dir, ipc_mode=self.ipc_mode,
-                                  shm_size=self.shm_size, init=self.init)
-        digest = verify_image(self.client, config["image"], self.lock)
+                                  shm_size=self.shm_size, init=self.init,
+                                  cptest_mount=self.lock.entries[node.image].cptest_mount)
         config.pop("detach")
         try:
             container = self.client.containers.create(**config)

@@ -21,6 +21,10 @@ Causes (`Cause.code`):
   (mem_cache/kv_cache_configurator.py:1614-1650), so a busy GPU either fails it or shrinks its
   capacity below what the scenario planned; either way not the engine's behaviour.
 - `disk_full`: less than `MIN_FREE_DISK` bytes free where the archive goes.
+- `image_unpinned`, `image_missing`, `image_mismatch`, `container_engine_down`: under `--launcher
+  docker`, an image that images/lock.json does not pin, that the engine does not hold, or of another
+  digest; no engine answering (`cptest.run.docker.DockerLauncher.pin_images`, called by the
+  pipeline just before the archive is begun).
 
 A cause that appears only after launch (a port taken in the meantime, cptest's own crash) is
 recorded by the run itself (`pipeline.run_scenario`), with the same exit code.
@@ -40,7 +44,8 @@ from cptest.errors import Problem, RunError
 from cptest.plan.model import Plan, ServerPlan
 
 CauseCode = Literal["model_missing", "weights_mismatch", "port_in_use", "gpus_missing", "gpu_memory_busy",
-                    "disk_full", "cptest_crash"]
+                    "disk_full", "cptest_crash", "image_unpinned", "image_missing", "image_mismatch",
+                    "container_engine_down"]
 RUNTIME_MIB = 4608
 """Per GPU, what an SGLang server holds besides weights and KV pool. The tiny-model archives of
 results/ (TP1, TP2, DCP2, PCP2 on 0.5.17) held at most 4098 MiB per GPU while running (GpuSample
