@@ -490,5 +490,32 @@ def _read(path: Path) -> str:
     return read_text(path)
 
 
+# ------------------------------------------------------------------------------ images
+@main.group()
+def image() -> None:
+    """Images cptest makes itself from pinned inputs (images/lock.json; docs/containers.md)."""
+
+
+@image.command(name="build")
+@click.argument("name", type=click.Choice(["reference"]))
+@click.option("--update-lock", is_flag=True,
+              help="take the inputs from this machine and re-pin images/lock.json with the new digest")
+@click.option("--force", is_flag=True, help="build and check even when the engine holds the pinned image")
+@json_option
+@_guard
+def image_build(name: str, update_lock: bool, force: bool, as_json: bool) -> int:
+    """Build an image from its pinned inputs, load it into the container engine ($DOCKER_HOST), check
+    its digest against images/lock.json and that it runs; exit 3 when anything differs."""
+    from cptest.run.docker import engine_client, lock_path
+    from cptest.run.image import RECIPES, build
+
+    built = build(RECIPES[name], lock_path=lock_path(), client=engine_client(), log=_log(),
+                  update_lock=update_lock, force=force)
+    how = (f"built and loaded: {built.layer_bytes / 1e6:.0f} MB, {built.files} entries, {built.seconds:.0f} s"
+           if built.loaded else "already in the engine")
+    _emit(built.to_json(), as_json, f"{built.reference}  {built.digest}  ({how})")
+    return 0
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

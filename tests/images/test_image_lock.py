@@ -1,7 +1,9 @@
-"""The committed image lock and the SGLang image recipe agree with each other and with the repo."""
+"""The committed image lock, the SGLang image recipe and cptest's reference-image recipe agree with each
+other and with the repo."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import tomllib
@@ -11,18 +13,37 @@ import pytest
 
 from cptest.errors import RunError
 from cptest.run.docker import DEFAULT_LOCK_PATH, ImageLock
+from cptest.run.image import RECIPES, REFERENCE, Inputs, image_config, reference_for
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "images"
 SGLANG_IMAGE = "sglang-cptest:0.5.17"
 
 
-def test_the_committed_lock_is_valid_and_every_entry_names_an_existing_dockerfile():
+def test_the_committed_lock_is_valid_and_every_entry_is_built_from_a_dockerfile_or_cptests_recipe():
     lock = ImageLock.load(DEFAULT_LOCK_PATH)
     assert SGLANG_IMAGE in lock.entries
     raw = json.loads(DEFAULT_LOCK_PATH.read_text())["images"]
     for ref, entry in raw.items():
-        assert (ROOT / entry["dockerfile"]).is_file(), ref
+        if "dockerfile" in entry:
+            assert (ROOT / entry["dockerfile"]).is_file(), ref
+        else:
+            assert entry["engine"] in RECIPES and "inputs" in entry, ref
+
+
+def test_the_pinned_reference_image_is_what_the_recipe_makes_of_the_pinned_inputs():
+    """The digest is the sha256 of the config cptest writes from the layer and the inputs: a lock
+    edited by hand, or a recipe changed without re-pinning, fails here before any engine is asked."""
+    entry = ImageLock.load(DEFAULT_LOCK_PATH).for_engine("reference")
+    assert entry is not None and entry.status == "pinned" and entry.cptest_mount == REFERENCE.cptest_mount
+    raw = json.loads(DEFAULT_LOCK_PATH.read_text())["images"][entry.reference]
+    inputs = Inputs.from_json(raw["inputs"], "lock")
+    assert inputs.recipe == REFERENCE.version, "recipe changed: cptest image build reference --update-lock"
+    assert {k.split(":")[0] for k in inputs.debian} == set(REFERENCE.debian)
+    assert {k.split("==")[0] for k in inputs.wheels} == set(REFERENCE.wheels)
+    assert entry.reference == reference_for(REFERENCE, inputs)
+    config = image_config(REFERENCE, raw["layer"], inputs)
+    assert entry.digest == "sha256:" + hashlib.sha256(config).hexdigest()
 
 
 def test_the_unbuilt_sglang_image_is_refused_with_its_build_command():
