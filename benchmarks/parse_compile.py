@@ -16,7 +16,6 @@ import os
 import random
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 
 def _texts(count: int, seed: int) -> list[str]:
@@ -32,7 +31,7 @@ def _compile_all(texts: list[str]) -> int:
 
     total = 0
     for i, text in enumerate(texts):
-        p = plan(parse_text(text, f"gen{i}.cps"), model_cache=Path("/cache"))
+        p = plan(parse_text(text, f"gen{i}.cps"))
         total += len(p.model_dump_json())
     return total
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -21,7 +20,6 @@ from cptest import __version__
 from cptest.errors import CptestError
 
 RESULTS = Path("results")
-MODEL_CACHE = Path(os.environ.get("CPTEST_MODEL_CACHE", "~/.cache/cptest/models")).expanduser()
 
 
 def _emit(data: Any, as_json: bool, text: str) -> None:
@@ -71,6 +69,12 @@ def baseline_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--baseline-cache", type=click.Path(file_okay=False, path_type=Path),
                         default=BASELINES, show_default=True, envvar="CPTEST_BASELINE_CACHE",
                         help="where identical baselines are kept and reused")(fn)
+
+
+def models_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--models", type=click.Path(file_okay=False, path_type=Path), default=None,
+                        help="the model store (default $CPTEST_MODELS, else .cptest/models in the "
+                             "checkout)")(fn)
 
 
 def _run_options(baseline_cache: Path, no_baseline_cache: bool) -> Any:
@@ -211,7 +215,7 @@ def compile_(file: Path, as_json: bool) -> int:
     from cptest.lang import parse_file
     from cptest.plan import plan
 
-    p = plan(parse_file(file), model_cache=MODEL_CACHE)
+    p = plan(parse_file(file))
     if as_json:
         click.echo(p.model_dump_json(indent=2))
         return 0
@@ -256,16 +260,17 @@ def schema() -> int:
 @click.option("--ports", default=None, metavar="MAIN,BASELINE",
               help="HTTP ports of the main and baseline server (default 30000,30100)")
 @baseline_options
+@models_option
 @json_option
 @_guard
 def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name: str | None,
         gpus: str | None, cpus: str | None, ports: str | None, baseline_cache: Path, no_baseline_cache: bool,
-        as_json: bool) -> int:
+        models: Path | None, as_json: bool) -> int:
     """Plan, lint, launch, drive the workload, inject faults, gather evidence, check, archive."""
     from cptest import pipeline
 
     gpu = shutil.which("nvidia-smi") is not None
-    prepared = pipeline.prepare(file, engine=engine_name, gpu_present=gpu, model_cache=MODEL_CACHE,
+    prepared = pipeline.prepare(file, engine=engine_name, gpu_present=gpu,
                                 placement=_placement(gpus, cpus, ports))
     for note in prepared.notes:
         click.echo(note, err=True)
@@ -279,7 +284,8 @@ def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name
     out = pipeline.new_archive(results, prepared, datetime.now(UTC))
     outcome = pipeline.run_scenario(prepared.plan, out, pipeline.launcher_named(launcher),
                                     scenario_text=prepared.text, log=_log(), includes=prepared.includes,
-                                    run_options=_run_options(baseline_cache, no_baseline_cache))
+                                    run_options=_run_options(baseline_cache, no_baseline_cache),
+                                    models=models, scenario_dir=file.parent)
     return _outcome(outcome, as_json)
 
 
@@ -315,20 +321,22 @@ def _placement(gpus: str | None, cpus: str | None, ports: str | None) -> Any:
 @click.option("--engine", "engine_name", type=click.Choice(["sglang", "reference"]), default=None,
               help="override every scenario's engine")
 @baseline_options
+@models_option
 @json_option
 @_guard
 def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | None, jobs: int | None,
           launcher: str, ignore_lint: bool, engine_name: str | None, baseline_cache: Path,
-          no_baseline_cache: bool, as_json: bool) -> int:
+          no_baseline_cache: bool, models: Path | None, as_json: bool) -> int:
     """Run many scenarios (files, or the .cps files of folders), concurrently where their servers fit
     on this machine's GPUs, CPUs and ports; one summary; exit code of the worst verdict."""
+    from cptest.run.models import store_dir
     from cptest.suite.machine import discover, parse_ids
     from cptest.suite.runner import run_suite, scenario_files
 
     machine = discover(gpus=parse_ids(gpus, "--gpus") if gpus else None,
                        cpus=parse_ids(cpus, "--cpus") if cpus else None)
     done = run_suite(scenario_files(paths), machine, results=results, log=_log(), engine=engine_name,
-                     gpu_present=shutil.which("nvidia-smi") is not None, model_cache=MODEL_CACHE, jobs=jobs,
+                     gpu_present=shutil.which("nvidia-smi") is not None, models=store_dir(models), jobs=jobs,
                      ignore_lint=ignore_lint, launcher=launcher,
                      baseline_cache=None if no_baseline_cache else baseline_cache)
     _emit(done.record | {"folder": str(done.folder)}, as_json, (done.folder / "summary.md").read_text())
@@ -341,15 +349,18 @@ def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | 
               show_default=True)
 @click.option("--launcher", type=click.Choice(["process", "docker"]), default="process", show_default=True)
 @baseline_options
+@models_option
 @json_option
 @_guard
 def rerun(directory: Path, results: Path, launcher: str, baseline_cache: Path, no_baseline_cache: bool,
-          as_json: bool) -> int:
-    """Run an archive's plan again with the same pins, then diff the evidence."""
+          models: Path | None, as_json: bool) -> int:
+    """Run an archive's scenario again with the same pins (the model found by its hash), then diff
+    the evidence."""
     from cptest import pipeline
 
     done = pipeline.rerun(directory, results, pipeline.launcher_named(launcher), log=_log(),
-                          now=datetime.now(UTC), run_options=_run_options(baseline_cache, no_baseline_cache))
+                          now=datetime.now(UTC), run_options=_run_options(baseline_cache, no_baseline_cache),
+                          models=models, gpu_present=shutil.which("nvidia-smi") is not None)
     if as_json:  # one JSON document: the new run's verdict with the diff beside it
         outcome = done.outcome
         click.echo(json.dumps(json.loads(outcome.verdict.to_json()) | {"archive": str(outcome.archive),
@@ -519,3 +530,67 @@ def image_build(name: str, update_lock: bool, force: bool, as_json: bool) -> int
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+# ------------------------------------------------------------------------------ model store
+@main.group()
+def models() -> None:
+    """The model store: checkpoints runs and reruns find by name and by tree hash."""
+
+
+@models.command(name="make")
+@click.argument("names", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="every tiny model of the suite")
+@models_option
+@json_option
+@_guard
+def models_make(names: tuple[str, ...], all_: bool, models: Path | None, as_json: bool) -> int:
+    """Write the suite's tiny models (synthetic weights) into the store; `--all` writes every one."""
+    from cptest.errors import ScenarioError
+    from cptest.run.models import TINY, make_named, store_dir
+
+    wanted = list(TINY) if all_ else list(names)
+    unknown = [n for n in wanted if n not in TINY]
+    if not wanted or unknown:
+        what = f"unknown model {', '.join(unknown)}" if unknown else "no model named"
+        raise ScenarioError(f"models make: {what}; expected one of {', '.join(TINY)} or --all")
+    store = store_dir(models)
+    made = []
+    for name in wanted:
+        directory, tree = make_named(name, store)
+        made.append({"name": name, "directory": str(directory), "tree_sha256": tree})
+        if not as_json:
+            click.echo(f"{name}  {tree}  {directory}")
+    if as_json:
+        _emit({"store": str(store), "models": made}, True, "")
+    return 0
+
+
+@models.command(name="list")
+@models_option
+@json_option
+@_guard
+def models_list(models: Path | None, as_json: bool) -> int:
+    """The checkpoints in the store, with their tree hashes and the names that link to them."""
+    from cptest.run.models import store_dir, store_entries
+
+    store = store_dir(models)
+    entries = store_entries(store)
+    text = "\n".join(f"{e['name']}  {e['tree_sha256']}  {', '.join(e['aliases'])}".rstrip() for e in entries)
+    _emit({"store": str(store), "models": entries}, as_json, text or f"(no model in {store})")
+    return 0
+
+
+@models.command(name="add")
+@click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@models_option
+@json_option
+@_guard
+def models_add(directory: Path, models: Path | None, as_json: bool) -> int:
+    """Copy a local checkpoint into the store, where reruns find it by its tree hash."""
+    from cptest.run.models import add_checkpoint, store_dir
+
+    target, tree = add_checkpoint(directory, store_dir(models))
+    _emit({"directory": str(target), "tree_sha256": tree}, as_json, f"{tree}  {target}")
+    return 0
+

@@ -21,6 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol
 
+from cptest.paths import portable
+
 Level = Literal["info", "warning", "error"]
 
 
@@ -125,7 +127,7 @@ class JsonLinesSink:
             obj["error"] = event.error
         if event.fields:
             obj["fields"] = event.fields
-        self._f.write(json.dumps(obj, default=str) + "\n")
+        self._f.write(portable(json.dumps(obj, default=str)) + "\n")  # no directory of this machine
         self._f.flush()
 
     def close(self) -> None:

@@ -3,8 +3,9 @@
 Each function composes the stages and returns values; nothing here parses arguments or prints (the
 CLI does, `cptest.cli`), so a test, a suite runner or a notebook can drive a whole run:
 
-    prepared = prepare(Path("scenarios/dcp2_llama_kv1.cps"), gpu_present=False, model_cache=cache)
-    outcome = run_scenario(prepared.plan, out, ProcessLauncher(), scenario_text=..., log=log)
+    prepared = prepare(Path("scenarios/dcp2_llama_kv1.cps"), gpu_present=False)
+    outcome = run_scenario(prepared.plan, out, ProcessLauncher(), scenario_text=..., log=log,
+                           models=store_dir, scenario_dir=Path("scenarios"))
     outcome.verdict.status, outcome.exit_code
 
 Exit codes (`Outcome.exit_code`): 0 pass, 1 fail, 3 unknown or an infrastructure fault that stopped
@@ -20,13 +21,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cptest import checks, report, store
+from cptest import checks, paths, report, store
 from cptest.checks.diff import DiffReport, diff
 from cptest.engines.reference import choose
 from cptest.errors import CptestError, PlanError, Problem, RunError, ScenarioError
 from cptest.lang import parse_file
 from cptest.outline import Logger
-from cptest.plan import canonical_sha256, plan
+from cptest.plan import plan
 from cptest.plan.lint import Finding, lint
 from cptest.plan.model import Placement, Plan
 from cptest.run.launcher import Launcher
@@ -85,7 +86,7 @@ def include_name(include: Path, scenario_file: Path) -> str:
     return rel if not rel.startswith("..") else f"includes/{include.name}"
 
 
-def prepare(path: Path, *, engine: str | None = None, gpu_present: bool, model_cache: Path,
+def prepare(path: Path, *, engine: str | None = None, gpu_present: bool,
             placement: Placement | None = None) -> Prepared:
     """Parse, choose the engine, plan and lint `path`. Raises ScenarioError/PlanError on bad input.
 
@@ -96,7 +97,7 @@ def prepare(path: Path, *, engine: str | None = None, gpu_present: bool, model_c
     text = read_text(path)
     scenario = parse_file(path)
     choice = choose(scenario, engine, gpu_present=gpu_present)
-    planned = plan(choice.scenario, model_cache=model_cache, placement=placement)
+    planned = plan(choice.scenario, placement=placement)
     findings = tuple(lint(scenario)) if choice.engine == "sglang" else ()
     includes = {include_name(Path(inc), path): read_text(Path(inc)) for inc in scenario.includes}
     return Prepared(scenario, planned, choice.engine, choice.notes, findings, includes, text)
@@ -118,7 +119,8 @@ def runnable(prepared: Prepared, *, gpu_present: bool, ignore_lint: bool) -> Non
 
 def new_archive(results: Path, prepared: Prepared, now: datetime) -> Path:
     """Where a new run of `prepared` is archived: `results/<scenario>/<UTC time>-<hash>`."""
-    return store.archive_dir(results, prepared.scenario.name, canonical_sha256(prepared.scenario), now)
+    # The plan's hash (of the scenario as planned for its engine), as `rerun` names its archive.
+    return store.archive_dir(results, prepared.scenario.name, prepared.plan.pins.scenario_sha256, now)
 
 
 def run_scenario(
@@ -132,11 +134,16 @@ def run_scenario(
     environment: Mapping[str, Any] | None = None,
     run_options: Any = None,
     preflight: Mapping[str, Any] | None = None,
+    models: Path | None = None,
+    scenario_dir: Path | None = None,
 ) -> Outcome:
     """Run `planned` and archive it under `out` (which must not exist): model weights, the first
     phase of the archive, the run, the checks, the report and the last phase.
 
-    `environment` defaults to `cptest.run.environment.collect_environment()` of this machine.
+    `models` is the model store (default `cptest.run.models.store_dir()`) and `scenario_dir` the
+    scenario file's folder: the directories the plan's `<models>` and `<scenario>` tokens stand for
+    (`cptest.paths`). The archive keeps the plan as made and names every directory of this machine
+    by its token. `environment` defaults to `cptest.run.environment.collect_environment()`.
     First `cptest.run.preflight` looks for what this machine cannot give the plan (a missing model,
     a busy port, GPUs, disk): it raises InfrastructureError (exit 3) before anything is launched
     or archived. A RunError, Ctrl-C or a crash of cptest itself during the run is recorded as the
@@ -148,22 +155,38 @@ def run_scenario(
     pin_images = getattr(launcher, "pin_images", None)
     if pin_images is not None:
         planned = pin_images(planned)
+    from cptest.run.models import store_dir
+
+    roots = {paths.MODELS: (models or store_dir()).resolve(), paths.ARCHIVE: out.resolve(),
+             paths.SCENARIO: (scenario_dir or Path.cwd()).resolve()}
+    with paths.rooted(roots):
+        return _run_rooted(planned, planned.materialized(roots), out, launcher, scenario_text=scenario_text,
+                           log=log, includes=includes, environment=environment, run_options=run_options,
+                           preflight=preflight)
+
+
+def _run_rooted(planned: Plan, launched: Plan, out: Path, launcher: Launcher, *, scenario_text: str,
+                log: Logger, includes: Mapping[str, str] | None, environment: Mapping[str, Any] | None,
+                run_options: Any, preflight: Mapping[str, Any] | None) -> Outcome:
     from cptest.run.environment import collect_environment
-    from cptest.run.models import ensure_synthetic, weights_sha256
+    from cptest.run.models import ensure_synthetic, model_tree_sha256, weights_sha256
     from cptest.run.preflight import require
     from cptest.run.process import install_signal_handlers
     from cptest.run.runner import run_plan
 
-    require(planned, results=out, **(preflight or {}))
-
-    model_dir = planned.main.nodes[0].model_mount
+    model_dir = launched.main.nodes[0].model_mount
     synthetic = planned.pins.model.synthetic
-    if synthetic is not None:
+    if synthetic is not None:  # into the model store, not the archive: before preflight judges it
         with log.step("writing synthetic weights"):
             digest = ensure_synthetic(synthetic.model_dump(), Path(model_dir or "."))
         log.info(f"synthetic weights sha256 {digest}")
+    require(launched, results=out, **(preflight or {}))
     env = dict(collect_environment(Path.cwd()) if environment is None else environment)
     env["weights_sha256"] = weights_sha256(model_dir)
+    pins = planned.pins.model_dump(mode="json")
+    if model_dir and Path(model_dir).is_dir():
+        # The model pinned by content, whatever named it: what a rerun elsewhere looks it up by.
+        pins["model"]["sha256"] = model_tree_sha256(Path(model_dir))
     if run_options is not None and getattr(run_options, "baseline_cache", None) is not None:
         from dataclasses import replace
 
@@ -174,14 +197,14 @@ def run_scenario(
     layout = store.Layout(out)
     store.begin(
         layout, scenario=planned.scenario, scenario_text=scenario_text,
-        plan_json=planned.model_dump_json(indent=2), pins=planned.pins.model_dump(mode="json"),
-        environment=env, roles=roles_of(planned), includes=includes,
+        plan_json=planned.model_dump_json(indent=2), pins=pins,
+        environment=paths.portable_value(env), roles=roles_of(planned), includes=includes,
     )  # fmt: skip
     log.info(f"archive: {out}")
     restore = install_signal_handlers()
     error: CptestError | None = None
     try:
-        run_plan(planned, out, launcher=launcher, log=log, options=run_options)
+        run_plan(launched, out, launcher=launcher, log=log, options=run_options)
     except RunError as e:
         error = e  # evidence gathered so far is kept; the verdict says unknown with the reason
     except KeyboardInterrupt:
@@ -206,9 +229,10 @@ def _crashed(out: Path, e: Exception) -> CptestCrash:
 
     where = store.Layout(out).logs_dir / "cptest-crash.txt"
     where.parent.mkdir(parents=True, exist_ok=True)
-    where.write_text("".join(traceback.format_exception(e)), encoding="utf-8")
+    where.write_text(paths.portable("".join(traceback.format_exception(e))), encoding="utf-8")
     return CptestCrash(f"unknown (cptest_crash): cptest crashed ({type(e).__name__}: {e}), a bug in cptest, "
-                       f"not the engine's behaviour; the traceback is in {where}: please report it")
+                       f"not the engine's behaviour; the traceback is in {paths.portable(str(where))}: "
+                       "please report it")
 
 
 def roles_of(planned: Plan) -> list[str]:
@@ -261,18 +285,65 @@ class Rerun:
 
 
 def rerun(archive: Path, results: Path, launcher: Launcher, *, log: Logger, now: datetime,
-          environment: Mapping[str, Any] | None = None, run_options: Any = None) -> Rerun:
-    """Run an archive's plan again into a new archive under `results`, then diff the evidence
-    (`environment` and `run_options` as for `run_scenario`)."""
+          environment: Mapping[str, Any] | None = None, run_options: Any = None,
+          models: Path | None = None, gpu_present: bool = True) -> Rerun:
+    """Run an archive's scenario again into a new archive under `results`, then diff the evidence
+    (`environment`, `run_options` and `models` as for `run_scenario`).
+
+    The run is planned afresh from the archived scenario.cps and its includes, on the archived
+    engine, ports and GPUs, by this cptest: nothing of the machine that made the archive is needed.
+    The model is found by content: the manifest's tree hash pins it (a synthetic checkpoint is
+    written again and must come out the same; a local one is looked up in the model store by its
+    hash when it is not next to the scenario), and anything else stops the rerun as `unknown`
+    before launch."""
+    from cptest.run.models import find_by_tree_sha256, store_dir
+    from cptest.run.preflight import Cause, InfrastructureError
+
     layout = store.Layout(archive)
     try:
-        planned = Plan.model_validate_json(read_text(layout.plan))
+        archived = Plan.model_validate_json(read_text(layout.plan))
     except ValueError as e:
         raise PlanError(f"{layout.plan}: not a plan this cptest can read ({e})") from None
+    prepared = prepare(layout.scenario, engine=archived.main.engine, gpu_present=gpu_present,
+                       placement=_placement_of(archived))
+    planned = prepared.plan
+    manifest = store.read_manifest(layout) or {}
+    pinned = ((manifest.get("pins") or {}).get("model") or {}).get("sha256") or archived.pins.model.sha256
+    store_root = (models or store_dir()).resolve()
+    if pinned and planned.pins.model.kind == "local":
+        location = planned.main.nodes[0].model_mount or ""
+        roots = {paths.SCENARIO: archive.resolve(), paths.MODELS: store_root}
+        here = Path(paths.materialize(location, roots))
+        if not here.is_dir():
+            found = find_by_tree_sha256(store_root, pinned)
+            if found is None:
+                raise InfrastructureError([Cause(
+                    "model_missing", f"no checkpoint with tree sha256 {pinned} in the model store "
+                    f"{store_root} (the archive's model was {location})",
+                    f"put a copy there: cptest models add DIR --models {store_root}")])  # fmt: skip
+            planned = planned.with_model_location(location, f"{paths.MODELS}/{found.name}")
+    if pinned:
+        planned = planned.model_copy(update={"pins": planned.pins.model_copy(update={
+            "model": planned.pins.model.model_copy(update={"sha256": pinned})})})  # fmt: skip
+    if planned.pins.scenario_sha256 != archived.pins.scenario_sha256:
+        log.warning("the archived scenario plans to another scenario hash than the archive records "
+                    f"({planned.pins.scenario_sha256[:12]} vs {archived.pins.scenario_sha256[:12]})")
     out = store.archive_dir(results, planned.scenario, planned.pins.scenario_sha256, now)
-    outcome = run_scenario(planned, out, launcher, scenario_text=read_text(layout.scenario), log=log,
-                           environment=environment, run_options=run_options)
+    outcome = run_scenario(planned, out, launcher, scenario_text=prepared.text, log=log,
+                           includes=prepared.includes, environment=environment, run_options=run_options,
+                           models=store_root, scenario_dir=archive)
     return Rerun(outcome, diff(archive, out))
+
+
+def _placement_of(archived: Plan) -> Placement:
+    """Where the archived run's servers ran: the same ports and GPUs (CPUs only where this machine
+    has them all, else unpinned)."""
+    node = archived.main.nodes[0]
+    base = archived.baseline.nodes[0].port if archived.baseline is not None else Placement().baseline_port
+    cpus = node.cpus
+    if cpus and not set(cpus) <= set(os.sched_getaffinity(0)):
+        cpus = None
+    return Placement(main_port=node.port, baseline_port=base, gpus=list(node.gpu_ids) or None, cpus=cpus)
 
 
 def launcher_named(name: str) -> Launcher:

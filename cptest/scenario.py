@@ -11,6 +11,8 @@ Field names are the contract the plan, lint and check stages code against; chang
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -77,6 +79,12 @@ class SyntheticGeometry(BaseModel):
     qk_nope_head_dim: int | None = None
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
+
+    def store_name(self) -> str:
+        """The checkpoint's name in the model store: its architecture and a key over everything that
+        determines its bytes (sorted keys: not the order the fields were declared in)."""
+        text = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return f"{self.architecture}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
 class ModelSource(BaseModel):

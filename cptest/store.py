@@ -243,12 +243,15 @@ def finish(
 ) -> dict[str, Any]:
     """Last phase: verdict.json, report.md, junit.xml, then the final manifest with the sha256 of
     every other file. The environment is carried over from the first manifest (it describes the
-    machine that gathered the evidence, not the one that finishes the archive)."""
+    machine that gathered the evidence, not the one that finishes the archive), and so are the pins
+    when the first manifest has them (the run adds what it measured, such as the model's tree hash)."""
     layout.verdict.write_text(verdict_json, encoding="utf-8")
     layout.report.write_text(report_md, encoding="utf-8")
     layout.junit.write_text(junit_xml, encoding="utf-8")
     begun = read_manifest(layout) or {}
     environment = begun.get("environment") if isinstance(begun.get("environment"), dict) else {}
+    if isinstance(begun.get("pins"), dict):
+        pins = begun["pins"]  # what the run pinned (the model's tree hash it measured), not only the plan's
     return _write_manifest(layout, "finished", scenario, pins, environment or {})
 
 

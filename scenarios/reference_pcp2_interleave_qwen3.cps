@@ -7,15 +7,15 @@ scenario reference_pcp2_interleave_qwen3 {
   description "PCP2 interleave on TP2, tiny Qwen3 with 2 KV heads"
   extends "defaults/tiny.cps"
   engine reference "builtin"
-  model local "../.tiny-models/qwen3-kv2"
-  facts {
-    architecture "Qwen3ForCausalLM"
+  model synthetic qwen3 {
     layers 4
     hidden 256
     heads 8
     kv_heads 2
     head_dim 64
     vocab 4096
+    intermediate 512
+    seed 7
   }
   topology {
     gpus 2

@@ -7,15 +7,15 @@ scenario reference_stop_rank_dcp2 {
   description "SIGSTOP / SIGCONT of one DCP rank under load"
   extends "defaults/tiny.cps"
   engine reference "builtin"
-  model local "../.tiny-models/llama-kv1"
-  facts {
-    architecture "LlamaForCausalLM"
+  model synthetic llama {
     layers 4
     hidden 256
     heads 8
     kv_heads 1
     head_dim 64
     vocab 4096
+    intermediate 512
+    seed 7
   }
   topology {
     gpus 2

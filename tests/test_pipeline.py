@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from cptest import pipeline, store
-from cptest.checks.diff import diff
 from cptest.contracts import LaunchParams, ServingParams
 from cptest.errors import RunError, ScenarioError
 from cptest.outline import Logger, TerminalSink
@@ -77,26 +76,23 @@ def test_check_archive_says_when_the_stored_verdict_differs(tmp_path: Path) -> N
     assert not pipeline.check_archive(out).differs and store.verify(out) == []
 
 
-def test_a_rerun_of_a_deterministic_engine_runs_the_plan_again_and_diffs_clean(tmp_path: Path) -> None:
+def test_a_rerun_plans_from_the_archived_scenario_and_an_archive_without_one_is_bad_input(
+        tmp_path: Path) -> None:
+    # The fake plan's archive holds no real scenario: a rerun has nothing to plan from (exit 2),
+    # and nothing is launched or archived. tests/test_rerun_portable.py reruns a real one.
     first = tmp_path / "first"
     run(fake_plan(), first)
-    now = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
     log = Logger([TerminalSink(io.StringIO())])
-    done = pipeline.rerun(first, tmp_path / "results", ProcessLauncher(), log=log, now=now, environment=ENV,
-                          run_options=OPTS)
-    assert done.outcome.archive == tmp_path / "results" / "fake_scenario" / "20261130T120000Z-abababab"
-    assert done.outcome.verdict.status == "pass" and store.verify(done.outcome.archive) == []
-    assert done.diff.same and done.exit_code == 0, done.diff.render()
-    # A difference in the evidence is a failed rerun (exit 1), whatever the new verdict says.
-    (done.outcome.archive / "evidence/main/runner.jsonl").write_text(
-        (first / "evidence/main/runner.jsonl").read_text().replace('"output_ids":[', '"output_ids":[999,', 1))
-    again = pipeline.Rerun(done.outcome, diff(first, done.outcome.archive))
-    assert not again.diff.same and again.exit_code == 1
+    with pytest.raises(ScenarioError) as err:
+        pipeline.rerun(first, tmp_path / "results", ProcessLauncher(), log=log, now=datetime.now(UTC),
+                       environment=ENV, run_options=OPTS)
+    assert err.value.exit_code == 2 and "scenario.cps:1:1" in err.value.render()
+    assert not (tmp_path / "results").exists()
 
 
 def test_an_unreadable_scenario_is_bad_input(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match="cannot read"):
-        pipeline.prepare(tmp_path / "missing.cps", gpu_present=False, model_cache=tmp_path)
+        pipeline.prepare(tmp_path / "missing.cps", gpu_present=False)
 
 
 def test_include_names_keep_the_scenario_resolvable_in_the_archive(tmp_path: Path) -> None:
@@ -122,7 +118,7 @@ def test_a_finding_of_an_inferred_rule_warns_and_the_run_goes_ahead(tmp_path: Pa
     path = tmp_path / "llama_zigzag.cps"
     path.write_text(PCP_DCP.replace("qwen3", "llama").replace("dcp 2 attn_cp 2", "attn_cp 2")
                     .replace("scenario pcp_dcp", "scenario llama_zigzag").replace("kv_heads 2", "kv_heads 1"))
-    prepared = pipeline.prepare(path, gpu_present=True, model_cache=tmp_path / "models")
+    prepared = pipeline.prepare(path, gpu_present=True)
     assert [(f.code, f.blocks) for f in prepared.findings] == [("llama_pcp_silent", False)]
     pipeline.runnable(prepared, gpu_present=True, ignore_lint=False)  # a hypothesis: running tests it
 
@@ -130,13 +126,13 @@ def test_a_finding_of_an_inferred_rule_warns_and_the_run_goes_ahead(tmp_path: Pa
 def test_check_before_spending_stops_on_lint_findings_and_on_sglang_without_a_gpu(tmp_path: Path) -> None:
     path = tmp_path / "pcp_dcp.cps"
     path.write_text(PCP_DCP)
-    prepared = pipeline.prepare(path, gpu_present=True, model_cache=tmp_path / "models")
+    prepared = pipeline.prepare(path, gpu_present=True)
     assert prepared.engine == "sglang" and [f.code for f in prepared.findings][:1] == ["pcp_with_dcp"]
     with pytest.raises(pipeline.LintFindings) as err:
         pipeline.runnable(prepared, gpu_present=True, ignore_lint=False)
     assert err.value.exit_code == 1
     pipeline.runnable(prepared, gpu_present=True, ignore_lint=True)  # the user's explicit choice
-    forced = pipeline.prepare(path, engine="sglang", gpu_present=False, model_cache=tmp_path / "models")
+    forced = pipeline.prepare(path, engine="sglang", gpu_present=False)
     with pytest.raises(RunError, match="no GPU here") as err:
         pipeline.runnable(forced, gpu_present=False, ignore_lint=True)
     assert err.value.exit_code == 3
@@ -145,6 +141,6 @@ def test_check_before_spending_stops_on_lint_findings_and_on_sglang_without_a_gp
 def test_without_a_gpu_an_sglang_scenario_is_planned_for_the_reference_engine(tmp_path: Path) -> None:
     path = tmp_path / "pcp_dcp.cps"
     path.write_text(PCP_DCP)
-    prepared = pipeline.prepare(path, gpu_present=False, model_cache=tmp_path / "models")
+    prepared = pipeline.prepare(path, gpu_present=False)
     assert (prepared.engine, prepared.plan.main.engine, prepared.findings) == ("reference", "reference", ())
     assert prepared.notes and "reference engine" in prepared.notes[0]

@@ -55,7 +55,7 @@ from cptest.plan.lint import lint
 from cptest.plan import plan
 scenario_file, archive_dir = sys.argv[1:]
 s = parse_file(scenario_file)
-plan(s, model_cache=Path("/cache"))
+plan(s)
 lint(s)
 check(Path(archive_dir))
 print(json.dumps(sorted(set(sys.modules) - before)))

@@ -19,6 +19,7 @@ from cptest.contracts import CONTRACTS, EngineFacts, PlanContext, resolve
 from cptest.contracts.generation import GenerationParams
 from cptest.engines import Engine, ServerLaunch, engine_for
 from cptest.errors import PlanError, ProblemCollector
+from cptest.paths import MODELS, SCENARIO
 from cptest.plan.model import (
     FaultPlan,
     LayoutContracts,
@@ -73,13 +74,13 @@ def canonical_sha256(scenario: Scenario) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def plan(scenario: Scenario, *, model_cache: Path = Path(".cptest/models"),
-         placement: Placement | None = None) -> Plan:
+def plan(scenario: Scenario, *, placement: Placement | None = None) -> Plan:
     """The plan of `scenario`. Raises PlanError naming the scenario position of each problem.
 
-    `model_cache` is where synthetic weights will be written at run time (an argument, so that
-    the plan stays a function of its inputs only); `placement` the ports, GPUs and CPUs the servers
-    get on this machine (default: `Placement()`, what a lone run uses).
+    `placement` is the ports, GPUs and CPUs the servers get on this machine (default:
+    `Placement()`, what a lone run uses). The plan names no directory of this machine: the model is
+    `<models>/NAME` in the model store or `<scenario>/PATH` next to the scenario (`cptest.paths`),
+    materialised by the run.
     """
     place = placement or Placement()
     problems = ProblemCollector()
@@ -91,15 +92,14 @@ def plan(scenario: Scenario, *, model_cache: Path = Path(".cptest/models"),
         problems.raise_if_any(PlanError)
         raise
     eager_reason = _needs_eager(scenario)
-    main = _server(scenario, engine, scenario.topology, "main", place, eager_reason, problems, model_cache)
+    main = _server(scenario, engine, scenario.topology, "main", place, eager_reason, problems)
     baseline = None
     if scenario.baseline is not None:
         base_topo = scenario.baseline_topology()
         if base_topo is None:
             problems.add(scenario.baseline.span, "the baseline topology is impossible")
         else:
-            baseline = _server(scenario, engine, base_topo, "baseline", place, eager_reason, problems,
-                               model_cache)
+            baseline = _server(scenario, engine, base_topo, "baseline", place, eager_reason, problems)
     workload = _workload(scenario, problems)
     faults = _faults(scenario, main, problems)
     facts = engine.facts()
@@ -111,7 +111,7 @@ def plan(scenario: Scenario, *, model_cache: Path = Path(".cptest/models"),
                                                "score_topk": gen.score_topk()})
         if gen.needs_control() and baseline is not None:
             control = _server(scenario, engine, control_topology(baseline.topology, scenario.topology),
-                              "control", place, eager_reason, problems, model_cache)
+                              "control", place, eager_reason, problems)
     problems.raise_if_any(PlanError)
     assert main is not None and workload is not None
     return Plan(
@@ -159,14 +159,13 @@ def _server(
     place: Placement,
     eager_reason: str | None,
     problems: ProblemCollector,
-    model_cache: Path,
 ) -> ServerPlan | None:
     serve = scenario.serve
     degrees = topo.as_degrees()
     port = place.main_port if role == "main" else place.baseline_port
     for why in engine.unexpressible(degrees):
         problems.add(topo.span or scenario.span, f"{role}: {why}")
-    model_path = _model_path(scenario, model_cache)
+    model_path = model_location(scenario)
     launch = ServerLaunch(
         model_path=model_path, degrees=degrees, serve=serve, port=port, eager=eager_reason is not None,
         # Rows entering attention, the MLP and the logits are read by forward hooks on modules
@@ -209,17 +208,20 @@ def _server(
     )
 
 
-def _model_path(scenario: Scenario, model_cache: Path) -> str:
+def model_location(scenario: Scenario) -> str:
+    """Where the plan's servers find the model, in `cptest.paths` tokens: a synthetic checkpoint in
+    the model store under a name keyed by its geometry and seed (`SyntheticGeometry.store_name`), a
+    local one relative to the scenario's folder, a hub model by id."""
     m = scenario.model
     if m.kind == "local":
-        return str(m.path)
+        base = os.path.dirname(os.path.abspath(scenario.source_file))
+        rel = os.path.relpath(os.path.abspath(str(m.path)), base)
+        return f"{SCENARIO}/{rel}" if rel != "." else SCENARIO
     if m.kind == "hub":
         return str(m.id)
-    # Synthetic weights are written at run time into a cache keyed by their geometry and seed
-    # (sorted keys: the key must not depend on the order the model declares its fields in).
-    text = json.dumps(m.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    key = hashlib.sha256(text.encode()).hexdigest()[:16]
-    return str(model_cache / f"{m.architecture}-{key}")
+    geometry = m.synthetic_geometry()
+    assert geometry is not None
+    return f"{MODELS}/{geometry.store_name()}"
 
 
 def _dist(d: DistNode) -> Dist:
@@ -282,7 +284,16 @@ def _expectations(scenario: Scenario, engine: str, facts: EngineFacts) -> list:
         kills_a_rank=any(f.action == "kill" for f in scenario.faults),
         facts=facts,
     )
-    return [resolve(name, entry, ctx) for name, entry in scenario.expect.entries()]
+    base = os.path.dirname(os.path.abspath(scenario.source_file))
+    out = []
+    for name, entry in scenario.expect.entries():
+        e = resolve(name, entry, ctx)
+        if e.source:
+            # `file:line:col` of the statement, relative to the scenario's folder as the archive
+            # stores its includes (`defaults/tiny.cps:32:5`): not the machine's absolute path.
+            e = e.model_copy(update={"source": os.path.relpath(os.path.abspath(e.source), base)})
+        out.append(e)
+    return out
 
 
 def _contracts(scenario: Scenario, facts: EngineFacts, eager: str | None) -> LayoutContracts:
@@ -308,7 +319,8 @@ def _pins(scenario: Scenario) -> Pins:
         release=scenario.engine.release,
         image=scenario.engine.image,
         image_digest=None,
-        model=ModelPin(kind=m.kind, path=m.path, id=m.id, revision=m.revision, sha256=m.sha256,
+        model=ModelPin(kind=m.kind, path=model_location(scenario) if m.kind == "local" else m.path,
+                       id=m.id, revision=m.revision, sha256=m.sha256,
                        architecture=m.facts.architecture, synthetic=m.synthetic_geometry()),
         cptest_version=__version__,
         scenario_sha256=canonical_sha256(scenario),

@@ -14,12 +14,15 @@ from __future__ import annotations
 import base64
 import sys
 from array import array
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cptest.contracts import Expectation
 from cptest.engines.sglang.admission import Admission
+from cptest.paths import materialize
 from cptest.plan.upgrade import PLAN_VERSION, upgrade_v1
 from cptest.scenario import FaultSpec, ModelFacts, ModelSource, SyntheticGeometry
 from cptest.topology import Degrees, RankGeometry
@@ -242,3 +245,29 @@ class Plan(_Frozen):
     def servers(self) -> list[ServerPlan]:
         """The main server, then the baseline and the control where planned."""
         return [self.main] + [s for s in (self.baseline, self.control) if s is not None]
+
+    def materialized(self, roots: Mapping[str, Path | str]) -> Plan:
+        """This plan with its `cptest.paths` tokens (`<models>/x` in argv and model mounts) replaced
+        by `roots`' directories on this machine: what the run launches. The archive keeps the plan
+        as made. Raises KeyError naming a token `roots` lacks."""
+        return self._map_nodes(lambda n: n.model_copy(update={
+            "argv": [materialize(a, roots) for a in n.argv],
+            "model_mount": materialize(n.model_mount, roots) if n.model_mount else n.model_mount,
+        }))  # fmt: skip
+
+    def with_model_location(self, old: str, new: str) -> Plan:
+        """This plan with the model directory `old` replaced by `new` wherever a server names it (a
+        rerun that found the archived checkpoint in the model store by its hash)."""
+        moved = self._map_nodes(lambda n: n.model_copy(update={
+            "argv": [new if a == old else a for a in n.argv],
+            "model_mount": new if n.model_mount == old else n.model_mount,
+        }))  # fmt: skip
+        model = self.pins.model.model_copy(update={"path": new})
+        return moved.model_copy(update={"pins": self.pins.model_copy(update={"model": model})})
+
+    def _map_nodes(self, fn: Callable[[NodeLaunch], NodeLaunch]) -> Plan:
+        def server(s: ServerPlan | None) -> ServerPlan | None:
+            return None if s is None else s.model_copy(update={"nodes": [fn(n) for n in s.nodes]})
+
+        return self.model_copy(update={"main": server(self.main), "baseline": server(self.baseline),
+                                       "control": server(self.control)})

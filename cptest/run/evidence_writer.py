@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from cptest.evidence import dump_record
+from cptest.paths import portable
 
 
 class RecordWriter:
@@ -36,7 +37,7 @@ class RecordWriter:
         """Append `record` (with `t` set when it was 0) and flush. Returns what was written."""
         if getattr(record, "t", None) == 0.0:
             record = record.model_copy(update={"t": round(self.now(), 6)})
-        line = dump_record(record) + "\n"
+        line = portable(dump_record(record)) + "\n"  # no directory of this machine (cptest.paths)
         with self._lock:
             if self._f.closed:  # a late sampler after close: reopen rather than lose evidence
                 self._f = self.path.open("a", encoding="utf-8")

@@ -1,11 +1,15 @@
-"""Synthetic checkpoints: deterministic random weights with a real model's head geometry.
+"""The model store and the synthetic checkpoints written into it.
 
 A scenario can declare `model synthetic llama { heads 32 kv_heads 8 head_dim 128 ... seed 7 }` to
 qualify layout contracts with Llama-3.1-8B's geometry and no download. The weights are drawn from
-torch's CPU generator in a fixed order (the same scheme as the GPU machine's tiny models, which
-gives identical bytes with torch 2.11 and 2.13 on AVX2/AVX-512 CPUs) and written once into the
-plan's model cache; their sha256 goes into the manifest. This is a run-stage side effect: the plan
-only names the directory.
+torch's CPU generator in a fixed order (identical bytes with torch 2.11 and 2.13 on AVX2/AVX-512
+CPUs) and written once into the model store (`store_dir`) under `SyntheticGeometry.store_name()`;
+the plan names the directory `<models>/NAME` (`cptest.paths`) and the run writes it if missing.
+Every archive's manifest pins the model by its tree hash (`model_tree_sha256`).
+
+`TINY` is the suite's named tiny models (`cptest models make NAME|--all`): the synthetic
+geometries the committed scenarios declare, so that making them ahead of a GPU session writes
+exactly the directories the runs will use.
 """
 
 from __future__ import annotations
@@ -18,7 +22,113 @@ from pathlib import Path
 from typing import Any
 
 from cptest.errors import Problem, RunError
+from cptest.paths import checkout
+from cptest.scenario import SyntheticGeometry
 from cptest.store import sha256_file
+
+STORE_ENV = "CPTEST_MODELS"
+"""Environment variable naming the model store (`--models DIR` overrides it)."""
+
+
+def store_dir(explicit: Path | None = None) -> Path:
+    """The model store: `explicit`, else $CPTEST_MODELS (or the older $CPTEST_MODEL_CACHE), else
+    `.cptest/models` in the checkout cptest runs from, else ~/.cache/cptest/models."""
+    if explicit is not None:
+        return Path(explicit).expanduser()
+    for var in (STORE_ENV, "CPTEST_MODEL_CACHE"):
+        if os.environ.get(var):
+            return Path(os.environ[var]).expanduser()
+    root = checkout()
+    return root / ".cptest" / "models" if root is not None else Path.home() / ".cache" / "cptest" / "models"
+
+
+def _tiny(arch: str, kv_heads: int, seed: int, **extra: int | None) -> SyntheticGeometry:
+    fields: dict[str, object] = {"architecture": arch, "layers": 4, "hidden": 256, "heads": 8,
+                                 "kv_heads": kv_heads, "head_dim": 64, "vocab": 4096, "intermediate": 512,
+                                 "seed": seed, **extra}
+    return SyntheticGeometry.model_validate(fields)
+
+
+TINY: dict[str, SyntheticGeometry] = {
+    "llama-kv1": _tiny("llama", 1, 7),
+    "llama-kv2": _tiny("llama", 2, 7),
+    "llama-kv4": _tiny("llama", 4, 7),
+    "qwen3-kv2": _tiny("qwen3", 2, 7),
+    "deepseek-mla": _tiny("deepseek_mla", 8, 4321, head_dim=None, kv_lora_rank=64, q_lora_rank=128,
+                          qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32),
+}
+"""The suite's tiny models by name (the names tools/make-tiny-models used): hidden 256, 4 layers,
+8 heads of 64, vocab 4096, intermediate 512; MLA with kv_lora 64, q_lora 128, nope 32, rope 16, v 32."""
+
+
+def make_named(name: str, store: Path) -> tuple[Path, str]:
+    """Write the tiny model `name` into `store` unless it is there, and link `store/name` to it;
+    return its directory and tree hash. Raises KeyError for an unknown name."""
+    geometry = TINY[name]
+    directory = store / geometry.store_name()
+    ensure_synthetic(geometry.model_dump(), directory)
+    link = store / name
+    if not link.exists() or link.is_symlink():
+        tmp = store / f".{name}.link"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(directory.name)  # relative: the store may move
+        os.replace(tmp, link)
+    return directory, model_tree_sha256(directory)
+
+
+def _remembered_tree(d: Path) -> str:
+    """A store directory's tree hash: remembered in its marker when cptest wrote it, else computed."""
+    try:
+        known = json.loads((d / MARKER).read_text()).get("tree_sha256")
+    except (OSError, ValueError, AttributeError):
+        known = None
+    return known or model_tree_sha256(d)
+
+
+def store_entries(store: Path) -> list[dict[str, Any]]:
+    """Every checkpoint in `store`: its name, tree hash and the names linking to it."""
+    if not store.is_dir():
+        return []
+    links: dict[str, list[str]] = {}
+    for p in store.iterdir():
+        if p.is_symlink():
+            links.setdefault(os.readlink(p), []).append(p.name)
+    return [{"name": d.name, "tree_sha256": _remembered_tree(d), "aliases": sorted(links.get(d.name, []))}
+            for d in sorted(p for p in store.iterdir() if p.is_dir() and not p.is_symlink()
+                            and not p.name.startswith("."))]
+
+
+def add_checkpoint(source: Path, store: Path) -> tuple[Path, str]:
+    """Copy the checkpoint files of `source` (`TREE_SUFFIXES`) into `store/local-<tree hash>`, written
+    aside and renamed into place; return the directory and the tree hash."""
+    tree = model_tree_sha256(source)
+    target = store / f"local-{tree[:16]}"
+    if target.is_dir() and _remembered_tree(target) == tree:
+        return target, tree
+    store.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=store))
+    os.chmod(tmp, 0o755)
+    try:
+        for f in Path(source).iterdir():
+            if f.is_file() and f.suffix in TREE_SUFFIXES and f.name != MARKER:
+                shutil.copy2(f, tmp / f.name)
+        (tmp / MARKER).write_text(json.dumps({"tree_sha256": tree, "copied_from": source.name}, indent=2))
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target, tree
+
+
+def find_by_tree_sha256(store: Path, digest: str) -> Path | None:
+    """The checkpoint in `store` whose tree hash is `digest`, or None. Each directory's hash is
+    remembered in its `cptest-weights.json` marker, or computed (and not remembered) for a
+    checkpoint someone put there by hand."""
+    for entry in store_entries(store):
+        if entry["tree_sha256"] == digest:
+            return store / entry["name"]
+    return None
+
 
 STD = 0.02
 MARKER = "cptest-weights.json"
@@ -126,14 +236,15 @@ def ensure_synthetic(model: dict[str, Any], directory: Path) -> str:
     # same time, and a server must never load a checkpoint another process is still writing.
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the checkpoint from a container's other user
     try:
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
         (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
         path = tmp / "model.safetensors"
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
         digest = sha256_file(path)
-        (tmp / MARKER).write_text(json.dumps({"sha256": digest, "torch": torch.__version__, "model": model},
-                                             indent=2))
+        (tmp / MARKER).write_text(json.dumps({"sha256": digest, "tree_sha256": model_tree_sha256(tmp),
+                                              "torch": torch.__version__, "model": model}, indent=2))
         if directory.exists() and not marker.is_file():
             shutil.rmtree(directory, ignore_errors=True)  # an interrupted write of an older cptest
         try:

@@ -54,8 +54,6 @@ cptest.suite.demand plans with it too."""
 MIN_FREE_DISK = 512 << 20
 """An archive of the two-GPU suite is 1-3 MB, but a long run's rank files grow by about 30 MB per
 rank and 4 minutes of decode (results/_measure): below this a run may die writing its evidence."""
-TINY_MODELS = ("llama-kv1", "llama-kv2", "llama-kv4", "qwen3-kv2", "deepseek-mla")
-"""What `tools/make-tiny-models` makes: a missing one is a command away."""
 
 
 @dataclass(frozen=True)
@@ -123,8 +121,8 @@ def require(plan: Plan, *, results: Path, gpus: GpuFree = gpu_free_mib,
 
 def _model(plan: Plan) -> list[Cause]:
     pin = plan.pins.model
-    if pin.kind != "local":
-        return []  # synthetic weights are written by the run; a hub model is the engine's to fetch
+    if pin.kind == "hub":
+        return []  # the engine's to fetch
     mount = plan.main.nodes[0].model_mount
     if not mount:
         return []
@@ -143,15 +141,19 @@ def _model(plan: Plan) -> list[Cause]:
 
         found = model_tree_sha256(d)
         if found != pin.sha256:
+            remedy = ("these synthetic weights came out other bytes on this machine (torch build or CPU): "
+                      "rerun where the archive was made" if pin.kind == "synthetic"
+                      else "restore the pinned files, or pin what is there if it is meant to be used")
             return [Cause("weights_mismatch", f"{d} is not the pinned checkpoint (tree sha256 {found}, "
-                          f"pinned {pin.sha256})",
-                          "restore the pinned files, or pin what is there if it is meant to be used")]
+                          f"pinned {pin.sha256})", remedy)]
     return []
 
 
 def _model_remedy(d: Path) -> str:
-    if d.name in TINY_MODELS:
-        return f"make it: python3 tools/make-tiny-models {d.parent} --only {d.name}"
+    from cptest.run.models import TINY
+
+    if d.name in TINY:
+        return f"make it: cptest models make {d.name} --models {d.parent}"
     return "put the checkpoint there, or point the scenario's `model local` at where it is"
 
 

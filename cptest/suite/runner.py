@@ -101,7 +101,7 @@ def scenario_files(paths: Sequence[Path]) -> list[Path]:
 
 
 def plan_entries(files: list[Path], machine: Machine, *, engine: str | None, gpu_present: bool,
-                 model_cache: Path, pool: Pool, ignore_lint: bool = False) -> list[Entry]:
+                 pool: Pool, ignore_lint: bool = False) -> list[Entry]:
     """Parse and plan every file first: a suite with bad input launches nothing (every problem of
     every file is reported together, exit 2). A scenario that cannot run here (lint findings, an
     SGLang plan without a GPU, more than the machine has) is kept with the reason, `not_run`."""
@@ -111,7 +111,7 @@ def plan_entries(files: list[Path], machine: Machine, *, engine: str | None, gpu
     smallest = min(machine.gpus.values(), default=0)
     for f in files:
         try:
-            prepared = pipeline.prepare(f, engine=engine, gpu_present=gpu_present, model_cache=model_cache)
+            prepared = pipeline.prepare(f, engine=engine, gpu_present=gpu_present)
         except CptestError as e:
             problems.extend(e.problems)
             continue
@@ -128,7 +128,8 @@ def plan_entries(files: list[Path], machine: Machine, *, engine: str | None, gpu
 
 
 def child_argv(entry: Entry, granted: Granted, *, results: Path, engine: str | None,
-               ignore_lint: bool, launcher: str, baseline_cache: Path | None = None) -> list[str]:
+               ignore_lint: bool, launcher: str, baseline_cache: Path | None = None,
+               models: Path | None = None) -> list[str]:
     p = granted.placement
     argv = [sys.executable, "-m", "cptest", "run", str(entry.file), "--json", "--results", str(results),
             "--ports", f"{p.main_port},{p.baseline_port}", "--launcher", launcher]
@@ -141,16 +142,18 @@ def child_argv(entry: Entry, granted: Granted, *, results: Path, engine: str | N
     if ignore_lint:
         argv.append("--ignore-lint")
     argv += ["--baseline-cache", str(baseline_cache)] if baseline_cache else ["--no-baseline-cache"]
+    if models is not None:
+        argv += ["--models", str(models)]
     return argv
 
 
 def run_suite(files: list[Path], machine: Machine, *, results: Path, log: Logger, engine: str | None = None,
-              gpu_present: bool, model_cache: Path, jobs: int | None = None, ignore_lint: bool = False,
-              launcher: str = "process", now: datetime | None = None,
+              gpu_present: bool, models: Path | None = None, jobs: int | None = None,
+              ignore_lint: bool = False, launcher: str = "process", now: datetime | None = None,
               baseline_cache: Path | None = None) -> SuiteResult:
     pool = Pool(machine, jobs)
-    entries = plan_entries(files, machine, engine=engine, gpu_present=gpu_present, model_cache=model_cache,
-                           pool=pool, ignore_lint=ignore_lint)
+    entries = plan_entries(files, machine, engine=engine, gpu_present=gpu_present, pool=pool,
+                           ignore_lint=ignore_lint)
     stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
     folder = results / "_suites" / stamp
     (folder / "runs").mkdir(parents=True, exist_ok=True)
@@ -177,7 +180,7 @@ def run_suite(files: list[Path], machine: Machine, *, results: Path, log: Logger
                 e = next(x for x in waiting if x.key == key)
                 waiting.remove(e)
                 _start(e, granted, folder, results=results, engine=engine, ignore_lint=ignore_lint,
-                       launcher=launcher, baseline_cache=baseline_cache)
+                       launcher=launcher, baseline_cache=baseline_cache, models=models)
                 running.append(e)
                 log.info(f"start {e.name}: {_where(granted)} "
                          f"({len(running)} running, {len(waiting)} waiting)")

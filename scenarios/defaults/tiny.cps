@@ -1,6 +1,6 @@
 # Shared settings of the tiny-model suite (scenarios/*.cps extend this file).
-# Tiny models come from /work/shared/device/make-tiny-models (.tiny-models/<name>: hidden 256,
-# 4 layers, 8 heads, head_dim 64, vocab 4096, context 8192, no tokenizer).
+# The tiny models are synthetic checkpoints cptest writes into its model store (`cptest models make
+# --all`: hidden 256, 4 layers, 8 heads, head_dim 64, vocab 4096, context 8192, no tokenizer).
 cptest 1
 defaults {
   engine sglang "0.5.17"

@@ -54,7 +54,7 @@ def write(tmp_path: Path, scope: str) -> Path:
 
 def generation_of(f: Path, *, engine: str | None, tmp_path: Path) -> dict[str, object]:
     choice = choose(parse_file(f), engine, gpu_present=engine != "reference")
-    planned = plan(choice.scenario, model_cache=tmp_path / "models")
+    planned = plan(choice.scenario)
     (gen,) = [e for e in planned.expectations if e.kind == "generation"]
     return {"expect_violation": gen.expect_violation, "violated_on": gen.violated_on}
 

@@ -92,7 +92,7 @@ def test_lint_predicts_exactly_the_rule_the_file_is_named_after(path: Path):
         assert rejecting is None
         assert warnings == {rule} | IMPLIED.get(rule, set())
     # What the archive will record: hypotheses.py reads the plan's admission first.
-    admission = plan(s, model_cache=Path("/cache")).admission
+    admission = plan(s).admission
     assert admission is not None
     assert (admission.rule, {w.code for w in admission.warnings}) == (rejecting, warnings)
 

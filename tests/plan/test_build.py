@@ -48,7 +48,7 @@ SHELL_KEYS = {"shell", "command", "cmd", "command_line", "cmdline", "script"}
 
 
 def _plan_of(text: str) -> Plan:
-    return plan(parse_text(text, "t.cps"), model_cache=CACHE)
+    return plan(parse_text(text, "t.cps"))
 
 
 def _portable(p: Plan) -> dict[str, Any]:
@@ -74,7 +74,7 @@ def _walk(value: Any, path: str = ""):
 
 @pytest.fixture(scope="module")
 def plans() -> dict[str, Plan]:
-    return {p.stem: plan(parse_file(p), model_cache=CACHE) for p in SCENARIOS}
+    return {p.stem: plan(parse_file(p)) for p in SCENARIOS}
 
 
 def test_the_suite_has_scenarios_to_plan():
@@ -154,7 +154,7 @@ def test_rows_expectation_overrides_a_served_graph_mode_and_says_why():
     # overridden by the plan, which records the reason in contracts.eager.
     scenario = parse_text(BASE, "t.cps")
     serve = scenario.serve.model_copy(update={"cuda_graph_decode": "full"})
-    p = plan(scenario.model_copy(update={"serve": serve}), model_cache=CACHE)
+    p = plan(scenario.model_copy(update={"serve": serve}))
     argv = p.main.nodes[0].argv
     assert p.main.eager and "rows" in (p.contracts.eager or "")
     assert argv[argv.index("--cuda-graph-backend-decode") + 1] == "disabled"
@@ -171,7 +171,7 @@ def test_fault_on_a_rank_outside_the_world_is_a_plan_error_at_the_fault():
     scenario = parse_text(BASE, "t.cps")
     fault = scenario.faults[0].model_copy(update={"rank": 2})
     with pytest.raises(PlanError) as err:
-        plan(scenario.model_copy(update={"faults": [fault]}), model_cache=CACHE)
+        plan(scenario.model_copy(update={"faults": [fault]}))
     (problem,) = err.value.problems
     assert problem.span is not None and (problem.span.file, problem.span.line) == ("t.cps", 7)
     assert "rank 2 does not exist (world size 2)" in problem.message
@@ -201,17 +201,35 @@ def test_plan_errors_are_all_reported_together():
     scenario = parse_text(text, "t.cps")
     fault = scenario.faults[0].model_copy(update={"rank": 5})
     with pytest.raises(PlanError) as err:
-        plan(scenario.model_copy(update={"faults": [fault]}), model_cache=CACHE)
+        plan(scenario.model_copy(update={"faults": [fault]}))
     # The release problem stops the server from being built, so the rank check cannot run; the
     # release problem must still be there (and nothing crashes).
     assert [p.span.line for p in err.value.problems if p.span] == [3]
 
 
-def test_model_cache_is_an_argument_not_a_global():
-    a = plan(parse_text(BASE, "t.cps"), model_cache=Path("/a")).main.nodes[0].model_mount
-    b = plan(parse_text(BASE, "t.cps"), model_cache=Path("/b")).main.nodes[0].model_mount
-    assert a is not None and b is not None
-    assert a.startswith("/a/") and b.startswith("/b/") and Path(a).name == Path(b).name
+def test_the_plan_names_the_model_store_by_token_and_the_run_materialises_it():
+    p = plan(parse_text(BASE, "t.cps"))
+    mount = p.main.nodes[0].model_mount
+    assert mount is not None and mount.startswith("<models>/llama-")
+    assert mount in p.main.nodes[0].argv
+    a = p.materialized({"<models>": "/a", "<scenario>": "/s"}).main.nodes[0]
+    b = p.materialized({"<models>": "/b", "<scenario>": "/s"}).main.nodes[0]
+    assert a.model_mount == "/a/" + mount.removeprefix("<models>/") and a.model_mount in a.argv
+    assert b.model_mount == "/b/" + mount.removeprefix("<models>/")
+    assert "<models>" not in " ".join(a.argv)
+
+
+def test_a_local_model_is_named_relative_to_the_scenario_and_sources_are_relative(tmp_path: Path):
+    model_line = BASE[BASE.index("  model "):BASE.index("\n", BASE.index("  model "))]
+    local = ('  model local "ckpt"\n  facts { architecture "LlamaForCausalLM" layers 2 hidden 64 heads 4 '
+             'kv_heads 1 head_dim 16 vocab 128 }')
+    text = BASE.replace(model_line, local)
+    f = tmp_path / "s.cps"
+    f.write_text(text)
+    p = plan(parse_file(f))
+    assert p.main.nodes[0].model_mount == "<scenario>/ckpt" and p.pins.model.path == "<scenario>/ckpt"
+    assert all(not e.source.startswith("/") and e.source.startswith("s.cps:") for e in p.expectations)
+    assert str(tmp_path) not in p.model_dump_json()
 
 
 def test_each_node_of_a_multi_node_server_gets_its_rank_and_the_same_rendezvous():
@@ -271,7 +289,7 @@ def test_scenario_hash_does_not_change_when_the_file_is_reformatted():
 # ------------------------------------------------------------------------------ determinism
 def test_plan_is_deterministic_within_a_process(plans: dict[str, Plan]):
     for path in SCENARIOS:
-        assert plan(parse_file(path), model_cache=CACHE) == plans[path.stem]
+        assert plan(parse_file(path)) == plans[path.stem]
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
@@ -287,7 +305,7 @@ from cptest.lang import parse_file
 from cptest.plan import plan
 out = {}
 for f in sys.argv[1:]:
-    text = plan(parse_file(f), model_cache=Path("/cache")).model_dump_json()
+    text = plan(parse_file(f)).model_dump_json()
     out[Path(f).stem] = hashlib.sha256(text.encode()).hexdigest()
 print(json.dumps(out))
 """

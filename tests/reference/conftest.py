@@ -16,16 +16,16 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = REPO / ".tiny-models"
-MAKER = REPO / "tools" / "make-tiny-models"
+TINY = REPO / ".cptest" / "test-models"
 
 
 def ensure_tiny_models() -> Path:
-    """The tiny checkpoints the scenarios name (`.tiny-models/`), made on first use (about 2 s)."""
+    """A model store holding the suite's tiny checkpoints, each linked by its name (`TINY/llama-kv1`),
+    made on first use by `cptest models make` (about 2 s)."""
     names = ("llama-kv1", "llama-kv2", "llama-kv4", "qwen3-kv2")
     if not all((TINY / n / "model.safetensors").exists() for n in names):
-        subprocess.run([sys.executable, str(MAKER), str(TINY), "--only", ",".join(names)], check=True,
-                       capture_output=True)
+        subprocess.run([sys.executable, "-m", "cptest", "models", "make", *names, "--models", str(TINY)],
+                       check=True, capture_output=True, cwd=REPO)
     return TINY
 
 

@@ -61,8 +61,12 @@ def test_a_missing_tiny_model_names_the_command_that_makes_it(tmp_path: Path) ->
     plan = with_model(make_plan(fake_server("main", free_port())), tmp_path / ".tiny-models" / "llama-kv1")
     (cause,) = preflight(plan, results=tmp_path)
     assert cause.code == "model_missing" and "does not exist" in cause.message
-    made_by = f"python3 tools/make-tiny-models {tmp_path / '.tiny-models'} --only llama-kv1"
+    made_by = f"cptest models make llama-kv1 --models {tmp_path / '.tiny-models'}"
     assert cause.remedy == f"make it: {made_by}"
+    done = subprocess.run([sys.executable, "-m", "cptest", *made_by.split()[1:]], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert preflight(plan, results=tmp_path) == []  # the remedy is the whole remedy
     assert "\n" not in cause.line()
 
 
@@ -151,21 +155,22 @@ def test_a_crash_of_cptest_during_the_run_is_unknown_with_its_traceback_kept(
 def test_the_cli_says_it_in_one_line_exits_3_and_launches_nothing(tmp_path: Path) -> None:
     scenarios = tmp_path / "scenarios"
     scenarios.mkdir()
-    for f in ("reference_stop_rank_dcp2.cps", "defaults"):  # a scenario naming a local tiny model
-        src = ROOT / "scenarios" / f
-        dst = scenarios / f
-        if src.is_dir():
-            dst.mkdir()
-            for g in src.iterdir():
-                (dst / g.name).write_bytes(g.read_bytes())
-        else:
-            dst.write_bytes(src.read_bytes())
-    cmd = [sys.executable, "-m", "cptest", "run", str(scenarios / "reference_stop_rank_dcp2.cps"),
+    # A scenario naming a local tiny model that is not there (its facts declared, so it parses).
+    text = (ROOT / "scenarios" / "reference_stop_rank_dcp2.cps").read_text()
+    synthetic = text[text.index("  model synthetic"):text.index("  }\n", text.index("  model synthetic")) + 4]
+    local = ('  model local "../.tiny-models/llama-kv1"\n  facts { architecture "LlamaForCausalLM" layers 4 '
+             'hidden 256 heads 8 kv_heads 1 head_dim 64 vocab 4096 }\n')
+    text = text.replace("scenario reference_stop_rank_dcp2", "scenario lost").replace(synthetic, local)
+    tiny = ROOT / "scenarios" / "defaults" / "tiny.cps"
+    text = text.replace('extends "defaults/tiny.cps"', f'extends "{tiny}"')
+    (scenarios / "lost.cps").write_text(text)
+    cmd = [sys.executable, "-m", "cptest", "run", str(scenarios / "lost.cps"),
            "--results", str(tmp_path / "results"), "--engine", "reference", "--no-baseline-cache"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 3 and done.stdout == ""
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("unknown (model_missing): model directory") and "make-tiny-models" in last
+    assert last.startswith("unknown (model_missing): model directory")
+    assert "cptest models make llama-kv1" in last
     assert not (tmp_path / "results").exists()
     as_json = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     got = json.loads(as_json.stdout)

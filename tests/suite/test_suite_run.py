@@ -70,7 +70,7 @@ def test_two_scenarios_share_the_machine_and_an_exclusive_one_runs_alone(tmp_pat
     files = [write(tmp_path, "a"), write(tmp_path, "b"), write(tmp_path, "x", 'exclusive "times its steps"')]
     results = tmp_path / "results"
     done = run_suite(files, Machine({}, (0, 1)), results=results, log=Logger([]), gpu_present=False,
-                     model_cache=tmp_path / "models")
+                     models=tmp_path / "models")
     by = {e.name: e for e in done.entries}
     assert done.exit_code == 0, [(e.name, e.status, e.not_run) for e in done.entries]
     assert {e.status for e in done.entries} == {"pass"}
@@ -105,7 +105,7 @@ def test_a_scenario_without_its_weights_is_unknown_with_the_cause_and_the_others
     files = [good, lost]
     results = tmp_path / "results"
     done = run_suite(files, Machine({}, (0, 1)), results=results, log=Logger([]), gpu_present=False,
-                     model_cache=tmp_path / "models")
+                     models=tmp_path / "models")
     by = {e.name: e for e in done.entries}
     assert by["good"].status == "pass"
     assert by["lost"].status == "unknown" and by["lost"].archive is None

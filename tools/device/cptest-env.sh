@@ -16,9 +16,11 @@ printf 'Metadata-Version: 2.1\nName: cptest\nVersion: 0.1.0\n' > /opt/cpt/cptest
 printf '[sglang.srt.plugins]\ncptest_probe = cptest.probe.plugin:register\n' \
   > /opt/cpt/cptest-0.1.0.dist-info/entry_points.txt
 export PYTHONPATH="$PYTHONPATH:/opt/cpt:/opt/cpt-deps" PYTHONUNBUFFERED=1 NO_COLOR=1
-if [ ! -d .tiny-models/llama-kv4 ]; then
+# The scenarios' synthetic models are written by each run into the model store; the scripts that
+# start SGLang by hand use the same tiny models through names linked in .tiny-models/ (one maker:
+# `cptest models make`, docs/decisions.md D43).
+if [ ! -e .tiny-models/llama-kv4 ]; then
   say "making tiny models"
-  python3 .sglang-bundle/c3/make-tiny-models .tiny-models --only llama-kv1,llama-kv2,llama-kv4,qwen3-kv2 \
-    >> "$LOG" 2>&1 || python3 /opt/cpt-env/make-tiny-models .tiny-models >> "$LOG" 2>&1
+  python3 -m cptest models make llama-kv1 llama-kv2 llama-kv4 qwen3-kv2 --models .tiny-models >> "$LOG" 2>&1 \
+    || { say "cptest models make failed"; tail -20 "$LOG"; exit 3; }
 fi
-cp -f .sglang-bundle/c3/make-tiny-models /opt/cpt-env/ 2>/dev/null

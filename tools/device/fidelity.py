@@ -44,7 +44,7 @@ LOGPROB_BODY = {"return_logprob": True, "logprob_start_len": -1}
 
 
 def planned_workload(scenario: Path) -> WorkloadPlan:
-    prepared = pipeline.prepare(scenario, engine="sglang", gpu_present=True, model_cache=Path(".tiny-models"))
+    prepared = pipeline.prepare(scenario, engine="sglang", gpu_present=True)
     w = prepared.plan.workload
     reqs = [r.model_copy(update={"sampling": r.sampling.model_copy(update={"ignore_eos": True}),
                                  "return_logprob": True}) for r in w.requests]

@@ -38,7 +38,7 @@ say "probe cost per step, CPU tensors and CUDA tensors (decode batch of 64, 4 la
 for dev in ${BENCH_DEVICES:-cpu cuda}; do
   python3 benchmarks/probe_step.py --steps 2000 --layers 4 --batch 64 --device $dev 2>&1 | tee -a "$OUT/overhead.log"
 done
-python3 .sglang-bundle/c3/make-tiny-models .tiny-models --only llama-kv1 > "$W/models.log" 2>&1
+python3 -m cptest models make llama-kv1 --models .tiny-models > "$W/models.log" 2>&1
 HOOKS=$(python3 -c 'from cptest.probe.forward_hooks import spec; print(spec())')
 COMMON=(--model-path .tiny-models/llama-kv1 --skip-tokenizer-init --attention-backend triton
   --sampling-backend pytorch --mem-fraction-static 0.25 --max-total-tokens 65536

@@ -77,8 +77,8 @@ eps = [e.value for e in entry_points(group="sglang.srt.plugins")]
 print("entry points:", eps, "| pydantic", pydantic.VERSION, "| lark", lark.__version__, "| targets", len(p.TARGETS))
 EOF
 say "making tiny models"
-python3 .sglang-bundle/c3/make-tiny-models .tiny-models --only llama-kv1,qwen3-kv2 > "$WORK/logs/models.log" 2>&1 \
-  || { say "make-tiny-models failed"; tail -20 "$WORK/logs/models.log"; exit 3; }
+python3 -m cptest models make llama-kv1 qwen3-kv2 --models .tiny-models > "$WORK/logs/models.log" 2>&1 \
+  || { say "cptest models make failed"; tail -20 "$WORK/logs/models.log"; exit 3; }
 nvidia-smi > "$WORK/nvidia-smi-start.txt" 2>&1
 HOOKS=$(python3 -c 'from cptest.probe.forward_hooks import spec; print(spec())')
 
