@@ -80,6 +80,21 @@ def foreign_sessions() -> set[int]:
     return found
 
 
+def child_of_another_cptest(pid: int, ours: set[int] | frozenset[int] = frozenset()) -> bool:
+    """Whether `pid`'s parent is alive and is another `cptest` command (not this process, not one of
+    `ours`). Another run's engine is its child from the moment it starts, while its reaper (what
+    `foreign_sessions` reads) starts a moment later: in that window only the parent tells whose it
+    is. An orphan of this run has lost its parent (re-parented to init or a subreaper), and a
+    leftover child of this run's engine has a parent in `ours`, so neither matches."""
+    try:
+        parent = psutil.Process(pid).parent()
+        if parent is None or parent.pid in (1, os.getpid()) or parent.pid in ours:
+            return False
+        return any(part == "cptest" or part.endswith("/cptest") for part in parent.cmdline())
+    except (psutil.Error, OSError):
+        return False
+
+
 def session_of(pid: int) -> int | None:
     try:
         return os.getsid(pid)
@@ -210,7 +225,8 @@ class Supervisor:
         if host:
             strays = [p for p in host_processes_titled(self.title_prefix) if p not in pids]
             theirs = foreign_sessions() if strays else set()
-            foreign = [p for p in strays if session_of(p) in theirs or not self._ours_by_label(p)]
+            foreign = [p for p in strays if session_of(p) in theirs or not self._ours_by_label(p)
+                       or child_of_another_cptest(p, self.tree_pids())]
             procs += describe_processes([p for p in strays if p not in foreign], scope="host")
             procs += describe_processes(foreign, scope="foreign")
         writer.write(ProcessSample(phase=phase, procs=procs))
