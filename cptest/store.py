@@ -7,7 +7,8 @@ write into the directory they are given.
 
 ```
 results/<scenario>/<UTC YYYYmmddTHHMMSSZ>-<first 8 hex of the scenario sha256>/
-  scenario.cps               the scenario as written (its `extends` files beside it, or under includes/)
+  scenario.cps               the scenario as written
+  includes/...               its `extends` files, by their path relative to the scenario (`..` as `@up`)
   plan.json                  the effective configuration (cptest.plan.Plan)
   manifest.json              phase, pins, environment, sha256 of every other file
   evidence/<role>/rank<w>.jsonl   probe records of world rank w (role: main or baseline)
@@ -31,14 +32,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cptest.errors import Problem, Span
+from cptest.errors import EvidenceError, Problem, Span
 
 MANIFEST_VERSION = 1
 ROLES = ("main", "baseline", "control")
@@ -52,6 +55,131 @@ JUNIT = "junit.xml"
 RUNNER_FILE = "runner.jsonl"
 
 _RANK_FILE = re.compile(r"^rank(\d+)\.jsonl$")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+"""What a scenario name must look like to become a folder of the results: one path component,
+never `.`, `..`, a separator or a hidden name."""
+
+INCLUDES = "includes"
+"""The folder of an archive that holds its scenario's `extends` files (docs/decisions.md D45)."""
+
+
+class IntegrityError(EvidenceError):
+    """An archive is not what cptest wrote: a link, a FIFO or a folder where a file belongs, a
+    malformed manifest, or a plan that its scenario does not compile to. Exit code 3."""
+
+
+def valid_name(name: str) -> bool:
+    """Whether `name` may be a scenario's folder under the results (see `NAME`)."""
+    return isinstance(name, str) and NAME.fullmatch(name) is not None and name not in (".", "..")
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def foreign_entries(root: Path) -> list[Problem]:
+    """Everything under `root` that cptest never writes into an archive: a symbolic link (to a file
+    or a folder, inside or outside the archive), a FIFO, a socket, a device. Walks without following
+    links; `root` itself may be a link to an archive. An archive with any of these is refused whole:
+    reading through a link could judge or hash another file, opening a FIFO blocks for ever."""
+    problems = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in sorted(dirnames + filenames):
+            path = Path(dirpath) / name
+            try:
+                mode = path.lstat().st_mode
+            except OSError as e:
+                problems.append(Problem(Span(str(path), 1, 1), f"cannot read {name}: {e.strerror}"))
+                continue
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                rel = path.relative_to(root).as_posix()
+                problems.append(Problem(Span(str(path), 1, 1), f"{rel} is {_kind(mode)}, not a regular file",
+                                        hint="an archive holds only the files cptest wrote; restore it "
+                                        "from a copy you trust"))
+    return problems
+
+
+def require_plain(root: Path) -> None:
+    """Raise IntegrityError (exit 3) naming every link, FIFO or other special file under `root`,
+    and when `root` is not a directory."""
+    if not root.is_dir():
+        raise IntegrityError(Problem(Span(str(root), 1, 1), "not an archive directory",
+                                     hint="give a folder results/<scenario>/<time>-<hash>/"))
+    problems = foreign_entries(root)
+    if problems:
+        raise IntegrityError(problems)
+
+
+def _at(path: Path, message: str, hint: str | None = None) -> IntegrityError:
+    return IntegrityError(Problem(Span(str(path), 1, 1), message, hint=hint))
+
+
+def existing_file(path: Path) -> bool:
+    """Whether `path` is a regular file: False when nothing is there; IntegrityError (exit 3) when
+    something else is (a folder, a link, a FIFO)."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise _at(path, f"cannot read {path.name}: {e.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise _at(path, f"{path.name} is {_kind(mode)}, not a regular file",
+                  hint="an archive holds only the files cptest wrote; restore it from a copy you trust")
+    return True
+
+
+def read_file(path: Path) -> str:
+    """The text of an archive's file, never through a link and never blocking on a FIFO: anything
+    but a regular UTF-8 file is an IntegrityError (exit 3) naming it."""
+    if not existing_file(path):
+        raise _at(path, f"{path.name} is missing",
+                  hint="is this an archive directory (results/<scenario>/<time>-<hash>/)?")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read()
+        return data.decode("utf-8")
+    except OSError as e:
+        raise _at(path, f"cannot read {path.name}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise _at(path, f"{path.name} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def write_file(root: Path, path: Path, text: str) -> None:
+    """Write `text` to `path` inside the archive `root` atomically (a temporary file beside it, then
+    a rename), never through a link: a link in the way is replaced, not followed, and a folder on
+    the way that is a link is an IntegrityError."""
+    rel = path.relative_to(root)
+    here = root
+    for part in rel.parts[:-1]:
+        here = here / part
+        if here.is_symlink() or (here.exists() and not here.is_dir()):
+            raise _at(here, f"{here.relative_to(root).as_posix()} is not a folder of the archive (a link?); "
+                      "nothing written")
+    if path.exists() and path.is_dir() and not path.is_symlink():
+        raise _at(path, f"{rel.as_posix()} is a directory, not a file; nothing written")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def rank_file_name(world: int) -> str:
@@ -150,11 +278,37 @@ def archives_under(root: Path, *, side_runs: bool = False) -> list[Path]:
 
 
 def archive_dir(results_root: Path | str, scenario: str, scenario_sha256: str, now: datetime) -> Path:
-    """`<results_root>/<scenario>/<UTC time>-<sha[:8]>`. Pure; `now` must be timezone-aware."""
+    """`<results_root>/<scenario>/<UTC time>-<sha[:8]>`. Pure; `now` must be timezone-aware. Raises
+    ValueError for a scenario name that is not one plain path component (`NAME`) or a hash that is
+    not hex: an archive's path is built only from validated names."""
     if now.tzinfo is None:
         raise ValueError("archive_dir needs a timezone-aware time (datetime.now(UTC))")
+    if not valid_name(scenario):
+        raise ValueError(f"scenario name {scenario!r} cannot name a folder of the results "
+                         "(letters, digits, `_`, `-`, `.`; not starting with `.`)")
+    if not re.fullmatch(r"[0-9a-f]{8,64}", scenario_sha256 or ""):
+        raise ValueError(f"scenario hash {scenario_sha256!r} is not hexadecimal")
     stamp = now.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
     return Path(results_root) / scenario / f"{stamp}-{scenario_sha256[:8]}"
+
+
+def create_archive(results_root: Path | str, scenario: str, scenario_sha256: str, now: datetime) -> Path:
+    """A new, empty archive folder `archive_dir(...)`, created exclusively: when another run took
+    that name in the same second, the next free `-2`, `-3`... suffix. The scenario's folder must be
+    a real folder inside `results_root` (not a link). Raises ValueError as `archive_dir` does."""
+    base = archive_dir(results_root, scenario, scenario_sha256, now)
+    parent = base.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    if parent.is_symlink() or not parent.resolve().is_relative_to(Path(results_root).resolve()):
+        raise ValueError(f"{parent} is a link out of {results_root}: no archive is written through it")
+    for n in range(1, 1000):
+        candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise FileExistsError(f"no free archive name under {parent} for {base.name}")
 
 
 def sha256_file(path: Path) -> str:
@@ -166,19 +320,25 @@ def sha256_file(path: Path) -> str:
 
 
 def file_hashes(root: Path) -> dict[str, str]:
-    """sha256 of every regular file under `root` except the manifest, by POSIX relative path, sorted."""
+    """sha256 of every regular file under `root` except the manifest, by POSIX relative path, sorted.
+    Links are not followed (`foreign_entries` names them)."""
     out = {}
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and not (p.parent == root and p.name == MANIFEST):
-            out[p.relative_to(root).as_posix()] = sha256_file(p)
+    for dirpath, _, filenames in os.walk(root, followlinks=False):
+        for name in filenames:
+            p = Path(dirpath) / name
+            if stat.S_ISREG(p.lstat().st_mode) and not (p.parent == root and p.name == MANIFEST):
+                out[p.relative_to(root).as_posix()] = sha256_file(p)
     return dict(sorted(out.items()))
 
 
 def read_manifest(layout: Layout) -> dict[str, Any] | None:
-    """The manifest as written, or None when there is none or it is not JSON."""
+    """The manifest as written, or None when there is none or it is not JSON. Raises IntegrityError
+    when something other than a regular file stands in its place."""
+    if not existing_file(layout.manifest):
+        return None
     try:
-        data = json.loads(layout.manifest.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(read_file(layout.manifest))
+    except (IntegrityError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
@@ -199,7 +359,7 @@ def _write_manifest(layout: Layout, phase: str, scenario: str, pins: Mapping[str
         "environment": dict(environment),
         "files": file_hashes(layout.root),
     }
-    layout.manifest.write_text(json.dumps(manifest, sort_keys=True, indent=2) + "\n", encoding="utf-8")
+    write_file(layout.root, layout.manifest, json.dumps(manifest, sort_keys=True, indent=2) + "\n")
     return manifest
 
 
@@ -214,21 +374,27 @@ def begin(
     roles: Iterable[str] = ("main",),
     includes: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Phase 0: create the archive (it must not exist), write scenario.cps, its included files
-    (`includes` maps a name relative to the archive to its text), plan.json and a first manifest.
-    Returns the manifest. Raises FileExistsError when the directory exists, ValueError when an
-    include would land outside the archive."""
-    layout.root.mkdir(parents=True, exist_ok=False)
+    """Phase 0: create the archive (it must not exist, or be the empty folder `create_archive`
+    made), write scenario.cps, its included files (`includes` maps a name under `includes/` to its
+    text), plan.json and a first manifest. Returns the manifest. Raises FileExistsError when the
+    directory exists with anything in it, ValueError when an include is not named under
+    `includes/` or would land outside it."""
+    try:
+        layout.root.mkdir(parents=True, exist_ok=False)
+    except FileExistsError:
+        if layout.root.is_symlink() or not layout.root.is_dir() or any(layout.root.iterdir()):
+            raise
     layout.make_dirs(roles)
-    layout.scenario.write_text(scenario_text, encoding="utf-8")
-    root = layout.root.resolve()
+    write_file(layout.root, layout.scenario, scenario_text)
+    folder = (layout.root / INCLUDES).resolve()
     for name, text in (includes or {}).items():
         target = layout.root / name
-        if not target.resolve().is_relative_to(root):
-            raise ValueError(f"include {name!r} would be written outside the archive")
+        parts = Path(name).parts
+        if not parts or parts[0] != INCLUDES or ".." in parts or not target.resolve().is_relative_to(folder):
+            raise ValueError(f"include {name!r} would be written outside the archive's {INCLUDES}/ folder")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-    layout.plan.write_text(plan_json if plan_json.endswith("\n") else plan_json + "\n", encoding="utf-8")
+        write_file(layout.root, target, text)
+    write_file(layout.root, layout.plan, plan_json if plan_json.endswith("\n") else plan_json + "\n")
     return _write_manifest(layout, "begun", scenario, pins, environment)
 
 
@@ -244,10 +410,13 @@ def finish(
     """Last phase: verdict.json, report.md, junit.xml, then the final manifest with the sha256 of
     every other file. The environment is carried over from the first manifest (it describes the
     machine that gathered the evidence, not the one that finishes the archive), and so are the pins
-    when the first manifest has them (the run adds what it measured, such as the model's tree hash)."""
-    layout.verdict.write_text(verdict_json, encoding="utf-8")
-    layout.report.write_text(report_md, encoding="utf-8")
-    layout.junit.write_text(junit_xml, encoding="utf-8")
+    when the first manifest has them (the run adds what it measured, such as the model's tree hash).
+    Every file is written atomically and never through a link; an archive holding a link, a FIFO or
+    another special file is refused first (IntegrityError, exit 3)."""
+    require_plain(layout.root)
+    write_file(layout.root, layout.verdict, verdict_json)
+    write_file(layout.root, layout.report, report_md)
+    write_file(layout.root, layout.junit, junit_xml)
     begun = read_manifest(layout) or {}
     environment = begun.get("environment") if isinstance(begun.get("environment"), dict) else {}
     if isinstance(begun.get("pins"), dict):
@@ -256,18 +425,29 @@ def finish(
 
 
 def verify(root: Path) -> list[Problem]:
-    """Problems with the archive at `root` against its manifest: a missing, changed or extra file."""
+    """Problems with the archive at `root` against its manifest: a missing, changed or extra file,
+    a link, FIFO or other special file anywhere in it, a manifest that is not a regular file of
+    JSON with a `files` table of sha256 by relative path. Never raises for what the archive holds."""
     layout = Layout(root)
     mpath = layout.manifest
-    if not mpath.is_file():
-        return [Problem(Span(str(mpath), 1, 1), "archive has no manifest.json",
-                        hint="was the run interrupted before `begin`?")]
+    if not root.is_dir():
+        return [Problem(Span(str(root), 1, 1), "not an archive directory")]
+    special = foreign_entries(root)
     try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-        listed: dict[str, str] = manifest["files"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        return [Problem(Span(str(mpath), 1, 1), f"unreadable manifest: {e}")]
-    problems = []
+        if not existing_file(mpath):
+            return special + [Problem(Span(str(mpath), 1, 1), "archive has no manifest.json",
+                                      hint="was the run interrupted before `begin`?")]
+        manifest = json.loads(read_file(mpath))
+    except IntegrityError as e:
+        return special + [p for p in e.problems if p not in special]
+    except ValueError as e:
+        return special + [Problem(Span(str(mpath), 1, 1), f"manifest.json is not JSON: {e}")]
+    listed = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(listed, dict) or not all(isinstance(v, str) and _SHA256.fullmatch(v)
+                                               for v in listed.values()):
+        return special + [Problem(Span(str(mpath), 1, 1), "malformed manifest: `files` must map each "
+                                  "archived file to its sha256 (64 hex digits)")]
+    problems = list(special)
     if manifest.get("phase") != "finished":
         problems.append(Problem(
             Span(str(mpath), 1, 1),
@@ -275,10 +455,17 @@ def verify(root: Path) -> list[Problem]:
             "later is not covered",
             hint="run `cptest check DIR` to finish the archive",
         ))  # fmt: skip
+    outside = [n for n in listed if not Path(n).parts or Path(n).is_absolute() or ".." in Path(n).parts
+               or n == MANIFEST]
+    problems += [Problem(Span(str(mpath), 1, 1), f"manifest lists {n!r}, which is no file of the archive")
+                 for n in outside]
+    listed = {k: v for k, v in listed.items() if k not in outside}
     actual = file_hashes(root)
     for name in sorted(set(listed) | set(actual)):
         where = Span(str(root / name), 1, 1)
         if name not in actual:
+            if any(p.span and p.span.file == str(root / name) for p in special):
+                continue  # already named: a link or FIFO where the file should be
             problems.append(Problem(where, f"{name} is listed in the manifest but missing"))
         elif name not in listed:
             problems.append(Problem(where, f"{name} is not in the manifest (added after the run?)"))

@@ -77,16 +77,20 @@ def test_layout_names_every_file_of_the_archive_in_one_place() -> None:
 
 def test_begin_writes_plan_scenario_and_a_first_manifest(tmp_path: Path) -> None:
     d = tmp_path / "x"
-    m = begun(d, make_plan(server_plan()), "text", includes={"inc/defaults.cps": "d"},
+    m = begun(d, make_plan(server_plan()), "text", includes={"includes/defaults.cps": "d"},
               roles=["main", "baseline"])
-    assert (m["phase"], sorted(m["files"])) == ("begun", ["inc/defaults.cps", "plan.json", "scenario.cps"])
+    assert (m["phase"], sorted(m["files"])) == ("begun", ["includes/defaults.cps", "plan.json", "scenario.cps"])
     assert json.loads((d / "manifest.json").read_text())["environment"] == ENV
     assert (d / "evidence/baseline").is_dir() and (d / "logs").is_dir()
 
 
-def test_begin_refuses_an_include_outside_the_archive(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="outside the archive"):
-        begun(tmp_path / "x", make_plan(server_plan()), includes={"../evil.cps": "x"})
+@pytest.mark.parametrize("name", ["../evil.cps", "includes/../plan.json", "logs/main-node0.log", "scenario.cps",
+                                  "/tmp/evil.cps"])
+def test_begin_writes_includes_only_under_their_own_folder(tmp_path: Path, name: str) -> None:
+    # An include can never alias cptest's own files (the engine log `log contains` reads, the
+    # archived scenario) nor land outside the archive.
+    with pytest.raises(ValueError, match="outside the archive's includes/ folder"):
+        begun(tmp_path / "x", make_plan(server_plan()), includes={name: "x"})
 
 
 def test_finished_archive_verifies_clean_and_lists_every_file(tmp_path: Path) -> None:

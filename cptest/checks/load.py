@@ -18,7 +18,7 @@ from cptest.contracts import CONTRACTS
 from cptest.errors import EvidenceError, Problem, Span, did_you_mean
 from cptest.evidence import Evidence, RankEvidence, RoleEvidence, RunnerEvidence, read_records
 from cptest.plan.model import Plan, ServerPlan
-from cptest.store import Layout
+from cptest.store import Layout, existing_file, read_file, require_plain
 
 
 @dataclass
@@ -35,20 +35,21 @@ def load_role(layout: Layout, server: ServerPlan) -> RoleEvidence:
     ev = RoleEvidence(role=role, world_size=server.world_size, nodes=[n.node_rank for n in server.nodes],
                       degrees=server.topology, engine=server.engine)
     for world, path in layout.rank_files(role).items():
+        existing_file(path)  # a folder named rank0.jsonl is an integrity error, not a traceback
         records, dropped = read_records(path)
         ev.ranks[world] = RankEvidence.of(world, records, dropped)
     for world in range(server.world_size):
         if world not in ev.ranks and server.probe:
             ev.missing.append(layout.relative(layout.rank_file(role, world)))
     runner = layout.runner_file(role)
-    if runner.is_file():
+    if existing_file(runner):
         ev.runner = RunnerEvidence.of(*read_records(runner))
     else:
         ev.missing.append(layout.relative(runner))
     for node in ev.nodes:
         p = layout.log(role, node)
-        if p.is_file():
-            ev.logs[node] = p.read_text(encoding="utf-8", errors="replace")
+        if existing_file(p):
+            ev.logs[node] = p.read_bytes().decode("utf-8", errors="replace")
         else:
             ev.missing.append(layout.relative(p))
     return ev
@@ -57,12 +58,14 @@ def load_role(layout: Layout, server: ServerPlan) -> RoleEvidence:
 def load_plan(root: Path) -> Plan:
     """The archive's plan.json (a version 1 plan is upgraded). Raises EvidenceError naming what is wrong."""
     path = Layout(root).plan
-    if not path.is_file():
+    if not existing_file(path):
         raise EvidenceError(Problem(Span(str(path), 1, 1), "archive has no plan.json",
                                     hint="is this an archive directory (results/<scenario>/<time>-<hash>/)?"))
     try:
-        return Plan.model_validate_json(path.read_text(encoding="utf-8"))
+        return Plan.model_validate_json(read_file(path))
     except ValidationError as e:
+        if not e.errors():
+            raise EvidenceError(Problem(Span(str(path), 1, 1), f"bad plan: {e}")) from None
         first = e.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
         hint = None
@@ -74,8 +77,11 @@ def load_plan(root: Path) -> Plan:
 
 
 def load_archive(dir: Path | str) -> Archive:
-    """Load `dir`. Raises EvidenceError when plan.json is missing or any evidence line is malformed."""
+    """Load `dir`. Raises EvidenceError when plan.json is missing or any evidence line is malformed,
+    IntegrityError (an EvidenceError) when the archive holds a link, a FIFO or a folder where a file
+    belongs: nothing is read through a link."""
     root = Path(dir)
+    require_plain(root)
     layout = Layout(root)
     plan = load_plan(root)
     roles = {server.role: load_role(layout, server) for server in plan.servers()}
