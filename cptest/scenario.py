@@ -249,6 +249,12 @@ class Scenario(Node):
     exclusive: str | None = Field(default=None, exclude_if=lambda v: v is None)
     """Why the scenario must have the machine to itself (its contracts judge timing that another
     server on the same GPUs or cores would disturb); a suite then runs it alone. None: it may share."""
+    unsafe: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Why the scenario sets environment or flags that load code or config (`unsafe "reason"`,
+    `cptest.lang.safety`); running it then needs `cptest run --allow-unsafe`. None: it sets none."""
+    deadline_s: float | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The whole run's wall-clock limit as declared (`deadline 2h`); None: the default
+    (`cptest.lang.tables.DEFAULT_DEADLINE_S`), which the plan records as `Plan.deadline_s`."""
     includes: list[str] = Field(default_factory=list)
     """Resolved paths of the files pulled in through `extends`, nearest first."""
     engine: Engine

@@ -9,12 +9,12 @@ the role (plus the `launch_failed` reason, which carries the log tail the runner
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import field_validator
 
-from cptest.contracts.base import Contract, Declared, Params, PlanContext, regex
+from cptest.contracts import patterns
+from cptest.contracts.base import Contract, Declared, Params, PlanContext, invalid
 from cptest.evidence import Evidence
 from cptest.verdict import Verdict, failed, passed, unknown
 
@@ -29,7 +29,10 @@ class LaunchExpect(Declared):
     @field_validator("matching")
     @classmethod
     def _compiles(cls, v: str | None) -> str | None:
-        return regex(v)
+        problem = patterns.check(v) if v is not None else None
+        if problem is not None:
+            raise invalid(problem, found=v[:80] if v else None)
+        return v
 
 
 class LaunchParams(Params):
@@ -85,7 +88,10 @@ def check(evidence: Evidence, p: LaunchParams) -> Verdict:
             f"{role} was rejected but no logs of {role} exist to match {pattern!r}",
             status=d.get("status"),
         )
-    m = re.search(pattern, haystack, re.MULTILINE)
+    try:
+        m = patterns.search(pattern, haystack)
+    except patterns.PatternTimeout as err:
+        return unknown(NAME, f"{role} was rejected, but {err}", status=d.get("status"))
     if m:
         line = haystack[haystack.rfind("\n", 0, m.start()) + 1 :].split("\n", 1)[0]
         return passed(

@@ -2,17 +2,19 @@
 
     expect { log contains "DCP enabled, dcp_size=2" }      expect { log absent "Traceback" }
 
-Missing logs are unknown: an absent line in a log that does not exist proves nothing.
+Missing logs are unknown: an absent line in a log that does not exist proves nothing. The pattern is
+searched with a time limit (`cptest.contracts.patterns`): one that backtracks catastrophically on a
+log is unknown, never a hang of `cptest check`.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import field_validator
 
-from cptest.contracts.base import Contract, Declared, Params, PlanContext, regex
+from cptest.contracts import patterns
+from cptest.contracts.base import Contract, Declared, Params, PlanContext, invalid
 from cptest.evidence import Evidence
 from cptest.verdict import Verdict, failed, passed, unknown
 
@@ -26,7 +28,10 @@ class LogExpect(Declared):
     @field_validator("pattern")
     @classmethod
     def _compiles(cls, v: str) -> str:
-        return regex(v) or v
+        problem = patterns.check(v)
+        if problem is not None:
+            raise invalid(problem, found=v[:80])
+        return v
 
 
 class LogParams(Params):
@@ -47,10 +52,12 @@ def check(evidence: Evidence, p: LogParams) -> Verdict:
     if not ev.logs:
         return unknown(NAME, f"no logs of {role} in the archive (logs/{role}-node*.log)")
     missing = [m for m in ev.missing if m.startswith("logs/")]
-    rx = re.compile(pattern, re.MULTILINE)
     for node in sorted(ev.logs):
         text = ev.logs[node]
-        m = rx.search(text)
+        try:
+            m = patterns.search(pattern, text)
+        except patterns.PatternTimeout as err:
+            return unknown(NAME, f"{err} on logs/{role}-node{node}.log", timeout_s=err.timeout_s)
         if m:
             line = text[text.rfind("\n", 0, m.start()) + 1 :].split("\n", 1)[0].strip()
             where = f"logs/{role}-node{node}.log"

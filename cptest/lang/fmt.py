@@ -176,7 +176,7 @@ def _head(s: Stmt) -> str:
     if v is BLOCK:
         return f"{s.key} {{"
     if s.block == "":
-        if s.key in ("description", "exclusive", "extends"):
+        if s.key in ("description", "exclusive", "unsafe", "extends"):
             return f"{s.key} {quote(v)}"
         if s.key == "engine":
             out = f"engine {v['kind']}"

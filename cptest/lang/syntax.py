@@ -144,9 +144,19 @@ def quote(value: str) -> str:
     return "".join(out)
 
 
+MAX_INT_DIGITS = 30
+"""Longest integer literal the language reads. Every integer setting is bounded far below 10**30
+(cptest/lang/tables.py), so a longer one is an error at its token, never CPython's 4,300-digit
+`ValueError` or a bignum the later stages would choke on."""
+MAX_NUMBER_CHARS = 64
+"""Longest number or duration literal (`1e-3`, `1500ms`): longer ones are errors at the token."""
+
+
 def duration_seconds(text: str) -> float:
     if text.endswith("ms"):
         return float(text[:-2]) / 1000.0
+    if text.endswith("h"):
+        return float(text[:-1]) * 3600.0
     if text.endswith("m"):
         return float(text[:-1]) * 60.0
     return float(text[:-1])
@@ -177,17 +187,26 @@ class _Build:
 
     # -- values
     def int(self, meta: Any, c: list[Token]) -> int:
-        return int(c[0])
+        return self._int(c[0])
+
+    def _int(self, tok: Token) -> int:
+        """An INT token's value. Longer than `MAX_INT_DIGITS` is a problem at the token, before
+        `int()` would refuse it (CPython's 4,300-digit limit) or build a huge number."""
+        text = str(tok)
+        if len(text.lstrip("-")) > MAX_INT_DIGITS:
+            raise _Dup(_tok_span(self.f, tok), f"integer of {len(text.lstrip('-'))} digits is too large "
+                       f"(at most {MAX_INT_DIGITS} digits)")
+        return int(text)
 
     def float(self, meta: Any, c: list[Token]) -> float:
         value = float(c[0])
-        if value in (float("inf"), float("-inf")):
+        if value in (float("inf"), float("-inf")) or len(str(c[0])) > MAX_NUMBER_CHARS:
             raise _Dup(_tok_span(self.f, c[0]), f"number {str(c[0])!r} is too large")
         return value
 
     def duration(self, meta: Any, c: list[Token]) -> Duration:
         value = duration_seconds(str(c[0]))
-        if value in (float("inf"), float("-inf")):
+        if value in (float("inf"), float("-inf")) or len(str(c[0])) > MAX_NUMBER_CHARS:
             raise _Dup(_tok_span(self.f, c[0]), f"duration {str(c[0])!r} is too large")
         return Duration(value)
 
@@ -275,6 +294,14 @@ class _Build:
         span = _span(self.f, meta)
         return Stmt("", "exclusive", unquote(str(c[0])), span, span)
 
+    def unsafe(self, meta: Any, c: list[Token]) -> Stmt:
+        span = _span(self.f, meta)
+        return Stmt("", "unsafe", unquote(str(c[0])), span, span)
+
+    def deadline(self, meta: Any, c: list[Any]) -> Stmt:
+        span = _span(self.f, meta)
+        return Stmt("", "deadline", c[0], span, span)
+
     def extends(self, meta: Any, c: list[Token]) -> Stmt:
         span = _span(self.f, meta)
         return Stmt("", "extends", unquote(str(c[0])), span, span)
@@ -320,16 +347,16 @@ class _Build:
 
     # -- faults
     def rank_target(self, meta: Any, c: list[Token]) -> tuple[str, int | None, Span | None]:
-        return ("rank", int(c[0]), _tok_span(self.f, c[0]))
+        return ("rank", self._int(c[0]), _tok_span(self.f, c[0]))
 
     def server_target(self, meta: Any, c: list[Token]) -> tuple[str, int | None, Span | None]:
         return ("server", None, None)
 
     def after_requests(self, meta: Any, c: list[Token]) -> tuple[str, Any, Span]:
-        return ("after_requests", int(c[0]), _tok_span(self.f, c[0]))
+        return ("after_requests", self._int(c[0]), _tok_span(self.f, c[0]))
 
     def after_decode_steps(self, meta: Any, c: list[Token]) -> tuple[str, Any, Span]:
-        return ("after_decode_steps", int(c[0]), _tok_span(self.f, c[0]))
+        return ("after_decode_steps", self._int(c[0]), _tok_span(self.f, c[0]))
 
     def at_time(self, meta: Any, c: list[Any]) -> tuple[str, Any, Span]:
         return ("at", c[0], _span(self.f, meta))
@@ -444,7 +471,7 @@ class _Build:
         return ("no_orphans", True)
 
     def exit_status(self, meta: Any, c: list[Token]) -> tuple[str, Any]:
-        return ("exit_status", tuple(int(t) for t in c))
+        return ("exit_status", tuple(self._int(t) for t in c))
 
     def shutdown(self, meta: Any, c: list[tuple[str, Any]]) -> Stmt:
         value: dict[str, Any] = {}
@@ -474,7 +501,7 @@ class _Build:
 
     # -- file
     def header(self, meta: Any, c: list[Token]) -> tuple[int, Span]:
-        return (int(c[0]), _tok_span(self.f, c[0]))
+        return (self._int(c[0]), _tok_span(self.f, c[0]))
 
     def scenario(self, meta: Any, c: list[Any]) -> tuple[str, str | None, Span, list[Stmt], Span]:
         name = c[0]

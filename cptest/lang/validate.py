@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from cptest.contracts import CONTRACTS, Declared
 from cptest.contracts.graph import MODES as GRAPH_MODES
 from cptest.errors import ProblemCollector, ScenarioError, Span, did_you_mean, one_of
+from cptest.lang import safety
 from cptest.lang import tables as T
 from cptest.lang.syntax import BLOCK, Doc, Stmt, read_doc
 from cptest.scenario import (
@@ -289,9 +290,11 @@ class _Values:
 
     def _dist(self, s: Stmt, key: str, v: Any, spec: T.Setting) -> Any:
         lo = int(spec.min or 1)
+        hi = int(spec.max) if spec.max is not None else None
         if isinstance(v, int) and not isinstance(v, bool):
-            if v < lo:
-                self.p.add(s.span, f"{key} is out of range", expected=f">= {lo}", found=str(v))
+            if v < lo or (hi is not None and v > hi):
+                self.p.add(s.span, f"{key} is out of range",
+                           expected=f">= {lo}" + (f" and <= {hi}" if hi is not None else ""), found=str(v))
                 return MISSING
             return Dist(kind="fixed", n=v, span=s.span)
         if not isinstance(v, Call):
@@ -311,11 +314,14 @@ class _Values:
             )
             return MISSING
         args = list(v.args)
-        if any(a < lo for a in args):
+        if len(args) > T.MAX_CHOICES:
+            self.p.add(s.span, f"{v.name}() has {len(args)} values", expected=f"at most {T.MAX_CHOICES}")
+            return MISSING
+        if any(a < lo or (hi is not None and a > hi) for a in args):
             self.p.add(
                 s.span,
                 f"{key} is out of range",
-                expected=f"token counts >= {lo}",
+                expected=f"token counts >= {lo}" + (f" and <= {hi}" if hi is not None else ""),
                 found=", ".join(map(str, args)),
             )
             return MISSING
@@ -366,10 +372,13 @@ def resolve(
     launch = v.stmt("expect", "launch")
     about_admission = bool(launch and (not launch.value.get("accepted") or launch.value.get("violated")))
     where = doc.name_span
+    _check_sizes(v, stmts)
     engine = _engine(v, where)
     model = _model(v, where, chain)
     topology = _topology(v, where, about_admission)
-    serve = _serve(v)
+    unsafe = _unsafe(v)
+    serve = _serve(v, engine, unsafe)
+    deadline = _deadline(v)
     baseline = _baseline(v, topology)
     workload = _workload(v, where)
     faults = _faults(v, topology)
@@ -383,6 +392,8 @@ def resolve(
             name=doc.name or "",
             description=_description(v),
             exclusive=exclusive,
+            unsafe=unsafe,
+            deadline_s=deadline,
             includes=list(chain.includes),
             engine=engine,
             model=model,
@@ -394,6 +405,7 @@ def resolve(
             expect=expect,
             source_file=doc.filename,
             span=doc.name_span,
+            field_spans={key: st.span for key in ("unsafe", "deadline") if (st := v.stmt("", key))},
         )
     except ValidationError as err:  # a gap in the checks above; still the stage's one error type
         raise ScenarioError(_pydantic_problem(err, where), sources=chain.sources) from None
@@ -427,6 +439,49 @@ def _exclusive(v: _Values) -> str | None:
                 'to itself"')
         return None
     return s.value if s else None
+
+
+def _unsafe(v: _Values) -> str | None:
+    s = v.stmt("", "unsafe")
+    if s is None:
+        return None
+    if not s.value.strip():
+        v.p.add(s.span, "unsafe needs a reason", expected='unsafe "why this scenario loads its own code"')
+        return None
+    return s.value
+
+
+def _deadline(v: _Values) -> float | None:
+    s = v.stmt("", "deadline")
+    if s is None:
+        return None
+    value = v.check(s, "deadline", T.SETTINGS["scenario"]["deadline"])
+    return None if value is MISSING else float(value)
+
+
+def _check_sizes(v: _Values, stmts: list[Stmt]) -> None:
+    """The limits no setting's own range covers: the length of every string, and how many times a
+    repeatable statement may appear (cptest/lang/tables.py)."""
+    for s in stmts:
+        for text in _strings(s.value):
+            if len(text) > T.MAX_TEXT_CHARS:
+                v.p.add(s.span, f"string of {len(text)} characters is too long",
+                        expected=f"at most {T.MAX_TEXT_CHARS} characters")
+                break
+    for (_block, key), entries in v.many.items():
+        if len(entries) > T.MAX_LIST_ENTRIES:
+            v.p.add(entries[T.MAX_LIST_ENTRIES].span, f"more than {T.MAX_LIST_ENTRIES} {key} statements",
+                    expected=f"at most {T.MAX_LIST_ENTRIES}", found=str(len(entries)))
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [t for x in value.values() for t in _strings(x)]
+    if isinstance(value, list | tuple):
+        return [t for x in value for t in _strings(x)]
+    return []
 
 
 def _missing_block(v: _Values, name: str, where: Span) -> None:
@@ -531,6 +586,12 @@ def _model(v: _Values, where: Span, chain: _Chain) -> Model | None:
             v.p.add(gspans["kv_heads"], f"heads ({heads}) must be a multiple of kv_heads ({kv})")
         if not all(k in geometry for k in required):
             return None
+        params = _synthetic_params(geometry, is_mla)
+        if params > T.MAX_SYNTHETIC_PARAMS:
+            v.p.add(s.span, f"the synthetic model would have about {params:,} parameters",
+                    expected=f"at most {T.MAX_SYNTHETIC_PARAMS:,} (cptest writes its weights)",
+                    hint="make layers, hidden, intermediate or vocab smaller")
+            return None
         fields.update(geometry, architecture=arch)
         fields.setdefault("seed", 0)
         spans.update(gspans)
@@ -573,6 +634,16 @@ def _model(v: _Values, where: Span, chain: _Chain) -> Model | None:
     if facts is None:
         return None
     return _node(Model, v.p, s.span, field_spans=spans, facts=facts, **fields)
+
+
+def _synthetic_params(g: dict[str, int], is_mla: bool) -> int:
+    """A synthetic model's parameter count, roughly (embeddings, attention and MLP of every layer):
+    enough to refuse one whose weights would not fit on a disk."""
+    hidden, layers = g["hidden"], g["layers"]
+    head = (g["qk_nope_head_dim"] + g["qk_rope_head_dim"]) if is_mla else g["head_dim"]
+    attention = hidden * head * (2 * g["heads"] + 2 * g["kv_heads"])
+    mlp = 3 * hidden * g["intermediate"]
+    return 2 * g["vocab"] * hidden + layers * (attention + mlp)
 
 
 def _was_written(v: _Values, block: str, key: str) -> bool:
@@ -693,14 +764,33 @@ def _check_geometry(p: ProblemCollector, t: Topology, label: str, about_admissio
               hint=hint if admission else None)
 
 
-def _serve(v: _Values) -> Serve:
+def _serve(v: _Values, engine: Engine | None, unsafe: str | None) -> Serve:
+    """The serve block. Every `env` and `flag` is judged by the engine release's safety table
+    (`cptest.lang.safety`): one that loads code or config is an error at its statement unless the
+    scenario declares `unsafe "reason"`; one the machine or cptest owns is an error regardless."""
     opener = v.stmt("", "serve")
     values, spans = v.block("serve")
+    policy = safety.policy_for(engine.kind, engine.release) if engine else safety.LATEST
+    escaped: list[Stmt] = []
+
+    def judge(s: Stmt, verdict: safety.Verdict | None) -> None:
+        if verdict is None:
+            return
+        if verdict.escapable and unsafe is not None:
+            escaped.append(s)
+            return
+        hint = ('declare it: unsafe "why this scenario needs it", and run with --allow-unsafe'
+                if verdict.escapable else "remove it: the scenario cannot change this")
+        v.p.add(s.span, f"{'unsafe' if verdict.escapable else 'not allowed'}: {verdict.reason}", hint=hint)
+
     flags: list[list[str]] = []
-    for s in v.many.get(("serve", "flag"), []):
+    for i, s in enumerate(v.many.get(("serve", "flag"), [])):
         if not s.value[0].startswith("--"):
             v.p.add(s.span, f"flag {s.value[0]!r} must start with --", expected='flag "--name" ["value"]')
+        else:
+            judge(s, safety.flag_verdict(policy, s.value[0]))
         flags.append(list(s.value))
+        spans[f"flag:{i}"] = s.span
     env: dict[str, str] = {}
     for s in v.many.get(("serve", "env"), []):
         name, value = s.value
@@ -708,7 +798,14 @@ def _serve(v: _Values) -> Serve:
             v.p.add(s.span, f"invalid environment variable name {name!r}", expected='env "NAME" "value"')
         elif name in env:
             v.p.add(s.span, f"duplicate env {name!r}")
+        else:
+            judge(s, safety.env_verdict(policy, name))
         env[name] = value
+        spans[f"env:{name}"] = s.span
+    declared = v.stmt("", "unsafe")
+    if declared is not None and unsafe is not None and not escaped:
+        v.p.add(declared.span, "unsafe is declared but the scenario sets no unsafe env or flag",
+                hint="remove the unsafe statement")
     return (
         _node(
             Serve,
@@ -810,6 +907,14 @@ def _workload(v: _Values, where: Span) -> Workload | None:
         [k for (b, k) in v.one if b == "workload" and k not in ("sampling", "source")]
     ):
         return None
+    if values.get("source") != "dataset":
+        biggest = values["prompt_tokens"].bounds()[1]
+        if values["requests"] * biggest > T.MAX_PLAN_TOKENS:
+            v.p.add(spans.get("requests", opener.span),
+                    f"the workload asks for up to {values['requests'] * biggest:,} prompt tokens "
+                    f"({values['requests']:,} requests x {biggest:,}); the plan stores every one",
+                    expected=f"requests x the largest prompt_tokens <= {T.MAX_PLAN_TOKENS:,}")
+            return None
     return _node(Workload, v.p, opener.span, field_spans=spans, **values)
 
 
@@ -851,11 +956,11 @@ def _faults(v: _Values, topo: Topology | None) -> list[Fault]:
             if isinstance(at, int | float) and not isinstance(at, bool):
                 v.p.add(s.parts["trigger"], "fault time needs a unit", expected=f"at {at}s", found=str(at))
                 bad = True
-            elif not isinstance(at, Duration) or at.seconds < 0:
+            elif not isinstance(at, Duration) or not 0 <= at.seconds <= T.MAX_TIMEOUT_S:
                 v.p.add(
                     s.parts["trigger"],
                     "invalid fault time",
-                    expected="a duration >= 0 (at 10s)",
+                    expected=f"a duration from 0 to {T.MAX_TIMEOUT_S:g}s (at 10s)",
                     found=describe(at),
                 )
                 bad = True
@@ -872,7 +977,7 @@ def _faults(v: _Values, topo: Topology | None) -> list[Fault]:
             if action != "stop":
                 v.p.add(s.parts["for"], f"'for' applies to stop faults only, not {action}")
                 bad = True
-            elif not isinstance(heal, Duration) or heal.seconds <= 0:
+            elif not isinstance(heal, Duration) or not 0 < heal.seconds <= T.MAX_TIMEOUT_S:
                 v.p.add(
                     s.parts["for"],
                     "invalid stop duration",

@@ -18,7 +18,10 @@ from cptest import __version__
 from cptest.contracts import CONTRACTS, EngineFacts, PlanContext, resolve
 from cptest.contracts.generation import GenerationParams
 from cptest.engines import Engine, ServerLaunch, engine_for
-from cptest.errors import PlanError, ProblemCollector
+from cptest.errors import PlanError, Problem, ProblemCollector
+from cptest.lang import safety
+from cptest.lang.safety import MACHINE_ENV
+from cptest.lang.tables import DEFAULT_DEADLINE_S, MAX_PLAN_TOKENS
 from cptest.paths import MODELS, SCENARIO
 from cptest.plan.model import (
     FaultPlan,
@@ -30,6 +33,7 @@ from cptest.plan.model import (
     Plan,
     SamplingParams,
     ServerPlan,
+    UnsafeDeclaration,
     WorkloadPlan,
 )
 from cptest.plan.workload import Dist, build_workload, load_dataset
@@ -46,13 +50,11 @@ from cptest.topology import (
 
 ENGINE_ENV = {
     # NVLink multicast must stay off on the shared GPU hosts (the GPU machine's rules); harmless elsewhere.
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
+    **MACHINE_ENV,
     "PYTHONUNBUFFERED": "1",
 }
-"""Environment every engine process gets, before the scenario's own `serve { env ... }`."""
-
+"""Environment every engine process gets. The scenario's own `serve { env ... }` may not change it
+(`cptest.lang.safety`), and is applied before it, so that nothing of the scenario can."""
 
 
 def canonical_sha256(scenario: Scenario) -> str:
@@ -92,6 +94,7 @@ def plan(scenario: Scenario, *, placement: Placement | None = None) -> Plan:
         problems.raise_if_any(PlanError)
         raise
     eager_reason = _needs_eager(scenario)
+    unsafe = _unsafe(scenario, problems)
     main = _server(scenario, engine, scenario.topology, "main", place, eager_reason, problems)
     baseline = None
     if scenario.baseline is not None:
@@ -126,8 +129,49 @@ def plan(scenario: Scenario, *, placement: Placement | None = None) -> Plan:
         pins=_pins(scenario),
         model_facts=scenario.model.facts,
         contracts=_contracts(scenario, facts, eager_reason),
+        deadline_s=scenario.deadline_s or DEFAULT_DEADLINE_S,
+        unsafe=unsafe,
         admission=engine.admission(scenario),
     )
+
+
+def require_allowed(planned: Plan, allow_unsafe: bool) -> None:
+    """Raise `PlanError` (exit 2) when `planned` declares `unsafe` and the user did not pass
+    `--allow-unsafe`: a scenario that loads its own code into the engine runs only when asked."""
+    u = planned.unsafe
+    if u is None or allow_unsafe:
+        return
+    raise PlanError(Problem(None, f"{u.source}: the scenario is declared unsafe ({u.reason}): it sets "
+                            f"{', '.join(u.covers)}",
+                            hint="read it, then run with --allow-unsafe if you trust it"))
+
+
+def _unsafe(scenario: Scenario, problems: ProblemCollector) -> UnsafeDeclaration | None:
+    """What the scenario's `unsafe` declaration covers. The language stage refuses an unsafe entry
+    without one; a Scenario built in code is held to the same table here."""
+    policy = safety.policy_for(scenario.engine.kind, scenario.engine.release)
+    serve = scenario.serve
+    covers: list[str] = []
+    for i, f in enumerate(serve.extra_flags):
+        verdict = safety.flag_verdict(policy, f[0])
+        if verdict is not None:
+            covers.append(f"flag {f[0]}")
+            if scenario.unsafe is None:
+                problems.add(serve.where(f"flag:{i}"), f"unsafe: {verdict.reason}")
+    for name in serve.env:
+        verdict = safety.env_verdict(policy, name)
+        if verdict is not None:
+            covers.append(f"env {name}")
+            if scenario.unsafe is None or not verdict.escapable:
+                label = "unsafe" if verdict.escapable else "not allowed"
+                problems.add(serve.where(f"env:{name}"), f"{label}: {verdict.reason}")
+    if scenario.unsafe is None:
+        return None
+    where = scenario.where("unsafe")
+    base = os.path.dirname(os.path.abspath(scenario.source_file))
+    source = (f"{os.path.relpath(os.path.abspath(where.file), base)}:{where.line}:{where.col}"
+              if where is not None else scenario.name)
+    return UnsafeDeclaration(reason=scenario.unsafe, source=source, covers=covers)
 
 
 # ------------------------------------------------------------------------------------ pieces
@@ -172,7 +216,7 @@ def _server(
         # (the plugin's method hooks cannot see module inputs); see cptest/probe/forward_hooks.py.
         forward_hooks=tuple(json.loads(probe_hooks_spec())),
     )  # fmt: skip
-    env = dict(ENGINE_ENV, **serve.env)
+    env = {**serve.env, **ENGINE_ENV}
     per_node = max(degrees.world_size // max(degrees.nodes, 1), 1)
     gpu_ids = list(range(per_node))
     if place.gpus is not None:
@@ -187,8 +231,8 @@ def _server(
             argv = engine.argv(launch, n, degrees.nodes)
         except PlanError as e:
             for p in e.problems:
-                problems.add(p.span or serve.span or scenario.span, p.message, hint=p.hint,
-                             expected=p.expected, found=p.found)
+                problems.add(p.span or _flag_span(serve, p.message) or serve.span or scenario.span,
+                             p.message, hint=p.hint, expected=p.expected, found=p.found)
             return None
         nodes.append(NodeLaunch(node_rank=n, gpu_ids=gpu_ids, env=env, argv=argv, port=port,
                                 image=scenario.engine.image, model_mount=model_path, cpus=place.cpus))
@@ -206,6 +250,14 @@ def _server(
         eager=eager_reason is not None,
         process_title_prefix=engine.title_prefix,
     )
+
+
+def _flag_span(serve: Any, message: str) -> Any:
+    """The `flag` statement a problem of the engine's argv names (`--x: takes one value`), if any."""
+    for i, f in enumerate(serve.extra_flags):
+        if message.startswith(f"{f[0]}:") or f" {f[0]} " in f" {message} ":
+            return serve.field_spans.get(f"flag:{i}")
+    return None
 
 
 def model_location(scenario: Scenario) -> str:
@@ -249,6 +301,12 @@ def _workload(scenario: Scenario, problems: ProblemCollector) -> WorkloadPlan | 
         except PlanError as e:
             for p in e.problems:
                 problems.add(w.where("dataset_path"), p.message)
+            return None
+        stored = sum(len(dataset[i % len(dataset)]) for i in range(w.requests))
+        if stored > MAX_PLAN_TOKENS:
+            problems.add(w.where("requests"), f"the workload would store {stored:,} prompt tokens "
+                         f"({w.requests:,} requests over the dataset's {len(dataset):,} prompts)",
+                         expected=f"at most {MAX_PLAN_TOKENS:,}")
             return None
     return build_workload(
         requests=w.requests, seed=w.seed, prompt_tokens=_dist(w.prompt_tokens),

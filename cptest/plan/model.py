@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cptest.contracts import Expectation
 from cptest.engines.sglang.admission import Admission
+from cptest.lang.tables import DEFAULT_DEADLINE_S
 from cptest.paths import materialize
 from cptest.plan.upgrade import PLAN_VERSION, upgrade_v1
 from cptest.scenario import FaultSpec, ModelFacts, ModelSource, SyntheticGeometry
@@ -214,6 +215,17 @@ class Pins(_Frozen):
     """sha256 of the canonical scenario (not the raw text: formatting does not change it)."""
 
 
+class UnsafeDeclaration(_Frozen):
+    """A scenario's `unsafe "reason"` and what it covers: the env and flags its release's safety
+    table refuses (`cptest.lang.safety`). A plan that has one runs only with `--allow-unsafe`."""
+
+    reason: str
+    source: str
+    """`file:line:col` of the declaration, relative to the scenario's folder."""
+    covers: list[str]
+    """Each unsafe entry as written: `env NAME`, `flag --name`."""
+
+
 class Plan(_Frozen):
     plan_version: int = PLAN_VERSION
     scenario: str
@@ -230,6 +242,14 @@ class Plan(_Frozen):
     model_facts: ModelFacts | None = None
     contracts: LayoutContracts = Field(default_factory=LayoutContracts)
     """Derived layout contracts (cptest.topology): capacity multiplier, kv owner rule, splits."""
+    deadline_s: float = Field(default=DEFAULT_DEADLINE_S, exclude_if=lambda v: v == DEFAULT_DEADLINE_S)
+    """Wall-clock limit of the whole run, from the first launch to the last teardown: the scenario's
+    `deadline`, else `DEFAULT_DEADLINE_S` (an hour; not written to plan.json when it is the default).
+    The runner stops every server when it is reached, tears down as on Ctrl-C and judges the run
+    `unknown` (deadline exceeded): a run never hangs without end. Per-request and shutdown timeouts
+    stay as they are, within it."""
+    unsafe: UnsafeDeclaration | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The scenario's `unsafe` declaration; None (and absent from plan.json) when it has none."""
     admission: Admission | None = None
     """What the engine's release table predicts for the main server's launch (accepted, or the
     stage and message of its rejection) and the silent problems it knows of; None where the engine

@@ -11,12 +11,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import random
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cptest.errors import PlanError, Problem
+from cptest.lang.tables import MAX_DATASET_BYTES, MAX_PLAN_TOKENS
 from cptest.plan.model import PlannedRequest, SamplingParams, WorkloadPlan, encode_ids
 
 FIRST_ORDINARY_ID = 3
@@ -75,23 +78,44 @@ def prompt_sha256(input_ids: Sequence[int]) -> str:
     return hashlib.sha256(json.dumps(list(input_ids), separators=(",", ":")).encode()).hexdigest()
 
 
-def load_dataset(path: Path) -> list[list[int]]:
-    """A dataset file: JSON lines, each `{"input_ids": [...]}` or a bare list of ids."""
+def load_dataset(path: Path, *, max_bytes: int = MAX_DATASET_BYTES) -> list[list[int]]:
+    """A dataset file: JSON lines, each `{"input_ids": [...]}` or a bare list of ids.
+
+    Only a regular file of at most `max_bytes` is read (never `/dev/zero`, a FIFO or a huge file:
+    the whole dataset goes into the plan), and at most `MAX_PLAN_TOKENS` token ids in all."""
     prompts: list[list[int]] = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        with path.open("rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise PlanError(Problem(None, f"dataset {path} is not a regular file"))
+            data = fh.read(max_bytes + 1)
     except OSError as e:
         raise PlanError(Problem(None, f"cannot read dataset {path}: {e.strerror}")) from None
+    if len(data) > max_bytes:
+        raise PlanError(Problem(None, f"dataset {path} is larger than {max_bytes:,} bytes",
+                                expected=f"a JSON-lines file of at most {max_bytes:,} bytes"))
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise PlanError(Problem(None, f"dataset {path} is not UTF-8 text")) from None
+    total = 0
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             raw = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PlanError(Problem(None, f"{path}:{n}: not JSON ({e.msg})")) from None
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, 4,300-digit ints, deep nesting
+            why = e.msg if isinstance(e, json.JSONDecodeError) else type(e).__name__
+            raise PlanError(Problem(None, f"{path}:{n}: not JSON ({why})")) from None
         ids = raw.get("input_ids") if isinstance(raw, dict) else raw
-        if not (isinstance(ids, list) and ids and all(isinstance(i, int) and i >= 0 for i in ids)):
-            raise PlanError(Problem(None, f"{path}:{n}: expected a non-empty list of token ids"))
+        if not (isinstance(ids, list) and ids
+                and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1 << 32 for i in ids)):
+            raise PlanError(Problem(None, f"{path}:{n}: expected a non-empty list of token ids "
+                                          "(0 <= id < 2**32)"))
+        total += len(ids)
+        if total > MAX_PLAN_TOKENS:
+            raise PlanError(Problem(None, f"{path}:{n}: the dataset holds more than "
+                                          f"{MAX_PLAN_TOKENS:,} token ids"))
         prompts.append(ids)
     if not prompts:
         raise PlanError(Problem(None, f"dataset {path} holds no prompts"))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cptest.engines.sglang.releases import Release
-from cptest.errors import PlanError, did_you_mean, one_of
+from cptest.errors import PlanError, Problem, did_you_mean, one_of
 from cptest.topology import Degrees
 
 LAUNCHER = ("python3", "-m", "sglang.launch_server")
@@ -46,8 +46,10 @@ class ServeConfig:
     enable_metrics: bool = False
     forward_hooks: tuple[Mapping[str, Any], ...] = ()
     """`--forward-hooks` specs: {"name", "target_modules", "hook_factory", "config"}."""
-    extra: tuple[tuple[str, str | None], ...] = ()
-    """Pass-through flags (flag, value or None for a switch), checked against the release's table."""
+    extra: tuple[tuple[str, str | tuple[str, ...] | None], ...] = ()
+    """Pass-through flags (flag, value, or a tuple of values, or None for a switch), checked against
+    the release's table: a switch takes none, a value flag one, a list flag (`nargs` + or *) any
+    number; a value the flag cannot take is an error, never dropped."""
 
 
 # Flags build_argv manages itself: a pass-through must not set them behind the topology's back.
@@ -143,14 +145,19 @@ def build_argv(release: Release, cfg: ServeConfig) -> list[str]:
     if cfg.forward_hooks:
         emit("--forward-hooks", json.dumps([dict(h) for h in cfg.forward_hooks], separators=(",", ":")))
     for flag, value in cfg.extra:
-        if _passthrough_ok(release, flag, value, problems):
-            emit(flag, value)
+        values = value if isinstance(value, tuple) else (() if value is None else (value,))
+        if not _passthrough_ok(release, flag, values, problems):
+            continue
+        if release.flags[flag]["arity"] == "list":
+            out.extend([flag, *values])
+        else:
+            emit(flag, values[0] if values else None)
     if problems:
-        raise PlanError("; ".join(dict.fromkeys(problems)))
+        raise PlanError([Problem(None, m) for m in dict.fromkeys(problems)])
     return out
 
 
-def _passthrough_ok(release: Release, flag: str, value: str | None, problems: list[str]) -> bool:
+def _passthrough_ok(release: Release, flag: str, values: tuple[str, ...], problems: list[str]) -> bool:
     """False (with a problem added) for an unknown flag, wrong arity, or a flag the topology owns."""
     before = len(problems)
     entry = release.flags.get(flag)
@@ -162,8 +169,13 @@ def _passthrough_ok(release: Release, flag: str, value: str | None, problems: li
     if entry["dest"] in MANAGED_DESTS:
         problems.append(f"{flag}: cptest sets it from the scenario's topology/serve block")
         return False
-    if entry["arity"] == "flag" and value is not None:
-        problems.append(f"{flag}: is a switch and takes no value (found {value!r})")
-    elif entry["arity"] == "value" and value is None:
-        problems.append(f"{flag}: takes a value")
+    arity, n = entry["arity"], len(values)
+    if arity == "flag" and n:
+        problems.append(f"{flag}: is a switch and takes no value (found {', '.join(map(repr, values))})")
+    elif arity == "value" and n != 1:
+        problems.append(f"{flag}: takes exactly one value (found {n})" if n else f"{flag}: takes a value")
+    elif arity == "optional" and n > 1:
+        problems.append(f"{flag}: takes at most one value (found {n})")
+    elif arity == "list" and entry["nargs"] == "+" and not n:
+        problems.append(f"{flag}: takes one or more values")
     return len(problems) == before

@@ -80,6 +80,8 @@ class SGLangEngine:
             sampling_backend=serve.sampling_backend,
             skip_tokenizer_init=serve.skip_tokenizer_init,
             forward_hooks=launch.forward_hooks,
-            extra=tuple((f[0], f[1] if len(f) > 1 else None) for f in serve.extra_flags),
+            # Every value is passed on: build_argv refuses a count the flag cannot take.
+            extra=tuple((f[0], tuple(f[1:]) if len(f) > 2 else (f[1] if len(f) > 1 else None))
+                        for f in serve.extra_flags),
         )
         return build_argv(self.table, cfg)

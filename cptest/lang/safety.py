@@ -1,0 +1,182 @@
+"""What a scenario may put into an engine's environment and argv: per-release allow/deny tables.
+
+A scenario's `serve { env ... }` and `serve { flag ... }` reach the engine's processes. Left
+unchecked they run the scenario's own code there (`env "PYTHONPATH"` to a folder with a
+`sitecustomize.py`, `LD_PRELOAD`, `flag "--trust-remote-code"`, `flag "--custom-weight-loader"`),
+read files cptest never archived (`flag "--config" "x.yaml"`), or undo what the GPU machine
+requires (`env "NCCL_NVLS_ENABLE" "1"`). `problems(...)` judges every entry against the table of the
+scenario's engine and release:
+
+- **machine**: the settings every engine process must have on the GPU machine (`MACHINE_ENV`) and
+  the ones cptest owns (`CUDA_VISIBLE_DEVICES`, from the plan's placement). Never overridable.
+- **unsafe**: loads code, or reads or writes files or endpoints outside the scenario's archive.
+  Rejected, unless the scenario declares `unsafe "reason"`; a run of such a scenario then also needs
+  `cptest run --allow-unsafe` (the plan records the declaration and what it covers).
+
+The tables live here, in the language stage, because `cptest validate` must refuse these entries
+with their position and the language stage sits below the engines (docs/architecture.md §2); the
+engines read them from here (`cptest.engines.sglang.argv` refuses an unsafe flag a plan was not
+allowed). `tests/lang/test_safety.py` checks every table entry against the release's flag table.
+Pure data and pure functions: no clock, no files.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+MACHINE_ENV: Mapping[str, str] = {
+    # NVLink multicast must stay off on the shared GPU hosts (the GPU machine's rules).
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+"""Environment the GPU machine requires of every engine process; a scenario cannot change it."""
+
+MANAGED_ENV: Mapping[str, str] = {
+    "CUDA_VISIBLE_DEVICES": "the plan's placement chooses the GPUs (cptest run --gpus)",
+    "PYTHONUNBUFFERED": "cptest reads the engine's log as it is written",
+}
+"""Variables cptest sets itself; a scenario cannot change them."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One release's table. Patterns are `fnmatch` patterns over names (case-sensitive)."""
+
+    env_allow: tuple[str, ...]
+    """Variables a scenario may set (prefix patterns); anything else is unsafe."""
+    env_deny: Mapping[str, str]
+    """Pattern -> why, checked first: unsafe even where `env_allow` matches."""
+    flag_deny: Mapping[str, str]
+    """Flag -> why it is unsafe (loads code or config, reads or writes files outside the archive)."""
+    flag_name_deny: str
+    """A regex over flag names: a flag of the release whose name says it takes a file, directory,
+    config, loader, plugin, module or endpoint is unsafe unless `flag_allow` lists it."""
+    flag_allow: frozenset[str] = field(default_factory=frozenset)
+    """Flags whose names match `flag_name_deny` but that name no file and load nothing."""
+
+
+_CODE = "loads code into the engine"
+_CONFIG = "makes the engine read a file or config cptest does not archive"
+_WRITES = "makes the engine write outside the run's archive"
+_NET = "makes the engine fetch from or talk to another host"
+
+POLICY_0_5_17 = Policy(
+    env_allow=(
+        "SGLANG_*", "SGL_*", "NCCL_*", "TORCH_*", "PYTORCH_*", "CUDA_*", "CUBLAS_*", "CUBLASLT_*",
+        "CUDNN_*", "TRITON_*", "NVSHMEM_*", "NVTE_*", "FLASHINFER_*", "GLOO_*", "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+    ),
+    env_deny={
+        # Names that point at files or load libraries: a path is a way to run code or read config.
+        "*PLUGIN*": "names a library or module the engine loads (NCCL_NET_PLUGIN, NCCL_TUNER_PLUGIN, ...)",
+        "*HOOK*": "names code the engine runs",
+        "*MODULE*": "names a module the engine imports",
+        "*_PATH": "points the engine at files (code, libraries or config)",
+        "*_PATHS": "points the engine at files (code, libraries or config)",
+        "*_DIR": "points the engine at a directory of files it loads or writes (caches hold compiled code)",
+        "*_FILE": "points the engine at a file it reads or writes",
+        "*_HOME": "points the engine at an installation it loads code from",
+        "*_CONFIG*": "points the engine at a config",
+        "*_LIB*": "names libraries the engine loads",
+        "*_SO": "names a shared object the engine loads",
+    },
+    flag_deny={
+        # Code (sglang 0.5.17 server_args.py: each is a documented loader of user code).
+        "--config": f"{_CONFIG}: a YAML file of further server arguments (server_args.py:8255)",
+        "--trust-remote-code": f"{_CODE}: Python files shipped with the model (server_args.py, "
+                               "arg_groups/arg_utils.py:25)",
+        "--enable-custom-logit-processor": f"{_CODE}: serialized logit processors from requests "
+                                           "(server_args.py:3343)",
+        "--custom-weight-loader": f"{_CODE}: imports the named functions (server_args.py:3087)",
+        "--forward-hooks": f"{_CODE}: imports the named hook factories (cptest sets its own)",
+        "--trace-modules": f"{_CODE}: imports the named modules",
+        "--model-config-parser": f"{_CODE}: selects a config parser by name",
+        "--load-format": f"{_CODE}: selects a weight loader (remote, private loaders)",
+        "--json-model-override-args": f"{_CONFIG}: overrides the model's config.json",
+        "--tokenizer-path": f"{_CONFIG}: a tokenizer outside the pinned model (may carry code)",
+        "--delete-ckpt-after-loading": "deletes the checkpoint the run pins",
+        "--enable-trace": f"{_NET}: exports traces",
+    },
+    flag_name_deny=r"(path|file|dir|folder|config|loader|plugin|hook|module|remote|endpoint|url|ssl"
+                   r"|-ip$|-host$|-addr$|export)",
+    flag_allow=frozenset({
+        # Names that match the pattern but take no file and load nothing.
+        "--disable-custom-all-reduce", "--mamba-max-states-per-path", "--weight-loader-disable-mmap",
+        "--weight-loader-drop-cache-after-load", "--weight-loader-prefetch-checkpoints",
+        "--weight-loader-prefetch-num-threads", "--fastapi-root-path", "--media-url-max-file-size-mb",
+        "--lora-strict-loading",
+    }),
+)  # fmt: skip
+
+POLICY_0_5_23 = replace(
+    POLICY_0_5_17,
+    flag_deny={
+        **POLICY_0_5_17.flag_deny,
+        "--trust-request-chat-template": f"{_CODE}: Jinja templates from requests",
+        "--startup-weight-load-mode": f"{_CODE}: selects a weight loader",
+        "--enable-response-store": _WRITES,
+    },
+)
+
+POLICIES: Mapping[tuple[str, str], Policy] = {
+    ("sglang", "0.5.17"): POLICY_0_5_17,
+    ("sglang", "0.5.23"): POLICY_0_5_23,
+    # The CPU reference engine is cptest's own Python: the same environment rules; it takes no flags.
+    ("reference", "builtin"): POLICY_0_5_23,
+}
+LATEST = POLICY_0_5_23
+"""An engine or release without a table (the plan rejects unknown releases) gets the newest one."""
+
+
+def policy_for(engine: str, release: str) -> Policy:
+    return POLICIES.get((engine, release), LATEST)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why one entry may not be set: `escapable` when `unsafe "reason"` plus `--allow-unsafe` allow it."""
+
+    reason: str
+    escapable: bool
+
+
+def env_verdict(policy: Policy, name: str) -> Verdict | None:
+    """None when the scenario may set `name`; else why not."""
+    if name in MACHINE_ENV:
+        return Verdict(f"the GPU machine requires {name}={MACHINE_ENV[name]} of every engine process",
+                       escapable=False)
+    if name in MANAGED_ENV:
+        return Verdict(f"cptest sets {name}: {MANAGED_ENV[name]}", escapable=False)
+    for pattern, why in policy.env_deny.items():
+        if fnmatch.fnmatchcase(name, pattern):
+            return Verdict(f"{name} {why}", escapable=True)
+    if any(fnmatch.fnmatchcase(name, p) for p in policy.env_allow):
+        return None
+    if name.startswith("PYTHON"):
+        why = "is read by the Python interpreter at start-up (PYTHONPATH, PYTHONSTARTUP: code)"
+    elif name.startswith(("LD_", "DYLD_")):
+        why = "is read by the dynamic linker (LD_PRELOAD, LD_LIBRARY_PATH: libraries)"
+    else:
+        why = "is not in the release's allow table (" + ", ".join(policy.env_allow[:6]) + ", ...)"
+    return Verdict(f"{name} {why}", escapable=True)
+
+
+def flag_verdict(policy: Policy, flag: str) -> Verdict | None:
+    """None when the scenario may pass `flag` through; else why not (always escapable: the plan's
+    flag table refuses flags cptest manages itself)."""
+    if flag in policy.flag_deny:
+        return Verdict(f"{flag} {policy.flag_deny[flag]}", escapable=True)
+    if flag in policy.flag_allow:
+        return None
+    if re.search(policy.flag_name_deny, flag):
+        return Verdict(f"{flag} names a file, directory, config, loader or endpoint: {_CONFIG}",
+                       escapable=True)
+    return None
+
+
+__all__ = ["MACHINE_ENV", "MANAGED_ENV", "POLICIES", "Policy", "Verdict", "env_verdict", "flag_verdict",
+           "policy_for"]
