@@ -77,6 +77,11 @@ def models_option(fn: Callable[..., Any]) -> Callable[..., Any]:
                              "checkout)")(fn)
 
 
+unsafe_option = click.option(
+    "--allow-unsafe", is_flag=True, envvar="CPTEST_ALLOW_UNSAFE",
+    help="run scenarios declared `unsafe \"reason\"` (their env or flags load code or config)")
+
+
 def _run_options(baseline_cache: Path, no_baseline_cache: bool) -> Any:
     from cptest.run.baseline_cache import BaselineCache
     from cptest.run.runner import RunOptions
@@ -261,17 +266,20 @@ def schema() -> int:
               help="HTTP ports of the main and baseline server (default 30000,30100)")
 @baseline_options
 @models_option
+@unsafe_option
 @json_option
 @_guard
 def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name: str | None,
         gpus: str | None, cpus: str | None, ports: str | None, baseline_cache: Path, no_baseline_cache: bool,
-        models: Path | None, as_json: bool) -> int:
+        models: Path | None, as_json: bool, allow_unsafe: bool = False) -> int:
     """Plan, lint, launch, drive the workload, inject faults, gather evidence, check, archive."""
     from cptest import pipeline
+    from cptest.plan.build import require_allowed
 
     gpu = shutil.which("nvidia-smi") is not None
     prepared = pipeline.prepare(file, engine=engine_name, gpu_present=gpu,
                                 placement=_placement(gpus, cpus, ports))
+    require_allowed(prepared.plan, allow_unsafe)
     for note in prepared.notes:
         click.echo(note, err=True)
     for finding in prepared.findings:
@@ -322,17 +330,24 @@ def _placement(gpus: str | None, cpus: str | None, ports: str | None) -> Any:
               help="override every scenario's engine")
 @baseline_options
 @models_option
+@unsafe_option
 @json_option
 @_guard
 def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | None, jobs: int | None,
           launcher: str, ignore_lint: bool, engine_name: str | None, baseline_cache: Path,
-          no_baseline_cache: bool, models: Path | None, as_json: bool) -> int:
+          no_baseline_cache: bool, models: Path | None, as_json: bool, allow_unsafe: bool = False) -> int:
     """Run many scenarios (files, or the .cps files of folders), concurrently where their servers fit
     on this machine's GPUs, CPUs and ports; one summary; exit code of the worst verdict."""
+    import os
+
+    from cptest.plan.build import require_allowed_files
     from cptest.run.models import store_dir
     from cptest.suite.machine import discover, parse_ids
     from cptest.suite.runner import run_suite, scenario_files
 
+    require_allowed_files(scenario_files(paths), allow_unsafe)
+    if allow_unsafe:  # each scenario is a child `cptest run`: it reads the same permission
+        os.environ["CPTEST_ALLOW_UNSAFE"] = "1"
     machine = discover(gpus=parse_ids(gpus, "--gpus") if gpus else None,
                        cpus=parse_ids(cpus, "--cpus") if cpus else None)
     done = run_suite(scenario_files(paths), machine, results=results, log=_log(), engine=engine_name,

@@ -146,6 +146,27 @@ def require_allowed(planned: Plan, allow_unsafe: bool) -> None:
                             hint="read it, then run with --allow-unsafe if you trust it"))
 
 
+def require_allowed_files(files: list[Path], allow_unsafe: bool) -> None:
+    """`require_allowed` for the scenario files of a suite, before anything is planned or launched:
+    every file that declares `unsafe` is reported at its declaration. Files that do not parse are
+    left to the suite, which reports them as bad input."""
+    from cptest.errors import ScenarioError
+    from cptest.lang import parse_file
+
+    if allow_unsafe:
+        return
+    problems = ProblemCollector()
+    for f in files:
+        try:
+            scenario = parse_file(f)
+        except ScenarioError:
+            continue
+        if scenario.unsafe is not None:
+            problems.add(scenario.where("unsafe"), f"the scenario is declared unsafe ({scenario.unsafe})",
+                         hint="read it, then run with --allow-unsafe if you trust it")
+    problems.raise_if_any(PlanError)
+
+
 def _unsafe(scenario: Scenario, problems: ProblemCollector) -> UnsafeDeclaration | None:
     """What the scenario's `unsafe` declaration covers. The language stage refuses an unsafe entry
     without one; a Scenario built in code is held to the same table here."""
