@@ -95,6 +95,18 @@ def child_of_another_cptest(pid: int, ours: set[int] | frozenset[int] = frozense
         return False
 
 
+def in_a_container(pid: int) -> bool:
+    """Whether `pid` runs in another pid namespace than cptest: inside a container. Such a process is
+    never an orphan of this run: a container's processes die with its pid 1, and the docker launcher
+    accounts for its own containers (teardown verifies each is removed, and reports what outlived
+    it); a stray in a container is another run's (concurrent docker runs of a suite) or a stranger's.
+    (D29's reapers cannot tell: the docker launcher starts none.)"""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return False
+
+
 def session_of(pid: int) -> int | None:
     try:
         return os.getsid(pid)
@@ -226,7 +238,7 @@ class Supervisor:
             strays = [p for p in host_processes_titled(self.title_prefix) if p not in pids]
             theirs = foreign_sessions() if strays else set()
             foreign = [p for p in strays if session_of(p) in theirs or not self._ours_by_label(p)
-                       or child_of_another_cptest(p, self.tree_pids())]
+                       or child_of_another_cptest(p, self.tree_pids()) or in_a_container(p)]
             procs += describe_processes([p for p in strays if p not in foreign], scope="host")
             procs += describe_processes(foreign, scope="foreign")
         writer.write(ProcessSample(phase=phase, procs=procs))
