@@ -45,6 +45,14 @@ from cptest.reference.layout import Layout
 from cptest.reference.server_args import SERVER_TITLE, TITLE_PREFIX, ReferenceConfig, parse
 
 HEALTH_TIMEOUT_S = 20.0
+LISTEN_BACKLOG = 1024
+"""Pending connections the listening socket holds (`listen()` backlog; the kernel caps it at
+`net.core.somaxconn`). socketserver's default is 5: the driver opens one connection per request
+(bench_serving's policy, D40), so a burst of 16-64 connects overflowed it, the kernel fell back to
+SYN cookies and dropped handshakes, and requests failed with transport errors (issue 14: 3 of 64
+baseline requests of dcp4_llama at concurrency 16). It must hold at least a workload's concurrency
+plus the readiness and info probes."""
+
 RANK_THREADS = 1
 """torch intra-op threads per rank. One: the ops are small, and ranks share the cores with each other
 and with cptest's driver; two threads per rank made a TP1 run five times slower on 2 cores (spinning)."""
@@ -433,6 +441,16 @@ def handler_for(engine: Engine) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class Server(ThreadingHTTPServer):
+    """The HTTP server: one thread per connection, a listen backlog that holds a burst of connects."""
+
+    request_queue_size = LISTEN_BACKLOG
+    daemon_threads = True
+    allow_reuse_port = False
+    """Never share the port: with SO_REUSEPORT a second server would bind beside another run's and
+    the kernel would split connections between them (newer Pythons default it on for HTTPServer)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     import setproctitle
 
@@ -443,8 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, engine.on_sigterm)
     log(f"cptest reference engine {__version__} (CPU, float32, gloo; not SGLang) pid {os.getpid()}")
     # Bind before starting ranks: a port already in use fails the launch at once, before any rank.
-    httpd = ThreadingHTTPServer((cfg.host, cfg.port), handler_for(engine))
-    httpd.daemon_threads = True
+    httpd = Server((cfg.host, cfg.port), handler_for(engine))
     engine.httpd = httpd
     engine.start()
     log(f"serving on http://{cfg.host}:{cfg.port}")

@@ -15,6 +15,21 @@ Every exit path tears the tree down:
 - SIGKILL of cptest, which no user-space code inside cptest can handle: a watchdog child
   (`python -m cptest.run.reaper`, `cptest/run/reaper.py`) in its own session kills the tree when
   the cptest pid disappears.
+
+The tree is covered from its first instant (issue 14): the node starts as a *gate*, this
+interpreter running `GATE_CODE`, already the session leader, that blocks on a pipe whose write end
+only cptest holds. cptest then starts the reaper for that session, waits until the reaper says it
+is watching, and only then writes the byte that lets the gate exec the engine (same pid, same
+session). A SIGKILL of cptest before that byte closes the pipe: the gate reads end-of-file and exits
+without running the engine. After it, the reaper is already watching and also learns of cptest's
+death at once, from end-of-file on its own lifeline pipe. So at no moment does an engine process
+exist that nothing will kill.
+
+Interpreter (issue 14): an argv that runs one of cptest's own modules with a bare `python3`
+(`python3 -m cptest.reference.server`, how the machine-independent plan names the reference engine)
+runs on the interpreter running cptest (`sys.executable`), never the first `python3` on PATH, which
+may lack cptest's dependencies (pipx, a venv called by its full path). `launched` records the
+executable in portable form (`<python>/bin/python3`).
 """
 
 from __future__ import annotations
@@ -24,6 +39,7 @@ import contextlib
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -83,25 +99,51 @@ def label_var(key: str) -> str:
     return LABEL_ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", key).upper()
 
 
-PIN_CPUS_CODE = "import os, sys; os.sched_setaffinity(0, map(int, sys.argv[1].split(','))); " \
-                "os.execvp(sys.argv[2], sys.argv[2:])"
-"""Run by this interpreter in front of an engine whose node has `cpus`: it sets the CPU affinity and
-execs the engine, so the engine keeps the pid and every process it starts inherits the set (setting
-it from outside after Popen would race the engine's first children; `preexec_fn` is not safe in a
-process with threads, and cptest has its sampler thread)."""
+GATE_CODE = ("import os, sys\n"
+             "fd = int(sys.argv[1])\n"
+             "if os.read(fd, 1) != b'g':\n"
+             "    os._exit(70)\n"
+             "os.close(fd)\n"
+             "if sys.argv[2]:\n"
+             "    os.sched_setaffinity(0, map(int, sys.argv[2].split(',')))\n"
+             "os.execv(sys.argv[3], sys.argv[3:])\n")
+"""Run by this interpreter as the node's first process: `<fd> <cpus or ''> <engine argv...>`. It
+waits for cptest's go byte on `fd` (end-of-file: cptest died before its reaper was watching; exit
+70, nothing started), sets the CPU affinity when the node has `cpus`, and execs the engine, which
+keeps the pid and session, and whose children inherit the affinity (setting it from outside after
+Popen would race the engine's first children; `preexec_fn` is not safe in a process with threads,
+and cptest has its sampler thread)."""
+
+GATE_EXIT = 70
+"""The gate's status when cptest gave no go byte (it died, or its reaper could not start)."""
+
+REAPER_READY_S = 30.0
+"""How long `start` waits for the reaper to say it is watching (a Python start on a loaded machine)."""
+
+OWN_MODULE_INTERPRETERS: frozenset[str] = frozenset({"python", "python3"})
+"""Bare interpreter names that, in front of `-m cptest.…`, mean cptest's own interpreter."""
 
 
-def pinned_argv(argv: list[str], cpus: list[int] | None) -> list[str]:
-    """`argv`, started on `cpus` only (unchanged when `cpus` is None or empty)."""
-    if not cpus:
-        return argv
-    return [sys.executable, "-c", PIN_CPUS_CODE, ",".join(str(c) for c in cpus), *argv]
+def gated_argv(argv: list[str], fd: int, cpus: list[int] | None) -> list[str]:
+    """The gate's argv in front of the resolved engine `argv` (see `GATE_CODE`)."""
+    return [sys.executable, "-c", GATE_CODE, str(fd), ",".join(str(c) for c in cpus or []), *argv]
+
+
+def own_interpreter(argv: list[str]) -> list[str]:
+    """`argv` with a bare `python3` in front of `-m cptest.<module>` replaced by `sys.executable`
+    (the interpreter running cptest, which has cptest's dependencies); any other argv unchanged."""
+    if len(argv) >= 3 and argv[0] in OWN_MODULE_INTERPRETERS and argv[1] == "-m" \
+            and argv[2].split(".")[0] == "cptest":
+        return [sys.executable, *argv[1:]]
+    return argv
 
 
 def resolve_argv(argv: list[str], env: dict[str, str]) -> list[str]:
-    """argv with argv[0] resolved on the engine's PATH (no shell). Raises RunError if not found."""
+    """argv with argv[0] resolved: cptest's own interpreter for a cptest module (`own_interpreter`),
+    else on the engine's PATH (no shell). Raises RunError if not found."""
     if not argv:
         raise RunError("node argv is empty; the plan must give the engine command")
+    argv = own_interpreter(argv)
     exe = argv[0]
     found = exe if os.sep in exe else shutil.which(exe, path=env.get("PATH", os.defpath))
     if not found or not os.access(found, os.X_OK):
@@ -119,6 +161,8 @@ class ProcessHandle:
     popen: subprocess.Popen[bytes]
     started_at: float
     reaper: subprocess.Popen[bytes] | None = None
+    argv: list[str] = field(default_factory=list)
+    """The engine's argv as exec'd (argv[0] resolved), without the gate."""
     known: dict[int, float] = field(default_factory=dict)
     """Every pid of the tree ever seen -> its create time."""
     exit: ExitInfo | None = None
@@ -161,6 +205,27 @@ class ProcessHandle:
         if self.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.popen.send_signal(sig)
+
+    def serves(self, port: int) -> tuple[bool | None, list[int]]:
+        """Whether the process listening on TCP `port` is of this tree: (True, pids) when one of
+        the listeners is, (False, pids) when listeners exist and none is (another run's server
+        answers on this node's port), (None, []) when no listener can be seen."""
+        listeners = listening_pids(port)
+        if not listeners:
+            return None, []
+        tree = set(self.alive_pids()) | set(self.known)
+        return bool(tree & set(listeners)), listeners
+
+
+def listening_pids(port: int) -> list[int]:
+    """Pids of the processes with a TCP socket listening on `port` (any address), as far as this
+    user may see (root: all)."""
+    found: set[int] = set()
+    with contextlib.suppress(psutil.Error, OSError):
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+                found.add(c.pid)
+    return sorted(found)
 
 
 _LIVE: dict[int, tuple[ProcessLauncher, ProcessHandle]] = {}
@@ -214,39 +279,79 @@ class ProcessLauncher:
 
     name = "process"
 
-    def __init__(self, *, reaper: bool = True, base_env: dict[str, str] | None = None) -> None:
+    def __init__(self, *, reaper: bool = True, base_env: dict[str, str] | None = None,
+                 on_spawn: Callable[[int], None] | None = None) -> None:
         self.use_reaper = reaper
         self.base_env = base_env
+        self.on_spawn = on_spawn
+        """Test seam: called with the node's pid the instant its first process exists (before the
+        reaper); `benchmarks/sigkill_coverage.py` times its SIGKILLs of cptest from it."""
 
     def start(self, node: NodeLaunch, log_path: Path, labels: dict[str, str]) -> ProcessHandle:
         """Start `node` with stdout+stderr appended to `log_path`; registers the handle at once.
 
-        Raises RunError when the executable is missing or the OS refuses to start it.
+        The engine runs only once its reaper watches the session (module docstring: the gate).
+        Raises RunError when the executable is missing, the OS refuses to start it, or the reaper
+        does not come up (the gated process is then killed before it ran anything).
         """
         env = engine_env(node, self.base_env, labels)
-        argv = pinned_argv(resolve_argv(node.argv, env), node.cpus)
+        argv = resolve_argv(node.argv, env)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("ab") as log_file:
-            try:
-                popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
-                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                         close_fds=True)
-            except OSError as e:
-                raise RunError(f"cannot start the engine {argv[0]!r}: {e}") from None
-        handle = ProcessHandle(node, log_path, popen, time.monotonic())
+        gate_r, gate_w = os.pipe()
+        try:
+            with log_path.open("ab") as log_file:
+                try:
+                    popen = subprocess.Popen(gated_argv(argv, gate_r, node.cpus), env=env,
+                                             stdin=subprocess.DEVNULL, stdout=log_file,
+                                             stderr=subprocess.STDOUT, start_new_session=True,
+                                             close_fds=True, pass_fds=(gate_r,))
+                except OSError as e:
+                    raise RunError(f"cannot start the engine {argv[0]!r}: {e}") from None
+        except BaseException:
+            os.close(gate_w)
+            raise
+        finally:
+            os.close(gate_r)
+        handle = ProcessHandle(node, log_path, popen, time.monotonic(), argv=argv)
         with _LIVE_LOCK:
             _LIVE[popen.pid] = (self, handle)
+        try:
+            if self.on_spawn is not None:
+                self.on_spawn(popen.pid)
+            if self.use_reaper:
+                handle.reaper = self._start_reaper(popen.pid)
+            os.write(gate_w, b"g")
+        except BaseException:
+            # No go byte: the gate exits by itself on end-of-file; kill it anyway, and the reaper.
+            with contextlib.suppress(ProcessLookupError):
+                popen.kill()
+            if handle.reaper is not None:
+                handle.reaper.kill()
+            raise
+        finally:
+            os.close(gate_w)
         handle.refresh()
-        if self.use_reaper:
-            handle.reaper = self._start_reaper(popen.pid)
         return handle
 
     @staticmethod
     def _start_reaper(session: int) -> subprocess.Popen[bytes]:
+        """Start the reaper of `session` and return once it watches (it prints `ready`). Its stdin
+        is its lifeline: cptest holds the write end, so cptest's death reaches it as end-of-file."""
         me = psutil.Process(os.getpid())
         argv = [sys.executable, "-m", "cptest.run.reaper", str(me.pid), repr(me.create_time()), str(session)]
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        reaper = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        assert reaper.stdout is not None
+        ready, _, _ = select.select([reaper.stdout], [], [], REAPER_READY_S)
+        line = reaper.stdout.readline() if ready else b""
+        reaper.stdout.close()
+        if line.strip() != b"ready":
+            reaper.kill()
+            reaper.wait()
+            raise RunError(f"the reaper of the engine tree (session {session}) did not start within "
+                           f"{REAPER_READY_S:.0f} s (status {reaper.poll()}); the engine was not run. "
+                           f"Is the machine overloaded? Try again")
+        return reaper
 
     def teardown(self, handle: ProcessHandle, grace_s: float = 10.0) -> ExitInfo:  # type: ignore[override]
         """SIGTERM the main process (or, if it is gone, every process left), wait up to `grace_s`
@@ -277,9 +382,12 @@ class ProcessLauncher:
         with contextlib.suppress(subprocess.TimeoutExpired):
             handle.popen.wait(timeout=KILL_WAIT_S)
         if handle.reaper is not None and handle.reaper.poll() is None:
-            handle.reaper.kill()
+            handle.reaper.kill()  # before its lifeline closes: end-of-file would tell it to kill
             with contextlib.suppress(subprocess.TimeoutExpired):
                 handle.reaper.wait(timeout=KILL_WAIT_S)
+        if handle.reaper is not None and handle.reaper.stdin is not None:
+            with contextlib.suppress(OSError):
+                handle.reaper.stdin.close()
         status = handle.poll()
         ended = handle.exit.ended_at if handle.exit else None
         info = ExitInfo(status, ended, handle.alive_pids())

@@ -8,6 +8,12 @@ group is the engine's: orphans reparented to init keep their session id). When t
 gone (or became a zombie, or was reused: the create time differs), it SIGKILLs the process group
 and every process of the snapshot, and exits. When the tree ends on its own, it exits quietly.
 
+cptest starts it before the engine runs (the engine's first process waits at a gate until then,
+`cptest.run.process`): the reaper takes its first snapshot, prints `ready` on stdout, and from then
+on also watches its stdin, a pipe whose write end only cptest holds: cptest's death (any signal,
+SIGKILL included) closes it, and the reaper acts at once instead of at its next poll. The pid check
+stays as a second way to notice.
+
 This covers the one exit path no code inside cptest can: `kill -9` of cptest (and an OOM kill).
 It cannot cover `kill -9` of cptest *and* the reaper together, nor a process of the tree that
 calls `setsid()` and is started after the last snapshot and after its parent died.
@@ -17,9 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
+import stat
 import sys
 import time
+from collections.abc import Callable
 
 import psutil
 
@@ -73,10 +82,16 @@ def kill_all(session: int, known: dict[int, float]) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def watch(cptest_pid: int, cptest_created: float, session: int, interval_s: float = 0.2) -> int:
-    known: dict[int, float] = {}
+def watch(cptest_pid: int, cptest_created: float, session: int, interval_s: float = 0.2,
+          lifeline: int | None = None, ready: Callable[[], None] | None = None) -> int:
+    """Watch until cptest is gone (then kill the tree) or the tree ended by itself. `lifeline`: a
+    file descriptor whose end-of-file means cptest is gone; `ready` is called after the first
+    snapshot."""
+    known: dict[int, float] = tree_snapshot(session)
+    if ready is not None:
+        ready()
     rescan_every = max(int(1.0 / interval_s), 1)  # a full process-table scan about once a second
-    tick = 0
+    tick = 1
     while True:
         if tick % rescan_every == 0:
             snap = tree_snapshot(session)
@@ -84,7 +99,7 @@ def watch(cptest_pid: int, cptest_created: float, session: int, interval_s: floa
             if not snap and not any(ident(p) == c for p, c in known.items()):
                 return 0  # the tree ended by itself
         tick += 1
-        if ident(cptest_pid) != cptest_created:
+        if _lifeline_closed(lifeline, interval_s) or ident(cptest_pid) != cptest_created:
             for _ in range(50):  # up to ~5 s: processes may fork while we kill
                 known.update(tree_snapshot(session))
                 alive = {p: c for p, c in known.items() if ident(p) == c}
@@ -93,7 +108,21 @@ def watch(cptest_pid: int, cptest_created: float, session: int, interval_s: floa
                 kill_all(session, alive)
                 time.sleep(0.1)
             return 0
-        time.sleep(interval_s)
+        if lifeline is None:
+            time.sleep(interval_s)
+
+
+def _lifeline_closed(fd: int | None, wait_s: float) -> bool:
+    """Wait up to `wait_s` on the lifeline; True on end-of-file (cptest is gone). Bytes are ignored."""
+    if fd is None:
+        return False
+    readable, _, _ = select.select([fd], [], [], wait_s)
+    if not readable:
+        return False
+    try:
+        return os.read(fd, 64) == b""
+    except OSError:
+        return True
 
 
 def main(argv: list[str]) -> int:
@@ -102,9 +131,20 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     # Ignore terminal signals: only the disappearance of cptest (or SIGKILL) ends the reaper.
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
-    return watch(int(argv[0]), float(argv[1]), int(argv[2]))
+
+    def ready() -> None:
+        with contextlib.suppress(OSError):
+            sys.stdout.write("ready\n")
+            sys.stdout.flush()
+
+    # stdin is the lifeline when cptest gave a pipe; a terminal or /dev/null is not one.
+    try:
+        lifeline = 0 if stat.S_ISFIFO(os.fstat(0).st_mode) else None
+    except OSError:
+        lifeline = None
+    return watch(int(argv[0]), float(argv[1]), int(argv[2]), lifeline=lifeline, ready=ready)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -298,10 +299,44 @@ def _run_server(sup: Supervisor, plan: Plan, server: ServerPlan, writer: RecordW
     return out
 
 
+def who_serves(owned: list[Owned], port: int) -> tuple[bool | None, list[int]]:
+    """Whose server answers on `port`: (True, pids) when the listener is a process of this run's
+    trees, (False, pids) when listeners exist and none is this run's, (None, []) when the launcher
+    cannot tell (a container's port is published by the container engine's own process)."""
+    seen: list[int] = []
+    verdict: bool | None = None
+    for o in owned:
+        serves = getattr(o.handle, "serves", None)
+        if serves is None:
+            continue
+        mine, pids = serves(port)
+        seen = sorted(set(seen) | set(pids))
+        if mine:
+            return True, seen
+        if mine is False:
+            verdict = False
+    return verdict, seen
+
+
+def _describe_pids(pids: list[int]) -> str:
+    from cptest.run.supervisor import describe_processes
+
+    return ", ".join(f"pid {p['pid']} ({p['title'][:80] or p['name']})" for p in describe_processes(pids)) \
+        or ", ".join(f"pid {p}" for p in pids)
+
+
 def _wait_ready(sup: Supervisor, server: ServerPlan, owned: list[Owned], writer: RecordWriter,
                 out: ServerOutcome, opts: RunOptions, log: Logger) -> None:
+    """Poll `/health_generate` until 200 from *this run's* server: the answer counts only when the
+    process listening on the port is one of this run's trees (`who_serves`), so another run's
+    server on the same port (one that bound it between preflight and our engine's bind) never makes
+    this one ready (issue 14). A launcher that cannot tell (containers) is taken at its word and
+    `ready` says `identity: unverified`."""
     t0 = time.monotonic()
     url = server.base_url.rstrip("/") + "/health_generate"
+    port = urlsplit(server.base_url).port or 80
+    foreign: list[int] = []
+    identity: list[tuple[bool | None, list[int]]] = []
 
     def ready(last: bool) -> bool:
         for o in owned:
@@ -310,7 +345,19 @@ def _wait_ready(sup: Supervisor, server: ServerPlan, owned: list[Owned], writer:
                 raise Abort(f"node {o.handle.node.node_rank} (pid {o.handle.main_pid()}) exited with "
                             f"status {status} during launch")
         r = httpx.get(url, timeout=opts.http_timeout_s)
-        return r.status_code == 200
+        if r.status_code != 200:
+            return False
+        mine, pids = who_serves(owned, port)
+        if mine is False:
+            if not foreign:  # once: the answer came from someone else's server
+                foreign.extend(pids)
+                writer.write(Lifecycle(run=server.role, event="port_foreign", detail={
+                    "port": port, "pids": pids, "who": _describe_pids(pids)}))
+                log.warning(f"port {port} is answered by {_describe_pids(pids)}, not by this run's "
+                            f"server; waiting for ours")
+            return False
+        identity[:] = [(mine, pids)]
+        return True
 
     limit = server.ready_timeout_s
     with log.step(f"waiting for {server.role} server readiness ({url}, up to {limit:.0f} s)"):
@@ -331,6 +378,9 @@ def _wait_ready(sup: Supervisor, server: ServerPlan, owned: list[Owned], writer:
             after = time.monotonic() - t0
             writer.write(Lifecycle(run=server.role, event="timeout", detail={"what": "ready"}))
             tail = log_tail(owned[0].handle.log_path)
+            if foreign:
+                e = RunError(f"{e}; port {port} was answered by {_describe_pids(foreign) or foreign}, "
+                             f"a process that is not this run's")
             out.launch_failed = {"node": owned[0].handle.node.node_rank, "status": None,
                                  "after_s": round(after, 3), "reason": f"{e}\n{tail}".strip()}
             writer.write(Lifecycle(run=server.role, event="launch_failed", detail=out.launch_failed))
@@ -338,7 +388,10 @@ def _wait_ready(sup: Supervisor, server: ServerPlan, owned: list[Owned], writer:
                         f"see {owned[0].handle.log_path}")
             return
     out.ready, out.ready_after_s = True, round(after, 3)
-    writer.write(Lifecycle(run=server.role, event="ready", detail={"after_s": out.ready_after_s}))
+    mine, pids = identity[0] if identity else (None, [])
+    writer.write(Lifecycle(run=server.role, event="ready", detail={
+        "after_s": out.ready_after_s, "port": port, "listener_pids": pids,
+        "identity": "tree" if mine else "unverified"}))
 
 
 def _record_server_info(server: ServerPlan, writer: RecordWriter, opts: RunOptions) -> None:

@@ -95,18 +95,6 @@ def child_of_another_cptest(pid: int, ours: set[int] | frozenset[int] = frozense
         return False
 
 
-def in_a_container(pid: int) -> bool:
-    """Whether `pid` runs in another pid namespace than cptest: inside a container. Such a process is
-    never an orphan of this run: a container's processes die with its pid 1, and the docker launcher
-    accounts for its own containers (teardown verifies each is removed, and reports what outlived
-    it); a stray in a container is another run's (concurrent docker runs of a suite) or a stranger's.
-    (D29's reapers cannot tell: the docker launcher starts none.)"""
-    try:
-        return os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return False
-
-
 def session_of(pid: int) -> int | None:
     try:
         return os.getsid(pid)
@@ -198,8 +186,11 @@ class Supervisor:
             self.run_label = labels.get(RUN_LABEL)
         owned = Owned(handle, role, writer)
         self.owned.append(owned)
-        writer.write(Lifecycle(run=role, event="launched",
-                               detail={"node": node.node_rank, "pid": handle.main_pid(), "argv": node.argv}))
+        detail: dict[str, Any] = {"node": node.node_rank, "pid": handle.main_pid(), "argv": node.argv}
+        executable = (getattr(handle, "argv", None) or [None])[0]
+        if executable is not None:  # what argv[0] resolved to (cptest's interpreter for the reference)
+            detail["executable"] = executable
+        writer.write(Lifecycle(run=role, event="launched", detail=detail))
         return owned
 
     def teardown(self, owned: Owned, grace_s: float | None = None) -> ExitInfo:
@@ -236,21 +227,32 @@ class Supervisor:
         procs = describe_processes(pids)
         if host:
             strays = [p for p in host_processes_titled(self.title_prefix) if p not in pids]
-            theirs = foreign_sessions() if strays else set()
-            foreign = [p for p in strays if session_of(p) in theirs or not self._ours_by_label(p)
-                       or child_of_another_cptest(p, self.tree_pids()) or in_a_container(p)]
-            procs += describe_processes([p for p in strays if p not in foreign], scope="host")
-            procs += describe_processes(foreign, scope="foreign")
+            sessions = self.tree_sessions() if strays else set()
+            mine = [p for p in strays if self._stray_is_ours(p, sessions)]
+            procs += describe_processes(mine, scope="host")
+            procs += describe_processes([p for p in strays if p not in mine], scope="foreign")
         writer.write(ProcessSample(phase=phase, procs=procs))
         return self.sample_gpu(phase, role, writer)
 
-    def _ours_by_label(self, pid: int) -> bool:
-        """A stray is this run's unless it carries another cptest run's label (unlabelled ones and
-        unreadable ones stay ours to explain: leftovers of a run that is not running any more)."""
-        if self.run_label is None:
+    def tree_sessions(self) -> set[int]:
+        """The sessions of this run's trees: each process-launcher node is its own session (its
+        first process is the session leader, `ProcessHandle.session`), which every process it
+        starts keeps, orphans reparented to init included, unless one calls setsid()."""
+        sessions: set[int] = set()
+        for o in self.owned:
+            session = getattr(o.handle, "session", None)
+            if isinstance(session, int):
+                sessions.add(session)
+        return sessions
+
+    def _stray_is_ours(self, pid: int, sessions: set[int]) -> bool:
+        """Whether an engine-titled process outside the trees is this run's orphan: it is in one of
+        this run's sessions, or carries this run's label (readable: a process that did not set its
+        title). Anything else is another run's or a stranger's (issue 14: `no_orphans` looks only
+        at this run's processes), so that concurrent runs never judge each other's engines."""
+        if session_of(pid) in sessions:
             return True
-        label = run_label_of(pid)
-        return label in (None, "", self.run_label)
+        return self.run_label is not None and run_label_of(pid) == self.run_label
 
     def tree_pids(self) -> set[int]:
         """Every pid of the owned trees: alive now, or seen before (a launcher that keeps a snapshot)."""
