@@ -41,6 +41,30 @@ def _fail(err: CptestError, as_json: bool = False) -> None:
     sys.exit(err.exit_code)
 
 
+def _archive_guard(fn: Callable[..., int | None]) -> Callable[..., int | None]:
+    """For the commands that read archives (check, verify, diff, matrix, report, rerun): whatever an
+    archive holds becomes a message and exit 3, never a traceback. The store and the checks raise
+    IntegrityError/EvidenceError for what they recognise; this catches what a malformed file makes
+    the standard library raise underneath, as a last resort."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> int | None:
+        from cptest.errors import EvidenceError
+
+        try:
+            return fn(*args, **kwargs)
+        except CptestError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
+            where = next((v for v in (*args, *kwargs.values()) if isinstance(v, Path)), None)
+            raise EvidenceError(f"cptest: cannot read the archive{f' {where}' if where else ''}: "
+                                f"{type(e).__name__}: {e}; the archive is damaged or was edited "
+                                "(`cptest verify DIR` names what changed)") from None
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
 def _guard(fn: Callable[..., int | None]) -> Callable[..., None]:
     """Run a command; a CptestError becomes its message and exit code (never a traceback)."""
 
@@ -363,19 +387,25 @@ def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | 
 @click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
               show_default=True)
 @click.option("--launcher", type=click.Choice(["process", "docker"]), default="process", show_default=True)
+@click.option("--accept-plan-changes", is_flag=True,
+              help="run even when this cptest plans the archived scenario to execute something else than "
+              "the archived plan did (argv, environment, image, mounts, GPUs); refused otherwise, exit 3")
 @baseline_options
 @models_option
 @json_option
 @_guard
-def rerun(directory: Path, results: Path, launcher: str, baseline_cache: Path, no_baseline_cache: bool,
-          models: Path | None, as_json: bool) -> int:
-    """Run an archive's scenario again with the same pins (the model found by its hash), then diff
-    the evidence."""
+@_archive_guard
+def rerun(directory: Path, results: Path, launcher: str, accept_plan_changes: bool, baseline_cache: Path,
+          no_baseline_cache: bool, models: Path | None, as_json: bool) -> int:
+    """Plan an archive's scenario again (never its archived argv), run it with the same pins (the
+    model found by its hash), then diff the evidence. A plan that would execute something else than
+    the archived one is shown and refused (exit 3) unless --accept-plan-changes."""
     from cptest import pipeline
 
     done = pipeline.rerun(directory, results, pipeline.launcher_named(launcher), log=_log(),
                           now=datetime.now(UTC), run_options=_run_options(baseline_cache, no_baseline_cache),
-                          models=models, gpu_present=shutil.which("nvidia-smi") is not None)
+                          models=models, gpu_present=shutil.which("nvidia-smi") is not None,
+                          accept_plan_changes=accept_plan_changes)
     if as_json:  # one JSON document: the new run's verdict with the diff beside it
         outcome = done.outcome
         click.echo(json.dumps(json.loads(outcome.verdict.to_json()) | {"archive": str(outcome.archive),
@@ -419,11 +449,14 @@ def _verdict_text(verdict: Any, out: Path) -> str:
 @click.option("--write", is_flag=True, help="rewrite verdict.json, report.md and the manifest")
 @json_option
 @_guard
+@_archive_guard
 def check(directory: Path, write: bool, as_json: bool) -> int:
-    """Recompute verdicts from an archive's evidence alone (no GPU); compare with verdict.json."""
+    """Recompute verdicts from an archive's evidence alone (no GPU); compare with verdict.json. The
+    plan is first compiled again from the archived scenario: a plan.json that differs from it is an
+    integrity failure (exit 3), as is a link, FIFO or folder where a file belongs."""
     from cptest import pipeline, store
 
-    done = pipeline.check_archive(directory, write=write)
+    done = pipeline.check_archive(directory, write=write, integrity=True)
     _emit(json.loads(done.verdict.to_json()), as_json, _verdict_text(done.verdict, directory))
     if done.differs:
         click.echo(f"cptest: the recomputed verdict differs from {store.Layout(directory).verdict}", err=True)
@@ -434,6 +467,7 @@ def check(directory: Path, write: bool, as_json: bool) -> int:
 @click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @json_option
 @_guard
+@_archive_guard
 def verify(directory: Path, as_json: bool) -> int:
     """Check the sha256 of every archived file against the manifest."""
     from cptest import store
@@ -457,6 +491,7 @@ def verify(directory: Path, as_json: bool) -> int:
               help="compare archives of different scenarios (refused otherwise, exit 2)")
 @json_option
 @_guard
+@_archive_guard
 def diff(a: Path, b: Path, other_scenario: bool, as_json: bool) -> int:
     """Compare the evidence of two archives within the declared tolerances: token ids, K/V ownership
     and statuses exactly, logprobs and capacity within the plan's tolerances; timings are shown,
@@ -471,6 +506,7 @@ def diff(a: Path, b: Path, other_scenario: bool, as_json: bool) -> int:
 @main.command()
 @click.argument("directories", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @_guard
+@_archive_guard
 def matrix(directories: tuple[Path, ...]) -> int:
     """A markdown table of scenario x verdict over archives (or folders of archives; side runs in
     `_`-named folders below them are left out)."""
@@ -502,6 +538,7 @@ def startup(directories: tuple[Path, ...], as_json: bool) -> int:
 @main.command()
 @click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @_guard
+@_archive_guard
 def report(directory: Path) -> int:
     """Print an archive's report (recomputed from its evidence)."""
     from cptest.report import render

@@ -15,7 +15,7 @@ the run. A fault never loses what was gathered: the archive is finished from the
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -24,8 +24,9 @@ from typing import Any
 from cptest import checks, paths, report, store
 from cptest.checks.diff import DiffReport, diff
 from cptest.engines.reference import choose
-from cptest.errors import CptestError, PlanError, Problem, RunError, ScenarioError
+from cptest.errors import CptestError, PlanError, Problem, RunError, ScenarioError, Span
 from cptest.lang import parse_file
+from cptest.lang.validate import read_path
 from cptest.outline import Logger
 from cptest.plan import plan
 from cptest.plan.lint import Finding, lint
@@ -78,28 +79,92 @@ def read_text(path: Path) -> str:
         raise ScenarioError(f"{path}: cannot read ({e.strerror})") from None
 
 
+UP = "@up"
+"""How a `..` of an include's path relative to the scenario is spelled under `includes/`."""
+
+
 def include_name(include: Path, scenario_file: Path) -> str:
-    """Where an extended file is stored in the archive: its path relative to the scenario, so that
-    the archived scenario.cps resolves it again; a file outside the scenario's folder goes under
-    includes/ by name."""
-    rel = os.path.relpath(include.resolve(), scenario_file.resolve().parent)
-    return rel if not rel.startswith("..") else f"includes/{include.name}"
+    """Where an extended file is stored in the archive: under `includes/`, by its path relative to
+    the scenario's folder with each `..` spelled `@up` (`defaults/tiny.cps` ->
+    `includes/defaults/tiny.cps`, `../common/x.cps` -> `includes/@up/common/x.cps`). An include can
+    therefore never alias one of cptest's own files (`logs/main-node0.log`, `scenario.cps`), and
+    `archived_reader` finds it again by the path the archived scenario names (docs/decisions.md D45)."""
+    rel = os.path.relpath(os.path.abspath(include), os.path.dirname(os.path.abspath(scenario_file)))
+    return _stored_include(rel)
+
+
+def _stored_include(rel: str) -> str:
+    parts = [UP if p == ".." else p for p in Path(os.path.normpath(rel)).parts if p not in ("", ".")]
+    return "/".join([store.INCLUDES, *parts])
+
+
+OWN_NAMES = frozenset({store.SCENARIO, store.PLAN, store.MANIFEST, store.VERDICT, store.REPORT, store.JUNIT,
+                       "evidence", "logs", store.INCLUDES})
+"""cptest's own names at the top of an archive: never an include, whatever a scenario says."""
+
+
+def archived_reader(archive: Path) -> Callable[[str], str]:
+    """The file reader the archived scenario.cps is parsed with: a path inside the archive is read
+    from `includes/` (`include_name`); an archive made before includes had their own folder kept
+    them beside the scenario, which is read only when the name is none of cptest's own
+    (`OWN_NAMES`); a path outside the archive (a local model's config.json) is read where it is.
+    Nothing is read through a link inside the archive, and nothing but a regular file anywhere
+    (a FIFO would block): those raise IntegrityError (exit 3)."""
+    root = os.path.abspath(archive)
+
+    def read(path: str) -> str:
+        rel = os.path.relpath(os.path.abspath(path), root)
+        stored = archive / _stored_include(rel)
+        if store.existing_file(stored):
+            return store.read_file(stored)
+        parts = Path(rel).parts
+        if parts and parts[0] != "..":
+            if parts[0] in OWN_NAMES:
+                raise FileNotFoundError(f"{rel} is one of cptest's own files, never an include")
+            if store.existing_file(archive / rel):  # an archive made before D45
+                return store.read_file(archive / rel)
+            raise FileNotFoundError(f"not in the archive: {rel}")
+        import stat
+
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise IsADirectoryError(f"{path} is not a regular file")
+        return read_path(path)
+
+    return read
+
+
+def parse_archived(archive: Path) -> Scenario:
+    """The archived scenario.cps, its includes read by `archived_reader`. Raises ScenarioError for
+    a scenario that does not parse, IntegrityError for one that is not a regular file."""
+    from cptest.lang.syntax import read_doc
+    from cptest.lang.validate import resolve
+
+    path = store.Layout(archive).scenario
+    text = store.read_file(path)
+    return resolve(read_doc(text, str(path)), os.path.abspath(archive), read=archived_reader(archive))
 
 
 def prepare(path: Path, *, engine: str | None = None, gpu_present: bool,
-            placement: Placement | None = None) -> Prepared:
+            placement: Placement | None = None, archived: bool = False) -> Prepared:
     """Parse, choose the engine, plan and lint `path`. Raises ScenarioError/PlanError on bad input.
 
     With no GPU an `sglang` scenario runs on the CPU reference engine (`cptest.engines.reference.
     choose` says so in a note). Lint compares the scenario with its pinned SGLang release, so it has
-    nothing to say about a reference run.
+    nothing to say about a reference run. `archived`: `path` is an archive's scenario.cps, parsed by
+    `parse_archived` (its includes from the archive's `includes/` folder, never through a link).
     """
-    text = read_text(path)
-    scenario = parse_file(path)
+    if archived:
+        text = store.read_file(path)
+        scenario = parse_archived(path.parent)
+    else:
+        text = read_text(path)
+        scenario = parse_file(path)
     choice = choose(scenario, engine, gpu_present=gpu_present)
     planned = plan(choice.scenario, placement=placement)
     findings = tuple(lint(scenario)) if choice.engine == "sglang" else ()
-    includes = {include_name(Path(inc), path): read_text(Path(inc)) for inc in scenario.includes}
+    read = archived_reader(path.parent) if archived else read_path
+    includes = {include_name(Path(inc), path): read(inc) for inc in scenario.includes}
     return Prepared(scenario, planned, choice.engine, choice.notes, findings, includes, text)
 
 
@@ -118,9 +183,18 @@ def runnable(prepared: Prepared, *, gpu_present: bool, ignore_lint: bool) -> Non
 
 
 def new_archive(results: Path, prepared: Prepared, now: datetime) -> Path:
-    """Where a new run of `prepared` is archived: `results/<scenario>/<UTC time>-<hash>`."""
+    """A new, empty folder for a run of `prepared`: `results/<scenario>/<UTC time>-<hash>`, created
+    exclusively (a run that took the name in the same second leaves it `-2`). Raises PlanError for a
+    scenario name that cannot name a folder."""
     # The plan's hash (of the scenario as planned for its engine), as `rerun` names its archive.
-    return store.archive_dir(results, prepared.scenario.name, prepared.plan.pins.scenario_sha256, now)
+    return _create(results, prepared.plan.scenario, prepared.plan.pins.scenario_sha256, now)
+
+
+def _create(results: Path, scenario: str, sha: str, now: datetime) -> Path:
+    try:
+        return store.create_archive(results, scenario, sha, now)
+    except ValueError as e:
+        raise PlanError(f"no archive written: {e}") from None
 
 
 def run_scenario(
@@ -159,10 +233,19 @@ def run_scenario(
 
     roots = {paths.MODELS: (models or store_dir()).resolve(), paths.ARCHIVE: out.resolve(),
              paths.SCENARIO: (scenario_dir or Path.cwd()).resolve()}
-    with paths.rooted(roots):
-        return _run_rooted(planned, planned.materialized(roots), out, launcher, scenario_text=scenario_text,
-                           log=log, includes=includes, environment=environment, run_options=run_options,
-                           preflight=preflight)
+    try:
+        with paths.rooted(roots):
+            return _run_rooted(planned, planned.materialized(roots), out, launcher,
+                               scenario_text=scenario_text, log=log, includes=includes,
+                               environment=environment, run_options=run_options, preflight=preflight)
+    except BaseException:
+        # Stopped before `begin` (preflight): the empty folder `new_archive` reserved is no archive,
+        # nor are the scenario's and the results' folders it made, when they are left empty.
+        for folder in (out, out.parent, out.parent.parent):
+            if not folder.is_dir() or folder.is_symlink() or any(folder.iterdir()):
+                break
+            folder.rmdir()
+        raise
 
 
 def _run_rooted(planned: Plan, launched: Plan, out: Path, launcher: Launcher, *, scenario_text: str,
@@ -262,16 +345,124 @@ class Recheck:
         return max(self.verdict.exit_code, 1) if self.differs else self.verdict.exit_code
 
 
-def check_archive(root: Path, *, write: bool = False) -> Recheck:
+def check_archive(root: Path, *, write: bool = False, integrity: bool = False) -> Recheck:
     """Recompute an archive's verdicts from its evidence alone; with `write`, finish the archive with
-    them (an explicit act, so the archive need not have been finished before)."""
+    them (an explicit act, so the archive need not have been finished before).
+
+    With `integrity` (what `cptest check` does) the plan is first compiled again from the archived
+    scenario.cps and its includes, and a plan.json whose expectations, servers, faults or workload
+    size differ from it is refused: IntegrityError (exit 3) naming each difference (`integrity_problems`).
+    Either way an archive holding a link, a FIFO or a folder where a file belongs is an
+    IntegrityError, and nothing is read or written through a link."""
+    store.require_plain(root)
+    if integrity:
+        problems = integrity_problems(root)
+        if problems:
+            raise store.IntegrityError(problems)
     verdict = checks.check(root, require_finished=not write)
     layout = store.Layout(root)
     if write:
         finish_archive(root, verdict)
         return Recheck(verdict, False)
-    differs = layout.verdict.is_file() and read_text(layout.verdict) != verdict.to_json()
+    differs = store.existing_file(layout.verdict) and store.read_file(layout.verdict) != verdict.to_json()
     return Recheck(verdict, differs)
+
+
+def recompile(archive: Path, archived: Plan, *, gpu_present: bool = True) -> Prepared:
+    """The archived scenario planned again by this cptest, for the archived engine, ports and GPUs.
+    Raises ScenarioError/PlanError when it does not plan, IntegrityError when the archived plan's
+    placement is not one (a port out of range)."""
+    try:
+        placement = _placement_of(archived)
+    except ValueError as e:
+        where = Span(str(store.Layout(archive).plan), 1, 1)
+        message = f"plan.json places its servers impossibly: {_first_line(e)}"
+        raise store.IntegrityError(Problem(where, message)) from None
+    return prepare(store.Layout(archive).scenario, engine=archived.main.engine, gpu_present=gpu_present,
+                   placement=placement, archived=True)
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+METADATA = ("source", "violated_on")
+"""Fields of an expectation that say where it was written or what it annotates, never how evidence
+is judged: archives before D43 hold absolute sources, before D41 no `violated_on`."""
+
+
+def expectation_core(plan: Plan) -> list[dict[str, Any]]:
+    """Each expectation as it decides a verdict: its kind and parameters, without `METADATA` (and
+    without its log patterns' `source` note)."""
+    out = []
+    for e in plan.expectations:
+        d = {k: v for k, v in e.model_dump(mode="json").items() if k not in METADATA}
+        if isinstance(d.get("log_patterns"), dict):
+            d["log_patterns"] = {k: v for k, v in d["log_patterns"].items() if k != "source"}
+        out.append(d)
+    return out
+
+
+def _servers_core(plan: Plan) -> list[dict[str, Any]]:
+    return [{"role": s.role, "engine": s.engine, "release": s.release, "world_size": s.world_size,
+             "degrees": s.topology.model_dump(mode="json"), "nodes": len(s.nodes), "probe": s.probe}
+            for s in plan.servers()]  # fmt: skip
+
+
+def integrity_problems(archive: Path) -> list[Problem]:
+    """What the archive's plan.json says that its scenario.cps, compiled again, does not: the
+    scenario's name, each expectation (kind and parameters, `expectation_core`), the servers
+    (roles, engines, releases, sizes, degrees), the faults and the number of requests. What
+    legitimately differs between the run and now is left out: placement (ports, GPUs, CPUs), the
+    image digest and model hash pinned at run time, cptest's version, and a workload generated by
+    an older cptest (its prompts). A scenario that no longer parses or plans is a problem too."""
+    layout = store.Layout(archive)
+    archived = checks.load_plan(archive)
+    hint = "plan.json or scenario.cps was edited after the run: restore the archive from a copy you trust"
+    try:
+        planned = recompile(archive, archived).plan
+    except (ScenarioError, PlanError) as e:
+        return [Problem(Span(str(layout.scenario), 1, 1), f"{FAILED}: the archived scenario.cps does not "
+                        f"compile: {_first_line(e)}", hint=hint)]
+    out: list[Problem] = []
+
+    def bad(message: str, expected: Any = None, found: Any = None) -> None:
+        out.append(Problem(Span(str(layout.plan), 1, 1), f"{FAILED}: {message}", hint=hint,
+                           expected=None if expected is None else _short(expected),
+                           found=None if found is None else _short(found)))
+
+    if archived.scenario != planned.scenario:
+        bad("plan.json names another scenario than scenario.cps", planned.scenario, archived.scenario)
+    ours, theirs = expectation_core(archived), expectation_core(planned)
+    if len(ours) != len(theirs):
+        bad(f"plan.json holds {len(ours)} expectations, scenario.cps compiles to {len(theirs)}",
+            [e["kind"] for e in theirs], [e["kind"] for e in ours])
+    else:
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            if keys:
+                bad(f"expectation {i + 1} ({b['kind']}) differs from scenario.cps in {', '.join(keys)}",
+                    {k: b.get(k) for k in keys}, {k: a.get(k) for k in keys})
+    if _servers_core(archived) != _servers_core(planned):
+        bad("plan.json's servers (roles, engines, sizes, degrees) differ from scenario.cps",
+            _servers_core(planned), _servers_core(archived))
+    faults = [[f.model_dump(mode="json") for f in p.faults] for p in (archived, planned)]
+    if faults[0] != faults[1]:
+        bad("plan.json's faults differ from scenario.cps", faults[1], faults[0])
+    counts = [len(p.workload.requests) for p in (archived, planned)]
+    if counts[0] != counts[1]:
+        bad(f"plan.json plans {counts[0]} requests, scenario.cps {counts[1]}")
+    return out
+
+
+FAILED = "integrity check failed"
+
+
+def _short(value: Any, width: int = 300) -> str:
+    import json
+
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -284,14 +475,65 @@ class Rerun:
         return self.outcome.exit_code if self.diff.same else max(self.outcome.exit_code, 1)
 
 
+class PlanChanged(CptestError):
+    """A rerun would execute something else than the archived run did (argv, environment, image,
+    model mounts, GPUs): refused unless the user trusts the change (`--accept-plan-changes`)."""
+
+    exit_code = 3
+
+
+def _executed(plan: Plan) -> dict[str, list[dict[str, Any]]]:
+    """What each server's nodes execute, by role: argv, environment, image (without the digest a
+    run pins), model mount, GPU ids, host. The model directory is named `<model>` wherever it stands
+    (an archive before D43 holds an absolute path where a plan now says `<models>/NAME`): which
+    model it is, the pinned tree hash decides."""
+
+    def node(n: Any) -> dict[str, Any]:
+        model = n.model_mount
+        return {"argv": ["<model>" if model and a == model else a for a in n.argv], "env": dict(n.env),
+                "image": n.image.split("@", 1)[0] if n.image else None,
+                "model_mount": "<model>" if model else None, "gpu_ids": list(n.gpu_ids), "host": n.host}
+
+    return {s.role: [node(n) for n in s.nodes] for s in plan.servers()}
+
+
+def plan_changes(archived: Plan, planned: Plan) -> list[Problem]:
+    """What the new plan would execute that the archived one did not, one problem per difference
+    (`_executed`), plus another scenario name (it decides where the new archive is written)."""
+    out = []
+    if archived.scenario != planned.scenario:
+        out.append(Problem(None, "plan.json names another scenario than scenario.cps",
+                           expected=_short(planned.scenario), found=_short(archived.scenario)))
+    old, new = _executed(archived), _executed(planned)
+    for role in sorted(set(old) | set(new)):
+        if role not in new or role not in old:
+            where = "archived plan" if role in old else "new plan"
+            out.append(Problem(None, f"the {role} server is only in the {where}"))
+            continue
+        if len(old[role]) != len(new[role]):
+            counts = f"{len(old[role])} nodes archived, {len(new[role])} now"
+            out.append(Problem(None, f"the {role} server has {counts}"))
+            continue
+        for k, (a, b) in enumerate(zip(old[role], new[role], strict=True)):
+            for key in a:
+                if a[key] != b[key]:
+                    out.append(Problem(None, f"{role} node {k} {key} differs",
+                                       expected=f"now {_short(b[key])}", found=f"archived {_short(a[key])}"))
+    return out
+
+
 def rerun(archive: Path, results: Path, launcher: Launcher, *, log: Logger, now: datetime,
           environment: Mapping[str, Any] | None = None, run_options: Any = None,
-          models: Path | None = None, gpu_present: bool = True) -> Rerun:
+          models: Path | None = None, gpu_present: bool = True, accept_plan_changes: bool = False) -> Rerun:
     """Run an archive's scenario again into a new archive under `results`, then diff the evidence
     (`environment`, `run_options` and `models` as for `run_scenario`).
 
-    The run is planned afresh from the archived scenario.cps and its includes, on the archived
-    engine, ports and GPUs, by this cptest: nothing of the machine that made the archive is needed.
+    Nothing of the archived plan is executed: the run is planned afresh from the archived
+    scenario.cps and its includes (`recompile`), on the archived engine, ports and GPUs, by this
+    cptest, and the new archive is named by the re-planned scenario (a validated name). What the new
+    plan would execute is compared with the archived plan (`plan_changes`); any difference is shown
+    and refused (PlanChanged, exit 3) unless `accept_plan_changes`, before anything is written or
+    launched. An archive holding a link or a FIFO is refused (IntegrityError, exit 3).
     The model is found by content: the manifest's tree hash pins it (a synthetic checkpoint is
     written again and must come out the same; a local one is looked up in the model store by its
     hash when it is not next to the scenario), and anything else stops the rerun as `unknown`
@@ -299,16 +541,27 @@ def rerun(archive: Path, results: Path, launcher: Launcher, *, log: Logger, now:
     from cptest.run.models import find_by_tree_sha256, store_dir
     from cptest.run.preflight import Cause, InfrastructureError
 
+    store.require_plain(archive)
     layout = store.Layout(archive)
-    try:
-        archived = Plan.model_validate_json(read_text(layout.plan))
-    except ValueError as e:
-        raise PlanError(f"{layout.plan}: not a plan this cptest can read ({e})") from None
-    prepared = prepare(layout.scenario, engine=archived.main.engine, gpu_present=gpu_present,
-                       placement=_placement_of(archived))
+    archived = checks.load_plan(archive)
+    prepared = recompile(archive, archived, gpu_present=gpu_present)
     planned = prepared.plan
     manifest = store.read_manifest(layout) or {}
-    pinned = ((manifest.get("pins") or {}).get("model") or {}).get("sha256") or archived.pins.model.sha256
+    pins = manifest.get("pins") if isinstance(manifest.get("pins"), dict) else {}
+    model_pin = pins.get("model") if isinstance(pins.get("model"), dict) else {}
+    pinned = model_pin.get("sha256") or archived.pins.model.sha256
+    if pinned is not None and not (isinstance(pinned, str) and len(pinned) == 64
+                                   and all(c in "0123456789abcdef" for c in pinned)):
+        message = f"the model's pinned tree hash {_short(pinned, 80)} is not a sha256"
+        raise store.IntegrityError(Problem(Span(str(layout.manifest), 1, 1), message))
+    changes = plan_changes(archived, planned)
+    if changes and not accept_plan_changes:
+        raise PlanChanged([Problem(None, f"refused: this cptest would run {archive} differently from the "
+                                   f"archived plan ({len(changes)} difference(s) below); nothing was run",
+                                   hint="re-plan deliberately with `cptest rerun --accept-plan-changes DIR` "
+                                   "if you trust what the new plan executes")] + changes)
+    for change in changes:
+        log.warning(f"plan change accepted: {change.message} ({change.found} -> {change.expected})")
     store_root = (models or store_dir()).resolve()
     if pinned and planned.pins.model.kind == "local":
         location = planned.main.nodes[0].model_mount or ""
@@ -328,7 +581,7 @@ def rerun(archive: Path, results: Path, launcher: Launcher, *, log: Logger, now:
     if planned.pins.scenario_sha256 != archived.pins.scenario_sha256:
         log.warning("the archived scenario plans to another scenario hash than the archive records "
                     f"({planned.pins.scenario_sha256[:12]} vs {archived.pins.scenario_sha256[:12]})")
-    out = store.archive_dir(results, planned.scenario, planned.pins.scenario_sha256, now)
+    out = _create(results, planned.scenario, planned.pins.scenario_sha256, now)
     outcome = run_scenario(planned, out, launcher, scenario_text=prepared.text, log=log,
                            includes=prepared.includes, environment=environment, run_options=run_options,
                            models=store_root, scenario_dir=archive)

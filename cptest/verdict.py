@@ -13,9 +13,12 @@ Serialisation is deterministic (sorted keys, no timestamps): `cptest check DIR` 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from cptest.errors import Problem, Span
 
 Status = Literal["pass", "fail", "unknown"]
 
@@ -71,6 +74,22 @@ class ScenarioVerdict(BaseModel):
     @classmethod
     def from_json(cls, text: str) -> ScenarioVerdict:
         return cls.model_validate_json(text)
+
+
+def read_verdict(path: Path) -> ScenarioVerdict:
+    """An archive's verdict.json. Raises IntegrityError (exit 3) naming the file when it is not a
+    regular file (a link, a FIFO, a folder), is missing, or does not hold a scenario verdict."""
+    from cptest.store import IntegrityError, read_file
+
+    text = read_file(path)
+    try:
+        return ScenarioVerdict.from_json(text)
+    except ValueError as e:
+        first = e.errors()[0] if isinstance(e, ValidationError) and e.errors() else None
+        what = f"{'.'.join(map(str, first['loc']))}: {first['msg']}" if first else str(e)
+        hint = "`cptest check --write DIR` writes it again from the evidence"
+        message = f"verdict.json is not a scenario verdict ({what})"
+        raise IntegrityError(Problem(Span(str(path), 1, 1), message, hint=hint)) from None
 
 
 def merge(statuses: list[str]) -> Status:

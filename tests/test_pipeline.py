@@ -96,10 +96,13 @@ def test_an_unreadable_scenario_is_bad_input(tmp_path: Path) -> None:
 
 
 def test_include_names_keep_the_scenario_resolvable_in_the_archive(tmp_path: Path) -> None:
+    # Under their own folder (D45), by their path relative to the scenario, `..` spelled `@up`.
     scenario = tmp_path / "suite" / "a.cps"
     inside = tmp_path / "suite" / "defaults" / "tiny.cps"
-    assert pipeline.include_name(inside, scenario) == "defaults/tiny.cps"
-    assert pipeline.include_name(tmp_path / "elsewhere" / "x.cps", scenario) == "includes/x.cps"
+    assert pipeline.include_name(inside, scenario) == "includes/defaults/tiny.cps"
+    assert pipeline.include_name(tmp_path / "elsewhere" / "x.cps", scenario) == "includes/@up/elsewhere/x.cps"
+    assert pipeline.include_name(tmp_path / "suite" / "logs" / "main-node0.log", scenario) == (
+        "includes/logs/main-node0.log")
 
 
 PCP_DCP = """cptest 1

@@ -36,7 +36,7 @@ from cptest.contracts.parity import f32_ulp
 from cptest.errors import CptestError, Problem
 from cptest.evidence import RankEvidence, RoleEvidence, RunnerEvidence, ranges_len, ranges_merge
 from cptest.plan.model import Plan
-from cptest.store import Layout, read_manifest
+from cptest.store import Layout, existing_file, read_file, read_manifest
 from cptest.verdict import ScenarioVerdict
 
 Kind = Literal["exact", "tolerance", "measurement"]
@@ -202,10 +202,10 @@ def _scenario_of(root: Path, plan: Plan) -> tuple[str, str]:
 
 def _verdict(root: Path) -> ScenarioVerdict | None:
     p = Layout(root).verdict
-    if not p.is_file():
+    if not existing_file(p):
         return None
     try:
-        return ScenarioVerdict.from_json(p.read_text(encoding="utf-8"))
+        return ScenarioVerdict.from_json(read_file(p))
     except ValueError:
         return None
 

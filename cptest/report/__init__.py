@@ -17,8 +17,8 @@ from typing import Any
 import jinja2
 
 from cptest.plan.model import Plan
-from cptest.store import Layout
-from cptest.verdict import ScenarioVerdict, merge
+from cptest.store import Layout, existing_file, require_plain
+from cptest.verdict import ScenarioVerdict, merge, read_verdict
 
 __all__ = ["render", "render_junit", "render_matrix"]
 
@@ -53,10 +53,13 @@ def _env(autoescape: bool) -> jinja2.Environment:
 def _load(source: Path | str | ScenarioVerdict, plan: Plan | None) -> tuple[ScenarioVerdict, Plan | None]:
     if isinstance(source, ScenarioVerdict):
         return source, plan
+    from cptest.checks.load import load_plan
+
+    require_plain(Path(source))
     layout = Layout(Path(source))
-    verdict = ScenarioVerdict.from_json(layout.verdict.read_text(encoding="utf-8"))
-    if plan is None and layout.plan.is_file():
-        plan = Plan.model_validate_json(layout.plan.read_text(encoding="utf-8"))
+    verdict = read_verdict(layout.verdict)
+    if plan is None and existing_file(layout.plan):
+        plan = load_plan(Path(source))
     return verdict, plan
 
 
@@ -83,11 +86,11 @@ def render_matrix(archives: Iterable[Path | str]) -> str:
     for a in archives:
         d = Path(a)
         p = Layout(d).verdict
-        if not p.is_file():
+        if not existing_file(p):  # a link or FIFO in its place: IntegrityError naming it
             row: dict[str, Any] = {"scenario": d.parent.name, "engine": "?", "status": "not checked",
                                    "by": {}, "dir": d}
         else:
-            v = ScenarioVerdict.from_json(p.read_text(encoding="utf-8"))
+            v = read_verdict(p)
             by: dict[str, str] = {}
             for x in v.verdicts:
                 by[x.checker] = x.status if x.checker not in by else _worse(by[x.checker], x.status)
