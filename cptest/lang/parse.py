@@ -12,7 +12,7 @@ import os
 
 from cptest.errors import Problem, ScenarioError, Span
 from cptest.lang.syntax import read_doc
-from cptest.lang.validate import resolve
+from cptest.lang.validate import read_path, resolve
 from cptest.scenario import Scenario
 
 
@@ -32,8 +32,7 @@ def parse_file(path: str | os.PathLike[str]) -> Scenario:
     """Parse and check the scenario in `path` (relative paths resolve against its directory)."""
     path = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        text = read_path(path)
     except (OSError, UnicodeDecodeError) as err:
         raise ScenarioError(Problem(Span(path, 1, 1), f"cannot read scenario file: {err}")) from None
     return parse_text(text, path, base_dir=os.path.dirname(os.path.abspath(path)))

@@ -151,17 +151,18 @@ def env_verdict(policy: Policy, name: str) -> Verdict | None:
                        escapable=False)
     if name in MANAGED_ENV:
         return Verdict(f"cptest sets {name}: {MANAGED_ENV[name]}", escapable=False)
+    if name.startswith("PYTHON"):
+        return Verdict(f"{name} is read by the Python interpreter at start-up (PYTHONPATH, PYTHONSTARTUP: "
+                       "code)", escapable=True)
+    if name.startswith(("LD_", "DYLD_")):
+        return Verdict(f"{name} is read by the dynamic linker (LD_PRELOAD, LD_LIBRARY_PATH: libraries)",
+                       escapable=True)
     for pattern, why in policy.env_deny.items():
         if fnmatch.fnmatchcase(name, pattern):
             return Verdict(f"{name} {why}", escapable=True)
     if any(fnmatch.fnmatchcase(name, p) for p in policy.env_allow):
         return None
-    if name.startswith("PYTHON"):
-        why = "is read by the Python interpreter at start-up (PYTHONPATH, PYTHONSTARTUP: code)"
-    elif name.startswith(("LD_", "DYLD_")):
-        why = "is read by the dynamic linker (LD_PRELOAD, LD_LIBRARY_PATH: libraries)"
-    else:
-        why = "is not in the release's allow table (" + ", ".join(policy.env_allow[:6]) + ", ...)"
+    why = "is not in the release's allow table (" + ", ".join(policy.env_allow[:6]) + ", ...)"
     return Verdict(f"{name} {why}", escapable=True)
 
 

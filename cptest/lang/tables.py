@@ -97,6 +97,8 @@ MAX_TIMEOUT_S = 24 * 3600.0
 DEFAULT_DEADLINE_S = 3600.0
 """A whole run's wall-clock limit when the scenario declares none (`deadline 2h` raises it)."""
 MAX_DEADLINE_S = 7 * 24 * 3600.0
+MAX_SCENARIO_BYTES = 1 << 20
+"""A scenario or defaults file: a regular file of at most 1 MiB."""
 MAX_REGEX_CHARS = 4096
 """Length of a `log contains/absent` or `launch rejected matching` pattern."""
 MAX_TEXT_CHARS = 65536

@@ -13,9 +13,11 @@ Contract:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import stat
 from collections.abc import Callable
 from typing import Any
 
@@ -53,8 +55,15 @@ Reader = Callable[[str], str]
 
 
 def read_path(path: str) -> str:
-    with open(path, encoding="utf-8") as fh:
-        return fh.read()
+    """A scenario file's text: a regular file of at most `MAX_SCENARIO_BYTES` (never `/dev/zero`, a
+    FIFO or a huge file: reading one would never end or exhaust memory). Raises OSError naming why."""
+    with open(path, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        data = fh.read(T.MAX_SCENARIO_BYTES + 1)
+    if len(data) > T.MAX_SCENARIO_BYTES:
+        raise OSError(errno.EFBIG, f"larger than {T.MAX_SCENARIO_BYTES:,} bytes")
+    return data.decode("utf-8")
 
 
 # ---------------------------------------------------------------------------------------- extends
