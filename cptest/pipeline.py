@@ -107,7 +107,7 @@ def archived_reader(archive: Path) -> Callable[[str], str]:
     """The file reader the archived scenario.cps is parsed with: a path inside the archive is read
     from `includes/` (`include_name`); an archive made before includes had their own folder kept
     them beside the scenario, which is read only when the name is none of cptest's own
-    (`OWN_NAMES`); a path outside the archive (a local model's config.json) is read where it is.
+    (`OWN_NAMES`); outside the archive only a local model's config.json is read, where it is.
     Nothing is read through a link inside the archive, and nothing but a regular file anywhere
     (a FIFO would block): those raise IntegrityError (exit 3)."""
     root = os.path.abspath(archive)
@@ -126,8 +126,9 @@ def archived_reader(archive: Path) -> Callable[[str], str]:
             raise FileNotFoundError(f"not in the archive: {rel}")
         import stat
 
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
+        if os.path.basename(path) != "config.json":  # the only file outside an archive it may name
+            raise FileNotFoundError(f"outside the archive: {path}")
+        if not stat.S_ISREG(os.stat(path).st_mode):
             raise IsADirectoryError(f"{path} is not a regular file")
         return read_path(path)
 
@@ -482,29 +483,34 @@ class PlanChanged(CptestError):
     exit_code = 3
 
 
-def _executed(plan: Plan) -> dict[str, list[dict[str, Any]]]:
+def _executed(plan: Plan, *, legacy_model: bool) -> dict[str, list[dict[str, Any]]]:
     """What each server's nodes execute, by role: argv, environment, image (without the digest a
-    run pins), model mount, GPU ids, host. The model directory is named `<model>` wherever it stands
-    (an archive before D43 holds an absolute path where a plan now says `<models>/NAME`): which
-    model it is, the pinned tree hash decides."""
+    run pins), model mount, GPU ids, host. With `legacy_model` (an archive made before D43, whose
+    plan holds an absolute model path where a plan now says `<models>/NAME`) the model directory
+    is named `<model>` wherever it stands: which model it is, the pinned tree hash decides."""
 
     def node(n: Any) -> dict[str, Any]:
-        model = n.model_mount
+        model = n.model_mount if legacy_model else None
         return {"argv": ["<model>" if model and a == model else a for a in n.argv], "env": dict(n.env),
                 "image": n.image.split("@", 1)[0] if n.image else None,
-                "model_mount": "<model>" if model else None, "gpu_ids": list(n.gpu_ids), "host": n.host}
+                "model_mount": "<model>" if model else n.model_mount, "gpu_ids": list(n.gpu_ids),
+                "host": n.host}
 
     return {s.role: [node(n) for n in s.nodes] for s in plan.servers()}
 
 
 def plan_changes(archived: Plan, planned: Plan) -> list[Problem]:
     """What the new plan would execute that the archived one did not, one problem per difference
-    (`_executed`), plus another scenario name (it decides where the new archive is written)."""
+    (`_executed`), plus another scenario name (it decides where the new archive is written). The
+    model path is compared as written, unless every archived mount is an absolute path (an archive
+    made before D43): then by the pinned hash alone."""
     out = []
     if archived.scenario != planned.scenario:
         out.append(Problem(None, "plan.json names another scenario than scenario.cps",
                            expected=_short(planned.scenario), found=_short(archived.scenario)))
-    old, new = _executed(archived), _executed(planned)
+    mounts = [n.model_mount for s in archived.servers() for n in s.nodes if n.model_mount]
+    legacy = bool(mounts) and all(os.path.isabs(m) for m in mounts)
+    old, new = _executed(archived, legacy_model=legacy), _executed(planned, legacy_model=legacy)
     for role in sorted(set(old) | set(new)):
         if role not in new or role not in old:
             where = "archived plan" if role in old else "new plan"
@@ -585,7 +591,8 @@ def rerun(archive: Path, results: Path, launcher: Launcher, *, log: Logger, now:
     outcome = run_scenario(planned, out, launcher, scenario_text=prepared.text, log=log,
                            includes=prepared.includes, environment=environment, run_options=run_options,
                            models=store_root, scenario_dir=archive)
-    return Rerun(outcome, diff(archive, out))
+    # Accepted changes may include the scenario's name: the user asked for this comparison.
+    return Rerun(outcome, diff(archive, out, other_scenario=accept_plan_changes))
 
 
 def _placement_of(archived: Plan) -> Placement:

@@ -1,0 +1,596 @@
+"""The tamper suite (issue 14): archives edited, forged, linked or replaced by FIFOs, and what
+`cptest check`, `verify`, `diff`, `matrix`, `report` and `rerun` make of them.
+
+One real archive is made per module: a small DCP2 scenario on the CPU reference engine (about 20 s
+on 2 cores) that extends a defaults file and declares capacity wrong on purpose, so its verdict is
+FAIL and a forger has a failing expectation to drop. Every case alters a copy of it and runs one
+command in a subprocess (a FIFO that were opened would block it: the timeout says so) and asserts
+the documented exit code, a message naming what is wrong, no traceback, and for `rerun` that
+nothing was executed: the injected `/bin/sh -c 'touch MARKER'` never ran and nothing was written
+outside `--results`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.reference.conftest import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+NAME = "tamper_dcp2"
+
+SCENARIO = """cptest 1
+# DCP2 on TP2, tiny: the reference archive of the tamper suite. Capacity is declared wrong on
+# purpose (3x), so the archive's verdict is FAIL and a forger has a failing expectation to drop.
+scenario tamper_dcp2 {
+  extends "defaults/tiny.cps"
+  engine reference "builtin"
+  model synthetic llama {
+    layers 2
+    hidden 128
+    heads 4
+    kv_heads 1
+    head_dim 32
+    vocab 512
+    intermediate 256
+    seed 3
+  }
+  topology {
+    gpus 2
+    tp 2
+    dcp 2
+  }
+  baseline none
+  workload {
+    requests 4
+    concurrency 2
+    prompt_tokens uniform(16, 48)
+    output_tokens 4
+  }
+  expect {
+    rows kv_owner position % 2
+    capacity logical == 3 * physical within 0.01
+  }
+}
+"""
+
+
+def cptest(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cptest", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Made:
+    archive: Path
+    models: Path
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> Made:
+    root = tmp_path_factory.mktemp("tamper")
+    suite = root / "suite"
+    (suite / "defaults").mkdir(parents=True)
+    shutil.copy2(REPO / "scenarios" / "defaults" / "tiny.cps", suite / "defaults" / "tiny.cps")
+    (suite / "tamper.cps").write_text(SCENARIO)
+    models = root / "models"
+    done = cptest(
+        "run",
+        suite / "tamper.cps",
+        "--engine",
+        "reference",
+        "--ports",
+        f"{free_port()},{free_port()}",
+        "--no-baseline-cache",
+        "--results",
+        root / "results",
+        "--models",
+        models,
+        "--json",
+        timeout=600,
+    )
+    assert done.returncode == 1, done.stderr[-3000:]  # capacity is declared 3x: FAIL
+    archive = Path(json.loads(done.stdout)["archive"])
+    assert (archive / "includes" / "defaults" / "tiny.cps").is_file()
+    return Made(archive, models)
+
+
+# ------------------------------------------------------------------------------------ edits
+def plan_of(d: Path) -> dict[str, Any]:
+    return json.loads((d / "plan.json").read_text())
+
+
+def edit_plan(fn: Callable[[dict[str, Any]], Any], *, forge: bool = False) -> Callable[[Path, Path], None]:
+    """Edit plan.json; with `forge`, recompute verdict and manifest as a forger with cptest would."""
+
+    def edit(d: Path, tmp: Path) -> None:
+        plan = plan_of(d)
+        fn(plan)
+        (d / "plan.json").write_text(json.dumps(plan, indent=2))
+        if forge:
+            refinish(d)
+
+    return edit
+
+
+def refinish(d: Path) -> None:
+    from cptest import checks, pipeline
+
+    pipeline.finish_archive(d, checks.check(d, require_finished=False))
+
+
+def node(plan: dict[str, Any], k: int = 0) -> dict[str, Any]:
+    return plan["main"]["nodes"][k]
+
+
+def inject_sh(tmp: Path) -> Callable[[dict[str, Any]], None]:
+    def fn(plan: dict[str, Any]) -> None:
+        node(plan)["argv"] = ["/bin/sh", "-c", f"touch {tmp / 'EXECUTED'}"]
+
+    return fn
+
+
+def replace_file(rel: str, text: str | bytes) -> Callable[[Path, Path], None]:
+    def edit(d: Path, tmp: Path) -> None:
+        path = d / rel
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+
+    return edit
+
+
+def fifo(rel: str) -> Callable[[Path, Path], None]:
+    def edit(d: Path, tmp: Path) -> None:
+        (d / rel).unlink(missing_ok=True)
+        os.mkfifo(d / rel)
+
+    return edit
+
+
+def link(rel: str, *, to_outside: bool = True) -> Callable[[Path, Path], None]:
+    """`rel` becomes a symbolic link: to a copy of it outside the archive, or to another file of it."""
+
+    def edit(d: Path, tmp: Path) -> None:
+        path = d / rel
+        target = tmp / f"outside-{path.name}"
+        if path.is_dir():
+            shutil.copytree(path, target)
+            shutil.rmtree(path)
+        else:
+            shutil.copy2(path, target)
+            path.unlink()
+        path.symlink_to(target if to_outside else d / "plan.json")
+
+    return edit
+
+
+def as_dir(rel: str) -> Callable[[Path, Path], None]:
+    def edit(d: Path, tmp: Path) -> None:
+        (d / rel).unlink()
+        (d / rel).mkdir()
+
+    return edit
+
+
+def edit_text(rel: str, old: str, new: str, *, forge: bool = False) -> Callable[[Path, Path], None]:
+    def edit(d: Path, tmp: Path) -> None:
+        text = (d / rel).read_text()
+        assert old in text, f"{old!r} not in {rel}"
+        (d / rel).write_text(text.replace(old, new))
+        if forge:
+            refinish(d)
+
+    return edit
+
+
+def edit_manifest(fn: Callable[[dict[str, Any]], Any]) -> Callable[[Path, Path], None]:
+    def edit(d: Path, tmp: Path) -> None:
+        m = json.loads((d / "manifest.json").read_text())
+        fn(m)
+        (d / "manifest.json").write_text(json.dumps(m))
+
+    return edit
+
+
+def drop_failing(plan: dict[str, Any]) -> None:
+    plan["expectations"] = [e for e in plan["expectations"] if e["kind"] != "capacity"]
+
+
+def capacity_factor(plan: dict[str, Any]) -> None:
+    for e in plan["expectations"]:
+        if e["kind"] == "capacity":
+            e["multiplier"] = 2.0
+
+
+def add_baseline(plan: dict[str, Any]) -> None:
+    plan["baseline"] = {**plan["main"], "role": "baseline"}
+
+
+def both(*edits: Callable[[Path, Path], None]) -> Callable[[Path, Path], None]:
+    def edit(d: Path, tmp: Path) -> None:
+        for e in edits:
+            e(d, tmp)
+
+    return edit
+
+
+def sh_and_escape(d: Path, tmp: Path) -> None:
+    plan = plan_of(d)
+    inject_sh(tmp)(plan)
+    plan["scenario"] = "../../escaped"
+    (d / "plan.json").write_text(json.dumps(plan))
+    refinish(d)
+
+
+# ------------------------------------------------------------------------------------ cases
+@dataclass(frozen=True)
+class Case:
+    id: str
+    edit: Callable[[Path, Path], None]
+    command: tuple[str, ...]
+    """Arguments of `cptest`: `{a}` the tampered archive, `{ok}` an untouched copy, `{results}` the
+    folder holding both, `{rerun}` a fresh --results for a rerun, `{models}` the model store."""
+    code: int
+    message: str
+    """A regular expression the command's output must match: what is wrong, named."""
+
+
+CHECK = ("check", "{a}")
+VERIFY = ("verify", "{a}")
+RERUN = ("rerun", "{a}", "--results", "{rerun}", "--models", "{models}", "--no-baseline-cache")
+REPORT = ("report", "{a}")
+MATRIX = ("matrix", "{results}")
+DIFF = ("diff", "{ok}", "{a}")
+
+CASES = [
+    # 1. rerun never executes an archive's argv, env or mounts, and never writes outside --results.
+    Case("rerun-argv-sh", lambda d, t: edit_plan(inject_sh(t))(d, t), RERUN, 3, r"main node 0 argv differs"),
+    Case(
+        "rerun-argv-sh-forged",
+        lambda d, t: edit_plan(inject_sh(t), forge=True)(d, t),
+        RERUN,
+        3,
+        r"refused: this cptest would run .* differently",
+    ),
+    Case(
+        "rerun-env-ld-preload",
+        edit_plan(lambda p: node(p)["env"].update(LD_PRELOAD="/tmp/evil.so")),
+        RERUN,
+        3,
+        r"main node 0 env differs",
+    ),
+    Case(
+        "rerun-image",
+        edit_plan(lambda p: node(p).update(image="evil/image:latest")),
+        RERUN,
+        3,
+        r"main node 0 image differs",
+    ),
+    Case(
+        "rerun-model-mount",
+        edit_plan(lambda p: node(p).update(model_mount="<models>/../../../etc")),
+        RERUN,
+        3,
+        r"main node 0 model_mount differs",
+    ),
+    Case(
+        "rerun-host",
+        edit_plan(lambda p: node(p).update(host="10.0.0.1")),
+        RERUN,
+        3,
+        r"main node 0 host differs",
+    ),
+    Case(
+        "rerun-extra-node",
+        edit_plan(lambda p: p["main"]["nodes"].append({**node(p), "node_rank": 1})),
+        RERUN,
+        3,
+        r"main server has 2 nodes archived, 1 now",
+    ),
+    Case(
+        "rerun-added-server",
+        edit_plan(add_baseline),
+        RERUN,
+        3,
+        r"baseline server is only in the archived plan",
+    ),
+    Case(
+        "rerun-scenario-name-escapes",
+        edit_plan(lambda p: p.update(scenario="../../escaped")),
+        RERUN,
+        3,
+        r"plan.json names another scenario",
+    ),
+    Case(
+        "rerun-argv-and-name-forged",
+        sh_and_escape,
+        RERUN,
+        3,
+        r"argv differs[\s\S]*another scenario|"
+        r"another scenario[\s\S]*argv differs",
+    ),
+    Case("rerun-plan-link", link("plan.json"), RERUN, 3, r"plan.json is a symbolic link"),
+    Case("rerun-scenario-fifo", fifo("scenario.cps"), RERUN, 3, r"scenario.cps is a FIFO"),
+    Case(
+        "rerun-model-pin-not-a-hash",
+        edit_manifest(lambda m: m["pins"]["model"].update(sha256="../../x")),
+        RERUN,
+        3,
+        r"pinned tree hash .* is not a sha256",
+    ),
+    Case("rerun-plan-not-json", replace_file("plan.json", "{not json"), RERUN, 3, r"bad plan"),
+    Case(
+        "rerun-extends-outside",
+        edit_text("scenario.cps", '"defaults/tiny.cps"', '"../../../../etc/passwd"'),
+        RERUN,
+        2,
+        r"cannot read extended file '../../../../etc/passwd'",
+    ),
+    # 2. check recompiles the plan from the archived scenario; forged archives are integrity failures.
+    Case(
+        "check-forged-dropped-failing-expectation",
+        edit_plan(drop_failing, forge=True),
+        CHECK,
+        3,
+        r"integrity check failed: plan.json holds 6 expectations, scenario.cps compiles to 7",
+    ),
+    Case(
+        "check-forged-expectation-parameter",
+        edit_plan(capacity_factor, forge=True),
+        CHECK,
+        3,
+        r"integrity check failed: expectation \d+ \(capacity\) differs from scenario.cps in multiplier",
+    ),
+    Case(
+        "check-forged-world-size",
+        edit_plan(lambda p: p["main"].update(world_size=1), forge=True),
+        CHECK,
+        3,
+        r"integrity check failed: plan.json's servers",
+    ),
+    Case(
+        "check-forged-scenario-name",
+        edit_plan(lambda p: p.update(scenario="other"), forge=True),
+        CHECK,
+        3,
+        r"integrity check failed: plan.json names another scenario",
+    ),
+    Case(
+        "check-forged-fewer-requests",
+        edit_plan(lambda p: p["workload"].update(requests=p["workload"]["requests"][:2]), forge=True),
+        CHECK,
+        3,
+        r"integrity check failed: plan.json plans 2 requests, scenario.cps 4",
+    ),
+    Case(
+        "check-scenario-garbage",
+        replace_file("scenario.cps", "this is no scenario\n"),
+        CHECK,
+        3,
+        r"integrity check failed: the archived scenario.cps does not compile",
+    ),
+    Case(
+        "check-extends-own-log",
+        edit_text("scenario.cps", '"defaults/tiny.cps"', '"logs/main-node0.log"'),
+        CHECK,
+        3,
+        r"does not compile: .*cannot read extended file 'logs/main-node0.log'",
+    ),
+    Case(
+        "check-include-removed",
+        lambda d, t: (d / "includes/defaults/tiny.cps").unlink(),
+        CHECK,
+        3,
+        r"does not compile: .*cannot read extended file 'defaults/tiny.cps'",
+    ),
+    Case(
+        "check-include-edited-forged",
+        edit_text("includes/defaults/tiny.cps", '    log absent "Traceback"\n', "", forge=True),
+        CHECK,
+        3,
+        r"integrity check failed: plan.json holds 7 expectations, scenario.cps compiles to 6",
+    ),
+    Case("check-include-link", link("includes/defaults/tiny.cps"), CHECK, 3, r"tiny.cps is a symbolic link"),
+    Case("check-verdict-link", link("verdict.json"), CHECK, 3, r"verdict.json is a symbolic link"),
+    Case("check-evidence-dir-link", link("evidence/main"), CHECK, 3, r"evidence/main is a symbolic link"),
+    Case("check-log-link", link("logs/main-node0.log"), CHECK, 3, r"logs/main-node0.log is a symbolic link"),
+    Case(
+        "check-log-link-inside",
+        link("logs/main-node0.log", to_outside=False),
+        CHECK,
+        3,
+        r"logs/main-node0.log is a symbolic link",
+    ),
+    Case("check-log-fifo", fifo("logs/main-node0.log"), CHECK, 3, r"logs/main-node0.log is a FIFO"),
+    Case("check-plan-fifo", fifo("plan.json"), CHECK, 3, r"plan.json is a FIFO"),
+    Case("check-plan-directory", as_dir("plan.json"), CHECK, 3, r"plan.json is a directory"),
+    Case(
+        "check-rank-directory", as_dir("evidence/main/rank0.jsonl"), CHECK, 3, r"rank0.jsonl is a directory"
+    ),
+    Case("check-runner-fifo", fifo("evidence/main/runner.jsonl"), CHECK, 3, r"runner.jsonl is a FIFO"),
+    Case("check-manifest-fifo", fifo("manifest.json"), CHECK, 3, r"manifest.json is a FIFO"),
+    Case("check-plan-not-json", replace_file("plan.json", "{not json"), CHECK, 3, r"bad plan"),
+    Case("check-plan-a-list", replace_file("plan.json", "[]"), CHECK, 3, r"bad plan"),
+    Case(
+        "check-evidence-line-malformed",
+        edit_text("evidence/main/rank0.jsonl", "\n", "\n{oops\n"),
+        CHECK,
+        3,
+        r"rank0.jsonl:2",
+    ),
+    Case(
+        "check-scenario-not-utf8",
+        replace_file("scenario.cps", b"\xff\xfe scenario"),
+        CHECK,
+        3,
+        r"scenario.cps is not UTF-8",
+    ),
+    Case(
+        "check-write-junit-link",
+        link("junit.xml"),
+        ("check", "--write", "{a}"),
+        3,
+        r"junit.xml is a symbolic link",
+    ),
+    Case(
+        "check-write-manifest-link",
+        link("manifest.json"),
+        ("check", "--write", "{a}"),
+        3,
+        r"manifest.json is a symbolic link",
+    ),
+    # 6. malformed manifests, verdicts, plans, directories or FIFOs: a message, never a traceback.
+    Case(
+        "verify-manifest-not-json",
+        replace_file("manifest.json", "{"),
+        VERIFY,
+        3,
+        r"manifest.json is not JSON",
+    ),
+    Case("verify-manifest-a-list", replace_file("manifest.json", "[1, 2]"), VERIFY, 3, r"malformed manifest"),
+    Case(
+        "verify-manifest-lists-outside",
+        edit_manifest(lambda m: m["files"].update({"../../x": "0" * 64})),
+        VERIFY,
+        3,
+        r"manifest lists '../../x', which is no file of the archive",
+    ),
+    Case(
+        "verify-manifest-hash-not-hex",
+        edit_manifest(lambda m: m["files"].update({"plan.json": 5})),
+        VERIFY,
+        3,
+        r"malformed manifest",
+    ),
+    Case(
+        "verify-fifo-added",
+        lambda d, t: os.mkfifo(d / "evidence" / "extra.jsonl"),
+        VERIFY,
+        3,
+        r"evidence/extra.jsonl is a FIFO",
+    ),
+    Case(
+        "verify-link-added",
+        lambda d, t: (d / "extra").symlink_to("/etc/passwd"),
+        VERIFY,
+        3,
+        r"extra is a symbolic link",
+    ),
+    Case("verify-manifest-link", link("manifest.json"), VERIFY, 3, r"manifest.json is a symbolic link"),
+    Case("verify-manifest-directory", as_dir("manifest.json"), VERIFY, 3, r"manifest.json is a directory"),
+    Case("verify-plan-edited", edit_plan(drop_failing), VERIFY, 3, r"plan.json changed since the run"),
+    Case(
+        "verify-manifest-missing",
+        lambda d, t: (d / "manifest.json").unlink(),
+        VERIFY,
+        3,
+        r"archive has no manifest.json",
+    ),
+    Case(
+        "report-verdict-malformed",
+        replace_file("verdict.json", '{"scenario": 1}'),
+        REPORT,
+        3,
+        r"verdict.json is not a scenario verdict",
+    ),
+    Case("report-verdict-fifo", fifo("verdict.json"), REPORT, 3, r"verdict.json is a FIFO"),
+    Case("report-plan-malformed", replace_file("plan.json", "{}"), REPORT, 3, r"bad plan"),
+    Case(
+        "matrix-verdict-malformed",
+        replace_file("verdict.json", "[]"),
+        MATRIX,
+        3,
+        r"verdict.json is not a scenario verdict",
+    ),
+    Case("matrix-verdict-fifo", fifo("verdict.json"), MATRIX, 3, r"verdict.json is a FIFO"),
+    Case("diff-plan-malformed", replace_file("plan.json", "{not json"), DIFF, 3, r"bad plan"),
+    Case("diff-link", link("evidence/main/rank1.jsonl"), DIFF, 3, r"rank1.jsonl is a symbolic link"),
+    Case("diff-rank-fifo", fifo("evidence/main/rank0.jsonl"), DIFF, 3, r"rank0.jsonl is a FIFO"),
+    Case("check-not-a-directory", lambda d, t: None, ("check", "{a}/plan.json"), 2, r"is a file"),
+    Case("verify-no-such-directory", lambda d, t: None, ("verify", "{a}/missing"), 2, r"does not exist"),
+]
+
+
+def test_the_suite_has_forty_cases_or_more_with_unique_names() -> None:
+    assert len(CASES) >= 40 and len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_a_tampered_archive_is_refused_with_a_message(case: Case, made: Made, tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    a = results / NAME / made.archive.name
+    ok = tmp_path / "pristine" / NAME / made.archive.name
+    shutil.copytree(made.archive, a, symlinks=True)
+    shutil.copytree(made.archive, ok, symlinks=True)
+    case.edit(a, tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    args = [
+        x.format(a=a, ok=ok, results=results, rerun=tmp_path / "rerun", models=made.models)
+        for x in case.command
+    ]
+    done = cptest(*args)
+    out = done.stdout + done.stderr
+    assert done.returncode == case.code, out[-3000:]
+    assert re.search(case.message, out), out[-3000:]
+    assert "Traceback" not in out
+    # Nothing executed, nothing written anywhere else: not the injected command's marker, not a
+    # new archive (a refused rerun writes none), not a folder a `../` name would escape to.
+    assert not (tmp_path / "EXECUTED").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert not (tmp_path.parent / "escaped").exists()
+
+
+def test_a_forged_archive_passes_verify_but_not_check(made: Made, tmp_path: Path) -> None:
+    # The manifest hashes itself: only recompiling the scenario catches a consistent forgery.
+    a = tmp_path / NAME
+    shutil.copytree(made.archive, a)
+    edit_plan(drop_failing, forge=True)(a, tmp_path)
+    assert cptest("verify", a).returncode == 0
+    assert json.loads((a / "verdict.json").read_text())["status"] == "pass"
+    done = cptest("check", a)
+    assert done.returncode == 3 and "integrity check failed" in done.stderr
+
+
+def test_the_untouched_archive_checks_verifies_and_plans_the_same(made: Made) -> None:
+    # The control of every case above.
+    assert cptest("check", made.archive).returncode == 1  # its verdict: capacity FAILs
+    assert cptest("verify", made.archive).returncode == 0
+
+
+def test_an_accepted_plan_change_still_runs_only_what_this_cptest_plans(made: Made, tmp_path: Path) -> None:
+    # With --accept-plan-changes the rerun runs, but from the re-planned scenario: the archived
+    # `/bin/sh` never runs and the new archive lies under --results by the scenario's own name.
+    a = tmp_path / "archive" / made.archive.name
+    shutil.copytree(made.archive, a)
+    sh_and_escape(a, tmp_path)
+    done = cptest(
+        "rerun",
+        a,
+        "--results",
+        tmp_path / "rerun",
+        "--models",
+        made.models,
+        "--no-baseline-cache",
+        "--accept-plan-changes",
+        timeout=600,
+    )
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    assert "plan change accepted" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "EXECUTED").exists()
+    (new,) = (tmp_path / "rerun" / NAME).iterdir()
+    assert cptest("check", new).returncode == 1 and cptest("verify", new).returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["archive", "rerun"]
