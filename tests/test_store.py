@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+import os
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,18 @@ from cptest.contracts import LaunchParams
 from cptest.evidence import Capacity, KvPool, Lifecycle, RequestResult
 from cptest.pipeline import finish_archive
 from cptest.plan.model import Plan
-from cptest.store import Layout, archive_dir, archives_under, begin, rank_file_name, verify
+from cptest.store import (
+    IntegrityError,
+    Layout,
+    archive_dir,
+    archives_under,
+    begin,
+    create_archive,
+    rank_file_name,
+    read_file,
+    verify,
+    write_file,
+)
 from cptest.testing.archives import make_plan, rank_id, server_plan, write_archive, write_jsonl
 
 ENV = {"python": "3.11", "reasons": {}}
@@ -65,6 +77,54 @@ def test_archive_dir_names_utc_time_and_short_hash() -> None:
 def test_archive_dir_refuses_a_naive_time() -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
         archive_dir("r", "s", "0" * 64, datetime(2025, 1, 1))
+
+
+@pytest.mark.parametrize("name", ["../escaped", "a/b", "..", ".hidden", "", "x" * 200, "a\nb"])
+def test_archive_dir_is_built_only_from_a_validated_scenario_name(name: str) -> None:
+    with pytest.raises(ValueError, match="cannot name a folder"):
+        archive_dir("r", name, "0" * 64, datetime(2025, 1, 1, tzinfo=UTC))
+
+
+def test_two_runs_in_the_same_second_get_two_archives(tmp_path: Path) -> None:
+    # Exclusive create: the second run of the same scenario in the same second takes `-2`.
+    now = datetime(2025, 1, 1, tzinfo=UTC)
+    first = create_archive(tmp_path, "s", "ab" * 32, now)
+    second = create_archive(tmp_path, "s", "ab" * 32, now)
+    assert (first.name, second.name) == ("20250101T000000Z-abababab", "20250101T000000Z-abababab-2")
+    # `begin` takes the empty folder it was given, and refuses one that holds anything.
+    begun(second, make_plan(server_plan()))
+    with pytest.raises(FileExistsError):
+        begun(second, make_plan(server_plan()))
+
+
+def test_an_archive_is_not_created_through_a_linked_scenario_folder(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "s").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match="link out of"):
+        create_archive(tmp_path / "results", "s", "ab" * 32, datetime(2025, 1, 1, tzinfo=UTC))
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_a_write_replaces_a_link_and_never_follows_it(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    root = tmp_path / "a"
+    root.mkdir()
+    (root / "junit.xml").symlink_to(victim)
+    write_file(root, root / "junit.xml", "<xml/>")
+    assert victim.read_text() == "keep me"
+    assert not (root / "junit.xml").is_symlink() and (root / "junit.xml").read_text() == "<xml/>"
+    assert [p.name for p in root.iterdir()] == ["junit.xml"]  # no temporary file left
+
+
+def test_reading_an_archive_file_never_follows_a_link_or_opens_a_fifo(tmp_path: Path) -> None:
+    (tmp_path / "plan.json").symlink_to("/etc/hostname")
+    os.mkfifo(tmp_path / "manifest.json")
+    with pytest.raises(IntegrityError, match="plan.json is a symbolic link"):
+        read_file(tmp_path / "plan.json")
+    with pytest.raises(IntegrityError, match="manifest.json is a FIFO"):
+        read_file(tmp_path / "manifest.json")
 
 
 def test_layout_names_every_file_of_the_archive_in_one_place() -> None:
