@@ -450,6 +450,16 @@ class Server(ThreadingHTTPServer):
     """Never share the port: with SO_REUSEPORT a second server would bind beside another run's and
     the kernel would split connections between them (newer Pythons default it on for HTTPServer)."""
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away before its answer was written (a readiness probe that timed out
+        while the ranks were still starting) is the client's business: one line, not a traceback
+        (a `log absent "Traceback"` expectation reads the log). Anything else: socketserver's
+        traceback."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            log(f"client {client_address[0]}:{client_address[1]} went away before its answer was written")
+            return
+        super().handle_error(request, client_address)
+
 
 def main(argv: list[str] | None = None) -> int:
     import setproctitle
@@ -463,6 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     # Bind before starting ranks: a port already in use fails the launch at once, before any rank.
     httpd = Server((cfg.host, cfg.port), handler_for(engine))
     engine.httpd = httpd
+    # The ranks are forked after the bind: without this each would hold the listening socket too,
+    # and a rank outliving the HTTP process would keep the port bound (and look like its listener).
+    os.register_at_fork(after_in_child=httpd.socket.close)
     engine.start()
     log(f"serving on http://{cfg.host}:{cfg.port}")
     httpd.serve_forever(poll_interval=0.1)
