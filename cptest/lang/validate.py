@@ -287,8 +287,9 @@ class _Values:
         hi_ok = spec.max is None or v <= spec.max
         if lo_ok and hi_ok:
             return v
-        lo = "" if spec.min is None else (f"> {spec.min:g}" if spec.min_exclusive else f">= {spec.min:g}")
-        hi = "" if spec.max is None else f"<= {spec.max:g}"
+        op = ">" if spec.min_exclusive else ">="
+        lo = "" if spec.min is None else f"{op} {_num(spec.min)}"
+        hi = "" if spec.max is None else f"<= {_num(spec.max)}"
         self.p.add(
             s.span,
             f"{key} is out of range",
@@ -351,6 +352,11 @@ class _Values:
             self.p.add(s.span, "choice() needs at least one value", expected="choice(a, b, ...)")
             return MISSING
         return Dist(kind="choice", choices=args, span=s.span)
+
+
+def _num(x: float) -> str:
+    """A bound as the user would write it: integers in full (9223372036854775807), else `:g`."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e20 else f"{x:g}"
 
 
 # ---------------------------------------------------------------------------------------- build

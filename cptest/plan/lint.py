@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from cptest.contracts import Declared
 from cptest.engines.sglang.admission import Admission, launch_config, predict
 from cptest.engines.sglang.releases import Provenance, Rule, get_release
-from cptest.errors import Span
+from cptest.errors import PlanError, Problem, Span
 from cptest.scenario import Scenario
 
 # Which expectation a silent-wrongness warning contradicts when that expectation is declared to
@@ -62,7 +62,11 @@ def lint(scenario: Scenario) -> list[Finding]:
     """Every mismatch between the scenario's expectations and the release's known behaviour."""
     if scenario.engine.kind != "sglang":
         return []
-    release = get_release(scenario.engine.release)
+    try:
+        release = get_release(scenario.engine.release)
+    except PlanError as e:  # positioned at the engine statement, as `plan` does
+        raise PlanError([Problem(scenario.engine.where("release"), p.message, hint=p.hint)
+                         for p in e.problems]) from None
     admission = predict(release, launch_config(scenario))
     findings = _launch_findings(scenario, admission)
     if admission.accepted:

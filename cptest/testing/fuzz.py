@@ -44,10 +44,12 @@ def run_stages(path: Path, text: str | None = None) -> str:
         scenario = parse_file(path)
     except CptestError:
         return reached
-    lint(scenario)
     try:
+        lint(scenario)
         plan(scenario).model_dump_json()
-    except CptestError:
+    except CptestError as err:
+        if any(p.span is None for p in err.problems):  # exit 2, but not at a file:line:col
+            raise AssertionError(f"a problem without a position: {err}") from None
         return "plan"
     return "ok"
 
