@@ -16,7 +16,9 @@ import functools
 import regex
 
 SEARCH_TIMEOUT_S = 2.0
-"""Time one search of one log may take (a whole engine log is a few MB: a sane pattern needs ms)."""
+"""CPU time one search of one log may take (the regex module counts the process's CPU time, so a
+loaded machine stretches the wall clock, not the verdict). A whole engine log is a few MB: a sane
+pattern needs milliseconds."""
 MAX_PATTERN_CHARS = 4096
 """Longest pattern a scenario may write."""
 
@@ -25,7 +27,7 @@ class PatternTimeout(Exception):
     """A search ran out of time: the pattern backtracks catastrophically on this text."""
 
     def __init__(self, pattern: str, timeout_s: float):
-        super().__init__(f"the pattern {pattern!r} did not finish within {timeout_s:g} s "
+        super().__init__(f"the pattern {pattern!r} did not finish within {timeout_s:g} s of CPU time "
                          "(catastrophic backtracking?); rewrite it without nested repeats")
         self.pattern = pattern
         self.timeout_s = timeout_s
