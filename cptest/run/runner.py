@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -134,6 +135,7 @@ def run_plan(plan: Plan, out_dir: Path, *, launcher: Launcher, log: Logger,
     writers: dict[Role, RecordWriter] = {}
     current: list[Role] = ["main"]
     for_main: list[Lifecycle] = []  # cache hits and stores, told in the main runner file
+    disarm = _arm_deadline(plan.deadline_s)  # the whole run, teardown included, is bounded
     try:
         with Supervisor(launcher, log=log, sample_interval_s=opts.sample_interval_s, gpu_query=opts.gpu_query,
                         title_prefix=plan.main.process_title_prefix.split("::")[0] + "::") as sup:
@@ -178,18 +180,47 @@ def run_plan(plan: Plan, out_dir: Path, *, launcher: Launcher, log: Logger,
                 return RunOutcome(out_dir, main, baseline=base_out, control=ctl_out, skipped=skipped)
             except KeyboardInterrupt as e:
                 reason = signal.Signals(e.signum).name if isinstance(e, Interrupted) else "SIGINT"
+                reason = "deadline" if isinstance(e, DeadlineExceeded) else reason
                 w = writers.get(current[0])
                 if w is not None:
                     w.write(Lifecycle(run=current[0], event="interrupted", detail={"reason": reason}))
                 log.error(f"interrupted ({reason}); tearing down every started process")
                 raise
+    except DeadlineExceeded:
+        raise RunError(f"the run's deadline of {plan.deadline_s:g} s was reached (declare a longer one: "
+                       f"deadline 2h); every started process was torn down; the partial evidence is in "
+                       f"{out_dir}") from None
     except Interrupted as e:
         raise RunError(f"cptest was interrupted by {signal.Signals(e.signum).name}; every started process "
                        f"was torn down; the partial evidence is in {out_dir}") from None
     finally:
+        disarm()
         for w in writers.values():
             w.close()
         log.remove_sink(sink)
+
+
+class DeadlineExceeded(Interrupted):
+    """The plan's `deadline_s` passed: the run unwinds and tears down as on SIGTERM (exit 3, unknown)."""
+
+
+def _arm_deadline(seconds: float) -> Callable[[], None]:
+    """Raise `DeadlineExceeded` in the main thread `seconds` from now; returns the disarm function.
+    Off the main thread (a test harness) no signal can be delivered, and nothing is armed."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def on_alarm(signum: int, frame: object) -> None:
+        raise DeadlineExceeded(signum)
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+
+    def disarm() -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+    return disarm
 
 
 def _reference(sup: Supervisor, plan: Plan, server: ServerPlan, key: tuple[str, dict] | None,
