@@ -45,7 +45,9 @@ def main() -> None:
         import psutil
 
         pids = {p: psutil.Process(p).create_time() for p in owned.handle.pids()}
-        pids_file.write_text(json.dumps(pids))
+        tmp = pids_file.with_suffix(".tmp")  # whole or absent: the test reads it once it exists
+        tmp.write_text(json.dumps(pids))
+        tmp.replace(pids_file)
         if mode == "exception":
             raise RuntimeError("boom inside the run")
         if mode == "thread_crash":
