@@ -560,7 +560,10 @@ def rerun(archive: Path, results: Path, launcher: Launcher, *, log: Logger, now:
                                    and all(c in "0123456789abcdef" for c in pinned)):
         message = f"the model's pinned tree hash {_short(pinned, 80)} is not a sha256"
         raise store.IntegrityError(Problem(Span(str(layout.manifest), 1, 1), message))
-    changes = plan_changes(archived, planned)
+    # A launcher that runs images pins each node's image now, as the run will (its preflight):
+    # compared before, a docker archive's pinned image would read as a change.
+    pin_images = getattr(launcher, "pin_images", None)
+    changes = plan_changes(archived, pin_images(planned) if pin_images is not None else planned)
     if changes and not accept_plan_changes:
         raise PlanChanged([Problem(None, f"refused: this cptest would run {archive} differently from the "
                                    f"archived plan ({len(changes)} difference(s) below); nothing was run",
