@@ -57,6 +57,8 @@ Reader = Callable[[str], str]
 def read_path(path: str) -> str:
     """A scenario file's text: a regular file of at most `MAX_SCENARIO_BYTES` (never `/dev/zero`, a
     FIFO or a huge file: reading one would never end or exhaust memory). Raises OSError naming why."""
+    if "\0" in path:  # open() would raise ValueError
+        raise OSError(errno.EINVAL, "a path cannot contain a NUL character")
     with open(path, "rb") as fh:
         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
@@ -915,6 +917,10 @@ def _workload(v: _Values, where: Span) -> Workload | None:
         elif str(kind) == "dataset" and path is not None:
             values["source"] = "dataset"
             values["dataset_path"] = os.path.normpath(os.path.join(os.path.dirname(src.span.file), path))
+            problem = _dataset_problem(values["dataset_path"])
+            if problem is not None:
+                v.p.add(src.span, problem,
+                        expected=f"a JSON-lines file of at most {T.MAX_DATASET_BYTES:,} bytes")
         else:
             v.p.add(src.span, "invalid source", expected='source synthetic or source dataset "path.jsonl"')
         spans["source"] = src.span
@@ -931,6 +937,23 @@ def _workload(v: _Values, where: Span) -> Workload | None:
                     expected=f"requests x the largest prompt_tokens <= {T.MAX_PLAN_TOKENS:,}")
             return None
     return _node(Workload, v.p, opener.span, field_spans=spans, **values)
+
+
+def _dataset_problem(path: str) -> str | None:
+    """Why the dataset at `path` cannot be read into a plan, from its metadata alone (the plan stage
+    reads it): not a regular file (`/dev/zero`, a FIFO, a folder) or too large. A file that does not
+    exist yet is the plan's business."""
+    if "\0" in path:
+        return "a dataset path cannot contain a NUL character"
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return f"dataset {path} is not a regular file"
+    if st.st_size > T.MAX_DATASET_BYTES:
+        return f"dataset {path} is larger than {T.MAX_DATASET_BYTES:,} bytes"
+    return None
 
 
 def _faults(v: _Values, topo: Topology | None) -> list[Fault]:

@@ -89,8 +89,9 @@ def load_dataset(path: Path, *, max_bytes: int = MAX_DATASET_BYTES) -> list[list
             if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
                 raise PlanError(Problem(None, f"dataset {path} is not a regular file"))
             data = fh.read(max_bytes + 1)
-    except OSError as e:
-        raise PlanError(Problem(None, f"cannot read dataset {path}: {e.strerror}")) from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+        why = getattr(e, "strerror", None) or e
+        raise PlanError(Problem(None, f"cannot read dataset {path}: {why}")) from None
     if len(data) > max_bytes:
         raise PlanError(Problem(None, f"dataset {path} is larger than {max_bytes:,} bytes",
                                 expected=f"a JSON-lines file of at most {max_bytes:,} bytes"))

@@ -157,6 +157,15 @@ def build_argv(release: Release, cfg: ServeConfig) -> list[str]:
     return out
 
 
+def passthrough_problems(release: Release, flag: str, values: tuple[str, ...]) -> list[str]:
+    """What is wrong with passing `flag values...` through to `release` (unknown flag, a flag cptest
+    manages, a count of values the flag cannot take); empty when nothing is. Lint reports these at the
+    `flag` statement, so that `cptest lint` refuses what `compile` would."""
+    problems: list[str] = []
+    _passthrough_ok(release, flag, values, problems)
+    return problems
+
+
 def _passthrough_ok(release: Release, flag: str, values: tuple[str, ...], problems: list[str]) -> bool:
     """False (with a problem added) for an unknown flag, wrong arity, or a flag the topology owns."""
     before = len(problems)
