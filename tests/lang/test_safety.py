@@ -115,6 +115,15 @@ def test_an_unsafe_declaration_that_covers_nothing_is_an_error() -> None:
     assert found.startswith("s.cps:10:3: unsafe is declared but the scenario sets no unsafe env or flag")
 
 
+def test_the_formatter_keeps_unsafe_and_deadline() -> None:
+    from cptest.lang import format_text
+
+    text = scenario('env "PYTHONPATH" "/x"', unsafe="why")[:-2] + "  deadline 90m\n}\n"
+    once = format_text(text, "s.cps")
+    assert '  unsafe "why"\n  deadline 5400s\n' in once and format_text(once, "s.cps") == once
+    assert parse_text(once, "s.cps", base_dir="/x") == parse_text(text, "s.cps", base_dir="/x")
+
+
 def test_an_unsafe_declaration_needs_a_reason() -> None:
     assert any("unsafe needs a reason" in f for f in problems(scenario('env "PYTHONPATH" "/x"', unsafe=" ")))
 
