@@ -22,6 +22,8 @@ TP2: a server and 2 forked ranks; ~2-3 s to be ready, needs a model, `--model DI
     python benchmarks/sigkill_coverage.py --points 200 --early 60 --reference-points 20
 
 Prints one line per point (`--verbose`) and a summary with the figures; exit 1 if anything was left.
+The script also runs against a cptest from before issue 14 (no `on_spawn`: it then reports the
+engine's Popen), as the control: copy it into such a checkout and run it there.
 """
 
 from __future__ import annotations
@@ -85,7 +87,19 @@ def child(engine: str, port: int, out: Path, model: str | None) -> None:
                 faults=[], pins=Pins(engine="reference", release="bench",
                                      model=ModelPin(kind="local", path="x", architecture="X"),
                                      cptest_version="0", scenario_sha256="ab" * 32))
-    launcher = ProcessLauncher(on_spawn=spawned)
+    try:
+        launcher = ProcessLauncher(on_spawn=spawned)
+    except TypeError:  # a cptest before issue 14 (the control): report the engine's Popen instead
+        import cptest.run.process as process
+
+        class Spawned(subprocess.Popen):  # type: ignore[type-arg]
+            def __init__(self, args: list[str], *a: object, **kw: object) -> None:
+                super().__init__(args, *a, **kw)  # type: ignore[arg-type]
+                if "cptest.run.reaper" not in args:
+                    spawned(self.pid)
+
+        process.subprocess.Popen = Spawned  # type: ignore[misc]
+        launcher = ProcessLauncher()
     run_plan(plan, out, launcher=launcher, log=null_logger(),
              options=RunOptions(sample_interval_s=0.2, gpu_query=no_gpu, ready_poll_s=0.05, gpu_settle_s=0))
     os.write(1, b"done\n")
@@ -118,9 +132,10 @@ def reapers_of(run_pid: int) -> list[int]:
 
 
 def port_bound(port: int) -> bool:
-    from cptest.run.process import listening_pids
+    import psutil
 
-    return bool(listening_pids(port))
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+               for c in psutil.net_connections(kind="tcp"))
 
 
 def leftovers(run_pid: int, sessions: list[int], port: int) -> dict[str, list[int] | bool]:
