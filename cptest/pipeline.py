@@ -15,6 +15,7 @@ the run. A fault never loses what was gathered: the archive is finished from the
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -124,8 +125,6 @@ def archived_reader(archive: Path) -> Callable[[str], str]:
             if store.existing_file(archive / rel):  # an archive made before D45
                 return store.read_file(archive / rel)
             raise FileNotFoundError(f"not in the archive: {rel}")
-        import stat
-
         if os.path.basename(path) != "config.json":  # the only file outside an archive it may name
             raise FileNotFoundError(f"outside the archive: {path}")
         if not stat.S_ISREG(os.stat(path).st_mode):
