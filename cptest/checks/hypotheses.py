@@ -30,7 +30,7 @@ from cptest.engines.sglang.admission import Admission, launch_config, predict
 from cptest.engines.sglang.releases import KNOWN_RELEASES, Release
 from cptest.errors import CptestError
 from cptest.plan.lint import CONTRADICTS
-from cptest.store import Layout, is_finished
+from cptest.store import Layout, existing_file, is_finished, read_file, require_plain
 
 Outcome = Literal["confirmed", "refuted", "untested"]
 
@@ -84,13 +84,14 @@ def judge(root: Path) -> Judged:
     for archive in archives_under(root):
         where = str(archive)
         try:
+            require_plain(archive)  # a link or FIFO anywhere: not read at all (D45)
             plan = load_plan(archive)
         except CptestError as e:
             skipped.append((where, f"plan unreadable: {e.problems[0].message}"))
             continue
         if plan.main.engine != "sglang" or plan.main.release not in KNOWN_RELEASES:
             continue
-        if not is_finished(Layout(archive)) or not Layout(archive).verdict.is_file():
+        if not is_finished(Layout(archive)) or not existing_file(Layout(archive).verdict):
             skipped.append((where, "not finished"))
             continue
         release = KNOWN_RELEASES[plan.main.release]
@@ -98,8 +99,12 @@ def judge(root: Path) -> Judged:
         if admission is None:
             skipped.append((where, "no admission in the plan and the archived scenario does not parse here"))
             continue
+        try:
+            verdicts = json.loads(read_file(Layout(archive).verdict))["verdicts"]
+        except (CptestError, ValueError, KeyError, TypeError):
+            skipped.append((where, "verdict.json unreadable"))
+            continue
         read += 1
-        verdicts = json.loads(Layout(archive).verdict.read_text(encoding="utf-8"))["verdicts"]
         raw = {v["checker"]: _raw(v) for v in verdicts}
         if not admission.accepted and admission.rule:
             launched = _launched(plan, raw)
