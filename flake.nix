@@ -27,6 +27,7 @@
         nvidia-ml-py
         aiohttp
         orjson
+        regex
       ];
       # nixpkgs' torch is its CPU build unless cudaSupport is set: what the reference engine needs.
       pythonFor = pkgs: pkgs.python311.withPackages (ps: runtimeDeps ps ++ (with ps; [
