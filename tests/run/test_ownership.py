@@ -220,3 +220,23 @@ def test_a_stray_in_this_runs_session_is_this_runs_orphan(tmp_path: Path, port: 
     scopes = {p["pid"]: p["scope"] for p in samples[-1].procs}
     assert sched and all(scopes.get(p) == "host" for p in sched)
     assert alive(sched) == []
+
+
+class _Handle:
+    def __init__(self, answer: tuple[bool | None, list[int]] | None) -> None:
+        if answer is not None:
+            self.serves = lambda port: answer
+
+
+class _Owned:
+    def __init__(self, answer: tuple[bool | None, list[int]] | None) -> None:
+        self.handle = _Handle(answer)
+
+
+def test_whose_server_answers_is_this_runs_if_any_node_listens_and_unverified_without_a_way_to_ask() -> None:
+    from cptest.run.runner import who_serves
+
+    assert who_serves([_Owned((False, [7])), _Owned((True, [9]))], 1) == (True, [7, 9])  # type: ignore[list-item]
+    assert who_serves([_Owned((False, [7]))], 1) == (False, [7])  # type: ignore[list-item]
+    assert who_serves([_Owned(None)], 1) == (None, [])  # type: ignore[list-item]  # a container
+    assert who_serves([_Owned((None, []))], 1) == (None, [])  # type: ignore[list-item]
