@@ -183,9 +183,9 @@ def runnable(prepared: Prepared, *, gpu_present: bool, ignore_lint: bool) -> Non
 
 
 def new_archive(results: Path, prepared: Prepared, now: datetime) -> Path:
-    """A new, empty folder for a run of `prepared`: `results/<scenario>/<UTC time>-<hash>`, created
-    exclusively (a run that took the name in the same second leaves it `-2`). Raises PlanError for a
-    scenario name that cannot name a folder."""
+    """A free archive path for a run of `prepared`: `results/<scenario>/<UTC time>-<hash>`, reserved
+    exclusively (`store.create_archive`: a run that took the name in the same second leaves it
+    `-2`); `begin` creates it. Raises PlanError for a scenario name that cannot name a folder."""
     # The plan's hash (of the scenario as planned for its engine), as `rerun` names its archive.
     return _create(results, prepared.plan.scenario, prepared.plan.pins.scenario_sha256, now)
 
@@ -239,9 +239,10 @@ def run_scenario(
                                scenario_text=scenario_text, log=log, includes=includes,
                                environment=environment, run_options=run_options, preflight=preflight)
     except BaseException:
-        # Stopped before `begin` (preflight): the empty folder `new_archive` reserved is no archive,
-        # nor are the scenario's and the results' folders it made, when they are left empty.
-        for folder in (out, out.parent, out.parent.parent):
+        # Stopped before `begin` (preflight): the name `new_archive` reserved is released, and the
+        # scenario's and the results' folders it made go when they are left empty.
+        store.release_claim(out)
+        for folder in (out.parent, out.parent.parent):
             if not folder.is_dir() or folder.is_symlink() or any(folder.iterdir()):
                 break
             folder.rmdir()

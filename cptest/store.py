@@ -292,10 +292,21 @@ def archive_dir(results_root: Path | str, scenario: str, scenario_sha256: str, n
     return Path(results_root) / scenario / f"{stamp}-{scenario_sha256[:8]}"
 
 
+_EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+
+
+def claim_path(root: Path) -> Path:
+    """The hidden file that reserves the archive name `root` until `begin` creates the folder."""
+    return root.parent / f".{root.name}.claim"
+
+
 def create_archive(results_root: Path | str, scenario: str, scenario_sha256: str, now: datetime) -> Path:
-    """A new, empty archive folder `archive_dir(...)`, created exclusively: when another run took
-    that name in the same second, the next free `-2`, `-3`... suffix. The scenario's folder must be
-    a real folder inside `results_root` (not a link). Raises ValueError as `archive_dir` does."""
+    """A free archive path `archive_dir(...)`, reserved exclusively: when another run took or
+    reserved that name in the same second, the next free `-2`, `-3`... suffix. The reservation is a
+    hidden `claim_path` file beside it (O_EXCL), so that the archive folder itself appears only
+    when `begin` writes it (a run stopped before has archived nothing); `begin` removes the claim.
+    The scenario's folder must be a real folder inside `results_root` (not a link). Raises
+    ValueError as `archive_dir` does."""
     base = archive_dir(results_root, scenario, scenario_sha256, now)
     parent = base.parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -304,11 +315,19 @@ def create_archive(results_root: Path | str, scenario: str, scenario_sha256: str
     for n in range(1, 1000):
         candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
         try:
-            candidate.mkdir()
+            os.close(os.open(claim_path(candidate), _EXCLUSIVE, 0o644))
         except FileExistsError:
+            continue
+        if os.path.lexists(candidate):  # begun by a run that has already dropped its claim
+            claim_path(candidate).unlink(missing_ok=True)
             continue
         return candidate
     raise FileExistsError(f"no free archive name under {parent} for {base.name}")
+
+
+def release_claim(root: Path) -> None:
+    """Drop the reservation of `root` (`create_archive`), if any."""
+    claim_path(root).unlink(missing_ok=True)
 
 
 def sha256_file(path: Path) -> str:
@@ -374,16 +393,12 @@ def begin(
     roles: Iterable[str] = ("main",),
     includes: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Phase 0: create the archive (it must not exist, or be the empty folder `create_archive`
-    made), write scenario.cps, its included files (`includes` maps a name under `includes/` to its
-    text), plan.json and a first manifest. Returns the manifest. Raises FileExistsError when the
-    directory exists with anything in it, ValueError when an include is not named under
-    `includes/` or would land outside it."""
-    try:
-        layout.root.mkdir(parents=True, exist_ok=False)
-    except FileExistsError:
-        if layout.root.is_symlink() or not layout.root.is_dir() or any(layout.root.iterdir()):
-            raise
+    """Phase 0: create the archive (it must not exist; a name `create_archive` reserved is released),
+    write scenario.cps, its included files (`includes` maps a name under `includes/` to its text),
+    plan.json and a first manifest. Returns the manifest. Raises FileExistsError when the directory
+    exists, ValueError when an include is not named under `includes/` or would land outside it."""
+    layout.root.mkdir(parents=True, exist_ok=False)
+    release_claim(layout.root)
     layout.make_dirs(roles)
     write_file(layout.root, layout.scenario, scenario_text)
     folder = (layout.root / INCLUDES).resolve()

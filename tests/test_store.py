@@ -91,10 +91,15 @@ def test_two_runs_in_the_same_second_get_two_archives(tmp_path: Path) -> None:
     first = create_archive(tmp_path, "s", "ab" * 32, now)
     second = create_archive(tmp_path, "s", "ab" * 32, now)
     assert (first.name, second.name) == ("20250101T000000Z-abababab", "20250101T000000Z-abababab-2")
-    # `begin` takes the empty folder it was given, and refuses one that holds anything.
-    begun(second, make_plan(server_plan()))
+    # The folder appears only at `begin`, which drops the reservation; a name begun is never
+    # handed out again, and `begin` refuses a folder that exists.
+    assert not first.exists() and not second.exists()
+    begun(first, make_plan(server_plan()))
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [
+        ".20250101T000000Z-abababab-2.claim", "20250101T000000Z-abababab"]
+    assert create_archive(tmp_path, "s", "ab" * 32, now).name == "20250101T000000Z-abababab-3"
     with pytest.raises(FileExistsError):
-        begun(second, make_plan(server_plan()))
+        begun(first, make_plan(server_plan()))
 
 
 def test_an_archive_is_not_created_through_a_linked_scenario_folder(tmp_path: Path) -> None:
