@@ -62,39 +62,6 @@ def _affinity(p: psutil.Process) -> list[int] | None:
         return None
 
 
-def foreign_sessions() -> set[int]:
-    """Sessions of engine trees that another live cptest process owns: each process-launcher tree has
-    a reaper, `python -m cptest.run.reaper <cptest pid> <create time> <session>`, whose command line
-    names its owner and the session. (Labels in the environment cannot tell: engines that set their
-    process title, SGLang's schedulers and the reference engine's processes, overwrite the memory
-    /proc/<pid>/environ is read from.)"""
-    me = os.getpid()
-    found: set[int] = set()
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info.get("cmdline") or []
-        if "cptest.run.reaper" in cmd:
-            at = cmd.index("cptest.run.reaper")
-            args = cmd[at + 1:]
-            if len(args) == 3 and args[0].isdigit() and args[2].isdigit() and int(args[0]) != me:
-                found.add(int(args[2]))
-    return found
-
-
-def child_of_another_cptest(pid: int, ours: set[int] | frozenset[int] = frozenset()) -> bool:
-    """Whether `pid`'s parent is alive and is another `cptest` command (not this process, not one of
-    `ours`). Another run's engine is its child from the moment it starts, while its reaper (what
-    `foreign_sessions` reads) starts a moment later: in that window only the parent tells whose it
-    is. An orphan of this run has lost its parent (re-parented to init or a subreaper), and a
-    leftover child of this run's engine has a parent in `ours`, so neither matches."""
-    try:
-        parent = psutil.Process(pid).parent()
-        if parent is None or parent.pid in (1, os.getpid()) or parent.pid in ours:
-            return False
-        return any(part == "cptest" or part.endswith("/cptest") for part in parent.cmdline())
-    except (psutil.Error, OSError):
-        return False
-
-
 def session_of(pid: int) -> int | None:
     try:
         return os.getsid(pid)

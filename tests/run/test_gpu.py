@@ -6,7 +6,6 @@ processes into this run's and others' (real process trees, real sessions, real r
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from cptest.evidence import GpuSample, read_records
 from cptest.run.evidence_writer import RecordWriter
 from cptest.run.gpu import MIB, GpuReading, nvml_reading
 from cptest.run.process import ProcessLauncher
-from cptest.run.supervisor import Supervisor, foreign_sessions, gpu_settled
+from cptest.run.supervisor import Supervisor, gpu_settled
 
 
 def test_nvml_answers_are_summed_per_process_and_device() -> None:
@@ -54,22 +53,3 @@ def test_memory_of_this_runs_tree_is_ours_and_a_strangers_is_not(tmp_path: Path,
     finally:
         stranger.kill()
         stranger.wait()
-
-
-def test_another_cptest_runs_engine_sessions_are_foreign(tmp_path: Path, port: int) -> None:
-    # A second cptest process (a real one, with its reaper) owns a tree; this process sees its session.
-    script = ("import sys, time; sys.path.insert(0, sys.argv[1]); from conftest import fake_node;"
-              "from cptest.run.process import ProcessLauncher; from pathlib import Path;"
-              "h = ProcessLauncher().start(fake_node(int(sys.argv[2])), Path(sys.argv[3]), {});"
-              "print(h.session, flush=True); time.sleep(60)")
-    other = subprocess.Popen([sys.executable, "-c", script, str(Path(__file__).parent), str(port),
-                              str(tmp_path / "other.log")], stdout=subprocess.PIPE, text=True,
-                             cwd=Path(__file__).resolve().parents[2], env={**os.environ, "PYTHONPATH": "."})
-    try:
-        session = int(other.stdout.readline())
-        wait_until(lambda: session in foreign_sessions(), 20, "the other run's reaper")
-    finally:
-        other.kill()
-        other.wait()
-    # Its reaper kills its tree once it is gone; then the session is no longer anyone's.
-    wait_until(lambda: session not in foreign_sessions(), 20, "the other run's reaper to finish")
