@@ -94,6 +94,15 @@ def include_name(include: Path, scenario_file: Path) -> str:
     return _stored_include(rel)
 
 
+ABS = "@abs"
+"""Under `includes/`, the folder of the extends files a scenario named by an absolute path."""
+
+
+def _absolute_include(path: str) -> str:
+    parts = [p for p in Path(os.path.normpath(os.path.abspath(path))).parts[1:] if p not in ("..", ".")]
+    return "/".join([store.INCLUDES, ABS, *parts])
+
+
 def _stored_include(rel: str) -> str:
     parts = [UP if p == ".." else p for p in Path(os.path.normpath(rel)).parts if p not in ("", ".")]
     return "/".join([store.INCLUDES, *parts])
@@ -108,7 +117,9 @@ def archived_reader(archive: Path) -> Callable[[str], str]:
     """The file reader the archived scenario.cps is parsed with: a path inside the archive is read
     from `includes/` (`include_name`); an archive made before includes had their own folder kept
     them beside the scenario, which is read only when the name is none of cptest's own
-    (`OWN_NAMES`); outside the archive only a local model's config.json is read, where it is.
+    (`OWN_NAMES`); a path outside the archive is read from `includes/@abs/<the path>` when the run
+    stored it there (an extends named by an absolute path), else only a local model's config.json
+    is read, where it is.
     Nothing is read through a link inside the archive, and nothing but a regular file anywhere
     (a FIFO would block): those raise IntegrityError (exit 3)."""
     root = os.path.abspath(archive)
@@ -119,6 +130,8 @@ def archived_reader(archive: Path) -> Callable[[str], str]:
         if store.existing_file(stored):
             return store.read_file(stored)
         parts = Path(rel).parts
+        if parts and parts[0] == ".." and store.existing_file(archive / _absolute_include(path)):
+            return store.read_file(archive / _absolute_include(path))
         if parts and parts[0] != "..":
             if parts[0] in OWN_NAMES:
                 raise FileNotFoundError(f"{rel} is one of cptest's own files, never an include")
@@ -164,7 +177,14 @@ def prepare(path: Path, *, engine: str | None = None, gpu_present: bool,
     planned = plan(choice.scenario, placement=placement)
     findings = tuple(lint(scenario)) if choice.engine == "sglang" else ()
     read = archived_reader(path.parent) if archived else read_path
-    includes = {include_name(Path(inc), path): read(inc) for inc in scenario.includes}
+    includes = {}
+    for inc in scenario.includes:
+        name, included = include_name(Path(inc), path), read(inc)
+        includes[name] = included
+        if name.startswith(f"{store.INCLUDES}/{UP}/"):
+            # Outside the scenario's folder it may have been named by an absolute path, which the
+            # archived scenario resolves to itself, not relative to the archive: kept by that too.
+            includes[_absolute_include(inc)] = included
     return Prepared(scenario, planned, choice.engine, choice.notes, findings, includes, text)
 
 
