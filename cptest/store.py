@@ -30,6 +30,7 @@ pipeline renders them), so it can never judge or render anything itself.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -296,22 +297,31 @@ _EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 
 
 def claim_path(root: Path) -> Path:
-    """The hidden file that reserves the archive name `root` until `begin` creates the folder."""
-    return root.parent / f".{root.name}.claim"
+    """The file that reserves the archive name `root` (`<results>/<scenario>/<name>`) until `begin`
+    creates the folder: `<results>/.claims/<scenario>.<name>`, outside every scenario's folder, so
+    that nothing but archives ever appears there."""
+    return root.parent.parent / CLAIMS / f"{root.parent.name}.{root.name}"
+
+
+CLAIMS = ".claims"
 
 
 def create_archive(results_root: Path | str, scenario: str, scenario_sha256: str, now: datetime) -> Path:
     """A free archive path `archive_dir(...)`, reserved exclusively: when another run took or
     reserved that name in the same second, the next free `-2`, `-3`... suffix. The reservation is a
-    hidden `claim_path` file beside it (O_EXCL), so that the archive folder itself appears only
-    when `begin` writes it (a run stopped before has archived nothing); `begin` removes the claim.
-    The scenario's folder must be a real folder inside `results_root` (not a link). Raises
-    ValueError as `archive_dir` does."""
+    `claim_path` file (O_EXCL), so that the archive folder itself appears only when `begin` writes
+    it (a run stopped before has archived nothing); `begin` removes the claim. The scenario's
+    folder must be a real folder inside `results_root` (not a link). Raises ValueError as
+    `archive_dir` does."""
     base = archive_dir(results_root, scenario, scenario_sha256, now)
     parent = base.parent
     parent.mkdir(parents=True, exist_ok=True)
     if parent.is_symlink() or not parent.resolve().is_relative_to(Path(results_root).resolve()):
         raise ValueError(f"{parent} is a link out of {results_root}: no archive is written through it")
+    claims = Path(results_root) / CLAIMS
+    claims.mkdir(exist_ok=True)
+    if claims.is_symlink():
+        raise ValueError(f"{claims} is a link: no archive name is reserved through it")
     for n in range(1, 1000):
         candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
         try:
@@ -326,8 +336,11 @@ def create_archive(results_root: Path | str, scenario: str, scenario_sha256: str
 
 
 def release_claim(root: Path) -> None:
-    """Drop the reservation of `root` (`create_archive`), if any."""
-    claim_path(root).unlink(missing_ok=True)
+    """Drop the reservation of `root` (`create_archive`), if any, and the claims folder once empty."""
+    claim = claim_path(root)
+    claim.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # another run's claim is in it, or there is none
+        claim.parent.rmdir()
 
 
 def sha256_file(path: Path) -> str:

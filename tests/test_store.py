@@ -95,8 +95,8 @@ def test_two_runs_in_the_same_second_get_two_archives(tmp_path: Path) -> None:
     # handed out again, and `begin` refuses a folder that exists.
     assert not first.exists() and not second.exists()
     begun(first, make_plan(server_plan()))
-    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [
-        ".20250101T000000Z-abababab-2.claim", "20250101T000000Z-abababab"]
+    assert [p.name for p in (tmp_path / "s").iterdir()] == ["20250101T000000Z-abababab"]
+    assert [p.name for p in (tmp_path / ".claims").iterdir()] == ["s.20250101T000000Z-abababab-2"]
     assert create_archive(tmp_path, "s", "ab" * 32, now).name == "20250101T000000Z-abababab-3"
     with pytest.raises(FileExistsError):
         begun(first, make_plan(server_plan()))
