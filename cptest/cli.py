@@ -392,11 +392,12 @@ def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | 
               "the archived plan did (argv, environment, image, mounts, GPUs); refused otherwise, exit 3")
 @baseline_options
 @models_option
+@unsafe_option
 @json_option
 @_guard
 @_archive_guard
 def rerun(directory: Path, results: Path, launcher: str, accept_plan_changes: bool, baseline_cache: Path,
-          no_baseline_cache: bool, models: Path | None, as_json: bool) -> int:
+          no_baseline_cache: bool, models: Path | None, as_json: bool, allow_unsafe: bool = False) -> int:
     """Plan an archive's scenario again (never its archived argv), run it with the same pins (the
     model found by its hash), then diff the evidence. A plan that would execute something else than
     the archived one is shown and refused (exit 3) unless --accept-plan-changes."""
@@ -405,7 +406,7 @@ def rerun(directory: Path, results: Path, launcher: str, accept_plan_changes: bo
     done = pipeline.rerun(directory, results, pipeline.launcher_named(launcher), log=_log(),
                           now=datetime.now(UTC), run_options=_run_options(baseline_cache, no_baseline_cache),
                           models=models, gpu_present=shutil.which("nvidia-smi") is not None,
-                          accept_plan_changes=accept_plan_changes)
+                          accept_plan_changes=accept_plan_changes, allow_unsafe=allow_unsafe)
     if as_json:  # one JSON document: the new run's verdict with the diff beside it
         outcome = done.outcome
         click.echo(json.dumps(json.loads(outcome.verdict.to_json()) | {"archive": str(outcome.archive),

@@ -30,6 +30,7 @@ from cptest.lang import parse_file
 from cptest.lang.validate import read_path
 from cptest.outline import Logger
 from cptest.plan import plan
+from cptest.plan.build import require_allowed
 from cptest.plan.lint import Finding, lint
 from cptest.plan.model import Placement, Plan
 from cptest.run.launcher import Launcher
@@ -73,11 +74,14 @@ class LintFindings(CptestError):
 
 
 def read_text(path: Path) -> str:
-    """A scenario or archive file's text; a file that cannot be read is a ScenarioError (exit 2)."""
+    """A scenario file's text, read as the parser reads it (`lang.validate.read_path`: a regular file
+    of bounded size, never a FIFO or /dev/zero); a file that cannot be read is a ScenarioError (exit 2)."""
     try:
-        return path.read_text(encoding="utf-8")
+        return read_path(str(path))
     except OSError as e:
         raise ScenarioError(f"{path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 UP = "@up"
@@ -550,7 +554,8 @@ def plan_changes(archived: Plan, planned: Plan) -> list[Problem]:
 
 def rerun(archive: Path, results: Path, launcher: Launcher, *, log: Logger, now: datetime,
           environment: Mapping[str, Any] | None = None, run_options: Any = None,
-          models: Path | None = None, gpu_present: bool = True, accept_plan_changes: bool = False) -> Rerun:
+          models: Path | None = None, gpu_present: bool = True, accept_plan_changes: bool = False,
+          allow_unsafe: bool = False) -> Rerun:
     """Run an archive's scenario again into a new archive under `results`, then diff the evidence
     (`environment`, `run_options` and `models` as for `run_scenario`).
 
@@ -572,6 +577,9 @@ def rerun(archive: Path, results: Path, launcher: Launcher, *, log: Logger, now:
     archived = checks.load_plan(archive)
     prepared = recompile(archive, archived, gpu_present=gpu_present)
     planned = prepared.plan
+    # An archived scenario declared `unsafe` loads its own code into the engine: a rerun asks for the
+    # same permission a run does (PlanError, exit 2), whoever made the archive.
+    require_allowed(planned, allow_unsafe)
     manifest = store.read_manifest(layout) or {}
     pins = manifest.get("pins") if isinstance(manifest.get("pins"), dict) else {}
     model_pin = pins.get("model") if isinstance(pins.get("model"), dict) else {}

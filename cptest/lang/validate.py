@@ -59,7 +59,8 @@ def read_path(path: str) -> str:
     FIFO or a huge file: reading one would never end or exhaust memory). Raises OSError naming why."""
     if "\0" in path:  # open() would raise ValueError
         raise OSError(errno.EINVAL, "a path cannot contain a NUL character")
-    with open(path, "rb") as fh:
+    # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer before fstat can refuse it.
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
         data = fh.read(T.MAX_SCENARIO_BYTES + 1)

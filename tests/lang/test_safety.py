@@ -161,3 +161,19 @@ def test_the_flags_the_issue_names_are_unsafe_in_every_release(release: str) -> 
     named = ("--config", "--custom-weight-loader", "--trust-remote-code", "--enable-custom-logit-processor")
     for flag in named:
         assert flag in KNOWN_RELEASES[release].flags and flag_verdict(policy, flag) is not None
+
+
+def test_a_rerun_of_an_unsafe_archive_asks_for_the_same_permission(tmp_path: Path) -> None:
+    # Whoever made the archive allowed it; the one rerunning it has to say so too. Refused before
+    # anything is planned to run, written or launched.
+    text = scenario('env "PYTHONPATH" "/x"', unsafe="why", engine="engine reference")
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    (archive / "scenario.cps").write_text(text)
+    (archive / "plan.json").write_text(plan(parse_text(text, "scenario.cps", base_dir=str(archive)))
+                                       .model_dump_json(indent=2))
+    argv = [sys.executable, "-m", "cptest", "rerun", str(archive), "--results", str(tmp_path / "r")]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "declared unsafe (why)" in done.stderr and "--allow-unsafe" in done.stderr
+    assert not (tmp_path / "r").exists()
