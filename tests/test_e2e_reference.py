@@ -208,7 +208,7 @@ def _descendants(pid: int) -> set[int]:
 def test_killing_cptest_at_random_points_leaves_no_process_and_an_unknown_verdict(tmp_path: Path) -> None:
     scenario = tmp_path / "reference_kill_target.cps"
     scenario.write_text(KILL_SCENARIO.format(defaults=SCENARIOS / "defaults" / "tiny.cps",
-                                             model=REPO / ".tiny-models" / "llama-kv1"))
+                                             model=ensure_tiny_models() / "llama-kv1"))
     rng = random.Random(20261130)
     results = tmp_path / "results"
     failures = []
