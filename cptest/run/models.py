@@ -242,7 +242,7 @@ def ensure_synthetic(model: dict[str, Any], directory: Path) -> str:
         (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
         path = tmp / "model.safetensors"
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
-        digest = sha256_file(path)
+        digest = checkpoint_file_sha256(path)
         (tmp / MARKER).write_text(json.dumps({"sha256": digest, "tree_sha256": model_tree_sha256(tmp),
                                               "torch": torch.__version__, "model": model}, indent=2))
         if directory.exists() and not marker.is_file():
@@ -257,6 +257,22 @@ def ensure_synthetic(model: dict[str, Any], directory: Path) -> str:
     return json.loads(marker.read_text())["sha256"]
 
 
+_FILE_SHA256: dict[tuple[int, int, int, int], str] = {}
+
+
+def checkpoint_file_sha256(path: Path) -> str:
+    """sha256 of one checkpoint file, remembered for this process by the file's identity (device,
+    inode, size, mtime): a run hashes its weights for the preflight pin check, the manifest's tree
+    hash and the environment's per-file record, and a multi-GB checkpoint must be read once, not
+    three times. A rename (written aside, then moved into the store) keeps the identity; a rewrite
+    changes it."""
+    st = path.stat()
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _FILE_SHA256:
+        _FILE_SHA256[key] = sha256_file(path)
+    return _FILE_SHA256[key]
+
+
 TREE_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".tiktoken", ".txt")
 """The files of a checkpoint that determine what it computes: config and tokenizer files, weights."""
 
@@ -267,7 +283,7 @@ def model_tree_sha256(model_dir: Path) -> str:
     part of the checkpoint). What a scenario pins with `model local "dir" sha256 "..."`."""
     import hashlib
 
-    lines = sorted(f"{f.name} {sha256_file(f)}\n" for f in Path(model_dir).iterdir()
+    lines = sorted(f"{f.name} {checkpoint_file_sha256(f)}\n" for f in Path(model_dir).iterdir()
                    if f.is_file() and f.suffix in TREE_SUFFIXES and f.name != MARKER)
     return hashlib.sha256("".join(lines).encode()).hexdigest()
 
@@ -278,4 +294,4 @@ def weights_sha256(model_dir: str | None) -> dict[str, str] | None:
     if not model_dir or not Path(model_dir).is_dir():
         return None
     files = sorted(Path(model_dir).glob("*.safetensors")) + sorted(Path(model_dir).glob("*.bin"))
-    return {f.name: sha256_file(f) for f in files}
+    return {f.name: checkpoint_file_sha256(f) for f in files}
