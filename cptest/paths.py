@@ -21,6 +21,7 @@ import re
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 
 MODELS = "<models>"
@@ -70,10 +71,12 @@ def current_roots() -> dict[str, str]:
     return dict(_roots or default_roots())
 
 
-def _pattern(roots: Mapping[str, str]) -> re.Pattern[str] | None:
+@lru_cache(maxsize=16)
+def _pattern(root_paths: frozenset[str]) -> re.Pattern[str] | None:
+    # Built once per set of roots: every runner record passes through `portable`.
     # Longest first, so that the archive inside the checkout is named as the archive. A root matches
     # only as a whole path component: `/work/main` must not eat `/work/mainline`.
-    paths = sorted({p for p in roots.values() if p and p != "/"}, key=len, reverse=True)
+    paths = sorted({p for p in root_paths if p and p != "/"}, key=len, reverse=True)
     if not paths:
         return None
     return re.compile("(" + "|".join(re.escape(p) for p in paths) + r")(?=[/\"'\s:,;)\]}]|$)")
@@ -82,7 +85,7 @@ def _pattern(roots: Mapping[str, str]) -> re.Pattern[str] | None:
 def portable(text: str, roots: Mapping[str, str] | None = None) -> str:
     """`text` with every absolute root of this run replaced by its token."""
     roots = current_roots() if roots is None else dict(roots)
-    pattern = _pattern(roots)
+    pattern = _pattern(frozenset(roots.values()))
     if pattern is None or "/" not in text:
         return text
     by_path: dict[str, str] = {}
