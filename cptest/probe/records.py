@@ -454,29 +454,43 @@ def _json_int(v: int | None) -> str:
 GraphKey = tuple[Literal["capture", "replay", "eager", "disabled"], Literal["decode", "prefill"]]
 
 
+_GRAPH_KEYS: tuple[GraphKey, ...] = (("eager", "decode"), ("eager", "prefill"), ("replay", "decode"),
+                                     ("replay", "prefill"))
+
+
 @dataclass
 class GraphCounter:
     """Replay/eager decisions counted between flushes, so that replays cost no line each.
 
     Each flushed `Graph` record carries the count *since the previous flush*: a checker sums them.
+    One thread counts (the engine's, every forward) and another flushes (the probe's writer), without
+    a lock: the counter only ever adds to running totals whose keys all exist from the start (a dict
+    that never changes size can be read while another thread adds to a value), and a flush writes
+    the difference from the totals it flushed before. A count made during a flush falls into the
+    next one, never into none.
     """
 
-    pending: dict[GraphKey, int] = field(default_factory=dict)
+    totals: dict[GraphKey, int] = field(default_factory=lambda: dict.fromkeys(_GRAPH_KEYS, 0))
+    flushed: dict[GraphKey, int] = field(default_factory=lambda: dict.fromkeys(_GRAPH_KEYS, 0))
     last_flush: float = 0.0
 
     def add(self, event: Literal["replay", "eager"], phase: Literal["decode", "prefill"]) -> None:
-        key: GraphKey = (event, phase)
-        self.pending[key] = self.pending.get(key, 0) + 1
+        self.totals[(event, phase)] += 1
+
+    @property
+    def pending(self) -> dict[GraphKey, int]:
+        """Counts since the last flush, by (event, phase); only those above zero."""
+        flushed = self.flushed
+        return {k: n - flushed[k] for k, n in list(self.totals.items()) if n != flushed[k]}
 
     def due(self, now: float, every_s: float) -> bool:
-        return bool(self.pending) and now - self.last_flush >= every_s
+        return now - self.last_flush >= every_s and bool(self.pending)
 
     def flush(self, *, rank: RankId, now: float) -> list[Graph]:
-        out = [
-            Graph(t=now, rank=rank, event=ev, phase=ph, count=n)
-            for (ev, ph), n in sorted(self.pending.items())
-        ]
-        self.pending.clear()
+        seen = dict(self.totals)  # one snapshot: the deltas written are exactly what is marked flushed
+        out = [Graph(t=now, rank=rank, event=ev, phase=ph, count=n - self.flushed[(ev, ph)])
+               for (ev, ph), n in sorted(seen.items()) if n != self.flushed[(ev, ph)]]
+        self.flushed = seen
         self.last_flush = now
         return out
 

@@ -154,8 +154,9 @@ class Probe:
         self._gc_seen: list[list[float]] = []
         self.timing = False
         """Measure the probe's own time on the engine's thread (`watch_gc`'s companion, ENV_SWITCH)."""
-        self.cost: list[Any] = [0, 0, 0, 0]
-        """[probe ns, steps, first step's start ns, last step's end ns] since the last `cost` note."""
+        self.cost: list[Any] = [0] * 10
+        """Since the last `cost` note: [probe ns, steps, first step's start ns, last step's end ns,
+        ready ns, begin ns, end ns, send ns, slow steps, slow steps' ns] (hooks._timed_forward)."""
 
     # ------------------------------------------------------------ writing
     def now(self) -> float:
@@ -175,9 +176,9 @@ class Probe:
         self._start_writer()
 
     def count_graph(self, event: Literal["replay", "eager"], phase: Literal["decode", "prefill"]) -> None:
-        """Count one forward's graph decision; the writer writes the counts every graph_flush_s."""
-        with self._graph_lock:
-            self.graph.add(event, phase)
+        """Count one forward's graph decision; the writer writes the counts every graph_flush_s.
+        No lock: the engine's thread is the counter's only writer (GraphCounter)."""
+        self.graph.add(event, phase)
 
     def _write_graph_counts(self, force: bool) -> None:
         if self.rank is None:
@@ -349,12 +350,14 @@ class Probe:
             self.write(ProbeNote(t=self.now(), rank=self.rank, message="gc " + json.dumps(seen)))
 
     def _write_cost(self) -> None:
-        """Write what `cost` gathered as a note `cost [epoch, steps, probe_ns, span_ns]`: the
-        probe's own time in the per-step hooks' begin and end (deferred records, copies included)
-        over `steps` steps that took `span_ns` from the first one's start to the last one's end."""
-        cost, self.cost = self.cost, [0, 0, 0, 0]
+        """Write what `cost` gathered as a note `cost [epoch, steps, probe_ns, span_ns, ready_ns,
+        begin_ns, end_ns, send_ns, slow_steps, slow_ns]`: the probe's own time in the per-step
+        hooks' begin and end (deferred records, copies included) over `steps` steps that took
+        `span_ns` from the first one's start to the last one's end, then that time by part
+        (hooks._timed_forward) and the steps whose probe work took over hooks.SLOW_NS."""
+        cost, self.cost = self.cost, [0] * 10
         if cost[1] and self.rank is not None:
-            seen = [round(time.time(), 4), cost[1], cost[0], cost[3] - cost[2]]
+            seen = [round(time.time(), 4), cost[1], cost[0], cost[3] - cost[2], *cost[4:]]
             self.write(ProbeNote(t=self.now(), rank=self.rank, message="cost " + json.dumps(seen)))
 
     def _write_loop(self) -> None:

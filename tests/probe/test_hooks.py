@@ -377,14 +377,18 @@ def test_a_timing_probe_notes_its_own_time_per_step_never_more_than_the_steps_to
     _fake_parallel_state(monkeypatch, 1)
     hooks.after_initialize_model_parallel(None)
     probe.timing = True
-    for i in range(5):
+    for i in range(hooks.COPY_EVERY + 4):  # one batch of copies sent from the engine's thread
         fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([5 + i, 9 + i]), ["a", "b"], 2)
         hooks.around_model_runner_forward(_dcp_forward(1, Layer()), Runner(), fb)
     probe.flush()
     (note,) = [r for r in _records(probe) if isinstance(r, ProbeNote) and r.message.startswith("cost ")]
-    _epoch, steps, probe_ns, span_ns = json.loads(note.message[5:])
-    assert steps == 5 and 0 < probe_ns <= span_ns
-    assert len([r for r in _records(probe) if isinstance(r, Step)]) == 5  # timing changes no record
+    _epoch, steps, probe_ns, span_ns, ready_ns, begin_ns, end_ns, send_ns, slow, slow_ns = json.loads(
+        note.message[5:])
+    assert steps == hooks.COPY_EVERY + 4 and 0 < probe_ns <= span_ns
+    assert ready_ns + begin_ns + end_ns == probe_ns  # the parts are the whole
+    assert 0 < send_ns <= end_ns  # the full batch was sent inside a step's end
+    assert 0 <= slow <= steps and (slow_ns == 0) == (slow == 0)
+    assert len([r for r in _records(probe) if isinstance(r, Step)]) == steps  # timing changes no record
 
 
 def test_decode_runs_over_the_same_requests_share_a_line_and_read_back_step_by_step(

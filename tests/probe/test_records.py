@@ -156,6 +156,31 @@ def test_graph_counter_flushes_deltas_and_then_starts_again() -> None:
     assert not c.due(5.0, 1.0)
 
 
+def test_graph_counts_made_while_another_thread_flushes_are_all_written_once() -> None:
+    # The engine's thread counts without a lock while the writer flushes: every count must land in
+    # exactly one flush (none lost, none twice).
+    import threading
+
+    c = GraphCounter(last_flush=0.0)
+    n = 200_000
+    flushed: list[int] = []
+    done = threading.Event()
+
+    def flusher() -> None:
+        while not done.is_set():
+            flushed.extend(r.count for r in c.flush(rank=RANK, now=1.0))
+
+    t = threading.Thread(target=flusher)
+    t.start()
+    for i in range(n):
+        c.add("eager" if i % 3 else "replay", "decode")
+    done.set()
+    t.join()
+    flushed.extend(r.count for r in c.flush(rank=RANK, now=2.0))
+    assert sum(flushed) == n and all(k > 0 for k in flushed)
+    assert c.pending == {} and c.flush(rank=RANK, now=3.0) == []
+
+
 def test_eager_runner_bound_to_a_phase_means_its_graph_is_disabled() -> None:
     g = records.graph_capture(rank=RANK, t=0, phase="decode", runner_kind="EagerRunner", batch_sizes=None)
     assert g.event == "disabled"

@@ -56,6 +56,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from cptest.probe import hooks
+
 LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.(\d{3}))?[^\]]*\] Decode batch"
                   r".*gen throughput \(token/s\): ([\d.]+)")
 """SGLang's decode log line; with SGLANG_LOG_MS=1 its stamp carries milliseconds."""
@@ -176,9 +178,19 @@ def engine_share(costs: list[list[float]], n: int = 10_000, seed: int = 1) -> di
 
     shares = sorted(share(rng.choices(costs, k=len(costs))) for _ in range(n))
     steps = sum(c[1] for c in costs)
-    return {"share": share(costs), "ci95": [shares[int(0.025 * n)], shares[int(0.975 * n) - 1]],
-            "notes": len(costs), "steps": steps, "probe_us_per_step": sum(c[2] for c in costs) / steps / 1000,
-            "step_ms": sum(c[3] for c in costs) / steps / 1e6}
+    out = {"share": share(costs), "ci95": [shares[int(0.025 * n)], shares[int(0.975 * n) - 1]],
+           "notes": len(costs), "steps": steps, "probe_us_per_step": sum(c[2] for c in costs) / steps / 1000,
+           "step_ms": sum(c[3] for c in costs) / steps / 1e6}
+    full = [c for c in costs if len(c) >= 10]  # notes since the cost was split by part (hooks._timed_forward)
+    if full:
+        n_full = sum(c[1] for c in full)
+        out["us_per_step_by_part"] = {name: sum(c[i] for c in full) / n_full / 1000
+                                      for i, name in ((4, "ready"), (5, "begin"), (6, "end"), (7, "send"))}
+        slow = sum(c[8] for c in full)
+        out["slow_steps"] = {"steps": slow, "of": n_full,
+                             "us_per_step_of_all": sum(c[9] for c in full) / n_full / 1000,
+                             "us_each": sum(c[9] for c in full) / slow / 1000 if slow else None}
+    return out
 
 
 def bootstrap(values: list[float], n: int = 10_000, seed: int = 1) -> tuple[float, float]:
@@ -317,6 +329,12 @@ def main() -> None:
                   f"(95 % CI {100 * e['ci95'][0]:.3f} .. {100 * e['ci95'][1]:.3f}, {e['notes']} notes, "
                   f"{e['steps']} steps): {e['probe_us_per_step']:.1f} us of a {e['step_ms']:.2f} ms step",
                   flush=True)
+            if "us_per_step_by_part" in e:
+                parts = ", ".join(f"{k} {v:.1f}" for k, v in e["us_per_step_by_part"].items())
+                sl = e["slow_steps"]
+                print(f"{name}: by part (us per step): {parts}; steps over {hooks.SLOW_NS // 1000} us: "
+                      f"{sl['steps']} of {sl['of']}, {sl['us_per_step_of_all']:.1f} us per step of all",
+                      flush=True)
 
 
 if __name__ == "__main__":
