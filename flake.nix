@@ -28,6 +28,8 @@
         aiohttp
         orjson
         regex
+        matplotlib     # report.html's plots
+        rich           # live progress on a terminal (cptest/console.py)
       ];
       # nixpkgs' torch is its CPU build unless cudaSupport is set: what the reference engine needs.
       pythonFor = pkgs: pkgs.python311.withPackages (ps: runtimeDeps ps ++ (with ps; [
