@@ -538,13 +538,28 @@ def startup(directories: tuple[Path, ...], as_json: bool) -> int:
 
 @main.command()
 @click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--html", "as_html", is_flag=True,
+              help="the self-contained HTML report (plots inline, no network); of a suite folder: its index")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write the report to FILE instead of printing it")
 @_guard
 @_archive_guard
-def report(directory: Path) -> int:
-    """Print an archive's report (recomputed from its evidence)."""
-    from cptest.report import render
+def report(directory: Path, as_html: bool, output: Path | None) -> int:
+    """Print an archive's report (recomputed from its evidence); `--html` for the page with plots
+    (docs/reports.md)."""
+    if as_html:
+        from cptest.report.html import render_html, render_suite_html
 
-    click.echo(render(directory))
+        suite = (directory / "suite.json").is_file() and not (directory / "plan.json").exists()
+        text = render_suite_html(directory) if suite else render_html(directory)
+    else:
+        from cptest.report import render
+
+        text = render(directory)
+    if output is None:
+        click.echo(text)
+    else:
+        output.write_text(text, encoding="utf-8")
     return 0
 
 

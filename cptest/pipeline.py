@@ -112,8 +112,8 @@ def _stored_include(rel: str) -> str:
     return "/".join([store.INCLUDES, *parts])
 
 
-OWN_NAMES = frozenset({store.SCENARIO, store.PLAN, store.MANIFEST, store.VERDICT, store.REPORT, store.JUNIT,
-                       "evidence", "logs", store.INCLUDES})
+OWN_NAMES = frozenset({store.SCENARIO, store.PLAN, store.MANIFEST, store.VERDICT, store.REPORT,
+                       store.REPORT_HTML, store.JUNIT, "evidence", "logs", store.INCLUDES})
 """cptest's own names at the top of an archive: never an include, whatever a scenario says."""
 
 
@@ -348,14 +348,17 @@ def roles_of(planned: Plan) -> list[str]:
 
 
 def finish_archive(root: Path, verdict: ScenarioVerdict, planned: Plan | None = None) -> dict[str, Any]:
-    """The last phase of an archive: verdict.json, report.md, junit.xml and the final manifest."""
+    """The last phase of an archive: verdict.json, report.md, report.html, junit.xml and the final
+    manifest. `cptest check --write` comes here too, so a re-finished archive gets all of them."""
+    from cptest.report.html import render_html  # matplotlib: imported only when an archive is finished
+
     layout = store.Layout(root)
     if planned is None:
         planned = checks.load_plan(root)
     return store.finish(
         layout, verdict_json=verdict.to_json(), report_md=report.render(verdict, planned),
         junit_xml=report.render_junit(verdict), scenario=planned.scenario,
-        pins=planned.pins.model_dump(mode="json"),
+        pins=planned.pins.model_dump(mode="json"), report_html=render_html(root, verdict, planned),
     )  # fmt: skip
 
 

@@ -16,7 +16,7 @@ results/<scenario>/<UTC YYYYmmddTHHMMSSZ>-<first 8 hex of the scenario sha256>/
   evidence/cptest.jsonl      cptest's own outline log of the run
   logs/<role>-node<k>.log    the engine's stdout and stderr, per node
   logs/cptest-crash.txt      only when cptest itself crashed during the run: its traceback
-  verdict.json, report.md, junit.xml   written last
+  verdict.json, report.md, report.html, junit.xml   written last (report.html since D48)
 ```
 
 Phases (Jepsen's store): `begin` writes the scenario, the plan and a first manifest before anything
@@ -52,6 +52,7 @@ PLAN = "plan.json"
 MANIFEST = "manifest.json"
 VERDICT = "verdict.json"
 REPORT = "report.md"
+REPORT_HTML = "report.html"
 JUNIT = "junit.xml"
 RUNNER_FILE = "runner.jsonl"
 
@@ -213,6 +214,10 @@ class Layout:
     @property
     def report(self) -> Path:
         return self.root / REPORT
+
+    @property
+    def report_html(self) -> Path:
+        return self.root / REPORT_HTML
 
     @property
     def junit(self) -> Path:
@@ -434,16 +439,20 @@ def finish(
     junit_xml: str,
     scenario: str,
     pins: Mapping[str, Any],
+    report_html: str | None = None,
 ) -> dict[str, Any]:
-    """Last phase: verdict.json, report.md, junit.xml, then the final manifest with the sha256 of
-    every other file. The environment is carried over from the first manifest (it describes the
-    machine that gathered the evidence, not the one that finishes the archive), and so are the pins
+    """Last phase: verdict.json, report.md, report.html (when given), junit.xml, then the final
+    manifest with the sha256 of every other file. The environment is carried over from the first
+    manifest (it describes the machine that gathered the evidence, not the one that finishes the
+    archive), and so are the pins
     when the first manifest has them (the run adds what it measured, such as the model's tree hash).
     Every file is written atomically and never through a link; an archive holding a link, a FIFO or
     another special file is refused first (IntegrityError, exit 3)."""
     require_plain(layout.root)
     write_file(layout.root, layout.verdict, verdict_json)
     write_file(layout.root, layout.report, report_md)
+    if report_html is not None:
+        write_file(layout.root, layout.report_html, report_html)
     write_file(layout.root, layout.junit, junit_xml)
     begun = read_manifest(layout) or {}
     environment = begun.get("environment") if isinstance(begun.get("environment"), dict) else {}

@@ -11,6 +11,7 @@ leaves it out, the archives themselves are under `<results>/<scenario>/`):
     suite.json   the machine, per scenario its demand, placement, start and end, exit code,
                  verdict and archive; wall time and GPU-seconds of the whole
     summary.md   the matrix of the suite's archives
+    index.html   the same with a link to each scenario's report.html (`cptest report DIR --html`)
     runs/<name>.log, runs/<name>.json   each child's console and its `--json` verdict
 """
 
@@ -213,6 +214,9 @@ def run_suite(files: list[Path], machine: Machine, *, results: Path, log: Logger
     record = _record(entries, machine, t0, wall, jobs)
     (folder / "suite.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     (folder / "summary.md").write_text(_summary(entries, record), encoding="utf-8")
+    from cptest.report.html import render_suite_html
+
+    (folder / "index.html").write_text(render_suite_html(folder), encoding="utf-8")
     return SuiteResult(folder, entries, wall, code, record)
 
 

@@ -92,6 +92,9 @@ def test_two_scenarios_share_the_machine_and_an_exclusive_one_runs_alone(tmp_pat
     assert record["counts"] == {"pass": 3, "fail": 0, "unknown": 0}
     assert [s["scenario"] for s in record["scenarios"]] == ["a", "b", "x"]
     assert (done.folder / "summary.md").read_text().count("| PASS |") == 3
+    index = (done.folder / "index.html").read_text()  # every run's report.html, linked relatively
+    assert all(f'href="../../{e.name}/{Path(e.archive).name}/report.html"' in index for e in (a, b, x))
+    assert all((Path(e.archive) / "report.html").is_file() for e in (a, b, x))
 
 
 def test_a_scenario_without_its_weights_is_unknown_with_the_cause_and_the_others_run(tmp_path: Path) -> None:
