@@ -191,12 +191,15 @@ def outcomes(out: Outcomes, salt: str) -> str:
                 ax.plot([r.sent_at], [r.index], marker="|", color=color, markersize=6)
             if r.ttft is not None:
                 ax.plot([r.sent_at + r.ttft], [r.index], marker="|", color="#000000", markersize=5)
+            if r.status != "ok":  # a refused connection is a bar a few ms long: mark where it ended
+                ax.plot([r.sent_at + (r.e2e or 0.0)], [r.index], marker="x", color=color, markersize=4)
         for e in out.events:
             if e.event in MARKED_EVENTS:
                 ax.axvline(e.t, color=MARKED_EVENTS[e.event], linewidth=1.2,
                            linestyle="-" if e.event == "fault" else "--")
                 ax.annotate(_label(e.event, 16), (e.t, 1.0), xycoords=("data", "axes fraction"), rotation=90,
-                            va="top", ha="right", fontsize=7, color=MARKED_EVENTS[e.event])
+                            xytext=(-2, -2), textcoords="offset points", va="top", ha="right", fontsize=7,
+                            color=MARKED_EVENTS[e.event])
         handles = [_patch(c, s) for s, c in STATUS_COLORS.items() if s in out.counts()]
         if handles:
             fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
