@@ -1,7 +1,9 @@
 """The `cptest` command: parses arguments, calls `cptest.pipeline` (or one stage), prints.
 
 Exit codes: 0 ok/pass, 1 lint findings/fail/would reformat, 2 bad input, 3 unknown verdict or
-infrastructure failure. `--json` prints machine output on stdout."""
+infrastructure failure; each command's are in README.md's command table (tests/test_cli_interface.py
+runs every one). `--json` prints one JSON object on stdout, the command's output model or an error
+(`cptest/interface.py`, served by `cptest schema --command NAME`)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ from cptest import __version__
 from cptest.errors import CptestError
 
 RESULTS = Path("results")
+"""Published evidence: what `cptest publish` copies verified archives into and `cptest matrix` reads."""
+RUNS = Path(".cptest") / "runs"
+"""Trial runs: where `run`, `suite` and `rerun` write unless `--results DIR` (git-ignored, D51)."""
 
 
 def _emit(data: Any, as_json: bool, text: str) -> None:
@@ -28,10 +33,10 @@ def _emit(data: Any, as_json: bool, text: str) -> None:
 
 def _fail(err: CptestError, as_json: bool = False) -> None:
     if as_json:
-        out: dict[str, Any] = {
-            "error": type(err).__name__, "exit_code": err.exit_code,
-            "problems": [{"where": str(p.span) if p.span else None, "message": p.message,
-                          "expected": p.expected, "hint": p.hint} for p in err.problems]}  # fmt: skip
+        from cptest.interface import problem_json
+
+        out: dict[str, Any] = {"error": type(err).__name__, "exit_code": err.exit_code,
+                               "problems": [problem_json(p) for p in err.problems]}
         causes = getattr(err, "causes", None)
         if causes is not None:  # preflight: the machine, not the engine (exit 3, verdict unknown)
             out |= {"status": "unknown", "causes": [{"code": c.code, "message": c.message, "remedy": c.remedy}
@@ -74,6 +79,9 @@ def _guard(fn: Callable[..., int | None]) -> Callable[..., None]:
         except CptestError as e:
             _fail(e, kwargs.get("as_json", False))
         except KeyboardInterrupt:
+            if kwargs.get("as_json", False):
+                click.echo(json.dumps({"error": "Interrupted", "exit_code": 3, "problems": [
+                    {"where": None, "file": None, "line": None, "col": None, "message": "interrupted"}]}))
             click.echo("cptest: interrupted", err=True)
             sys.exit(3)
         sys.exit(code or 0)
@@ -113,7 +121,29 @@ def _run_options(baseline_cache: Path, no_baseline_cache: bool) -> Any:
     return RunOptions(baseline_cache=None if no_baseline_cache else BaselineCache(baseline_cache))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Cli(click.Group):
+    """The command group: a usage error (missing argument, no such directory, bad option) is exit 2
+    as click makes it, and under `--json` also an ErrorOut on stdout, like every other error."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        argv = [str(a) for a in (sys.argv[1:] if args is None else args)]
+        try:
+            return super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.ClickException as e:
+            words = argv[: argv.index("--")] if "--" in argv else argv
+            if "--json" in words:
+                click.echo(json.dumps({"error": "UsageError", "exit_code": e.exit_code, "problems": [
+                    {"where": None, "file": None, "line": None, "col": None, "message": e.format_message(),
+                     "hint": "cptest --help"}]}, indent=2))  # fmt: skip
+            e.show()
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="cptest")
 def main() -> None:
     """Qualify SGLang prefill/decode context parallelism with rank-local evidence."""
@@ -127,45 +157,55 @@ def main() -> None:
 def validate(files: tuple[Path, ...], as_json: bool) -> int:
     """Parse and check scenario files; report every problem with file:line:col."""
     from cptest.errors import ScenarioError
+    from cptest.interface import problem_json
     from cptest.lang import parse_file
 
     results, code = [], 0
     for f in files:
         try:
             parse_file(f)
-            results.append({"file": str(f), "ok": True})
+            results.append({"file": str(f), "ok": True, "problems": []})
             if not as_json:
                 click.echo(f"ok  {f}")
         except ScenarioError as e:
             code = 2
-            results.append({"file": str(f), "ok": False, "problems": [p.message for p in e.problems]})
+            results.append({"file": str(f), "ok": False, "problems": [problem_json(p) for p in e.problems]})
             click.echo(e.render(), err=True)
     if as_json:
-        click.echo(json.dumps(results, indent=2))
+        _emit({"ok": code == 0, "files": results}, True, "")
     return code
 
 
 @main.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--check", is_flag=True, help="exit 1 with a diff if a file is not canonical; write nothing")
+@json_option
 @_guard
-def fmt(files: tuple[Path, ...], check: bool) -> int:
+def fmt(files: tuple[Path, ...], check: bool, as_json: bool) -> int:
     """Rewrite scenario files in canonical form (comments kept)."""
     from cptest.lang import format_text
 
-    code = 0
+    code, done = 0, []
     for f in files:
         text = _read(f)
         out = format_text(text, str(f))
+        entry: dict[str, Any] = {"file": str(f), "canonical": out == text, "written": False, "diff": None}
+        done.append(entry)
         if out == text:
             continue
         if check:
             code = 1
-            sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), out.splitlines(True),
-                                                       str(f), f"{f} (formatted)"))  # fmt: skip
+            entry["diff"] = "".join(difflib.unified_diff(text.splitlines(True), out.splitlines(True),
+                                                         str(f), f"{f} (formatted)"))  # fmt: skip
+            if not as_json:
+                sys.stdout.write(entry["diff"])
         else:
             f.write_text(out, encoding="utf-8")
-            click.echo(f"formatted {f}")
+            entry["written"] = True
+            if not as_json:
+                click.echo(f"formatted {f}")
+    if as_json:
+        _emit({"check": check, "files": done}, True, "")
     return code
 
 
@@ -193,17 +233,25 @@ def lint(files: tuple[Path, ...], evidence: Path | None, as_json: bool) -> int:
     found = []
     for f in files:
         for finding in lint_scenario(parse_file(f)):
-            found.append({"file": str(f), "where": str(finding.span) if finding.span else None,
-                          "code": finding.code, "message": finding.message, "citation": finding.citation,
-                          "provenance": finding.provenance, "evidence": finding.evidence,
-                          "blocks": finding.blocks})
+            found.append(_finding_json(f, finding))
             if not as_json:
                 click.echo(finding.render())
     if as_json:
-        click.echo(json.dumps(found, indent=2))
+        _emit({"files": [str(f) for f in files], "findings": found,
+               "blocking": sum(x["blocks"] for x in found)}, True, "")
     elif not found:
         click.echo(f"lint: {len(files)} file(s), no findings")
     return 1 if any(x["blocks"] for x in found) else 0
+
+
+def _finding_json(file: Path, finding: Any) -> dict[str, Any]:
+    """A lint finding as `interface.FindingOut`: its position as text and as file, line, col."""
+    span = finding.span
+    return {"scenario": str(file), "file": span.file if span else str(file),
+            "where": str(span) if span else None, "line": span.line if span else None,
+            "col": span.col if span else None, "code": finding.code, "message": finding.message,
+            "citation": finding.citation, "provenance": finding.provenance, "evidence": finding.evidence,
+            "blocks": finding.blocks}  # fmt: skip
 
 
 def _lint_evidence(root: Path, as_json: bool) -> int:
@@ -256,29 +304,63 @@ def compile_(file: Path, as_json: bool) -> int:
     w = p.workload
     click.echo(f"workload: {len(w.requests)} requests, concurrency {w.concurrency}, rate {w.rate_per_s}")
     for f in p.faults:
-        click.echo(f"fault {f.index}: {f.action} {f.target} {f.rank if f.rank is not None else ''} "
-                   f"{f.process_title or ''}")  # fmt: skip
+        click.echo(_fault_text(f))
     for e in p.expectations:
         fields = e.model_dump(exclude={"kind", "role", "expect_violation", "source"})
         click.echo(f"expect {e.kind}{' (violation expected)' if e.expect_violation else ''}: {fields}")
     return 0
 
 
+def _fault_text(f: Any) -> str:
+    """Every field of a planned fault, its trigger included: `fault 0: kill rank 1 after 8 requests
+    (process title sglang::scheduler_TP1)`; a field without a phrase of its own is shown as `name value`."""
+    words = [f"fault {f.index}: {f.action} {f.target}" + (f" {f.rank}" if f.rank is not None else "")]
+    phrases = {"at_s": "at {} s", "after_requests": "after {} requests",
+               "after_decode_steps": "after {} decode steps", "heal_after_s": "healed (SIGCONT) after {} s",
+               "process_title": "(process title {})"}  # fmt: skip
+    shown = {"index", "action", "target", "rank"}
+    for name, value in f.model_dump().items():
+        if name in shown or value is None:
+            continue
+        words.append(phrases[name].format(value) if name in phrases else f"{name} {value}")
+    return " ".join(words)
+
+
 @main.command()
+@click.option("--command", "command_name", metavar="NAME",
+              help="the JSON Schema of this command's --json output instead (`cptest schema --list`)")
+@click.option("--list", "list_", is_flag=True, help="the commands whose --json output has a schema")
+@json_option
 @_guard
-def schema() -> int:
-    """Print the JSON Schema of the scenario model."""
+def schema(command_name: str | None, list_: bool, as_json: bool) -> int:
+    """Print the JSON Schema of the scenario model; with --command NAME, the schema of that command's
+    --json output (every command has one); --list names them."""
+    from cptest import interface
+    from cptest.errors import Problem, ScenarioError, did_you_mean, one_of
     from cptest.scenario import json_schema
 
-    click.echo(json.dumps(json_schema(), indent=2))
+    if list_:
+        _emit({"commands": list(interface.OUTPUTS)}, as_json, "\n".join(interface.OUTPUTS))
+        return 0
+    if command_name is None:
+        click.echo(json.dumps(json_schema(), indent=2))
+        return 0
+    name = interface.command_name(command_name)
+    if name is None:
+        near = did_you_mean(command_name, interface.OUTPUTS)
+        raise ScenarioError(Problem(None, f"cptest schema: no command {command_name!r}",
+                                    expected=one_of(interface.OUTPUTS),
+                                    hint=f"did you mean {near!r}?" if near else "cptest schema --list"))
+    click.echo(json.dumps(interface.schema_of(name), indent=2))
     return 0
 
 
 # ------------------------------------------------------------------------------ running
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
-              show_default=True)
+@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=RUNS,
+              show_default=True, help="where the archive goes (trial runs; `cptest publish` puts a verified "
+              "archive into results/)")
 @click.option("--launcher", type=click.Choice(["process", "docker"]), default="process", show_default=True)
 @click.option("--ignore-lint", is_flag=True, help="run even when lint finds a mismatch")
 @click.option("--engine", "engine_name", type=click.Choice(["sglang", "reference"]), default=None,
@@ -311,11 +393,15 @@ def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name
     try:
         pipeline.runnable(prepared, gpu_present=gpu, ignore_lint=ignore_lint)
     except pipeline.LintFindings:
+        if as_json:
+            _emit({"launched": False, "blocked_by": "lint",
+                   "findings": [_finding_json(file, f) for f in prepared.findings if f.blocks]}, True, "")
         click.echo("cptest: lint findings; nothing was launched (--ignore-lint to run anyway)", err=True)
         return 1
     out = pipeline.new_archive(results, prepared, datetime.now(UTC))
     outcome = pipeline.run_scenario(prepared.plan, out, pipeline.launcher_named(launcher),
-                                    scenario_text=prepared.text, log=_log(), includes=prepared.includes,
+                                    scenario_text=prepared.text, log=_log(as_json),
+                                    includes=prepared.includes,
                                     run_options=_run_options(baseline_cache, no_baseline_cache),
                                     models=models, scenario_dir=file.parent)
     return _outcome(outcome, as_json)
@@ -342,8 +428,9 @@ def _placement(gpus: str | None, cpus: str | None, ports: str | None) -> Any:
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
-              show_default=True)
+@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=RUNS,
+              show_default=True, help="where the archive goes (trial runs; `cptest publish` puts a verified "
+              "archive into results/)")
 @click.option("--gpus", default=None, metavar="IDS", help="the GPUs the suite may use (default: every GPU)")
 @click.option("--cpus", default=None, metavar="IDS", help="the CPUs the suite may use (default: all it may)")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
@@ -374,7 +461,7 @@ def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | 
         os.environ["CPTEST_ALLOW_UNSAFE"] = "1"
     machine = discover(gpus=parse_ids(gpus, "--gpus") if gpus else None,
                        cpus=parse_ids(cpus, "--cpus") if cpus else None)
-    done = run_suite(scenario_files(paths), machine, results=results, log=_log(), engine=engine_name,
+    done = run_suite(scenario_files(paths), machine, results=results, log=_log(as_json), engine=engine_name,
                      gpu_present=shutil.which("nvidia-smi") is not None, models=store_dir(models), jobs=jobs,
                      ignore_lint=ignore_lint, launcher=launcher,
                      baseline_cache=None if no_baseline_cache else baseline_cache)
@@ -384,8 +471,9 @@ def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | 
 
 @main.command()
 @click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
-@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
-              show_default=True)
+@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=RUNS,
+              show_default=True, help="where the archive goes (trial runs; `cptest publish` puts a verified "
+              "archive into results/)")
 @click.option("--launcher", type=click.Choice(["process", "docker"]), default="process", show_default=True)
 @click.option("--accept-plan-changes", is_flag=True,
               help="run even when this cptest plans the archived scenario to execute something else than "
@@ -403,7 +491,7 @@ def rerun(directory: Path, results: Path, launcher: str, accept_plan_changes: bo
     the archived one is shown and refused (exit 3) unless --accept-plan-changes."""
     from cptest import pipeline
 
-    done = pipeline.rerun(directory, results, pipeline.launcher_named(launcher), log=_log(),
+    done = pipeline.rerun(directory, results, pipeline.launcher_named(launcher), log=_log(as_json),
                           now=datetime.now(UTC), run_options=_run_options(baseline_cache, no_baseline_cache),
                           models=models, gpu_present=shutil.which("nvidia-smi") is not None,
                           accept_plan_changes=accept_plan_changes, allow_unsafe=allow_unsafe)
@@ -419,10 +507,13 @@ def rerun(directory: Path, results: Path, launcher: str, accept_plan_changes: bo
     return done.exit_code
 
 
-def _log() -> Any:
-    from cptest.outline import Logger, TerminalSink
+def _log(as_json: bool = False) -> Any:
+    """The outline of a long command on stderr (`cptest.console`): a live display on a terminal, plain
+    lines otherwise, no live display under --json or NO_COLOR (stdout stays the JSON document)."""
+    from cptest.console import console_sink
+    from cptest.outline import Logger
 
-    return Logger([TerminalSink(sys.stderr)])
+    return Logger([console_sink(sys.stderr, live_allowed=not as_json)])
 
 
 def _outcome(outcome: Any, as_json: bool) -> int:
@@ -458,7 +549,8 @@ def check(directory: Path, write: bool, as_json: bool) -> int:
     from cptest import pipeline, store
 
     done = pipeline.check_archive(directory, write=write, integrity=True)
-    _emit(json.loads(done.verdict.to_json()), as_json, _verdict_text(done.verdict, directory))
+    _emit(json.loads(done.verdict.to_json()) | {"archive": str(directory), "differs": bool(done.differs)},
+          as_json, _verdict_text(done.verdict, directory))
     if done.differs:
         click.echo(f"cptest: the recomputed verdict differs from {store.Layout(directory).verdict}", err=True)
     return done.exit_code
@@ -473,11 +565,12 @@ def verify(directory: Path, as_json: bool) -> int:
     """Check the sha256 of every archived file against the manifest."""
     from cptest import store
     from cptest.errors import render_problem
+    from cptest.interface import problem_json
 
     problems = store.verify(directory)
     if as_json:
-        click.echo(json.dumps([{"where": str(p.span) if p.span else None, "message": p.message}
-                               for p in problems], indent=2))  # fmt: skip
+        _emit({"archive": str(directory), "ok": not problems,
+               "problems": [problem_json(p) for p in problems]}, True, "")
     for p in problems:
         click.echo(render_problem(p, None), err=True)
     if not problems and not as_json:
@@ -505,17 +598,33 @@ def diff(a: Path, b: Path, other_scenario: bool, as_json: bool) -> int:
 
 
 @main.command()
-@click.argument("directories", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.argument("directories", nargs=-1, type=click.Path(exists=True, path_type=Path))
+@json_option
 @_guard
 @_archive_guard
-def matrix(directories: tuple[Path, ...]) -> int:
-    """A markdown table of scenario x verdict over archives (or folders of archives; side runs in
-    `_`-named folders below them are left out)."""
-    from cptest.report import render_matrix
+def matrix(directories: tuple[Path, ...], as_json: bool) -> int:
+    """A markdown table of scenario x verdict over the published evidence: the archives under
+    results/ (or the folders named; side runs in `_`-named folders below them are left out). Trial
+    runs (.cptest/runs) are not published evidence: `cptest publish DIR` puts one into results/."""
+    from cptest.report import matrix_rows, render_matrix
     from cptest.store import archives_under
 
-    archives = sorted({a for d in directories for a in archives_under(Path(d))})
-    click.echo(render_matrix(archives))
+    folders = directories or (RESULTS,)
+    if not directories and not RESULTS.is_dir():
+        from cptest.errors import Problem, ScenarioError
+
+        raise ScenarioError(Problem(None, f"cptest matrix: no published evidence here ({RESULTS}/ does not "
+                                    "exist)", hint="run from the checkout, name the folders, or "
+                                    "`cptest publish DIR` an archive"))  # fmt: skip
+    archives = sorted({a for d in folders for a in archives_under(Path(d))})
+    trial = [d for d in folders if Path(d).resolve().is_relative_to(RUNS.resolve())]
+    click.echo(f"cptest matrix: {len(archives)} archive(s) of published evidence under "
+               f"{', '.join(map(str, folders))}" + (f"; {', '.join(map(str, trial))} holds trial runs, "
+               "not published evidence" if trial else "; trial runs are not read"), err=True)
+    text = render_matrix(archives)
+    rows = [{"scenario": r["scenario"], "engine": r["engine"], "status": r["status"], "contracts": r["by"],
+             "archive": str(r["dir"]), "older": r["older"]} for r in matrix_rows(archives)[0]]
+    _emit({"published": [str(d) for d in folders], "rows": rows, "markdown": text}, as_json, text)
     return 0
 
 
@@ -532,7 +641,7 @@ def startup(directories: tuple[Path, ...], as_json: bool) -> int:
 
     archives = sorted({a for d in directories for a in archives_under(Path(d), side_runs=True)})
     rows = [r for a in archives for role in ("main", "baseline") if (r := phases(a, role)) is not None]
-    _emit([r.as_json() for r in rows], as_json, render_table(rows))
+    _emit({"servers": [r.as_json() for r in rows]}, as_json, render_table(rows))
     return 0
 
 
@@ -542,9 +651,10 @@ def startup(directories: tuple[Path, ...], as_json: bool) -> int:
               help="the self-contained HTML report (plots inline, no network); of a suite folder: its index")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write the report to FILE instead of printing it")
+@json_option
 @_guard
 @_archive_guard
-def report(directory: Path, as_html: bool, output: Path | None) -> int:
+def report(directory: Path, as_html: bool, output: Path | None, as_json: bool) -> int:
     """Print an archive's report (recomputed from its evidence); `--html` for the page with plots
     (docs/reports.md)."""
     if as_html:
@@ -556,10 +666,32 @@ def report(directory: Path, as_html: bool, output: Path | None) -> int:
         from cptest.report import render
 
         text = render(directory)
-    if output is None:
-        click.echo(text)
-    else:
+    if output is not None:
         output.write_text(text, encoding="utf-8")
+    _emit({"archive": str(directory), "html" if as_html else "markdown": text,
+           "output": str(output) if output else None}, as_json, text if output is None else f"wrote {output}")
+    return 0
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=RESULTS,
+              show_default=True, help="the published evidence to put the archive into")
+@json_option
+@_guard
+@_archive_guard
+def publish(directory: Path, results: Path, as_json: bool) -> int:
+    """Put a trial run's archive into the published evidence (results/<scenario>/<run>), after
+    checking it as `cptest verify` and `cptest check` do: a damaged or forged archive is refused
+    (exit 3), an archive is never overwritten (exit 2); nothing is written when refused."""
+    from cptest import pipeline
+
+    done = pipeline.publish(directory, results)
+    what = "already published, identical: nothing copied" if done.already else "published"
+    _emit({"source": str(directory), "archive": str(done.archive), "scenario": done.verdict.scenario,
+           "run": done.archive.name, "status": done.verdict.status, "already_published": done.already},
+          as_json, f"{what}: {directory} -> {done.archive} ({done.verdict.scenario}: "
+          f"{done.verdict.status.upper()}, engine {done.verdict.engine}; verified and checked)")
     return 0
 
 
@@ -588,7 +720,7 @@ def image_build(name: str, update_lock: bool, force: bool, as_json: bool) -> int
     from cptest.run.docker import engine_client, lock_path
     from cptest.run.image import RECIPES, build
 
-    built = build(RECIPES[name], lock_path=lock_path(), client=engine_client(), log=_log(),
+    built = build(RECIPES[name], lock_path=lock_path(), client=engine_client(), log=_log(as_json),
                   update_lock=update_lock, force=force)
     how = (f"built and loaded: {built.layer_bytes / 1e6:.0f} MB, {built.files} entries, {built.seconds:.0f} s"
            if built.loaded else "already in the engine")
@@ -656,8 +788,12 @@ def models_list(models: Path | None, as_json: bool) -> int:
 @_guard
 def models_add(directory: Path, models: Path | None, as_json: bool) -> int:
     """Copy a local checkpoint into the store, where reruns find it by its tree hash."""
+    from cptest.errors import Problem, ScenarioError
     from cptest.run.models import add_checkpoint, store_dir
 
+    if not (directory / "config.json").is_file():  # an empty folder would be stored as a "checkpoint"
+        raise ScenarioError(Problem(None, f"models add: {directory} holds no checkpoint (no config.json)",
+                                    hint="give the folder of a Hugging Face checkpoint"))
     target, tree = add_checkpoint(directory, store_dir(models))
     _emit({"directory": str(target), "tree_sha256": tree}, as_json, f"{tree}  {target}")
     return 0

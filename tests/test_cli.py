@@ -73,7 +73,11 @@ def test_validate_reports_good_and_bad_files_together(tmp_path: Path):
     bad.write_text(with_line(5, "  topology { gpus 2 tp 0 }"))
     done = cptest("validate", "--json", SCENARIOS[0], bad)
     assert done.returncode == 2
-    assert [r["ok"] for r in json.loads(done.stdout)] == [True, False]
+    out = json.loads(done.stdout)
+    assert out["ok"] is False and [r["ok"] for r in out["files"]] == [True, False]
+    (problem,) = out["files"][1]["problems"]  # the position survives --json: file, line and column
+    assert (problem["file"], problem["line"]) == (str(bad), 5) and problem["col"] > 1
+    assert problem["where"] == f"{bad}:5:{problem['col']}"
 
 
 @pytest.fixture(scope="module")
@@ -189,9 +193,12 @@ def test_lint_json_lists_findings(tmp_path: Path):
     f.write_text(LLAMA_PCP)
     done = cptest("lint", "--json", f)
     assert done.returncode == 0
-    (finding,) = json.loads(done.stdout)
+    out = json.loads(done.stdout)
+    (finding,) = out["findings"]
+    assert out["blocking"] == 0 and out["files"] == [str(f)]
     assert (finding["provenance"], finding["blocks"]) == ("inferred", False)
     assert finding["code"] == "llama_pcp_silent" and finding["where"].startswith(f"{f}:8:")
+    assert (finding["file"], finding["line"]) == (str(f), 8)
 
 
 def test_compile_json_prints_a_valid_plan():
@@ -206,6 +213,28 @@ def test_compile_text_shows_argv_and_faults():
     done = cptest("compile", ROOT / "scenarios" / "fault_kill_rank_dcp2.cps")
     assert done.returncode == 0, done.stderr
     assert "--dcp-size 2" in done.stdout and "sglang::scheduler_TP1" in done.stdout
+
+
+def test_compile_text_shows_every_field_of_every_fault(tmp_path: Path):
+    f = tmp_path / "faults.cps"
+    faults = ("  fault stop rank 1 after 3 decode_steps for 2s\n  fault kill rank 0 at 4s\n"
+              "  fault sigterm server after 5 requests\n")
+    f.write_text(BASE.replace("  expect {", faults + "  expect {"))
+    text = cptest("compile", f)
+    as_json = cptest("compile", "--json", f)
+    assert text.returncode == as_json.returncode == 0, text.stderr
+    planned = Plan.model_validate_json(as_json.stdout).faults
+    lines = [line for line in text.stdout.splitlines() if line.startswith("fault ")]
+    assert len(lines) == len(planned) == 3
+    phrases = {"at_s": "at {} s", "after_requests": "after {} requests",
+               "after_decode_steps": "after {} decode steps", "heal_after_s": "after {} s",
+               "process_title": "(process title {})", "rank": " {}", "index": "fault {}:",
+               "action": "{}", "target": "{}"}  # fmt: skip
+    for line, fault in zip(lines, planned, strict=True):
+        for name, value in fault.model_dump().items():
+            if value is not None:  # every field the plan holds reaches the text, the trigger included
+                assert phrases[name].format(value) in line, (name, value, line)
+    assert "healed (SIGCONT) after 2.0 s" in lines[0] and "after 3 decode steps" in lines[0]
 
 
 def test_compile_of_an_unknown_release_exits_2_with_did_you_mean(tmp_path: Path):
@@ -257,7 +286,7 @@ def test_run_with_engine_sglang_without_nvidia_smi_exits_3_and_launches_nothing(
 def test_check_reproduces_the_archived_verdict_and_exits_with_its_code(directory: Path):
     stored = json.loads((directory / "verdict.json").read_text())
     done = cptest("check", "--json", directory)
-    assert json.loads(done.stdout) == stored
+    assert json.loads(done.stdout) == stored | {"archive": str(directory), "differs": False}
     # `check` exits max(code, 1) when the recomputed verdict differs byte-wise: for a failing verdict
     # only the message tells the two apart.
     assert "differs" not in done.stderr
@@ -290,7 +319,9 @@ def test_verify_exits_3_after_one_byte_of_evidence_changes(tmp_path: Path):
     evidence.write_bytes(bytes(data))
     done = cptest("verify", "--json", copy)
     assert done.returncode == 3
-    problems = json.loads(done.stdout)
+    out = json.loads(done.stdout)
+    problems = out["problems"]
+    assert out["ok"] is False and out["archive"] == str(copy)
     assert problems and any(evidence.name in (p["where"] or "") + p["message"] for p in problems)
     assert evidence.name in done.stderr
 

@@ -80,6 +80,15 @@ def render_matrix(archives: Iterable[Path | str]) -> str:
     statuses. A generation cell shows the teacher-forced figures next to its status (main |Δlogprob|
     p99 / the control's floor); one judged by the free-running contract of older plans is marked †
     and explained under the table. An archive without verdict.json shows `not checked`."""
+    rows, checkers = matrix_rows(archives)
+    legacy = any(r.get("legacy") for r in rows)
+    return _env(False).get_template("matrix.md.j2").render(rows=rows, checkers=checkers, legacy=legacy,
+                                                            superseded=any(r["older"] for r in rows))
+
+
+def matrix_rows(archives: Iterable[Path | str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The matrix's rows (newest archive per scenario and engine: `scenario`, `engine`, `status`,
+    `by` checker, `dir`, `older`, generation `notes`) and its checkers in order (`render_matrix`)."""
     newest: dict[tuple[str, str], dict[str, Any]] = {}
     older: dict[tuple[str, str], int] = {}
     checkers: dict[str, None] = {}
@@ -112,9 +121,7 @@ def render_matrix(archives: Iterable[Path | str]) -> str:
     rows = sorted(newest.values(), key=lambda r: (r["scenario"], r["engine"]))
     for r in rows:
         r["older"] = older.get((r["scenario"], r["engine"]), 0)
-    legacy = any(r.get("legacy") for r in rows)
-    return _env(False).get_template("matrix.md.j2").render(rows=rows, checkers=list(checkers), legacy=legacy,
-                                                            superseded=any(r["older"] for r in rows))
+    return rows, list(checkers)
 
 
 def _generation_note(figures: dict[str, Any]) -> tuple[str, bool]:

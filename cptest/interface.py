@@ -1,0 +1,403 @@
+"""The machine interface of the `cptest` command: one output model per command (docs/decisions.md D50).
+
+Every command prints, under `--json`, exactly one JSON object on stdout: its output model below, or
+`ErrorOut` when it stops on an error (bad input, an unreadable archive, a cause on the machine). The
+JSON Schema of each command's output is `schema_of(name)`, served by `cptest schema --command NAME`
+(`cptest schema --list` names them). The models are pydantic so that the same classes give the
+documents and validate the command's real output in the tests (tests/test_cli_interface.py): a field
+added to a command without its model is caught there (`extra="forbid"`).
+
+The exit codes of each command are written once, in README.md's command table; the same test runs
+every command through each code the table documents.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, RootModel, TypeAdapter
+
+from cptest.errors import Problem
+from cptest.plan.model import Plan
+from cptest.verdict import ScenarioVerdict
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ------------------------------------------------------------------------------ shared parts
+class ProblemOut(_Out):
+    """One problem with its position: `where` is `file:line:col` as the text output prints it; `file`,
+    `line` and `col` are the same, separated (None when the problem has no position)."""
+
+    where: str | None
+    file: str | None
+    line: int | None
+    col: int | None
+    end_line: int | None = None
+    end_col: int | None = None
+    message: str
+    expected: str | None = None
+    found: str | None = None
+    hint: str | None = None
+
+
+def problem_json(p: Problem) -> dict[str, Any]:
+    s = p.span
+    return {"where": str(s) if s else None, "file": s.file if s else None, "line": s.line if s else None,
+            "col": s.col if s else None, "end_line": (s.end_line or None) if s else None,
+            "end_col": (s.end_col or None) if s else None, "message": p.message, "expected": p.expected,
+            "found": p.found, "hint": p.hint}  # fmt: skip
+
+
+class CauseOut(_Out):
+    code: str
+    message: str
+    remedy: str
+
+
+class ErrorOut(_Out):
+    """What every command prints under `--json` when it stops on an error instead of its output."""
+
+    error: str
+    """The error's type: ScenarioError, PlanError (2), RunError, EvidenceError, IntegrityError (3),
+    UsageError (2: click refused the arguments), Interrupted (3)."""
+    exit_code: int
+    problems: list[ProblemOut]
+    status: Literal["unknown"] | None = None
+    """Only for a cause on the machine found before launch (preflight): the run is unknown."""
+    causes: list[CauseOut] | None = None
+
+
+class VerdictOut(ScenarioVerdict):
+    """A scenario's verdict (verdict.json) and the archive it judges."""
+
+    model_config = ConfigDict(extra="forbid")
+    archive: str
+
+
+class FindingOut(_Out):
+    scenario: str
+    """The scenario file linted."""
+    file: str
+    """The file the finding is in (the scenario, or a file it extends)."""
+    where: str | None
+    line: int | None
+    col: int | None
+    code: str
+    message: str
+    citation: str
+    provenance: Literal["observed", "inferred"]
+    evidence: str
+    blocks: bool
+
+
+# ------------------------------------------------------------------------------ authoring
+class ValidatedFile(_Out):
+    file: str
+    ok: bool
+    problems: list[ProblemOut]
+
+
+class ValidateOut(_Out):
+    ok: bool
+    files: list[ValidatedFile]
+
+
+class FormattedFile(_Out):
+    file: str
+    canonical: bool
+    """Whether the file was already in canonical form."""
+    written: bool
+    diff: str | None
+    """With --check, the unified diff of what formatting would change."""
+
+
+class FmtOut(_Out):
+    check: bool
+    files: list[FormattedFile]
+
+
+class LintOut(_Out):
+    files: list[str]
+    findings: list[FindingOut]
+    blocking: int
+    """Findings of `observed` rules: any is exit 1 and blocks `cptest run`."""
+
+
+class RuleArchiveOut(_Out):
+    archive: str
+    outcome: Literal["confirmed", "refuted", "untested"]
+    why: str
+
+
+class RuleOut(_Out):
+    release: str
+    rule: str
+    stage: str
+    provenance: str
+    evidence: str
+    status: Literal["confirmed", "refuted", "untested"]
+    archives: list[RuleArchiveOut]
+
+
+class SkippedOut(_Out):
+    archive: str
+    why: str
+
+
+class LintEvidenceOut(_Out):
+    """`cptest lint --evidence DIR`."""
+
+    archives: int
+    rules: list[RuleOut]
+    skipped: list[SkippedOut]
+
+
+class SchemaListOut(_Out):
+    commands: list[str]
+
+
+# ------------------------------------------------------------------------------ running
+class RunBlockedOut(_Out):
+    """`cptest run` stopped by lint findings of observed rules (exit 1): nothing launched."""
+
+    launched: Literal[False]
+    blocked_by: Literal["lint"]
+    findings: list[FindingOut]
+
+
+class SuiteScenarioOut(_Out):
+    file: str
+    scenario: str
+    status: str | None
+    exit_code: int | None
+    archive: str | None
+    not_run: str | None
+    demand: dict[str, Any] | None
+    placement: dict[str, Any] | None
+    started_s: float | None
+    ended_s: float | None
+    duration_s: float | None
+
+
+class SuiteMachineOut(_Out):
+    gpus: dict[str, int]
+    cpus: list[int]
+    client_cpus: list[int]
+
+
+class SuiteOut(_Out):
+    suite_version: int
+    folder: str
+    machine: SuiteMachineOut
+    jobs: int | None
+    wall_s: float
+    gpu_seconds_held: float
+    gpu_seconds_busy: float
+    scenarios: list[SuiteScenarioOut]
+    counts: dict[str, int]
+
+
+class DiffEntryOut(_Out):
+    what: str
+    subject: str
+    item: int | None
+    field: str
+    a: Any
+    b: Any
+    kind: str
+    within: bool
+    why: str
+
+
+class TolerancesOut(_Out):
+    logprob: float | None
+    logprob_from: str
+    logprob_default_ulps: int
+    capacity: float
+    capacity_from: str
+
+
+class DiffOut(_Out):
+    a: str
+    b: str
+    scenario: str
+    scenario_b: str
+    same: bool
+    differences: int
+    within: int
+    tolerances: TolerancesOut
+    entries: list[DiffEntryOut]
+
+
+class RerunOut(VerdictOut):
+    """The new run's verdict, its archive, and the evidence diff against the archive rerun."""
+
+    diff: DiffOut
+
+
+class StartupServerOut(_Out):
+    archive: str
+    scenario: str
+    role: str
+    phases: dict[str, float | None]
+    total_s: float | None
+
+
+class StartupOut(_Out):
+    servers: list[StartupServerOut]
+
+
+# ------------------------------------------------------------------------------ archives
+class CheckOut(VerdictOut):
+    differs: bool
+    """Whether the recomputed verdict differs from the archive's verdict.json."""
+
+
+class VerifyOut(_Out):
+    archive: str
+    ok: bool
+    problems: list[ProblemOut]
+
+
+class ReportOut(_Out):
+    archive: str
+    markdown: str | None = None
+    """The report recomputed from the archive's evidence (report.md's text); without --html."""
+    html: str | None = None
+    """The HTML page, with --html."""
+    output: str | None = None
+    """The file the report was written to (`-o FILE`), or None when it was printed."""
+
+
+class MatrixRowOut(_Out):
+    scenario: str
+    engine: str
+    status: str
+    contracts: dict[str, str]
+    """Each checker's status in this archive (`pass (no-go seen)` for a declared violation seen)."""
+    archive: str
+    older: int
+    """Older archives of the same scenario and engine under the folders read (not in the row)."""
+
+
+class MatrixOut(_Out):
+    published: list[str]
+    """The folders read: published evidence (default `results/`)."""
+    rows: list[MatrixRowOut]
+    markdown: str
+
+
+class PublishOut(_Out):
+    source: str
+    archive: str
+    """Where the archive now lies: `<results>/<scenario>/<run>`."""
+    scenario: str
+    run: str
+    status: Literal["pass", "fail", "unknown"]
+    already_published: bool
+    """The same archive (byte-identical manifest) was already there: nothing was copied."""
+
+
+# ------------------------------------------------------------------------------ images, models
+class ImageInputsOut(_Out):
+    recipe: int
+    debian: dict[str, str]
+    wheels: dict[str, str]
+
+
+class ImageBuildOut(_Out):
+    reference: str
+    digest: str
+    layer: str
+    layer_bytes: int
+    files: int
+    inputs: ImageInputsOut
+    seconds: float
+    loaded: bool
+
+
+class MadeModelOut(_Out):
+    name: str
+    directory: str
+    tree_sha256: str
+
+
+class ModelsMakeOut(_Out):
+    store: str
+    models: list[MadeModelOut]
+
+
+class StoredModelOut(_Out):
+    name: str
+    tree_sha256: str | None
+    aliases: list[str]
+
+
+class ModelsListOut(_Out):
+    store: str
+    models: list[StoredModelOut]
+
+
+class ModelsAddOut(_Out):
+    directory: str
+    tree_sha256: str
+
+
+class JsonSchemaOut(RootModel[dict[str, Any]]):
+    """A JSON Schema document."""
+
+
+# ------------------------------------------------------------------------------ the registry
+OUTPUTS: dict[str, tuple[type[BaseModel], ...]] = {
+    "validate": (ValidateOut,),
+    "fmt": (FmtOut,),
+    "lint": (LintOut, LintEvidenceOut),
+    "compile": (Plan,),
+    "schema": (SchemaListOut, JsonSchemaOut),
+    "run": (VerdictOut, RunBlockedOut),
+    "suite": (SuiteOut,),
+    "rerun": (RerunOut,),
+    "startup": (StartupOut,),
+    "check": (CheckOut,),
+    "verify": (VerifyOut,),
+    "diff": (DiffOut,),
+    "report": (ReportOut,),
+    "matrix": (MatrixOut,),
+    "publish": (PublishOut,),
+    "image build": (ImageBuildOut,),
+    "models make": (ModelsMakeOut,),
+    "models list": (ModelsListOut,),
+    "models add": (ModelsAddOut,),
+}
+"""Each command (its words as typed after `cptest`) -> the models its `--json` output may take
+besides `ErrorOut` (`lint` prints `LintEvidenceOut` with --evidence; `run` prints `RunBlockedOut`
+when lint blocks it; `schema` prints a schema document, or the names with --list)."""
+
+
+def command_name(name: str) -> str | None:
+    """The registry's name for `name` as a user may type it (`models-make`, `models make`), or None."""
+    key = " ".join(name.replace("-", " ").split())
+    key = key.removesuffix(" evidence")  # `lint --evidence` prints one of lint's two documents
+    return key if key in OUTPUTS else None
+
+
+def adapter(name: str) -> TypeAdapter[Any]:
+    """Validates a command's `--json` output (any of its models, or ErrorOut)."""
+    models = (*OUTPUTS[command_name(name) or name], ErrorOut)
+    union: Any = models[0]
+    for m in models[1:]:
+        union = union | m
+    return TypeAdapter(union)
+
+
+def schema_of(name: str) -> dict[str, Any]:
+    """The JSON Schema of `cptest NAME --json` output."""
+    doc = adapter(name).json_schema()
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": f"cptest {name} --json", **doc}
+
+
+__all__ = ["OUTPUTS", "ErrorOut", "ProblemOut", "adapter", "command_name", "problem_json", "schema_of"]
