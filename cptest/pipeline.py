@@ -396,6 +396,59 @@ def check_archive(root: Path, *, write: bool = False, integrity: bool = False) -
     return Recheck(verdict, differs)
 
 
+class PublishRefused(CptestError):
+    """`publish` would overwrite another archive, or the name is being written by a run: exit 2,
+    nothing written (the archive itself may be fine)."""
+
+
+@dataclass(frozen=True)
+class Published:
+    source: Path
+    archive: Path
+    verdict: ScenarioVerdict
+    already: bool
+    """The same archive was already published there: nothing was copied."""
+
+
+def publish(source: Path, results: Path) -> Published:
+    """Put a trial run's archive into the published evidence: `results/<scenario>/<run>`.
+
+    The archive must pass what `cptest verify` and `cptest check` ask (every file matches the
+    manifest, which is finished; the plan is what the archived scenario compiles to; the verdict is
+    what the evidence gives): anything else is an IntegrityError (exit 3) and nothing is written.
+    The copy is checked again before it is renamed into place (`store.copy_archive`), so what lands
+    in the results is what was checked. Never overwrites: another archive of that name is
+    PublishRefused (exit 2)."""
+    def judged(root: Path) -> ScenarioVerdict:
+        problems = store.verify(root)
+        if problems:
+            raise store.IntegrityError(problems)
+        done = check_archive(root, integrity=True)
+        if done.differs:
+            where = Span(str(store.Layout(root).verdict), 1, 1)
+            raise store.IntegrityError(Problem(where, "verdict.json is not what the evidence gives "
+                                               f"(recomputed: {done.verdict.status})",
+                                               hint=f"`cptest check {source}` shows both"))
+        return done.verdict
+
+    verdict = judged(source)
+    manifest = store.read_file(store.Layout(source).manifest)
+
+    def same_archive(copy: Path) -> None:  # the copy is the archive judged above, and judges the same
+        if store.read_file(store.Layout(copy).manifest) != manifest or judged(copy) != verdict:
+            raise store.IntegrityError(Problem(Span(str(source), 1, 1), "the archive changed while it "
+                                               "was being published; nothing published"))
+
+    try:
+        target, already = store.copy_archive(source, results, verdict.scenario, source.name, same_archive)
+    except FileExistsError as e:
+        raise PublishRefused(Problem(None, f"cptest publish: {e}", hint="nothing was written; a "
+                                     "published archive is never replaced")) from None
+    except ValueError as e:
+        raise PublishRefused(Problem(None, f"cptest publish: {e}; nothing was written")) from None
+    return Published(source, target, verdict, already)
+
+
 def recompile(archive: Path, archived: Plan, *, gpu_present: bool = True) -> Prepared:
     """The archived scenario planned again by this cptest, for the archived engine, ports and GPUs.
     Raises ScenarioError/PlanError when it does not plan, IntegrityError when the archived plan's

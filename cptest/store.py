@@ -35,8 +35,10 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import stat
-from collections.abc import Iterable, Mapping
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -274,11 +276,15 @@ class Layout:
 def archives_under(root: Path, *, side_runs: bool = False) -> list[Path]:
     """Every archive (a folder with verdict.json) under `root`, sorted, leaving out side runs unless
     `side_runs`: a folder whose name starts with `_` below `root` holds raw runs kept as evidence,
-    not published archives (docs/decisions.md D14). `root` itself may be such a folder."""
+    not published archives (docs/decisions.md D14). `root` itself may be such a folder. A hidden
+    folder below `root` is never an archive: `.claims`, and the copy `publish` is still writing."""
     out = []
     for verdict in root.rglob(VERDICT):
         archive = verdict.parent
-        if side_runs or not any(part.startswith("_") for part in archive.relative_to(root).parts):
+        parts = archive.relative_to(root).parts
+        if any(part.startswith(".") for part in parts):
+            continue
+        if side_runs or not any(part.startswith("_") for part in parts):
             out.append(archive)
     return sorted(set(out))
 
@@ -338,6 +344,69 @@ def create_archive(results_root: Path | str, scenario: str, scenario_sha256: str
             continue
         return candidate
     raise FileExistsError(f"no free archive name under {parent} for {base.name}")
+
+
+def copy_archive(source: Path, results_root: Path | str, scenario: str, run: str,
+                 check: Callable[[Path], None]) -> tuple[Path, bool]:
+    """Publish: copy the archive `source` to `<results_root>/<scenario>/<run>` and return it, with
+    whether it was there already. The name is reserved like a run's (`claim_path`, O_EXCL, so a run
+    writing into the same results cannot take it meanwhile); the files are copied into a hidden
+    folder beside the target (only regular files and folders: anything else is an IntegrityError),
+    `check` judges *the copy* (it raises to refuse it), and only then is the copy renamed into
+    place, so the results never hold half an archive or one that was changed after it was checked.
+    An archive already at the target is never overwritten: the same archive (a byte-identical
+    manifest that still verifies) is `(target, True)`; anything else is FileExistsError, as is a
+    name a run has reserved. ValueError for a name that cannot be a folder (`valid_name`)."""
+    for what, name in (("scenario", scenario), ("run", run)):
+        if not valid_name(name):
+            raise ValueError(f"{what} name {name!r} cannot name a folder of the results")
+    results = Path(results_root)
+    target = results / scenario / run
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    if parent.is_symlink() or not parent.resolve().is_relative_to(results.resolve()):
+        raise ValueError(f"{parent} is a link out of {results}: nothing is published through it")
+    if os.path.lexists(target):
+        same = (target.is_dir() and not target.is_symlink() and existing_file(target / MANIFEST)
+                and (target / MANIFEST).read_bytes() == (source / MANIFEST).read_bytes()
+                and not verify(target))
+        if same:
+            return target, True
+        raise FileExistsError(f"{target} holds another archive; an archive is never overwritten")
+    claims = results / CLAIMS
+    claims.mkdir(exist_ok=True)
+    if claims.is_symlink():
+        raise ValueError(f"{claims} is a link: no archive name is reserved through it")
+    try:
+        os.close(os.open(claim_path(target), _EXCLUSIVE, 0o644))
+    except FileExistsError:
+        raise FileExistsError(f"a run is writing an archive named {target} now") from None
+    tmp = Path(tempfile.mkdtemp(prefix=f".publish-{run}-", dir=parent))
+    try:
+        for dirpath, dirnames, filenames in os.walk(source, followlinks=False):
+            here = Path(dirpath)
+            for name in sorted(dirnames + filenames):
+                path = here / name
+                mode = path.lstat().st_mode
+                dest = tmp / path.relative_to(source)
+                if stat.S_ISDIR(mode):
+                    dest.mkdir()
+                elif stat.S_ISREG(mode):
+                    shutil.copy2(path, dest, follow_symlinks=False)
+                else:
+                    raise _at(path, f"{path.relative_to(source).as_posix()} is {_kind(mode)}, not a "
+                              "regular file; nothing published")
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would make the published archive private
+        check(tmp)
+        if os.path.lexists(target):
+            raise FileExistsError(f"{target} appeared while publishing; an archive is never overwritten")
+        os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        release_claim(target)
+    return target, False
 
 
 def release_claim(root: Path) -> None:
