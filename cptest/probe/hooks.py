@@ -69,7 +69,7 @@ class CopyBatch:
     """
 
     __slots__ = ("probe", "born", "parts", "steps", "device", "stream", "sizes", "where", "host",
-                 "done", "values_", "drafts")
+                 "done", "values_", "drafts", "arrived")
 
     def __init__(self, probe: Probe, born: float) -> None:
         self.probe = probe
@@ -86,6 +86,8 @@ class CopyBatch:
         self.done: Any = None
         self.values_: Any = None
         self.drafts: list[StepDraft] = []
+        self.arrived = False
+        """The host copies are complete (`poll` saw the event); read without a device call."""
 
     def fits(self, tensors: list[Any]) -> bool:
         """Whether a step's tensors go with this batch's (one step's tensors share a device)."""
@@ -144,20 +146,33 @@ class CopyBatch:
         self.done.record()
 
     def ready(self) -> bool:
+        """Whether `run` may go. On the engine's thread this asks no device: while the probe's writer
+        thread runs, it polls the copies' events (`poll`), so a step's start reads one flag. Each
+        CUDA call there was a point where the engine's thread let go of the GIL and had to win it
+        back: the batch's sends and polls cost 27 us a step in the real engine (results/_measure
+        run12), against 2 us in benchmarks/probe_step.py."""
+        return self.arrived or (not self.probe.writer_polls and self.poll())
+
+    def poll(self) -> bool:
+        """Ask the device whether the copies are complete (never waits); True once they are."""
+        if self.arrived:
+            return True
         if self.host is None:
             return False
-        if self.done is not None:
-            if not self.done.query():
-                return False
-            self.done = None  # arrived: later asks need no device query
+        done = self.done  # another thread may poll too: read the event once
+        if done is not None and not done.query():
+            return False
+        self.done = None  # arrived: later asks need no device query
+        self.arrived = True
         return True
 
     def part(self, i: int) -> Any:
         """Part `i` as a numpy view of the host copy (no per-value Python objects: the record
         packs it, `records.finish_step_line`)."""
         if self.values_ is None:
-            if self.done is not None:
-                self.done.synchronize()
+            done = self.done
+            if done is not None and not self.arrived:
+                done.synchronize()
             self.values_ = [h.numpy() for h in self.host]
         g, start, end = self.where[i]
         return self.values_[g][start:end]
@@ -240,9 +255,47 @@ def _block_line(probe: Probe, batch: CopyBatch, i: int, j: int) -> str:
 
 
 def send_copies(probe: Probe) -> None:
-    """Send the batch being filled, if any: the probe must finish its pending work now."""
+    """Send the batch being filled and every closed batch not sent yet: the probe must finish its
+    pending work now (`Probe.kick`)."""
     with probe.copy_lock:
-        _send_locked(probe)
+        batch, probe.copies = probe.copies, None
+    _send_closed(probe, batch, poll=False)
+
+
+def writer_round(probe: Probe) -> None:
+    """The writer thread's share of the copies, every runtime.WRITER_PERIOD_S: send the batches the
+    engine closed (and the open one once it is COPY_WITHIN_S old), then poll the sent ones, so that
+    the engine's thread makes no CUDA call for the probe in a steady decode."""
+    old = None
+    with probe.copy_lock:
+        batch = probe.copies
+        if batch is not None and batch.steps and probe.clock() - batch.born >= COPY_WITHIN_S:
+            old, probe.copies = batch, None
+    _send_closed(probe, old, poll=True)
+
+
+def _send_closed(probe: Probe, detached: CopyBatch | None, *, poll: bool) -> None:
+    """Send `detached` and every batch the engine closed without sending; poll the sent ones if
+    asked. Under `send_lock`, not `copy_lock`: the engine's thread takes copy_lock every step and
+    must not wait for a send."""
+    with probe.send_lock:
+        if detached is not None:
+            detached.send()
+        for _, item in list(probe._pending):  # a C-level copy, whole under the GIL
+            if isinstance(item, CopyBatch):
+                if item.host is None and item is not probe.copies:
+                    item.send()
+                if poll:
+                    item.poll()
+
+
+def _close_locked(probe: Probe, on_engine_thread: bool = False) -> None:
+    """No further step joins the batch being filled; the writer thread sends it on its next round
+    (the engine's thread sends it itself when there is no writer)."""
+    if probe.writer_polls:
+        probe.copies = None
+    else:
+        _send_locked(probe, on_engine_thread)
 
 
 def _send_locked(probe: Probe, on_engine_thread: bool = False) -> None:
@@ -259,7 +312,7 @@ def _send_locked(probe: Probe, on_engine_thread: bool = False) -> None:
 def _open_batch(probe: Probe) -> CopyBatch:
     """A new batch, deferred at once: records written after it wait for its steps."""
     batch = CopyBatch(probe, probe.clock())
-    probe.copies, probe.kick = batch, send_copies
+    probe.copies, probe.kick, probe.writer_round = batch, send_copies, writer_round
     probe.defer(batch)
     return batch
 
@@ -508,13 +561,15 @@ def _end_step_body(probe: Probe, fb: Any, result: Any) -> None:
     with probe.copy_lock:
         batch = probe.copies
         if batch is not None and tensors and not batch.fits(tensors):
-            _send_locked(probe)
+            _close_locked(probe)
             batch = None
         if batch is None:
             batch = _open_batch(probe)
         batch.add(draft, tensors)
-        if batch.steps >= COPY_EVERY or probe.clock() - batch.born >= COPY_WITHIN_S:
-            _send_locked(probe, on_engine_thread=True)
+        if batch.steps >= COPY_EVERY:
+            _close_locked(probe, on_engine_thread=True)
+        elif not probe.writer_polls and probe.clock() - batch.born >= COPY_WITHIN_S:
+            _send_locked(probe, on_engine_thread=True)  # no writer thread to send an old batch
 
 
 def _step_line(probe: Probe, batch: CopyBatch, draft: StepDraft) -> str:

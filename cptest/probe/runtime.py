@@ -140,6 +140,13 @@ class Probe:
         self.copy_lock = threading.RLock()
         self.kick: Callable[[Probe], None] | None = None
         """Sends what `copies` gathered; called before deferred work is finished without the engine."""
+        self.writer_round: Callable[[Probe], None] | None = None
+        """The copies' part of each writer round (hooks.writer_round): sends and device polls."""
+        self.writer_polls = False
+        """True while the writer thread runs: it sends closed batches and polls their copies, and
+        the engine's thread makes no CUDA call for the probe (hooks.CopyBatch.ready)."""
+        self.send_lock = threading.Lock()
+        """Held while batches are sent: the writer's rounds and a kick never send one twice."""
         self._io_lock = threading.Lock()
         self._graph_lock = threading.Lock()
         self._guarded: dict[tuple[str, Callable[..., Any]], Callable[..., Any]] = {}
@@ -292,7 +299,9 @@ class Probe:
             self._runner = threading.get_ident()
             while self._pending:
                 item = self._pending[0][1]
-                while not item.ready():
+                # Off the engine's thread the device may be asked (`poll`); on it, `ready` only.
+                ready = item.ready if deadline is None else getattr(item, "poll", item.ready)
+                while not ready():
                     if deadline is None or time.monotonic() > deadline:
                         return False
                     time.sleep(0.001)
@@ -308,6 +317,7 @@ class Probe:
             if self._writer is not None:
                 return
             self._writer = threading.Thread(target=self._write_loop, name="cptest-probe-writer", daemon=True)
+            self.writer_polls = True
             self._writer.start()
 
     def poll_switch(self) -> None:
@@ -372,6 +382,9 @@ class Probe:
                         self._write_cost()
             with contextlib.suppress(Exception):
                 self.poll_switch()
+            if self.writer_round is not None:
+                with contextlib.suppress(Exception):
+                    self.writer_round(self)
             with contextlib.suppress(Exception):
                 if self._pending and self.clock() - self._pending[0][0] > IDLE_S:
                     self._finish_pending(time.monotonic() + 10 * IDLE_S)
@@ -396,6 +409,7 @@ class Probe:
             self._stop.set()
             self._writer.join(timeout=10.0)
             self._writer = None
+            self.writer_polls = False
         self._write_lines()
         with self._io_lock:
             if self._fd is not None:
