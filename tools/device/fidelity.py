@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib.util
 import json
 import random
@@ -51,7 +52,24 @@ def planned_workload(scenario: Path) -> WorkloadPlan:
     return w.model_copy(update={"requests": reqs})
 
 
-def run_cptest(workload: WorkloadPlan, port: int, out: Path, keepalive: bool = False) -> dict[str, Any]:
+def run_cptest(workload: WorkloadPlan, port: int, out: Path, keepalive: bool = False,
+               gc_off: bool = False) -> dict[str, Any]:
+    """One run of cptest's client; `gc_off`: Python's cyclic collector disabled for the run (a
+    hypothesis under test: collections of older generations pausing the event loop)."""
+    if gc_off:
+        gc.collect()
+        gc.disable()
+    try:
+        out_run = _run_cptest(workload, port, out, keepalive)
+    finally:
+        gc.enable()
+    out_run["gc_off"] = gc_off
+    if gc_off:
+        out_run["client"] = "cptest-nogc"
+    return out_run
+
+
+def _run_cptest(workload: WorkloadPlan, port: int, out: Path, keepalive: bool) -> dict[str, Any]:
     writer = RecordWriter(out)
     try:
         driver = WorkloadDriver(f"http://127.0.0.1:{port}", workload, role="main", writer=writer,
@@ -112,9 +130,30 @@ def run_bench_serving(workload: WorkloadPlan, port: int, out: Path) -> dict[str,
             "mean_ttft_ms": r["mean_ttft_ms"], "median_ttft_ms": r["median_ttft_ms"]}
 
 
-def _pair(pair: list[dict[str, Any]], metric: str, theirs: str | None = None) -> float:
+def _pair(pair: list[dict[str, Any]], metric: str, theirs: str | None = None, mine: str = "cptest") -> float:
     by = {r["client"]: r for r in pair}
-    return by["cptest"][metric] / by["bench_serving"][theirs or metric]
+    return by[mine][metric] / by["bench_serving"][theirs or metric]
+
+
+class GcWatch:
+    """Collections of generations 1 and 2 while a client runs (both clients share this process)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, float]] = []
+        self._t = 0.0
+        gc.callbacks.append(self._cb)
+
+    def _cb(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        elif info.get("generation", 0) >= 1:
+            self.seen.append((info["generation"], time.perf_counter() - self._t))
+
+    def take(self) -> dict[str, Any]:
+        seen, self.seen = self.seen, []
+        return {"gen1": sum(g == 1 for g, _ in seen), "gen2": sum(g == 2 for g, _ in seen),
+                "gen2_ms": round(1000 * sum(d for g, d in seen if g == 2), 3),
+                "max_ms": round(1000 * max((d for _, d in seen), default=0.0), 3)}
 
 
 def bootstrap(values: list[float], n: int = 10_000, seed: int = 1) -> tuple[float, float]:
@@ -132,6 +171,8 @@ def main() -> None:
     ap.add_argument("--keepalive", action="store_true",
                     help="cptest's client keeps connections alive (default: one per request, "
                     "as bench_serving)")
+    ap.add_argument("--gc-variant", action="store_true",
+                    help="a third client each round: cptest's with Python's cyclic collector disabled")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     workload = planned_workload(a.scenario)
@@ -145,27 +186,43 @@ def main() -> None:
     warm = [run_cptest(workload, a.port, a.out / "warmup.jsonl", a.keepalive),
             run_bench_serving(workload, a.port, a.out / "warmup-bench.jsonl")]
     print(f"warm-up: {warm}", flush=True)
-    order = [c for i in range(a.rounds) for c in (("bench", "cptest") if i % 2 == 0 else ("cptest", "bench"))]
+    clients = ["bench", "cptest"] + (["cptest-nogc"] if a.gc_variant else [])
+    k = len(clients)
+    # Each round runs every client once; the order rotates (and reverses every other round) so
+    # that a drift of the machine hits all alike.
+    order = []
+    for i in range(a.rounds):
+        rot = clients[i % k:] + clients[:i % k]
+        order += rot if i % 2 == 0 else rot[::-1]
+    watch = GcWatch()
     for i, client in enumerate(order):
+        watch.take()
         run = (run_bench_serving(workload, a.port, a.out / f"bench-{i}.jsonl") if client == "bench"
-               else run_cptest(workload, a.port, a.out / f"cptest-{i}.jsonl", a.keepalive))
+               else run_cptest(workload, a.port, a.out / f"{client}-{i}.jsonl", a.keepalive,
+                               gc_off=client == "cptest-nogc"))
+        run["gc"] = watch.take()
         run["at_s"] = round(time.time() - t0, 1)
         runs.append(run)
         print(json.dumps(run), flush=True)
     result: dict[str, Any] = {"scenario": str(a.scenario), "requests": len(workload.requests),
                               "concurrency": workload.concurrency, "rounds": a.rounds, "runs": runs,
-                              "warmup": warm, "keepalive": a.keepalive}
-    for metric, theirs in (("output_throughput", "output_throughput"), ("mean_ttft_ms", "mean_ttft_ms"),
-                           ("median_ttft_ms", "median_ttft_ms"), ("median_ttft_token_ms", "median_ttft_ms")):
-        med = {"cptest": statistics.median(r[metric] for r in runs if r["client"] == "cptest"),
-               "bench_serving": statistics.median(r[theirs] for r in runs if r["client"] == "bench_serving")}
-        ratios = [_pair(runs[2 * i:2 * i + 2], metric, theirs) for i in range(a.rounds)]
-        lo, hi = bootstrap(ratios)
-        result[metric] = med | {"round_ratios": ratios, "ratio_median": statistics.median(ratios),
-                                "ratio_mean": statistics.fmean(ratios), "ratio_ci95": [lo, hi]}
-        print(f"{metric}: cptest / bench_serving per round: median {statistics.median(ratios):.4f}, "
-              f"mean {statistics.fmean(ratios):.4f} (95 % CI {lo:.4f} .. {hi:.4f}, {len(ratios)} rounds); "
-              f"medians cptest {med['cptest']:.2f}, bench_serving {med['bench_serving']:.2f}", flush=True)
+                              "warmup": warm, "keepalive": a.keepalive, "order": order}
+    for mine in ["cptest"] + (["cptest-nogc"] if a.gc_variant else []):
+        for metric, theirs in (("output_throughput", "output_throughput"), ("mean_ttft_ms", "mean_ttft_ms"),
+                               ("median_ttft_ms", "median_ttft_ms"),
+                               ("median_ttft_token_ms", "median_ttft_ms")):
+            theirs_runs = [r[theirs] for r in runs if r["client"] == "bench_serving"]
+            med = {mine: statistics.median(r[metric] for r in runs if r["client"] == mine),
+                   "bench_serving": statistics.median(theirs_runs)}
+            ratios = [_pair(runs[k * i:k * i + k], metric, theirs, mine) for i in range(a.rounds)]
+            lo, hi = bootstrap(ratios)
+            key = metric if mine == "cptest" else f"{mine}:{metric}"
+            result[key] = med | {"round_ratios": ratios, "ratio_median": statistics.median(ratios),
+                                 "ratio_mean": statistics.fmean(ratios), "ratio_ci95": [lo, hi]}
+            print(f"{metric}: {mine} / bench_serving per round: median {statistics.median(ratios):.4f}, "
+                  f"mean {statistics.fmean(ratios):.4f} (95 % CI {lo:.4f} .. {hi:.4f}, "
+                  f"{len(ratios)} rounds); "
+                  f"medians {mine} {med[mine]:.2f}, bench_serving {med['bench_serving']:.2f}", flush=True)
     (a.out / "fidelity.json").write_text(json.dumps(result, indent=1) + "\n")
 
 

@@ -12,7 +12,8 @@
 # Environment: COHORTS (9), WINDOW_S (1.5), ROUNDS (6), SKIP_FIDELITY=1 (windows only, no server f),
 # SKIP_TESTS=1 (no GPU tests or benchmark: a second call on the same machine), SKIP_SCORING=1 (no
 # scoring_check.py against p0 at the end), SKIP_WINDOWS=1 (no p0/p1, no windows), KEEPALIVE_TOO=1 (a
-# second fidelity pass with cptest's client keeping connections alive). On a 1-GPU machine all
+# second fidelity pass with cptest's client keeping connections alive), GC_VARIANT=1 (a third client
+# each fidelity round: cptest's with Python's cyclic collector off). On a 1-GPU machine all
 # three servers share GPU 0.
 # Run it as `COMMIT=<the commit, from here> bash tools/device/measure.sh`: the machine's copy of .git
 # may be stale, so its own `git rev-parse` named an older commit in the first three runs' manifests.
@@ -89,7 +90,7 @@ if [ "${SKIP_FIDELITY:-0}" != 1 ]; then
   for i in $(seq 150); do curl -sf localhost:31002/health_generate > /dev/null && break; sleep 2; done
   say "fidelity on f"
   pinned "${CPUSETS[3]}" python3 tools/device/fidelity.py tools/device/fidelity_llama_kv1.cps --port 31002 \
-    --out "$WORK/fidelity" --rounds "${ROUNDS:-6}" 2>&1 | grep -v "^benchmark_args=\|^Namespace(" | tee -a "$LOG"
+    --out "$WORK/fidelity" --rounds "${ROUNDS:-6}" ${GC_VARIANT:+--gc-variant} 2>&1 | grep -v "^benchmark_args=\|^Namespace(" | tee -a "$LOG"
   cp "$WORK/fidelity/fidelity.json" "$OUT/" 2>/dev/null
   if [ "${KEEPALIVE_TOO:-0}" = 1 ]; then
     say "fidelity on f, cptest's client keeping connections alive"
