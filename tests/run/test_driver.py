@@ -227,6 +227,33 @@ def test_a_failing_callback_stops_sending_and_is_reraised(engine: str, tmp_path:
     assert [r.status for r in driver.summary.results] == ["ok", "ok"] + ["not_sent"] * 4
 
 
+def test_the_collector_is_off_while_requests_run_and_as_it_was_after(engine: str, tmp_path: Path) -> None:
+    """Its pauses made cptest's TTFT read 1.21x bench_serving's on one server (results/_measure
+    run14); the driver turns it off for the workload only, also when the workload raises."""
+    import gc
+
+    states: list[bool] = []
+
+    def note(result: RequestResult, completed: int) -> None:
+        states.append(gc.isenabled())
+        if completed == 3:
+            raise RunError("stop here")
+
+    assert gc.isenabled()
+    driver = WorkloadDriver(engine, workload(requests(4), concurrency=1), role="main",
+                            writer=RecordWriter(tmp_path / "r.jsonl"), on_done=[note])
+    with pytest.raises(RunError, match="stop here"):
+        driver.run()
+    assert states == [False] * 4 and gc.isenabled()  # the fourth: recorded not_sent
+    gc.disable()
+    try:  # a caller that runs with the collector off keeps it off
+        WorkloadDriver(engine, workload(requests(1)), role="main",
+                       writer=RecordWriter(tmp_path / "s.jsonl")).run()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_open_loop_sends_each_request_at_its_planned_time(engine: str, tmp_path: Path) -> None:
     reqs = [
         PlannedRequest(index=i, input_ids=[1, 2], max_new_tokens=1, sampling={}, send_after_s=0.3 * i)
