@@ -26,6 +26,7 @@ from typing import Any
 
 from cptest.contracts.base import EngineFacts
 from cptest.engines.protocol import ServerLaunch
+from cptest.engines.sglang.engine import RENDEZVOUS_PORT_OFFSET
 from cptest.reference.layout import unsupported
 from cptest.reference.server_args import TITLE_PREFIX, ReferenceConfig, build_argv
 from cptest.scenario import Scenario
@@ -61,7 +62,9 @@ class ReferenceEngine:
         return build_argv(ReferenceConfig(
             model_path=launch.model_path, degrees=launch.degrees, host=launch.host, port=launch.port,
             page_size=serve.page_size or 1, max_total_tokens=serve.max_total_tokens,
-            context_length=serve.context_length,
+            context_length=serve.context_length, node_rank=node_rank,
+            # Node 0 hosts the rendezvous, where SGLang's does (a launcher may put node 0's address there).
+            dist_init_addr=f"{launch.host}:{launch.port + RENDEZVOUS_PORT_OFFSET}" if nodes > 1 else None,
         ))  # fmt: skip
 
 CPU_PROFILE: dict[str, int] = {"hidden": 512, "intermediate": 1024, "prompt_max": 256, "prompt_min": 64}

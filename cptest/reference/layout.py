@@ -2,7 +2,8 @@
 
 The numbering is SGLang's (`cptest.topology`, docs/sglang.md §6): TP blocks contiguous,
 `tp_rank = attn_cp_rank * attn_tp + attn_tp_rank` (one attention-DP group), DCP groups contiguous
-slices of the TP group with `dcp_rank = tp_rank % dcp`. The reference runs one node, pp 1, attn_dp 1.
+slices of the TP group with `dcp_rank = tp_rank % dcp`. The reference runs pp 1 and attn_dp 1, on one
+node or several (`node_ranks`: node k runs the k-th contiguous block of world ranks, as SGLang).
 
 Head shards: query heads are split over attention TP (`heads / attn_tp` per rank, contiguous). The
 K/V heads a rank *stores* are the ones its attention needs: under DCP the queries of the whole DCP
@@ -30,10 +31,15 @@ from cptest.topology import (
 
 def unsupported(d: Degrees) -> list[str]:
     """Degrees this engine has no flag for (`server_args.py`): it would silently run tp only."""
-    if d.pp != 1 or d.attn_dp != 1 or d.nodes != 1:
-        return [f"the reference engine runs one node with pp 1 and attn_dp 1 (got nodes {d.nodes}, "
-                f"pp {d.pp}, attn_dp {d.attn_dp})"]
+    if d.pp != 1 or d.attn_dp != 1:
+        return [f"the reference engine runs pp 1 and attn_dp 1 (got pp {d.pp}, attn_dp {d.attn_dp})"]
     return []
+
+
+def node_ranks(d: Degrees, node_rank: int) -> range:
+    """The world ranks node `node_rank` runs: SGLang's contiguous blocks of `world / nodes`."""
+    per = d.world_size // max(d.nodes, 1)
+    return range(node_rank * per, (node_rank + 1) * per)
 
 
 TOLERATED = frozenset({"cp_strategy_required", "prefill_cp_needs_attn_cp"})

@@ -49,6 +49,13 @@ class RankArgs:
     master_port: int
     title_prefix: str
     threads: int
+    init_method: str | None = None
+    """torch.distributed's rendezvous; None: `tcp://127.0.0.1:<master_port>` (one node). Several
+    nodes meet at node 0's `--dist-init-addr`, as SGLang's do."""
+
+    @property
+    def rendezvous(self) -> str:
+        return self.init_method or f"tcp://127.0.0.1:{self.master_port}"
 
 
 def free_port() -> int:
@@ -124,14 +131,17 @@ def rank_main(rank: int, args: RankArgs, conn: Any, parent: int) -> None:
     _die_with_parent()
     if os.getppid() != parent:
         os._exit(1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the HTTP process decides; a terminal ^C is not ours
+    # The node's main process decides: neither a terminal's ^C nor a SIGTERM sent to every process
+    # of the node (what Slurm's `scancel --signal=TERM` does to a job) ends a rank by itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     import setproctitle
 
     layout = Layout(args.degrees, rank)
     setproctitle.setproctitle(rank_title(args.title_prefix, layout))
     torch.set_num_threads(args.threads)
     if args.degrees.tp > 1:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.master_port}", rank=rank,
+        dist.init_process_group("gloo", init_method=args.rendezvous, rank=rank,
                                 world_size=args.degrees.tp, timeout=GLOO_TIMEOUT)
         comm: Any = GlooComm(layout)
     else:

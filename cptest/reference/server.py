@@ -1,7 +1,10 @@
 """`python3 -m cptest.reference.server`: the reference engine's HTTP process and its rank processes.
 
 Process tree (like SGLang's): this process (title `cptest-ref::server`) serves HTTP and forks one
-process per rank (`cptest-ref::scheduler_TP<r>`, see `rank.py`). HTTP subset (SGLang 0.5.17 shapes,
+process per rank (`cptest-ref::scheduler_TP<r>`, see `rank.py`). With `--nnodes N` (SGLang's flags:
+`--node-rank k`, `--dist-init-addr HOST:PORT` of node 0's rendezvous) node 0 is this process with
+its block of ranks, and every other node a `FollowerNode` (`cptest-ref::node<k>`, no HTTP).
+HTTP subset (SGLang 0.5.17 shapes,
 `cptest/run/driver.py`):
 
 - `POST /generate`: input_ids, sampling_params (max_new_tokens, temperature, top_k, top_p,
@@ -41,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from cptest import __version__
-from cptest.reference.layout import Layout
-from cptest.reference.server_args import SERVER_TITLE, TITLE_PREFIX, ReferenceConfig, parse
+from cptest.reference.layout import Layout, node_ranks
+from cptest.reference.server_args import NODE_TITLE, SERVER_TITLE, TITLE_PREFIX, ReferenceConfig, parse
 
 HEALTH_TIMEOUT_S = 20.0
 LISTEN_BACKLOG = 1024
@@ -67,6 +70,29 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')} cptest-ref] {msg}", flush=True)
 
 
+def pool_rows(cfg: ReferenceConfig) -> int:
+    """KV pool rows per rank: whole blocks of `page * dcp` logical tokens (every node computes the same)."""
+    block = cfg.page_size * cfg.degrees.dcp
+    blocks = max((cfg.max_total_tokens or 32768) // block, 1)
+    return blocks * cfg.page_size
+
+
+def rank_args(cfg: ReferenceConfig, rows: int, context_length: int) -> Any:
+    """What every rank of this node is started with; several nodes meet at `--dist-init-addr`."""
+    from cptest.reference.rank import RankArgs, free_port
+
+    init = None
+    if cfg.degrees.nodes > 1:
+        if not cfg.dist_init_addr:
+            raise SystemExit("cptest-ref: --nnodes > 1 needs --dist-init-addr HOST:PORT "
+                             "(node 0's rendezvous)")
+        init = f"tcp://{cfg.dist_init_addr}"
+    return RankArgs(model_dir=cfg.model_path, degrees=cfg.degrees, rows=rows, page=cfg.page_size,
+                    max_running=cfg.max_running_requests, context_length=context_length,
+                    master_port=free_port(), title_prefix=TITLE_PREFIX, threads=RANK_THREADS,
+                    init_method=init)
+
+
 class Engine:
     """The HTTP process's view of the ranks: a pipe to rank 0 and one event queue per request."""
 
@@ -85,7 +111,7 @@ class Engine:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         from cptest.reference.modeling import load_config
-        from cptest.reference.rank import RankArgs, free_port, rank_main
+        from cptest.reference.rank import rank_main
 
         cfg = self.cfg
         model = load_config(Path(cfg.model_path))
@@ -94,10 +120,7 @@ class Engine:
         bad = lay.problems()
         if bad:
             raise SystemExit(f"cptest-ref: cannot serve this layout: {'; '.join(bad)}")
-        block = cfg.page_size * d.dcp
-        logical = cfg.max_total_tokens or 32768
-        blocks = max(logical // block, 1)
-        rows = blocks * cfg.page_size
+        rows = pool_rows(cfg)
         ctx = cfg.context_length or model.context_length
         if d.dcp > 1:
             log(f"DCP enabled, dcp_size={d.dcp}, tp_size={d.tp}")
@@ -107,13 +130,11 @@ class Engine:
         log(f"{model.architecture}: {model.layers} layers, hidden {model.hidden}, heads {model.heads}, "
             f"kv_heads {model.kv_heads}; tp {d.tp}, dcp {d.dcp}, attn_cp {d.attn_cp}")
         log(capacity_line(rows, cfg.page_size, d.dcp))
-        args = RankArgs(model_dir=cfg.model_path, degrees=d, rows=rows, page=cfg.page_size,
-                        max_running=cfg.max_running_requests, context_length=ctx, master_port=free_port(),
-                        title_prefix=TITLE_PREFIX, threads=RANK_THREADS)
+        args = rank_args(cfg, rows, ctx)
         ctx_fork = mp.get_context("fork")
         ours, theirs = ctx_fork.Pipe(duplex=True)
         me = os.getpid()
-        for r in range(d.tp):
+        for r in node_ranks(d, 0):
             p = ctx_fork.Process(target=rank_main, args=(r, args, theirs if r == 0 else None, me),
                                  name=f"rank{r}", daemon=False)
             p.start()
@@ -223,6 +244,76 @@ class Engine:
                     os.kill(p.pid, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
 
+
+class FollowerNode:
+    """Node k > 0 of a multi-node server (SGLang's `--node-rank k`): no HTTP, only this node's ranks,
+    which take their steps from rank 0 on node 0 over gloo.
+
+    Its ends mirror the leader's: the leader's shutdown ends every rank (exit 0 once they all did);
+    a rank that dies otherwise (a fault, the leader gone) makes this process SIGKILL its other ranks
+    and itself (status -9), as the leader's SIGQUIT path does. SIGTERM (cptest's shutdown, or
+    Slurm's signal to every process of the job) waits up to `FOLLOWER_GRACE_S` for the leader's
+    shutdown to end the ranks, then kills them."""
+
+    def __init__(self, cfg: ReferenceConfig) -> None:
+        self.cfg = cfg
+        self.procs: list[Any] = []
+        self.terminating = threading.Event()
+
+    def run(self) -> int:
+        from cptest.reference.modeling import load_config
+        from cptest.reference.rank import rank_main
+
+        cfg, d = self.cfg, self.cfg.degrees
+        if not 0 < cfg.node_rank < d.nodes:
+            raise SystemExit(f"cptest-ref: --node-rank {cfg.node_rank} outside 0..{d.nodes - 1}")
+        bad = Layout(d, rank=0).problems()
+        if bad:
+            raise SystemExit(f"cptest-ref: cannot serve this layout: {'; '.join(bad)}")
+        model = load_config(Path(cfg.model_path))
+        args = rank_args(cfg, pool_rows(cfg), cfg.context_length or model.context_length)
+        ctx_fork = mp.get_context("fork")
+        me = os.getpid()
+        ranks = node_ranks(d, cfg.node_rank)
+        log(f"node {cfg.node_rank} of {d.nodes}: ranks {ranks.start}..{ranks.stop - 1}, "
+            f"rendezvous {cfg.dist_init_addr}")
+        for r in ranks:
+            p = ctx_fork.Process(target=rank_main, args=(r, args, None, me), name=f"rank{r}", daemon=False)
+            p.start()
+            self.procs.append(p)
+        log(f"ranks started: {', '.join(str(p.pid) for p in self.procs)}")
+        deadline: float | None = None
+        while True:
+            time.sleep(0.1)
+            codes = [p.exitcode for p in self.procs]
+            if self.terminating.is_set() and deadline is None:
+                deadline = time.monotonic() + FOLLOWER_GRACE_S
+            if all(c == 0 for c in codes):
+                log("all ranks exited; bye")
+                return 0
+            failed = [(r, p) for r, p in zip(ranks, self.procs, strict=True) if p.exitcode not in (None, 0)]
+            late = deadline is not None and time.monotonic() > deadline
+            if failed or late:
+                time.sleep(0.2)  # let a peer's death and its consequences settle, to name them all
+                for r, p in zip(ranks, self.procs, strict=True):
+                    if p.exitcode is not None:
+                        log(f"rank {r} (pid {p.pid}) exited with status {p.exitcode}")
+                why = "ranks did not end after SIGTERM" if late and not failed else "a rank died"
+                log(f"{why}: killing this node's ranks and itself")
+                for p in self.procs:
+                    if p.exitcode is None and p.pid is not None:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(p.pid, signal.SIGKILL)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_sigterm(self, signum: int, frame: Any) -> None:
+        if not self.terminating.is_set():
+            log(f"SIGTERM received: waiting up to {FOLLOWER_GRACE_S:.0f} s for node 0 to end the ranks")
+            self.terminating.set()
+
+
+FOLLOWER_GRACE_S = 30.0
+"""How long a follower node waits after SIGTERM for node 0's shutdown to end its ranks."""
 
 MAX_TOP_LOGPROBS = 64
 """The largest `top_logprobs_num` the reference serves (SGLang sets no bound; a bound keeps a request's
@@ -465,6 +556,12 @@ def main(argv: list[str] | None = None) -> int:
     import setproctitle
 
     cfg = parse(sys.argv[1:] if argv is None else argv)
+    if cfg.node_rank > 0:
+        setproctitle.setproctitle(f"{NODE_TITLE}{cfg.node_rank}")
+        node = FollowerNode(cfg)
+        signal.signal(signal.SIGTERM, node.on_sigterm)
+        log(f"cptest reference engine {__version__} (CPU, float32, gloo; not SGLang) pid {os.getpid()}")
+        return node.run()
     setproctitle.setproctitle(SERVER_TITLE)
     engine = Engine(cfg)
     signal.signal(signal.SIGQUIT, engine.on_sigquit)

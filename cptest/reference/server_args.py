@@ -16,6 +16,8 @@ MODULE = "cptest.reference.server"
 TITLE_PREFIX = "cptest-ref::scheduler"
 """Rank process titles: `cptest-ref::scheduler_TP<r>` (SGLang's scheme, another prefix: never confused)."""
 SERVER_TITLE = "cptest-ref::server"
+NODE_TITLE = "cptest-ref::node"
+"""The main process of node k > 0 of a multi-node server: `cptest-ref::node<k>` (it serves no HTTP)."""
 DEFAULT_MAX_TOTAL_TOKENS = 32768
 DEFAULT_MAX_RUNNING = 64
 
@@ -30,6 +32,9 @@ class ReferenceConfig:
     max_total_tokens: int | None = None
     context_length: int | None = None
     max_running_requests: int = DEFAULT_MAX_RUNNING
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+    """host:port of node 0's rendezvous (torch.distributed's TCP store); needed when nodes > 1."""
 
 
 def build_argv(cfg: ReferenceConfig) -> list[str]:
@@ -45,6 +50,10 @@ def build_argv(cfg: ReferenceConfig) -> list[str]:
         argv += ["--max-total-tokens", str(cfg.max_total_tokens)]
     if cfg.context_length is not None:
         argv += ["--context-length", str(cfg.context_length)]
+    if d.nodes > 1:  # SGLang's flags and meaning: the launcher may set them from its job (Slurm)
+        argv += ["--nnodes", str(d.nodes), "--node-rank", str(cfg.node_rank)]
+        if cfg.dist_init_addr is not None:
+            argv += ["--dist-init-addr", cfg.dist_init_addr]
     return argv
 
 
@@ -63,14 +72,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-total-tokens", type=int, default=None)
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--max-running-requests", type=int, default=DEFAULT_MAX_RUNNING)
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--dist-init-addr", default=None)
     return p
 
 
 def parse(argv: list[str]) -> ReferenceConfig:
     """argv (without the program) -> ReferenceConfig; argparse exits with status 2 on bad flags."""
     a = parser().parse_args(argv)
-    degrees = Degrees(tp=a.tp_size, dcp=a.dcp_size, attn_cp=a.attn_cp_size, prefill_cp=a.enable_prefill_cp,
-                      cp_strategy=a.cp_strategy)
+    degrees = Degrees(tp=a.tp_size, dcp=a.dcp_size, attn_cp=a.attn_cp_size,
+                      prefill_cp=a.enable_prefill_cp, cp_strategy=a.cp_strategy, nodes=a.nnodes)
     return ReferenceConfig(model_path=a.model_path, degrees=degrees, host=a.host, port=a.port,
                            page_size=a.page_size, max_total_tokens=a.max_total_tokens,
-                           context_length=a.context_length, max_running_requests=a.max_running_requests)
+                           context_length=a.context_length, max_running_requests=a.max_running_requests,
+                           node_rank=a.node_rank, dist_init_addr=a.dist_init_addr)

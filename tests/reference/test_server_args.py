@@ -7,6 +7,7 @@ from pathlib import Path
 from cptest.engines.reference import choose
 from cptest.lang import parse_file
 from cptest.plan import plan
+from cptest.reference.layout import node_ranks
 from cptest.reference.server_args import ReferenceConfig, build_argv, parse
 from cptest.topology import Degrees
 
@@ -30,3 +31,20 @@ def test_reference_plan_targets_reference_rank_titles_never_sglang_ones() -> Non
                                                              "cptest-ref::scheduler_TP1"]
     assert p.faults[0].process_title == "cptest-ref::scheduler_TP1"
     assert "--dcp-size" in p.main.nodes[0].argv and "sglang" not in " ".join(p.main.nodes[0].argv)
+
+
+def test_a_multi_node_argv_round_trips_with_sglangs_node_flags() -> None:
+    cfg = ReferenceConfig(model_path="/m", degrees=Degrees(tp=4, dcp=2, nodes=2), node_rank=1,
+                          dist_init_addr="10.0.0.7:30050")
+    argv = build_argv(cfg)
+    at = argv.index("--nnodes")
+    assert argv[at:] == ["--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.7:30050"]
+    assert parse(argv[3:]) == cfg
+
+
+def test_two_node_plan_gives_each_node_its_rank_and_node_0s_rendezvous() -> None:
+    p = plan(parse_file(SCENARIOS / "reference_two_node_kill_rank.cps"))
+    argvs = [n.argv for n in p.main.nodes]
+    assert [a[a.index("--node-rank") + 1] for a in argvs] == ["0", "1"]
+    assert {a[a.index("--dist-init-addr") + 1] for a in argvs} == {"127.0.0.1:30050"}
+    assert node_ranks(p.main.topology, 0) == range(0, 1) and node_ranks(p.main.topology, 1) == range(1, 2)
