@@ -30,6 +30,7 @@
         regex
         matplotlib     # report.html's plots
         rich           # live progress on a terminal (cptest/console.py)
+        pyyaml         # compile --target lws writes YAML (cptest/k8s/yaml_text.py)
       ];
       # nixpkgs' torch is its CPU build unless cudaSupport is set: what the reference engine needs.
       pythonFor = pkgs: pkgs.python311.withPackages (ps: runtimeDeps ps ++ (with ps; [

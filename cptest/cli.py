@@ -283,16 +283,35 @@ def _lint_evidence(root: Path, as_json: bool) -> int:
     return 1 if any(t.status == "refuted" for t in judged.rules) else 0
 
 
+LWS_CLAIMS = ("cptest-models", "cptest-evidence")
+"""`compile --target lws`'s default volume claims: the model store, the probe's evidence."""
+
+
 @main.command(name="compile")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--target", type=click.Choice(["plan", "lws"]), default="plan", show_default=True,
+              help="plan: the plan; lws: Kubernetes LeaderWorkerSet and Service YAML per server "
+                   "(docs/kubernetes.md)")
+@click.option("--image", default=None, help="lws: the image the pods run (default: the plan's, else the "
+                                            "lock's sglang-cptest:<release>); name it by digest")
+@click.option("--models-claim", default=LWS_CLAIMS[0], show_default=True,
+              help="lws: the PersistentVolumeClaim holding the model store")
+@click.option("--evidence-claim", default=LWS_CLAIMS[1], show_default=True,
+              help="lws: the PersistentVolumeClaim the probe writes rank files to")
 @json_option
 @_guard
-def compile_(file: Path, as_json: bool) -> int:
-    """Print the plan of a scenario (argv, GPUs, environment, requests, faults, expectations, pins)."""
+def compile_(file: Path, target: str, image: str | None, models_claim: str, evidence_claim: str,
+             as_json: bool) -> int:
+    """Print the plan of a scenario (argv, GPUs, environment, requests, faults, expectations, pins),
+    or with --target lws its Kubernetes manifests."""
     from cptest.lang import parse_file
     from cptest.plan import plan
 
+    if target != "lws" and (image is not None or (models_claim, evidence_claim) != LWS_CLAIMS):
+        raise click.UsageError("--image, --models-claim and --evidence-claim go with --target lws")
     p = plan(parse_file(file))
+    if target == "lws":
+        return _compile_lws(p, image, models_claim, evidence_claim, as_json)
     if as_json:
         click.echo(p.model_dump_json(indent=2))
         return 0
@@ -308,6 +327,29 @@ def compile_(file: Path, as_json: bool) -> int:
     for e in p.expectations:
         fields = e.model_dump(exclude={"kind", "role", "expect_violation", "source"})
         click.echo(f"expect {e.kind}{' (violation expected)' if e.expect_violation else ''}: {fields}")
+    return 0
+
+
+def _compile_lws(p: Any, image: str | None, models_claim: str, evidence_claim: str, as_json: bool) -> int:
+    """`compile --target lws`: the manifests on stdout (YAML, or CompileLwsOut under --json), what the
+    user must still do (an image to pin) on stderr."""
+    from cptest.k8s import image as images
+    from cptest.k8s.render import Volumes, render
+    from cptest.k8s.yaml_text import dump
+
+    out = render(p, images.resolve(p, image), Volumes(models_claim, evidence_claim))
+    text = dump(out.objects, [f"cptest compile --target lws: scenario {p.scenario}, plan sha256 "
+                              f"{out.plan_sha256}", "rendered offline, never applied by cptest "
+                              "(docs/kubernetes.md)"])
+    if as_json:
+        kinds = [{"kind": o["kind"], "name": o["metadata"]["name"],
+                  "role": o["metadata"]["labels"]["cptest/role"]} for o in out.objects]
+        _emit({"target": "lws", "scenario": p.scenario, "plan_sha256": out.plan_sha256,
+               "objects": kinds, "manifests": out.objects, "yaml": text, "notes": out.notes}, True, "")
+    else:
+        click.echo(text, nl=False)
+    for note in out.notes:
+        click.echo(f"cptest: {note}", err=True)
     return 0
 
 

@@ -159,6 +159,29 @@ class SchemaListOut(_Out):
     commands: list[str]
 
 
+class ManifestObjectOut(_Out):
+    kind: Literal["LeaderWorkerSet", "Service"]
+    name: str
+    role: Literal["main", "baseline", "control"]
+
+
+class CompileLwsOut(_Out):
+    """`compile --target lws --json`: the Kubernetes objects of every server (docs/kubernetes.md)."""
+
+    target: Literal["lws"]
+    scenario: str
+    plan_sha256: str
+    """sha256 of the plan's compact JSON (`Plan.model_dump_json()`; the manifests' `cptest/plan-sha256`)."""
+    objects: list[ManifestObjectOut]
+    """Kind, name and server role of each object, in the order of `manifests`."""
+    manifests: list[dict[str, Any]]
+    """The objects themselves: per server a LeaderWorkerSet, then its leader's Service."""
+    yaml: str
+    """The same objects as the multi-document YAML `compile --target lws` prints."""
+    notes: list[str]
+    """What is left to the user (an image not pinned by digest)."""
+
+
 # ------------------------------------------------------------------------------ running
 class RunBlockedOut(_Out):
     """`cptest run` stopped by lint findings of observed rules (exit 1): nothing launched."""
@@ -355,7 +378,7 @@ OUTPUTS: dict[str, tuple[type[BaseModel], ...]] = {
     "validate": (ValidateOut,),
     "fmt": (FmtOut,),
     "lint": (LintOut, LintEvidenceOut),
-    "compile": (Plan,),
+    "compile": (Plan, CompileLwsOut),
     "schema": (SchemaListOut, JsonSchemaOut),
     "run": (VerdictOut, RunBlockedOut),
     "suite": (SuiteOut,),
@@ -373,8 +396,9 @@ OUTPUTS: dict[str, tuple[type[BaseModel], ...]] = {
     "models add": (ModelsAddOut,),
 }
 """Each command (its words as typed after `cptest`) -> the models its `--json` output may take
-besides `ErrorOut` (`lint` prints `LintEvidenceOut` with --evidence; `run` prints `RunBlockedOut`
-when lint blocks it; `schema` prints a schema document, or the names with --list)."""
+besides `ErrorOut` (`lint` prints `LintEvidenceOut` with --evidence; `compile` prints
+`CompileLwsOut` with --target lws; `run` prints `RunBlockedOut` when lint blocks it; `schema` prints
+a schema document, or the names with --list)."""
 
 
 def command_name(name: str) -> str | None:

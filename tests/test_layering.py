@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engines", ("cptest.engines",)),
     ("plan", ("cptest.plan",)),
     ("run", ("cptest.run",)),
+    ("k8s", ("cptest.k8s",)),
     ("checks", ("cptest.checks",)),
     ("report", ("cptest.report",)),
     ("pipeline", ("cptest.pipeline",)),
@@ -134,6 +135,7 @@ def test_the_scan_finds_an_upward_import_and_a_fixture_import(tmp_path: Path):
 @pytest.mark.parametrize(("module", "layer"), [
     ("cptest.contracts.rows", "contracts"), ("cptest.plan.model", "plan"), ("cptest.store", "evidence"),
     ("cptest.engines.sglang.releases", "engines"), ("cptest.reference.server", "engine runtimes"),
+    ("cptest.k8s.render", "k8s"),
 ])  # fmt: skip
 def test_a_module_is_placed_by_its_longest_prefix(module: str, layer: str):
     assert LAYERS[layer_of(module)][0] == layer  # type: ignore[index]
