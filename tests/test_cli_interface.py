@@ -40,6 +40,8 @@ KV4 = next((ROOT / "results" / "dcp2_llama_kv4").iterdir())
 """A committed SGLang archive whose declared no-go a flipped verdict turns into a refuted lint rule."""
 COMMITTED = sorted(p for p in (ROOT / "results" / "tp2_llama_kv1").iterdir() if p.is_dir())[-1]
 """A committed 0.5.17 archive: today's planner plans it differently, so a rerun is refused (exit 3)."""
+TWO_NODES = ROOT / "scenarios" / "tp4_dcp2_two_nodes_sglang.cps"
+"""The suite's multi-node SGLang scenario: `compile --target lws` renders its manifests."""
 
 
 # ------------------------------------------------------------------------------ the README table
@@ -293,6 +295,9 @@ CASES = [
     Case("lint --evidence", 2, lambda w: ["lint", "--evidence", w.missing], why="no such directory"),
     Case("compile", 0, lambda w: ["compile", ROOT / "scenarios" / "fault_kill_rank_dcp2.cps"], why="ok"),
     Case("compile", 2, lambda w: ["compile", w.bad_cps], why="bad file"),
+    Case("compile", 0, lambda w: ["compile", "--target", "lws", TWO_NODES], why="LeaderWorkerSet manifests"),
+    Case("compile", 2, lambda w: ["compile", "--target", "lws", "--models-claim", "Not_A_Name", TWO_NODES],
+         why="lws: a bad claim name"),
     Case("schema", 0, lambda w: ["schema"], why="scenario"),
     Case("schema", 0, lambda w: ["schema", "--list"], why="list"),
     Case("schema", 0, lambda w: ["schema", "--command", "models-make"], why="a command"),

@@ -23,7 +23,8 @@ import pytest
 import cptest
 
 PACKAGE = Path(cptest.__file__).resolve().parent
-PURE_STAGES = ("cptest.lang", "cptest.plan", "cptest.plan.lint", "cptest.contracts", "cptest.checks")
+PURE_STAGES = ("cptest.lang", "cptest.plan", "cptest.plan.lint", "cptest.contracts", "cptest.checks",
+               "cptest.k8s.render", "cptest.k8s.validate")
 FORBIDDEN_MODULES = ("cptest.run", "subprocess", "docker", "httpx", "psutil", "torch")
 """Not imported (directly or transitively) by any pure stage. `socket` cannot be on this list:
 pydantic's plugin loader imports importlib.metadata -> email.utils -> socket; httpx and docker stand

@@ -10,26 +10,12 @@ whether it is pinned by digest (`cptest/image-pinned`), and `compile` says what 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from cptest.errors import CptestError, PlanError, Problem
+from cptest.k8s.render import Image, is_pinned
 from cptest.plan.model import Plan
 
 SGLANG_IMAGE = "sglang-cptest:{release}"
 """The lock's name for the SGLang image of a release (images/README.md)."""
-
-
-@dataclass(frozen=True)
-class Image:
-    reference: str
-    pinned: bool
-    """True when the reference names a digest (`NAME@sha256:...`): every pod pulls the same bytes."""
-    note: str | None = None
-    """What the user should know about it (an unpinned or unbuilt image), or None."""
-
-
-def is_pinned(reference: str) -> bool:
-    return "@sha256:" in reference
 
 
 def resolve(plan: Plan, override: str | None) -> Image:

@@ -21,7 +21,6 @@ from typing import Any
 
 from cptest.errors import PlanError, Problem
 from cptest.k8s.argv import EVIDENCE_MOUNT, MODELS_MOUNT, common_argv, escape, rendezvous_port
-from cptest.k8s.image import Image
 from cptest.k8s.names import DNS_SUBDOMAIN, PREFIX, dns_label, label_value
 from cptest.paths import MODELS
 from cptest.plan.model import Plan, ServerPlan
@@ -37,6 +36,21 @@ PROBE_PERIOD_S = 10
 ENGINES = ("sglang",)
 """Engines whose image carries what a pod needs. The reference engine's image has no cptest in it:
 the docker launcher mounts the running checkout into it (D44), and a cluster has no checkout."""
+
+
+@dataclass(frozen=True)
+class Image:
+    """The image every pod runs (`cptest.k8s.image.resolve` chooses it)."""
+
+    reference: str
+    pinned: bool
+    """True when the reference names a digest (`NAME@sha256:...`): every pod pulls the same bytes."""
+    note: str | None = None
+    """What the user should know about it (an unpinned or unbuilt image), or None."""
+
+
+def is_pinned(reference: str) -> bool:
+    return "@sha256:" in reference
 
 
 @dataclass(frozen=True)

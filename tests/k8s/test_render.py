@@ -16,7 +16,7 @@ from cptest.interface import adapter
 from cptest.k8s import argv as pod
 from cptest.k8s import image as images
 from cptest.k8s.names import dns_label, label_value, name_problems
-from cptest.k8s.render import LWS_NAME_LABEL, Volumes, render
+from cptest.k8s.render import LWS_NAME_LABEL, Image, Volumes, render
 from cptest.k8s.validate import validate_all
 from cptest.k8s.yaml_text import dump, load
 from cptest.lang import parse_file, parse_text
@@ -36,7 +36,7 @@ scenario multi_node_t {
   expect { launch accepted rows kv_owner position % 2 }
 }
 """
-PINNED = images.Image("registry.example/sglang-cptest@sha256:" + "ab" * 32, True)
+PINNED = Image("registry.example/sglang-cptest@sha256:" + "ab" * 32, True)
 
 
 def _plan(text: str = TEXT) -> Plan:
@@ -176,7 +176,7 @@ def test_image_is_the_override_else_the_lock_name_of_the_release_and_says_when_u
     assert default.reference == "sglang-cptest:0.5.17" and not default.pinned
     assert "unbuilt" in (default.note or "") and "--image" in (default.note or "")
     ref = "registry.example/sglang-cptest@sha256:" + "cd" * 32
-    assert images.resolve(p, ref) == images.Image(ref, True)
+    assert images.resolve(p, ref) == Image(ref, True)
     assert not images.resolve(p, "registry.example/sglang:latest").pinned
     with pytest.raises(PlanError):
         images.resolve(p, "two words")

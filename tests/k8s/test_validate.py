@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 
 from cptest.k8s import validate
-from cptest.k8s.image import Image
-from cptest.k8s.render import render
+from cptest.k8s.render import Image, render
 from cptest.lang import parse_file
 from cptest.plan import plan
 
@@ -175,3 +174,23 @@ def test_strict_forbids_unknown_fields_except_where_the_schema_preserves_them():
     assert "additionalProperties" not in s["properties"]["c"]
     assert s["properties"]["d"]["additionalProperties"] == {"type": "string"}
     assert s["properties"]["a"]["properties"]["b"]["maximum"] == 2**31 - 1
+
+
+def test_a_published_crd_transcribes_to_the_vendored_schema_and_a_change_is_named():
+    from cptest.k8s.crd import differences
+
+    # A stand-in for the published file: the vendored schema with prose and a PodSpec put back.
+    full = copy.deepcopy(validate.lws_document()["openAPIV3Schema"])
+    full["description"] = "LeaderWorkerSet is the Schema for the leaderworkersets API"
+    lwt = full["properties"]["spec"]["properties"]["leaderWorkerTemplate"]["properties"]
+    for key in ("leaderTemplate", "workerTemplate"):
+        lwt[key]["properties"]["spec"] = {"type": "object", "required": ["containers"], "description": "x",
+                                          "properties": {"containers": {"type": "array"}}}
+    lwt["volumeClaimTemplates"]["items"] = {"type": "object", "properties": {"spec": {"type": "object"}}}
+    crd = {"spec": {"versions": [{"name": "v1", "schema": {"openAPIV3Schema": full}}]}}
+    assert differences(crd) == []
+    lwt["size"]["format"] = "int64"
+    lwt["resizePolicy"] = {"type": "string"}
+    at = ".properties.spec.properties.leaderWorkerTemplate.properties"
+    assert differences(crd) == [f"{at}.resizePolicy: only in the CRD",
+                                f"{at}.size.format: CRD 'int64', vendored 'int32'"]
