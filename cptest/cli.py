@@ -403,7 +403,8 @@ def schema(command_name: str | None, list_: bool, as_json: bool) -> int:
 @click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=RUNS,
               show_default=True, help="where the archive goes (trial runs; `cptest publish` puts a verified "
               "archive into results/)")
-@click.option("--launcher", type=click.Choice(["process", "docker"]), default="process", show_default=True)
+@click.option("--launcher", type=click.Choice(["process", "docker", "slurm"]), default="process",
+              show_default=True)
 @click.option("--ignore-lint", is_flag=True, help="run even when lint finds a mismatch")
 @click.option("--engine", "engine_name", type=click.Choice(["sglang", "reference"]), default=None,
               help="override the scenario's engine (with no GPU, sglang scenarios run on the reference)")
@@ -477,7 +478,8 @@ def _placement(gpus: str | None, cpus: str | None, ports: str | None) -> Any:
 @click.option("--cpus", default=None, metavar="IDS", help="the CPUs the suite may use (default: all it may)")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="at most this many scenarios at once (1: one at a time)")
-@click.option("--launcher", type=click.Choice(["process", "docker"]), default="process", show_default=True)
+@click.option("--launcher", type=click.Choice(["process", "docker", "slurm"]), default="process",
+              show_default=True)
 @click.option("--ignore-lint", is_flag=True, help="run scenarios even when lint finds a mismatch")
 @click.option("--engine", "engine_name", type=click.Choice(["sglang", "reference"]), default=None,
               help="override every scenario's engine")
@@ -516,7 +518,8 @@ def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | 
 @click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=RUNS,
               show_default=True, help="where the archive goes (trial runs; `cptest publish` puts a verified "
               "archive into results/)")
-@click.option("--launcher", type=click.Choice(["process", "docker"]), default="process", show_default=True)
+@click.option("--launcher", type=click.Choice(["process", "docker", "slurm"]), default="process",
+              show_default=True)
 @click.option("--accept-plan-changes", is_flag=True,
               help="run even when this cptest plans the archived scenario to execute something else than "
               "the archived plan did (argv, environment, image, mounts, GPUs); refused otherwise, exit 3")

@@ -288,6 +288,15 @@ def _run_rooted(planned: Plan, launched: Plan, out: Path, launcher: Launcher, *,
         with log.step("writing synthetic weights"):
             digest = ensure_synthetic(synthetic.model_dump(), Path(model_dir or "."))
         log.info(f"synthetic weights sha256 {digest}")
+    # A launcher with a cluster behind it (slurm) says whether it can run the plan now: no client,
+    # no controller, too few nodes are infrastructure (InfrastructureError, exit 3), never FAIL.
+    launcher_preflight = getattr(launcher, "preflight", None)
+    if launcher_preflight is not None:
+        from cptest.run.preflight import InfrastructureError
+
+        causes = launcher_preflight(launched)
+        if causes:
+            raise InfrastructureError(causes)
     require(launched, results=out, **(preflight or {}))
     env = dict(collect_environment(Path.cwd()) if environment is None else environment)
     env["weights_sha256"] = weights_sha256(model_dir)
@@ -694,7 +703,12 @@ def _placement_of(archived: Plan) -> Placement:
 
 
 def launcher_named(name: str) -> Launcher:
-    """The launcher the CLI's `--launcher` names: `process` (local process trees) or `docker`."""
+    """The launcher the CLI's `--launcher` names: `process` (local process trees), `docker` or
+    `slurm` (a Slurm job per server, docs/slurm.md)."""
+    if name == "slurm":
+        from cptest.run.slurm import SlurmLauncher
+
+        return SlurmLauncher()
     if name == "docker":
         from cptest.run.docker import DockerLauncher
 

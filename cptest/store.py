@@ -11,10 +11,12 @@ results/<scenario>/<UTC YYYYmmddTHHMMSSZ>-<first 8 hex of the scenario sha256>/
   includes/...               its `extends` files, by their path relative to the scenario (`..` as `@up`)
   plan.json                  the effective configuration (cptest.plan.Plan)
   manifest.json              phase, pins, environment, sha256 of every other file
-  evidence/<role>/rank<w>.jsonl   probe records of world rank w (role: main or baseline)
+  evidence/<role>/rank<w>.jsonl   probe records of world rank w (role: main or baseline); from a
+                             launcher that names nodes, evidence/<role>/<node name>/rank<w>.jsonl
   evidence/<role>/runner.jsonl    runner records: requests, processes, GPU memory, lifecycle
   evidence/cptest.jsonl      cptest's own outline log of the run
   logs/<role>-node<k>.log    the engine's stdout and stderr, per node
+                             (`<role>-node<k>-<name>.log` from a launcher that names nodes: Slurm)
   logs/cptest-crash.txt      only when cptest itself crashed during the run: its traceback
   verdict.json, report.md, report.html, junit.xml   written last (report.html since D48)
 ```
@@ -186,6 +188,17 @@ def write_file(root: Path, path: Path, text: str) -> None:
         raise
 
 
+def node_named(path: Path, node_name: str) -> Path:
+    """A node's file named after the node too: `logs/main-node1.log` -> `logs/main-node1-n2.log`,
+    `evidence/main` -> `evidence/main/n2` (a folder). Raises ValueError for a name that is not one
+    plain path component (`NAME`): names come from the cluster, never trusted as paths."""
+    if not valid_name(node_name):
+        raise ValueError(f"node name {node_name!r} cannot name a file of the archive")
+    if path.suffix:
+        return path.with_name(f"{path.stem}-{node_name}{path.suffix}")
+    return path / node_name
+
+
 def rank_file_name(world: int) -> str:
     """The name of world rank `world`'s probe file in its role's evidence directory."""
     return f"rank{world}.jsonl"
@@ -251,19 +264,43 @@ class Layout:
     def log(self, role: str, node: int) -> Path:
         return self.logs_dir / f"{role}-node{node}.log"
 
+    def node_log(self, role: str, node: int) -> Path:
+        """The log of node `node` as the archive holds it: `logs/<role>-node<k>.log`, or, from a
+        launcher that names its nodes (Slurm), the one `logs/<role>-node<k>-<name>.log` (reads the
+        directory; the plain name when neither is there)."""
+        plain = self.log(role, node)
+        if plain.exists() or not self.logs_dir.is_dir():
+            return plain
+        named = sorted(self.logs_dir.glob(f"{role}-node{node}-*.log"))
+        named = [p for p in named if valid_name(p.name[len(f"{role}-node{node}-"):-len(".log")])]
+        return named[0] if len(named) == 1 else plain
+
     def relative(self, path: Path) -> str:
         """`path` as the archive names it (`evidence/main/rank0.jsonl`), for messages and manifests."""
         return path.relative_to(self.root).as_posix()
 
     def rank_files(self, role: str) -> dict[int, Path]:
-        """The probe files present for `role`, by world rank (reads the directory)."""
+        """The probe files present for `role`, by world rank (reads the directory): in the role's
+        folder, or in one folder per node below it (`evidence/<role>/<node name>/rank<w>.jsonl`, a
+        launcher that names its nodes). A world rank found twice is an IntegrityError."""
         d = self.role_dir(role)
-        out = {}
-        if d.is_dir():
-            for p in sorted(d.iterdir()):
-                m = _RANK_FILE.match(p.name)
-                if m:
-                    out[int(m.group(1))] = p
+        out: dict[int, Path] = {}
+        if not d.is_dir():
+            return out
+        for p in sorted(d.iterdir()):
+            if p.is_dir() and not p.is_symlink() and not _RANK_FILE.match(p.name):
+                found = sorted(p.iterdir()) if valid_name(p.name) else []
+            else:
+                found = [p]
+            for f in found:
+                m = _RANK_FILE.match(f.name)
+                if not m:
+                    continue
+                world = int(m.group(1))
+                if world in out:
+                    raise _at(f, f"rank {world} has two probe files: {self.relative(out[world])} and "
+                              f"{self.relative(f)}", hint="an archive holds one file per rank")
+                out[world] = f
         return dict(sorted(out.items()))
 
     def make_dirs(self, roles: Iterable[str]) -> None:

@@ -47,7 +47,7 @@ def load_role(layout: Layout, server: ServerPlan) -> RoleEvidence:
     else:
         ev.missing.append(layout.relative(runner))
     for node in ev.nodes:
-        p = layout.log(role, node)
+        p = layout.node_log(role, node)
         if existing_file(p):
             ev.logs[node] = p.read_bytes().decode("utf-8", errors="replace")
         else:

@@ -90,7 +90,7 @@ def _outline_times(layout: Layout, role: str) -> tuple[float | None, float | Non
 def startup(archive: Path, role: str = "main") -> Startup | None:
     """The startup phases of `role`'s node 0 in `archive`; None when it has no such log."""
     layout = Layout(archive)
-    log = layout.log(role, 0)
+    log = layout.node_log(role, 0)
     if not log.is_file():
         return None
     stamped = []

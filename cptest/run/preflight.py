@@ -25,6 +25,9 @@ Causes (`Cause.code`):
   docker`, an image that images/lock.json does not pin, that the engine does not hold, or of another
   digest; no engine answering (`cptest.run.docker.DockerLauncher.pin_images`, called by the
   pipeline just before the archive is begun).
+- `slurm_missing`, `slurm_down`, `slurm_nodes`: under `--launcher slurm`, no Slurm client on PATH,
+  no controller answering `sinfo`, fewer usable nodes than the widest server needs
+  (`cptest.run.slurm.preflight_causes`, through the launcher's `preflight` hook, same moment).
 
 A cause that appears only after launch (a port taken in the meantime, cptest's own crash) is
 recorded by the run itself (`pipeline.run_scenario`), with the same exit code.
@@ -45,7 +48,7 @@ from cptest.plan.model import Plan, ServerPlan
 
 CauseCode = Literal["model_missing", "weights_mismatch", "port_in_use", "gpus_missing", "gpu_memory_busy",
                     "disk_full", "cptest_crash", "image_unpinned", "image_missing", "image_mismatch",
-                    "container_engine_down"]
+                    "container_engine_down", "slurm_missing", "slurm_down", "slurm_nodes"]
 RUNTIME_MIB = 4608
 """Per GPU, what an SGLang server holds besides weights and KV pool. The tiny-model archives of
 results/ (TP1, TP2, DCP2, PCP2 on 0.5.17) held at most 4098 MiB per GPU while running (GpuSample

@@ -14,6 +14,13 @@ on also watches its stdin, a pipe whose write end only cptest holds: cptest's de
 SIGKILL included) closes it, and the reaper acts at once instead of at its next poll. The pid check
 stays as a second way to notice.
 
+Slurm (`python -m cptest.run.reaper slurm <cptest pid> <create time> <job name>`, started by
+`cptest.run.slurm.SlurmLauncher` before it asks for the allocation): the job's processes run under
+slurmstepd on the nodes, out of reach of any local signal, so the reaper `scancel`s the job instead
+(`cancel_job`: by its name, which cptest chose before the job existed, and by the id cptest writes
+on the lifeline as `job <id>` as soon as salloc returns, before any step starts), until squeue no
+longer lists it.
+
 This covers the one exit path no code inside cptest can: `kill -9` of cptest (and an OOM kill).
 It cannot cover `kill -9` of cptest *and* the reaper together, nor a process of the tree that
 calls `setsid()` and is started after the last snapshot and after its parent died.
@@ -26,6 +33,7 @@ import os
 import select
 import signal
 import stat
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -125,10 +133,85 @@ def _lifeline_closed(fd: int | None, wait_s: float) -> bool:
         return True
 
 
+JOB_GONE_S = 60.0
+"""How long the reaper of a Slurm job keeps cancelling it until `squeue` no longer lists it."""
+
+
+def job_listed(name: str, job: str | None) -> bool | None:
+    """Whether Slurm still lists a job of this `name` (or id `job`); None when squeue does not answer."""
+    argv = ["squeue", "--noheader", "--format=%i", f"--name={name}"]
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None
+    listed = set(r.stdout.split())
+    return bool(listed) or (job is not None and job in listed)
+
+
+def cancel_job(name: str, job: str | None, gone_s: float = JOB_GONE_S) -> bool:
+    """`scancel` every job named `name` (and `job`, the id once known) until squeue lists none, up
+    to `gone_s`: by name, so that a job whose id cptest never learnt (killed while `salloc` waited)
+    is cancelled too. The name is unique to one run's server (`cptest.run.slurm.job_name`)."""
+    deadline = time.monotonic() + gone_s
+    sig = "TERM"
+    while True:
+        argv = ["scancel", "--quiet", f"--name={name}"]
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(argv, capture_output=True, timeout=30)
+            if job is not None:
+                subprocess.run(["scancel", "--quiet", job], capture_output=True, timeout=30)
+                subprocess.run(["scancel", "--quiet", f"--signal={sig}", "--full", job],
+                               capture_output=True, timeout=30)
+        if job_listed(name, job) is False:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        sig = "KILL"  # a job in its KillWait keeps its steps' processes: end them now
+        time.sleep(0.5)
+
+
+def watch_job(cptest_pid: int, cptest_created: float, name: str, lifeline: int | None,
+              ready: Callable[[], None] | None = None, interval_s: float = 0.2) -> int:
+    """Watch until cptest is gone, then cancel the Slurm job `name`. The lifeline also carries
+    lines `job <id>`: the id, as soon as `salloc` gave it. A line `done` means cptest cancelled
+    the job itself: exit without touching Slurm."""
+    job: str | None = None
+    buf = b""
+    if ready is not None:
+        ready()
+    while True:
+        closed = False
+        if lifeline is None:
+            time.sleep(interval_s)
+        else:
+            readable, _, _ = select.select([lifeline], [], [], interval_s)
+            if readable:
+                try:
+                    data = os.read(lifeline, 4096)
+                except OSError:
+                    data = b""
+                closed = data == b""
+                buf += data
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    word, _, value = line.decode(errors="replace").strip().partition(" ")
+                    if word == "job" and value.isdigit():
+                        job = value
+                    elif word == "done":
+                        return 0
+        if closed or ident(cptest_pid) != cptest_created:
+            return 0 if cancel_job(name, job) else 1
+
+
 def main(argv: list[str]) -> int:
+    slurm = bool(argv) and argv[0] == "slurm"
+    if slurm:
+        argv = argv[1:]
     if len(argv) != 3:
-        print("usage: python -m cptest.run.reaper <cptest pid> <cptest create time> <session>",
-              file=sys.stderr)
+        print("usage: python -m cptest.run.reaper [slurm] <cptest pid> <cptest create time> "
+              "<session | Slurm job name>", file=sys.stderr)
         return 2
     # Ignore terminal signals: only the disappearance of cptest (or SIGKILL) ends the reaper.
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGPIPE):
@@ -144,6 +227,8 @@ def main(argv: list[str]) -> int:
         lifeline = 0 if stat.S_ISFIFO(os.fstat(0).st_mode) else None
     except OSError:
         lifeline = None
+    if slurm:
+        return watch_job(int(argv[0]), float(argv[1]), argv[2], lifeline, ready=ready)
     return watch(int(argv[0]), float(argv[1]), int(argv[2]), lifeline=lifeline, ready=ready)
 
 

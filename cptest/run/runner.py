@@ -3,7 +3,8 @@
 `run_plan` is the only function the pipeline calls. It owns no verdicts: it writes what it observes
 into the archive as it happens (evidence first), at the paths `cptest.store.Layout` names, and
 returns a `RunOutcome` summary for the log. It writes:
-    logs/<role>-node<k>.log                   engine stdout+stderr
+    logs/<role>-node<k>.log                   engine stdout+stderr (`-<node name>` added by a
+                                              launcher that names nodes: Slurm)
     evidence/<role>/rank<r>.jsonl             written by the probe inside ranks (CPTEST_PROBE_DIR)
     evidence/<role>/runner.jsonl              RequestResult, ProcessSample, GpuSample, ServerInfo,
                                               Lifecycle, ProbeNote (runner-side notes, rank null)
@@ -445,8 +446,14 @@ def _drive(sup: Supervisor, plan: Plan, server: ServerPlan, owned: list[Owned], 
     n = len(plan.workload.requests)
     injector = None
     if faults and plan.faults:
-        injector = FaultInjector(plan.faults, [o.handle for o in owned], writer=writer, role=server.role,
-                                 probe_dir=probe_dir if server.probe else None, log=log)
+        handles = [o.handle for o in owned]
+        # A launcher that delivers signals its own way (Slurm: a step on the node) says how; the
+        # node that runs rank 0 may keep its probe files in a folder of its own (named nodes).
+        make = getattr(sup.launcher, "fault", None)
+        rank0_dir = (getattr(owned[0].handle, "probe_dir", None) if owned else None) or probe_dir
+        injector = FaultInjector(plan.faults, handles, writer=writer, role=server.role,
+                                 probe_dir=rank0_dir if server.probe else None, log=log,
+                                 fault=make(handles, server) if make is not None else None)
     on_done = [lambda result, completed: sup.check()]
     if injector is not None:
         on_done.append(injector.on_request_done)

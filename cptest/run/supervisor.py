@@ -157,6 +157,9 @@ class Supervisor:
         executable = (getattr(handle, "argv", None) or [None])[0]
         if executable is not None:  # what argv[0] resolved to (cptest's interpreter for the reference)
             detail["executable"] = executable
+        describe = getattr(handle, "describe", None)
+        if describe is not None:  # where the launcher ran it (Slurm: job, step, node name and address)
+            detail["where"] = describe()
         writer.write(Lifecycle(run=role, event="launched", detail=detail))
         return owned
 

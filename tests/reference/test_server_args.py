@@ -34,8 +34,8 @@ def test_reference_plan_targets_reference_rank_titles_never_sglang_ones() -> Non
 
 
 def test_a_multi_node_argv_round_trips_with_sglangs_node_flags() -> None:
-    cfg = ReferenceConfig(model_path="/m", degrees=Degrees(tp=4, dcp=2, nodes=2, cp_strategy="zigzag"), node_rank=1,
-                          dist_init_addr="10.0.0.7:30050")
+    degrees = Degrees(tp=4, dcp=2, nodes=2, cp_strategy="zigzag")
+    cfg = ReferenceConfig(model_path="/m", degrees=degrees, node_rank=1, dist_init_addr="10.0.0.7:30050")
     argv = build_argv(cfg)
     at = argv.index("--nnodes")
     assert argv[at:] == ["--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.7:30050"]
