@@ -62,6 +62,8 @@ EXCLUDED = {
     "pcp2_dcp2_tp4_llama8b_geometry": "an admission fact of SGLang 0.5.17 (PCP+DCP accepted); the reference "
                                       "refuses PCP+DCP",
     "pcp4_zigzag_llama8b_geometry": "expects SGLang 0.5.17's Llama PCP crash; the reference implements PCP",
+    "reference_two_node_kill_rank": "two nodes: run through the Slurm launcher on the test cluster by "
+                                    "tests/run/test_slurm.py (CI starts it: .ci/slurm-cluster.sh)",
     "dcp4_llama": "the README command: run by test_readme_command_gives_a_verdict_without_a_gpu under the "
                   "reference CPU profile; it expects SGLang's kv_heads 8 > tp/dcp divergence",
 }
