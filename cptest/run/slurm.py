@@ -26,7 +26,8 @@ How a server maps onto Slurm:
   job gets when it is cancelled or preempted.
 - **Exit status.** srun's: the task's exit code, and 128+N for a task killed by signal N, which is
   reported as -N (the process launcher's convention, as the docker launcher does).
-- **Teardown.** `scancel --signal=TERM J.S`, up to `grace_s`, `scancel --signal=KILL J.S`; when the
+- **Teardown.** `scancel --signal=TERM J` the first time (every node at once), else `J.S`, up to
+  `grace_s`, then `scancel --signal=KILL J.S`; when the
   last node of a job is torn down, `scancel J` until squeue no longer lists it, then the reaper is
   stopped. `atexit` cancels every job still held; SIGKILL of cptest is the reaper's.
 - **Processes.** Where a node's slurmd runs on this host (the emulated cluster), the node's processes
@@ -247,6 +248,8 @@ class SlurmJob:
     live: int = 0
     """Nodes started and not yet torn down."""
     cancelled: bool = False
+    termed: bool = False
+    """Teardown sent the job-wide SIGTERM (`SlurmLauncher.teardown`)."""
 
     def tell_reaper(self, line: str) -> None:
         if self.reaper is not None and self.reaper.stdin is not None:
@@ -490,8 +493,13 @@ class SlurmLauncher:
         """SIGTERM the node's step, wait up to `grace_s`, SIGKILL it; the last node of a job cancels
         the job. Idempotent; never raises for a step that is already gone."""
         if handle.srun.poll() is None and handle.step is not None:
+            # The whole job at once, the first time: the supervisor tears nodes down one after the
+            # other (node 1 first), and a follower waits for node 0 to end its ranks; one SIGTERM to
+            # every step overlaps their ends instead of costing each node its grace period.
+            target = handle.step if handle.job.termed else str(handle.job.id)
+            handle.job.termed = True
             with contextlib.suppress(RunError):
-                run(["scancel", "--quiet", "--signal=TERM", handle.step])
+                run(["scancel", "--quiet", "--signal=TERM", target])
             _wait(lambda: handle.srun.poll() is not None, grace_s)
         if handle.srun.poll() is None:
             if handle.step is not None:
