@@ -62,6 +62,9 @@ EXCLUDED = {
     "pcp2_dcp2_tp4_llama8b_geometry": "an admission fact of SGLang 0.5.17 (PCP+DCP accepted); the reference "
                                       "refuses PCP+DCP",
     "pcp4_zigzag_llama8b_geometry": "expects SGLang 0.5.17's Llama PCP crash; the reference implements PCP",
+    "tp4_dcp2_two_nodes_sglang": "two nodes of 2 GPUs: the SGLang scenario the Kubernetes manifests are "
+                                 "rendered from (tests/k8s); the reference's two-node path is "
+                                 "reference_two_node_kill_rank under Slurm",
     "reference_two_node_kill_rank": "two nodes: run through the Slurm launcher on the test cluster by "
                                     "tests/run/test_slurm.py (CI starts it: .ci/slurm-cluster.sh)",
     "dcp4_llama": "the README command: run by test_readme_command_gives_a_verdict_without_a_gpu under the "
