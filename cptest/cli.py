@@ -674,16 +674,24 @@ def matrix(directories: tuple[Path, ...], as_json: bool) -> int:
 
 
 @main.command()
-@click.argument("directories", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.argument("directories", nargs=-1, required=True,
+                type=click.Path(exists=True, file_okay=False, path_type=Path))
 @json_option
 @_guard
+@_archive_guard
 def startup(directories: tuple[Path, ...], as_json: bool) -> int:
     """Where each server's startup went (imports, weights, KV pool, graphs, JIT warm-up), from the
-    engine's log lines, for archives or folders of archives (side runs in `_` folders included)."""
+    engine's log lines, for archives or folders of archives (side runs in `_` folders included).
+    Archives are read as `check` reads them: a link, FIFO or folder where a file belongs, or a
+    malformed log, is exit 3 with a message naming it."""
+    from cptest.errors import ScenarioError
     from cptest.report.startup import render_table
     from cptest.report.startup import startup as phases
     from cptest.store import archives_under
 
+    for d in directories:  # click lets a FIFO or socket through as "not a file"
+        if not d.is_dir():
+            raise ScenarioError(f"{d}: not a folder (an archive, or a folder of archives)")
     archives = sorted({a for d in directories for a in archives_under(Path(d), side_runs=True)})
     rows = [r for a in archives for role in ("main", "baseline") if (r := phases(a, role)) is not None]
     _emit({"servers": [r.as_json() for r in rows]}, as_json, render_table(rows))

@@ -147,19 +147,27 @@ def existing_file(path: Path) -> bool:
     return True
 
 
-def read_file(path: Path) -> str:
-    """The text of an archive's file, never through a link and never blocking on a FIFO: anything
-    but a regular UTF-8 file is an IntegrityError (exit 3) naming it."""
+def read_bytes(path: Path) -> bytes:
+    """The bytes of an archive's file, never through a link and never blocking on a FIFO: anything
+    but a regular file is an IntegrityError (exit 3) naming it. For the engine's logs, whose bytes
+    are the engine's and need not be UTF-8; cptest's own files are read with `read_file`."""
     if not existing_file(path):
         raise _at(path, f"{path.name} is missing",
                   hint="is this an archive directory (results/<scenario>/<time>-<hash>/)?")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as f:
-            data = f.read()
-        return data.decode("utf-8")
+            return f.read()
     except OSError as e:
         raise _at(path, f"cannot read {path.name}: {e.strerror}") from None
+
+
+def read_file(path: Path) -> str:
+    """The text of an archive's file, never through a link and never blocking on a FIFO: anything
+    but a regular UTF-8 file is an IntegrityError (exit 3) naming it."""
+    data = read_bytes(path)
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise _at(path, f"{path.name} is not UTF-8 text ({e.reason} at byte {e.start})") from None
 

@@ -226,6 +226,16 @@ class World:
             f.write_text(f.read_text().replace('"status": "pass"', '"status": "fail"'))
         return self.copy(self.passed, "forged", edit)
 
+    def log_linked(self) -> Path:
+        """An archive whose engine log is a symbolic link (to a copy of itself, outside)."""
+        def edit(d: Path) -> None:
+            log = d / "logs" / "main-node0.log"
+            outside = d.parent / "outside-main-node0.log"
+            shutil.copy2(log, outside)
+            log.unlink()
+            log.symlink_to(outside)
+        return self.copy(self.passed, "log-linked", edit)
+
     def unparsable(self) -> Path:
         def edit(d: Path) -> None:
             with (d / "scenario.cps").open("a") as f:
@@ -328,6 +338,7 @@ CASES = [
          why="plan changed"),
     Case("startup", 0, lambda w: ["startup", w.passed], why="ok"),
     Case("startup", 2, lambda w: ["startup", w.missing], why="no such directory"),
+    Case("startup", 3, lambda w: ["startup", w.log_linked()], why="a log is a link"),
     Case("check", 0, lambda w: ["check", w.passed], why="pass"),
     Case("check", 1, lambda w: ["check", w.failed], why="fail"),
     Case("check", 2, lambda w: ["check", w.missing], why="no such directory"),

@@ -255,6 +255,20 @@ RERUN = ("rerun", "{a}", "--results", "{rerun}", "--models", "{models}", "--no-b
 REPORT = ("report", "{a}")
 MATRIX = ("matrix", "{results}")
 DIFF = ("diff", "{ok}", "{a}")
+STARTUP = ("startup", "{a}")
+
+
+def append(rel: str, text: str) -> Callable[[Path, Path], None]:
+    def edit(d: Path, tmp: Path) -> None:
+        with (d / rel).open("a", encoding="utf-8") as f:
+            f.write(text)
+
+    return edit
+
+
+def fifo_argument(d: Path, tmp: Path) -> None:
+    shutil.rmtree(d)
+    os.mkfifo(d)
 
 CASES = [
     # 1. rerun never executes an archive's argv, env or mounts, and never writes outside --results.
@@ -520,6 +534,28 @@ CASES = [
     Case("diff-plan-malformed", replace_file("plan.json", "{not json"), DIFF, 3, r"bad plan"),
     Case("diff-link", link("evidence/main/rank1.jsonl"), DIFF, 3, r"rank1.jsonl is a symbolic link"),
     Case("diff-rank-fifo", fifo("evidence/main/rank0.jsonl"), DIFF, 3, r"rank0.jsonl is a FIFO"),
+    # `cptest startup` reads the engine's log and cptest's outline log as `check` reads an archive.
+    Case("startup-log-link", link("logs/main-node0.log"), STARTUP, 3, r"main-node0.log is a symbolic link"),
+    Case("startup-log-fifo", fifo("logs/main-node0.log"), STARTUP, 3, r"logs/main-node0.log is a FIFO"),
+    Case("startup-log-directory", as_dir("logs/main-node0.log"), STARTUP, 3, r"node0.log is a directory"),
+    Case("startup-outline-fifo", fifo("evidence/cptest.jsonl"), STARTUP, 3, r"cptest.jsonl is a FIFO"),
+    Case("startup-outline-directory", as_dir("evidence/cptest.jsonl"), STARTUP, 3,
+         r"cptest.jsonl is a directory"),
+    Case("startup-outline-line-malformed", edit_text("evidence/cptest.jsonl", "\n", "\n{oops\n"), STARTUP, 3,
+         r"cptest.jsonl:2: not a JSON line"),
+    Case("startup-outline-line-a-list", edit_text("evidence/cptest.jsonl", "\n", "\n[1, 2]\n"), STARTUP, 3,
+         r"cptest.jsonl:2: a JSON list, not an object"),
+    Case("startup-outline-wall-malformed",
+         append("evidence/cptest.jsonl", '{"kind": "step_start", "title": "launching main server", '
+                '"wall": "yesterday"}\n'),
+         STARTUP, 3, r"cptest.jsonl:\d+: `wall` 'yesterday' is not an ISO time"),
+    Case("startup-outline-not-utf8", replace_file("evidence/cptest.jsonl", b"\xff\xfe{}\n"), STARTUP, 3,
+         r"cptest.jsonl is not UTF-8"),
+    Case("startup-log-stamp-no-date",
+         append("logs/main-node0.log", "[2026-13-45 25:61:00 TP0] Load weight end\n"), STARTUP, 3,
+         r"main-node0.log:\d+: the time stamp '2026-13-45 25:61:00' is no date"),
+    Case("startup-fifo-argument", fifo_argument, STARTUP, 2, r"not a folder"),
+    Case("startup-no-such-directory", lambda d, t: None, ("startup", "{a}/missing"), 2, r"does not exist"),
     Case("check-not-a-directory", lambda d, t: None, ("check", "{a}/plan.json"), 2, r"is a file"),
     Case("verify-no-such-directory", lambda d, t: None, ("verify", "{a}/missing"), 2, r"does not exist"),
 ]
@@ -565,10 +601,38 @@ def test_a_forged_archive_passes_verify_but_not_check(made: Made, tmp_path: Path
     assert done.returncode == 3 and "integrity check failed" in done.stderr
 
 
+def test_the_library_checks_integrity_by_default(made: Made, tmp_path: Path) -> None:
+    # pipeline.check_archive, called as a library, refuses the consistent forgery as `cptest check`
+    # does, and judges the untouched archive (FAIL: capacity) with the same default.
+    from cptest import pipeline, store
+
+    a = tmp_path / NAME
+    shutil.copytree(made.archive, a)
+    edit_plan(drop_failing, forge=True)(a, tmp_path)
+    with pytest.raises(store.IntegrityError, match="integrity check failed"):
+        pipeline.check_archive(a)
+    assert pipeline.check_archive(made.archive).verdict.status == "fail"
+
+
 def test_the_untouched_archive_checks_verifies_and_plans_the_same(made: Made) -> None:
     # The control of every case above.
     assert cptest("check", made.archive).returncode == 1  # its verdict: capacity FAILs
     assert cptest("verify", made.archive).returncode == 0
+    assert cptest("startup", made.archive).returncode == 0
+
+
+def test_startup_forgives_what_a_run_may_leave(made: Made, tmp_path: Path) -> None:
+    # The engine's log is its own bytes (not UTF-8 here), and cptest killed mid-write leaves a
+    # truncated last outline line: neither is damage, and the startup table is still printed.
+    a = tmp_path / NAME / made.archive.name
+    shutil.copytree(made.archive, a)
+    with (a / "logs" / "main-node0.log").open("ab") as f:
+        f.write(b"\xff\xfe engine bytes\n")
+    append("evidence/cptest.jsonl", '{"kind": "step_st')(a, tmp_path)
+    done = cptest("startup", a, "--json")
+    assert done.returncode == 0, done.stderr
+    (server,) = [s for s in json.loads(done.stdout)["servers"] if s["role"] == "main"]
+    assert server["scenario"] == NAME and set(server["phases"]) >= {"imports", "ready"}
 
 
 def test_an_accepted_plan_change_still_runs_only_what_this_cptest_plans(made: Made, tmp_path: Path) -> None:

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from cptest.store import Layout
+from cptest.errors import EvidenceError, Problem, Span
+from cptest.store import Layout, existing_file, read_bytes, read_file, require_plain
 
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?: [^\]]*)?\] (.*)$")
 PHASES: tuple[tuple[str, str, bool], ...] = (
@@ -56,48 +57,75 @@ class Startup:
                 "phases": self.phases, "total_s": self.total_s}
 
 
-def _parse(stamp: str) -> float:
-    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
+def _malformed(path: Path, line: int, what: str) -> EvidenceError:
+    return EvidenceError(Problem(Span(str(path), line, 1), f"{path.name}:{line}: {what}",
+                                 hint="the archive is damaged or was edited (`cptest verify DIR` names "
+                                 "what changed)"))
 
 
-def _wall(text: str) -> float:
-    return datetime.fromisoformat(text).timestamp()
+def _parse(stamp: str, path: Path, line: int) -> float:
+    try:
+        return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        raise _malformed(path, line, f"the time stamp {stamp!r} is no date") from None
+
+
+def _wall(value: object, path: Path, line: int) -> float:
+    try:
+        if not isinstance(value, str):
+            raise ValueError
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        raise _malformed(path, line, f"`wall` {str(value)[:80]!r} is not an ISO time") from None
 
 
 def _outline_times(layout: Layout, role: str) -> tuple[float | None, float | None]:
-    """(launch, ready) wall times of `role` from cptest's outline log."""
+    """(launch, ready) wall times of `role` from cptest's outline log. A line that is not a JSON
+    object is an EvidenceError naming it (exit 3), except a truncated last line: cptest killed
+    mid-write, as `evidence.read_records` forgives it."""
     launch = ready = None
-    try:
-        lines = layout.cptest_log.read_text(encoding="utf-8").splitlines()
-    except OSError:
+    path = layout.cptest_log
+    if not existing_file(path):  # a link, a FIFO or a folder there: IntegrityError naming it
         return None, None
-    for line in lines:
+    lines = read_file(path).splitlines()
+    for n, line in enumerate(lines, 1):
         try:
             r = json.loads(line)
         except ValueError:
-            continue
+            if n == len(lines) and not line.rstrip().endswith("}"):
+                continue
+            raise _malformed(path, n, "not a JSON line") from None
+        if not isinstance(r, dict):
+            raise _malformed(path, n, f"a JSON {type(r).__name__}, not an object")
         title, wall = r.get("title", ""), r.get("wall")
-        if not wall:
+        if not wall or not isinstance(title, str):
             continue
         if r.get("kind") == "step_start" and title == f"launching {role} server":
-            launch = _wall(wall)
+            launch = _wall(wall, path, n)
         if r.get("kind") == "step_end" and title.startswith(f"waiting for {role} server readiness") \
                 and r.get("status") == "ok":
-            ready = _wall(wall)
+            ready = _wall(wall, path, n)
     return launch, ready
 
 
 def startup(archive: Path, role: str = "main") -> Startup | None:
-    """The startup phases of `role`'s node 0 in `archive`; None when it has no such log."""
+    """The startup phases of `role`'s node 0 in `archive`; None when it has no such log.
+
+    The archive is read as `check` reads it (D45): one holding a link, a FIFO or a folder where a
+    file belongs, or a log whose time stamps or outline lines are malformed, is an EvidenceError
+    (exit 3) naming the file, never a traceback. The engine's log is its own bytes: read without a
+    decoding error (undecodable bytes replaced)."""
+    require_plain(archive)
     layout = Layout(archive)
     log = layout.node_log(role, 0)
-    if not log.is_file():
+    if not existing_file(log):
         return None
     stamped = []
-    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+    text = read_bytes(log).decode("utf-8", errors="replace")
+    for n, line in enumerate(text.splitlines(), 1):
         m = STAMP.match(line)
         if m:
-            stamped.append((_parse(m.group(1)), m.group(2)))
+            stamped.append((_parse(m.group(1), log, n), m.group(2)))
     launch, ready = _outline_times(layout, role)
     phases: dict[str, float | None] = {}
     start = launch
