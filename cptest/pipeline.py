@@ -382,13 +382,16 @@ class Recheck:
         return max(self.verdict.exit_code, 1) if self.differs else self.verdict.exit_code
 
 
-def check_archive(root: Path, *, write: bool = False, integrity: bool = False) -> Recheck:
+def check_archive(root: Path, *, write: bool = False, integrity: bool = True) -> Recheck:
     """Recompute an archive's verdicts from its evidence alone; with `write`, finish the archive with
     them (an explicit act, so the archive need not have been finished before).
 
-    With `integrity` (what `cptest check` does) the plan is first compiled again from the archived
-    scenario.cps and its includes, and a plan.json whose expectations, servers, faults or workload
-    size differ from it is refused: IntegrityError (exit 3) naming each difference (`integrity_problems`).
+    With `integrity` (the default, and what `cptest check` does) the plan is first compiled again
+    from the archived scenario.cps and its includes, and a plan.json whose expectations, servers,
+    faults or workload size differ from it is refused: IntegrityError (exit 3) naming each
+    difference (`integrity_problems`). `integrity=False` is for archives built from a hand-made plan
+    with no real scenario behind it (tests, synthetic fixtures): a library caller judging an archive
+    it was given gets the same check as the CLI unless it says otherwise (D56).
     Either way an archive holding a link, a FIFO or a folder where a file belongs is an
     IntegrityError, and nothing is read or written through a link."""
     store.require_plain(root)

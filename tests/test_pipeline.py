@@ -53,7 +53,7 @@ def test_a_run_is_archived_checked_and_finished_without_the_cli(tmp_path: Path) 
     assert manifest["phase"] == "finished" and manifest["environment"]["python"] == "3.11"
     assert (out / "scenario.cps").read_text() == "scenario fake {}\n"
     # Re-checking the archive gives the verdict the run wrote, byte for byte.
-    recheck = pipeline.check_archive(out)
+    recheck = pipeline.check_archive(out, integrity=False)
     assert not recheck.differs and recheck.exit_code == 0
 
 
@@ -69,11 +69,22 @@ def test_check_archive_says_when_the_stored_verdict_differs(tmp_path: Path) -> N
     out = tmp_path / "run"
     run(fake_plan(), out)
     (out / "verdict.json").write_text("{}\n")
-    recheck = pipeline.check_archive(out)
+    recheck = pipeline.check_archive(out, integrity=False)
     assert recheck.differs and recheck.exit_code == 1
     # --write re-finishes it from the evidence.
-    assert not pipeline.check_archive(out, write=True).differs
-    assert not pipeline.check_archive(out).differs and store.verify(out) == []
+    assert not pipeline.check_archive(out, write=True, integrity=False).differs
+    assert not pipeline.check_archive(out, integrity=False).differs and store.verify(out) == []
+
+
+def test_check_archive_checks_integrity_unless_told_not_to(tmp_path: Path) -> None:
+    # A library caller gets what `cptest check` does: the fake plan's scenario ("scenario fake {}")
+    # compiles to no such plan, so the default refuses it; only an explicit integrity=False judges it.
+    out = tmp_path / "run"
+    run(fake_plan(), out)
+    with pytest.raises(store.IntegrityError) as err:
+        pipeline.check_archive(out)
+    assert err.value.exit_code == 3 and "integrity check failed" in err.value.render()
+    assert pipeline.check_archive(out, integrity=False).exit_code == 0
 
 
 def test_a_rerun_plans_from_the_archived_scenario_and_an_archive_without_one_is_bad_input(
