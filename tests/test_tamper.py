@@ -614,6 +614,41 @@ def test_the_library_checks_integrity_by_default(made: Made, tmp_path: Path) -> 
     assert pipeline.check_archive(made.archive).verdict.status == "fail"
 
 
+def test_hostile_log_text_stays_text_in_report_md_and_junit_xml(made: Made, tmp_path: Path) -> None:
+    # An engine log line is untrusted: the defaults' `log absent "Traceback"` quotes it in its reason.
+    # After `check --write`, junit.xml parses and carries it as written (what XML 1.0 forbids shown
+    # as \xNN), and report.md rendered as markdown keeps its tables and shows the line as text.
+    import xml.etree.ElementTree as ET
+
+    from markdown_it import MarkdownIt
+
+    a = tmp_path / NAME / made.archive.name
+    shutil.copytree(made.archive, a)
+    line = ("Traceback | a | b |`code` <script>alert(1)</script> ]]><![CDATA[ \x1b[31m\x00"
+            "\r# heading\x0b| fake | row |\u2028- item")
+    append("logs/main-node0.log", line + "\n")(a, tmp_path)
+    done = cptest("check", "--write", a)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert cptest("verify", a).returncode == 0
+    verdicts = json.loads((a / "verdict.json").read_text())["verdicts"]
+    (log,) = [v for v in verdicts if v["checker"] == "log" and v["status"] == "fail"]
+    assert line.strip() in log["reason"]
+
+    root = ET.fromstring((a / "junit.xml").read_bytes())
+    cases = root.findall("./testsuite/testcase")
+    assert len(cases) == len(verdicts)
+    messages = [f.get("message") for f in root.iter("failure")]
+    shown = line.replace("\x1b", "\\x1b").replace("\x00", "\\x00").replace("\x0b", "\\x0b")
+    assert any(m is not None and shown.strip() in m for m in messages), messages
+
+    page = MarkdownIt("commonmark").enable("table").render((a / "report.md").read_text())
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert page.count("<h1>") == 1 and "<li>" not in page
+    table = page.split("<table>")[2].split("</table>")[0]  # the verdicts' table
+    assert table.count("<tr>") == 1 + len(verdicts)
+    assert all(row.count("<td>") == 4 for row in table.split("<tr>")[2:])
+
+
 def test_the_untouched_archive_checks_verifies_and_plans_the_same(made: Made) -> None:
     # The control of every case above.
     assert cptest("check", made.archive).returncode == 1  # its verdict: capacity FAILs

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from markupsafe import Markup
 
 from cptest.plan.model import Plan
+from cptest.report.text import md_block, md_inline, xml_attr, xml_text
 from cptest.store import Layout, existing_file, require_plain
 from cptest.verdict import ScenarioVerdict, merge, read_verdict
 
@@ -26,8 +28,14 @@ STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "UNKNOWN"}
 
 
 def _cell(value: Any) -> str:
-    """One markdown table cell: no newlines, pipes escaped."""
-    return str(value).replace("\n", " ").replace("|", "\\|")
+    """One markdown table cell or heading: one line, untrusted text shown as text (`text.md_inline`)."""
+    return md_inline(value)
+
+
+def _finalize_xml(value: Any) -> Any:
+    # Every `{{ }}` of an XML template: characters XML 1.0 forbids become visible text, before
+    # autoescape. Markup (a filter's own escaped output) is already clean.
+    return value if isinstance(value, Markup) else xml_text("" if value is None else value)
 
 
 def _figures(value: dict[str, Any]) -> str:
@@ -35,16 +43,22 @@ def _figures(value: dict[str, Any]) -> str:
 
 
 @functools.cache
-def _env(autoescape: bool) -> jinja2.Environment:
+def _env(autoescape: bool, xml: bool = False) -> jinja2.Environment:
+    """The templates' environment: markdown (`autoescape` off; untrusted text through the `cell`
+    and `md` filters), HTML (`autoescape`), XML (`xml`: autoescape, and what XML 1.0 forbids
+    replaced in every output, `xattr` for attributes)."""
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("cptest.report", "templates"),
-        autoescape=autoescape,
+        autoescape=autoescape or xml,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
+        **({"finalize": _finalize_xml} if xml else {}),
     )
     env.filters["cell"] = _cell
+    env.filters["md"] = md_block
+    env.filters["xattr"] = xml_attr
     env.filters["figures"] = _figures
     env.globals["mark"] = STATUS_MARK
     return env
@@ -71,7 +85,7 @@ def render(source: Path | str | ScenarioVerdict, plan: Plan | None = None) -> st
 
 def render_junit(source: Path | str | ScenarioVerdict) -> str:
     verdict, _ = _load(source, None)
-    return _env(True).get_template("junit.xml.j2").render(v=verdict)
+    return _env(True, xml=True).get_template("junit.xml.j2").render(v=verdict)
 
 
 def render_matrix(archives: Iterable[Path | str]) -> str:

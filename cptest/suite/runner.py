@@ -33,6 +33,7 @@ from typing import Any
 
 from cptest.errors import CptestError, ScenarioError
 from cptest.outline import Logger
+from cptest.report.text import md_inline
 from cptest.suite.demand import Demand, demand_of
 from cptest.suite.machine import Machine
 from cptest.suite.schedule import Granted, Pool, next_to_start
@@ -320,6 +321,8 @@ def _summary(entries: list[Entry], record: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|"]
     for e, r in zip(entries, record["scenarios"], strict=True):
         where = _where(e.granted) if e.granted else (e.not_run or "")
-        lines.append(f"| {e.name} | {(e.status or '?').upper()} | {e.exit_code} | {r['started_s']} | "
-                     f"{r['duration_s']} | {where} | {e.archive or ''} |")
+        # `where` may be why it did not run: lint's or the planner's words, quoting the scenario.
+        lines.append(f"| {md_inline(e.name)} | {(e.status or '?').upper()} | {e.exit_code} | "
+                     f"{r['started_s']} | {r['duration_s']} | {md_inline(where)} | "
+                     f"{md_inline(e.archive or '')} |")
     return "\n".join(lines) + "\n"
