@@ -283,8 +283,9 @@ def _lint_evidence(root: Path, as_json: bool) -> int:
     return 1 if any(t.status == "refuted" for t in judged.rules) else 0
 
 
-LWS_CLAIMS = ("cptest-models", "cptest-evidence")
-"""`compile --target lws`'s default volume claims: the model store, the probe's evidence."""
+LWS_CLAIMS = ("cptest-models", "cptest-evidence", "cptest-source")
+"""`compile --target lws`'s default volume claims: the model store, the probe's evidence, cptest's
+source (the reference engine's pods run cptest from it)."""
 
 
 @main.command(name="compile")
@@ -293,25 +294,30 @@ LWS_CLAIMS = ("cptest-models", "cptest-evidence")
               help="plan: the plan; lws: Kubernetes LeaderWorkerSet and Service YAML per server "
                    "(docs/kubernetes.md)")
 @click.option("--image", default=None, help="lws: the image the pods run (default: the plan's, else the "
-                                            "lock's sglang-cptest:<release>); name it by digest")
+                                            "lock's image for the engine); name it by digest")
 @click.option("--models-claim", default=LWS_CLAIMS[0], show_default=True,
               help="lws: the PersistentVolumeClaim holding the model store")
 @click.option("--evidence-claim", default=LWS_CLAIMS[1], show_default=True,
               help="lws: the PersistentVolumeClaim the probe writes rank files to")
+@click.option("--source-claim", default=LWS_CLAIMS[2], show_default=True,
+              help="lws: the PersistentVolumeClaim holding cptest's source (cptest/ at its root), which the "
+                   "reference engine's pods run")
 @json_option
 @_guard
 def compile_(file: Path, target: str, image: str | None, models_claim: str, evidence_claim: str,
-             as_json: bool) -> int:
+             source_claim: str, as_json: bool) -> int:
     """Print the plan of a scenario (argv, GPUs, environment, requests, faults, expectations, pins),
     or with --target lws its Kubernetes manifests."""
     from cptest.lang import parse_file
     from cptest.plan import plan
 
-    if target != "lws" and (image is not None or (models_claim, evidence_claim) != LWS_CLAIMS):
-        raise click.UsageError("--image, --models-claim and --evidence-claim go with --target lws")
+    claims = (models_claim, evidence_claim, source_claim)
+    if target != "lws" and (image is not None or claims != LWS_CLAIMS):
+        raise click.UsageError("--image, --models-claim, --evidence-claim and --source-claim go with "
+                               "--target lws")
     p = plan(parse_file(file))
     if target == "lws":
-        return _compile_lws(p, image, models_claim, evidence_claim, as_json)
+        return _compile_lws(p, image, claims, as_json)
     if as_json:
         click.echo(p.model_dump_json(indent=2))
         return 0
@@ -330,14 +336,14 @@ def compile_(file: Path, target: str, image: str | None, models_claim: str, evid
     return 0
 
 
-def _compile_lws(p: Any, image: str | None, models_claim: str, evidence_claim: str, as_json: bool) -> int:
+def _compile_lws(p: Any, image: str | None, claims: tuple[str, str, str], as_json: bool) -> int:
     """`compile --target lws`: the manifests on stdout (YAML, or CompileLwsOut under --json), what the
-    user must still do (an image to pin) on stderr."""
+    user must still do (an image to pin, cptest's source to provide) on stderr."""
     from cptest.k8s import image as images
     from cptest.k8s.render import Volumes, render
     from cptest.k8s.yaml_text import dump
 
-    out = render(p, images.resolve(p, image), Volumes(models_claim, evidence_claim))
+    out = render(p, images.resolve(p, image), Volumes(*claims))
     text = dump(out.objects, [f"cptest compile --target lws: scenario {p.scenario}, plan sha256 "
                               f"{out.plan_sha256}", "rendered offline, never applied by cptest "
                               "(docs/kubernetes.md)"])

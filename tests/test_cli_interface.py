@@ -42,6 +42,8 @@ COMMITTED = sorted(p for p in (ROOT / "results" / "tp2_llama_kv1").iterdir() if 
 """A committed 0.5.17 archive: today's planner plans it differently, so a rerun is refused (exit 3)."""
 TWO_NODES = ROOT / "scenarios" / "tp4_dcp2_two_nodes_sglang.cps"
 """The suite's multi-node SGLang scenario: `compile --target lws` renders its manifests."""
+REFERENCE_TWO_NODES = ROOT / "scenarios" / "reference_two_node_kill_rank.cps"
+"""The suite's multi-node reference scenario: its manifests mount cptest's source (D57)."""
 
 
 # ------------------------------------------------------------------------------ the README table
@@ -308,6 +310,8 @@ CASES = [
     Case("compile", 0, lambda w: ["compile", "--target", "lws", TWO_NODES], why="LeaderWorkerSet manifests"),
     Case("compile", 2, lambda w: ["compile", "--target", "lws", "--models-claim", "Not_A_Name", TWO_NODES],
          why="lws: a bad claim name"),
+    Case("compile", 0, lambda w: ["compile", "--target", "lws", REFERENCE_TWO_NODES],
+         why="lws: the reference engine, cptest from the source claim"),
     Case("schema", 0, lambda w: ["schema"], why="scenario"),
     Case("schema", 0, lambda w: ["schema", "--list"], why="list"),
     Case("schema", 0, lambda w: ["schema", "--command", "models-make"], why="a command"),

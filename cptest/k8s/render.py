@@ -1,6 +1,10 @@
 """Plan -> Kubernetes objects: per server one LeaderWorkerSet of `nodes` pods and its leader's Service.
 
 Pure: the plan, the image and the volume names in, dicts out (`yaml_text.dump` writes them).
+Both engines, as the docker launcher runs them: SGLang on GPUs from its image (cptest installed in
+it); the CPU reference engine from its image with cptest's source on a read-only volume at the image's
+`cptest_mount`, on PYTHONPATH (the docker launcher mounts the checkout there, D44), CPU and memory
+requested instead of GPUs.
 Modelled on SGLang's LWS example (kubernetes-sigs/lws docs/examples/sglang/lws.yaml): a leader and a
 worker template running `python3 -m sglang.launch_server` with LWS's environment in its arguments
 (`cptest.k8s.argv`), GPUs as `nvidia.com/gpu` limits, a memory-backed `/dev/shm` for NCCL,
@@ -33,9 +37,19 @@ GPU_RESOURCE = "nvidia.com/gpu"
 SHM_SIZE = "16Gi"
 """The docker launcher's shm_size (cptest/run/docker.py), as the memory-backed emptyDir's limit."""
 PROBE_PERIOD_S = 10
-ENGINES = ("sglang",)
-"""Engines whose image carries what a pod needs. The reference engine's image has no cptest in it:
-the docker launcher mounts the running checkout into it (D44), and a cluster has no checkout."""
+GPU_ENGINES = ("sglang",)
+"""Engines whose pods get the node's GPUs (`nvidia.com/gpu`)."""
+SOURCE_ENGINES = ("reference",)
+"""Engines whose image holds no cptest (D44): the pods mount cptest's source from the source claim
+at `Image.cptest_mount` and put it on PYTHONPATH, as the docker launcher does with the checkout.
+The reference engine is CPU only: its plan's `gpu_ids` are placement bookkeeping, not devices."""
+ENGINES = GPU_ENGINES + SOURCE_ENGINES
+CPU_PER_PROCESS = 1
+"""Cores requested per process of a reference node: each rank runs torch on one thread
+(cptest.reference.server.RANK_THREADS) and the server (or a follower node's parent) is one more."""
+MEMORY_PER_PROCESS_GI = 1
+"""GiB requested per process of a reference node: a rank's torch import is ~220 MB resident, its
+share of a synthetic model and KV pool (65536 tokens) tens to a few hundred MB."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,11 @@ class Image:
     """True when the reference names a digest (`NAME@sha256:...`): every pod pulls the same bytes."""
     note: str | None = None
     """What the user should know about it (an unpinned or unbuilt image), or None."""
+    lock_digest: str | None = None
+    """The digest images/lock.json pins for this reference (a local build's image ID: the config's
+    sha256, what a node's runtime reports for the image), annotated as `cptest/image-lock-digest`."""
+    cptest_mount: str | None = None
+    """Where the image expects cptest's source (`SOURCE_ENGINES`; the lock entry's `cptest_mount`)."""
 
 
 def is_pinned(reference: str) -> bool:
@@ -59,6 +78,9 @@ class Volumes:
     """PersistentVolumeClaim holding the model store (`cptest models make`/`add` write one)."""
     evidence_claim: str = "cptest-evidence"
     """PersistentVolumeClaim the probe writes rank files to (ReadWriteMany across nodes)."""
+    source_claim: str = "cptest-source"
+    """PersistentVolumeClaim holding cptest's source (a folder with `cptest/` at its root), mounted
+    read-only where the reference engine's image expects it; unused by SGLang's pods."""
 
 
 @dataclass(frozen=True)
@@ -77,10 +99,10 @@ def plan_sha256(plan: Plan) -> str:
 
 def render(plan: Plan, image: Image, volumes: Volumes | None = None) -> Rendered:
     """Every server of `plan` as a LeaderWorkerSet and a Service. PlanError (exit 2) for what a
-    LeaderWorkerSet cannot run: another engine than SGLang, a model beside the scenario, nodes that
+    LeaderWorkerSet cannot run: an engine cptest does not know, a model beside the scenario, nodes that
     differ beyond their rank, a volume claim that is not a valid name."""
     vols = volumes or Volumes()
-    for claim in (vols.models_claim, vols.evidence_claim):
+    for claim in (vols.models_claim, vols.evidence_claim, vols.source_claim):
         if len(claim) > 253 or not DNS_SUBDOMAIN.match(claim):
             raise PlanError(Problem(None, f"volume claim {claim!r} is not a valid name",
                                     expected="an RFC 1123 subdomain (lower case, digits, '-', '.')"))
@@ -88,12 +110,20 @@ def render(plan: Plan, image: Image, volumes: Volumes | None = None) -> Rendered
     objects: list[dict[str, Any]] = []
     for server in plan.servers():
         if server.engine not in ENGINES:
-            raise PlanError(Problem(None, f"{server.role}: the {server.engine} engine cannot run in a "
-                                    "cluster: its image runs cptest mounted from this checkout (D44)",
-                                    hint="--target lws renders SGLang servers; run the reference engine "
-                                         "with --launcher process or docker"))
+            raise PlanError(Problem(None, f"{server.role}: no pod is known for the {server.engine} engine",
+                                    expected=", ".join(ENGINES)))
+        if server.engine in SOURCE_ENGINES and not image.cptest_mount:
+            raise PlanError(Problem(None, f"{server.role}: the {server.engine} engine's image "
+                                    f"{image.reference} holds no cptest and no mount point for it is known",
+                                    hint="use the image lock's image for the engine (images/lock.json)"))
         objects += _server(plan, server, image, vols, digest)
-    return Rendered(objects, digest, [image.note] if image.note else [])
+    notes = [image.note] if image.note else []
+    if any(s.engine in SOURCE_ENGINES for s in plan.servers()):
+        # The plan's hash covers cptest's version, and the pods run whatever the claim holds.
+        notes.append(f"the pods run cptest from PersistentVolumeClaim {vols.source_claim} at "
+                     f"{image.cptest_mount} (read-only): copy cptest/ of cptest {plan.pins.cptest_version}, "
+                     "the version this plan was made with, to its root")
+    return Rendered(objects, digest, notes)
 
 
 def _server(plan: Plan, server: ServerPlan, image: Image, vols: Volumes, digest: str) -> list[dict[str, Any]]:
@@ -108,8 +138,11 @@ def _server(plan: Plan, server: ServerPlan, image: Image, vols: Volumes, digest:
         # Laid out as an archive's evidence/<role>/ (store.Layout), one folder per scenario hash.
         run = f"{dns_label(plan.scenario, 63)}-{plan.pins.scenario_sha256[:8]}"
         env["CPTEST_PROBE_DIR"] = f"{EVIDENCE_MOUNT}/{run}/{server.role}"
+    source = image.cptest_mount if server.engine in SOURCE_ENGINES else None
+    if source:
+        env["PYTHONPATH"] = source  # as the docker launcher sets it: the image's Python finds cptest there
     uses_models = any(a == MODELS or a.startswith(MODELS + "/") for a in nodes[0].argv)
-    gpus = len(nodes[0].gpu_ids)
+    resources = _resources(server)
 
     def template(role: str) -> dict[str, Any]:
         container: dict[str, Any] = {
@@ -117,8 +150,8 @@ def _server(plan: Plan, server: ServerPlan, image: Image, vols: Volumes, digest:
             "image": image.reference,
             "command": argv,
             "env": [{"name": k, "value": escape(v)} for k, v in sorted(env.items())],
-            "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
-            "volumeMounts": _mounts(uses_models, server.probe),
+            "resources": resources,
+            "volumeMounts": _mounts(uses_models, server.probe, source),
         }
         if role == "leader":
             ports = [{"name": "http", "containerPort": http, "protocol": "TCP"}]
@@ -138,13 +171,15 @@ def _server(plan: Plan, server: ServerPlan, image: Image, vols: Volumes, digest:
             "metadata": {"labels": {**labels, "role": role}},
             "spec": {
                 "containers": [container],
-                "volumes": _volumes(vols, uses_models, server.probe),
+                "volumes": _volumes(vols, uses_models, server.probe, source),
                 "terminationGracePeriodSeconds": math.ceil(server.shutdown_timeout_s),
             },
         }
 
     annotations = {f"{PREFIX}plan-sha256": digest, f"{PREFIX}scenario-sha256": plan.pins.scenario_sha256,
                    f"{PREFIX}image-pinned": "true" if image.pinned else "false"}
+    if image.lock_digest:
+        annotations[f"{PREFIX}image-lock-digest"] = image.lock_digest
     lws = {
         "apiVersion": API_VERSION,
         "kind": "LeaderWorkerSet",
@@ -176,20 +211,38 @@ def _server(plan: Plan, server: ServerPlan, image: Image, vols: Volumes, digest:
     return [lws, service]
 
 
-def _mounts(models: bool, evidence: bool) -> list[dict[str, Any]]:
+def _resources(server: ServerPlan) -> dict[str, Any]:
+    """SGLang: the node's GPUs as a limit (the device plugin picks them). The reference engine: no
+    GPU; a core and `MEMORY_PER_PROCESS_GI` per process of its busiest node (its ranks and the server),
+    requested but not limited: a memory limit the model outgrew would OOM-kill a rank, which reads as
+    a rank fault (SIGKILL) in a scenario that injects exactly that, and a CPU limit only throttles."""
+    if server.engine in GPU_ENGINES:
+        return {"limits": {GPU_RESOURCE: str(len(server.nodes[0].gpu_ids))}}
+    ranks = max(sum(1 for g in server.geometry if g.node == n.node_rank) for n in server.nodes)
+    processes = max(ranks, 1) + 1
+    return {"requests": {"cpu": str(processes * CPU_PER_PROCESS),
+                         "memory": f"{processes * MEMORY_PER_PROCESS_GI}Gi"}}
+
+
+def _mounts(models: bool, evidence: bool, source: str | None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     if models:
         out.append({"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True})
     if evidence:
         out.append({"name": "evidence", "mountPath": EVIDENCE_MOUNT})
+    if source:
+        out.append({"name": "cptest-source", "mountPath": source, "readOnly": True})
     return out
 
 
-def _volumes(vols: Volumes, models: bool, evidence: bool) -> list[dict[str, Any]]:
+def _volumes(vols: Volumes, models: bool, evidence: bool, source: str | None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}}]
     if models:
         out.append({"name": "models", "persistentVolumeClaim": {"claimName": vols.models_claim,
                                                                   "readOnly": True}})
     if evidence:
         out.append({"name": "evidence", "persistentVolumeClaim": {"claimName": vols.evidence_claim}})
+    if source:
+        out.append({"name": "cptest-source", "persistentVolumeClaim": {"claimName": vols.source_claim,
+                                                                         "readOnly": True}})
     return out

@@ -144,17 +144,66 @@ def test_every_server_of_the_plan_is_rendered_baseline_and_control_included():
     assert len({o["metadata"]["name"] for o in objs}) == len(objs)
 
 
+def _reference_plan() -> Plan:
+    return _plan(TEXT.replace('engine sglang "0.5.17"', 'engine reference "builtin"'))
+
+
+def test_the_reference_engine_runs_its_image_with_cptest_from_the_source_claim_and_no_gpu():
+    p = _reference_plan()
+    image = Image("localhost/cptest-reference:t", False, "unpinned", "sha256:" + "ef" * 32, "/opt/cptest")
+    out = render(p, image, Volumes(source_claim="site-source"))
+    lws = out.objects[0]
+    assert lws["metadata"]["annotations"]["cptest/image-lock-digest"] == "sha256:" + "ef" * 32
+    assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+    for key in ("leaderTemplate", "workerTemplate"):
+        c = _container(lws, key)
+        assert c["image"] == "localhost/cptest-reference:t" and c["name"] == "reference"
+        # As the docker launcher runs it: the checkout's package under <cptest_mount>, on PYTHONPATH.
+        env = {e["name"]: e["value"] for e in c["env"]}
+        assert env["PYTHONPATH"] == "/opt/cptest"
+        assert {"name": "cptest-source", "mountPath": "/opt/cptest", "readOnly": True} in c["volumeMounts"]
+        spec = lws["spec"]["leaderWorkerTemplate"][key]["spec"]
+        assert {"name": "cptest-source", "persistentVolumeClaim": {"claimName": "site-source",
+                                                                   "readOnly": True}} in spec["volumes"]
+        # CPU only: two ranks per node and the server, a core and 1 GiB each, no limit to OOM-kill a rank.
+        assert c["resources"] == {"requests": {"cpu": "3", "memory": "3Gi"}}
+    cmd = _container(lws, "leaderTemplate")["command"]
+    assert cmd[:3] == ["python3", "-m", "cptest.reference.server"]
+    assert _value(cmd, "--nnodes") == "$(LWS_GROUP_SIZE)"
+    assert _value(cmd, "--node-rank") == "$(LWS_WORKER_INDEX)"
+    rendezvous = _value(p.main.nodes[0].argv, "--dist-init-addr").rsplit(":", 1)[1]
+    assert _value(cmd, "--dist-init-addr") == f"$(LWS_LEADER_ADDRESS):{rendezvous}"
+    assert _value(cmd, "--host") == "0.0.0.0" and len(cmd) == len(p.main.nodes[0].argv)
+    leader = _container(lws, "leaderTemplate")
+    assert leader["readinessProbe"]["httpGet"]["path"] == "/health_generate"
+    assert leader["startupProbe"]["httpGet"]["path"] == "/health"
+    assert "nvidia.com/gpu" not in json.dumps(out.objects)
+    assert any("site-source" in n and p.pins.cptest_version in n for n in out.notes)
+    assert validate_all(out.objects) == []
+
+
+def test_an_sglang_pod_has_no_source_volume_and_its_gpus_only():
+    lws = _objects()[0]
+    c = _container(lws, "leaderTemplate")
+    assert "PYTHONPATH" not in {e["name"] for e in c["env"]}
+    assert "cptest-source" not in json.dumps(lws) and "cptest/image-lock-digest" not in json.dumps(lws)
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": "2"}}
+
+
 def test_what_a_leader_worker_set_cannot_run_is_refused():
-    with pytest.raises(PlanError, match="reference engine cannot run in a cluster"):
-        render(_plan(TEXT.replace('engine sglang "0.5.17"', 'engine reference "builtin"')
-                     .replace("gpus 4 nodes 2 tp 4", "gpus 2 tp 2")), PINNED)
+    with pytest.raises(PlanError, match="no mount point for it is known"):
+        render(_reference_plan(), PINNED)  # an image without cptest and nowhere to put it
     p = _plan()
+    with pytest.raises(PlanError, match="no pod is known for the vllm engine"):
+        render(p.model_copy(update={"main": p.main.model_copy(update={"engine": "vllm"})}), PINNED)
     odd = p.main.nodes[1].model_copy(update={"argv": [*p.main.nodes[1].argv, "--odd"]})
     differs = p.model_copy(update={"main": p.main.model_copy(update={"nodes": [p.main.nodes[0], odd]})})
     with pytest.raises(PlanError, match="differs from node 0's beyond its rank"):
         render(differs, PINNED)
     with pytest.raises(PlanError, match="not a valid name"):
         render(p, PINNED, Volumes(models_claim="Models_PVC"))
+    with pytest.raises(PlanError, match="not a valid name"):
+        render(p, PINNED, Volumes(source_claim="src/"))
 
 
 def test_a_checkpoint_beside_the_scenario_cannot_be_mounted(tmp_path: Path):
@@ -182,6 +231,28 @@ def test_image_is_the_override_else_the_lock_name_of_the_release_and_says_when_u
         images.resolve(p, "two words")
     named = _plan(TEXT.replace('engine sglang "0.5.17"', 'engine sglang "0.5.17" image "site/sglang:1"'))
     assert images.resolve(named, None).reference == "site/sglang:1"
+
+
+def test_the_reference_image_is_the_locks_with_its_digest_and_mount(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch):
+    entry = {"digest": "sha256:" + "12" * 32, "status": "pinned", "engine": "reference",
+             "cptest_mount": "/srv/c"}
+    lock = {"lock_version": 1, "images": {"localhost/ref:1": entry}}
+    path = tmp_path / "lock.json"
+    path.write_text(json.dumps(lock))
+    monkeypatch.setenv("CPTEST_IMAGE_LOCK", str(path))
+    p = _reference_plan()
+    got = images.resolve(p, None)
+    assert (got.reference, got.pinned, got.lock_digest, got.cptest_mount) == (
+        "localhost/ref:1", False, "sha256:" + "12" * 32, "/srv/c")
+    assert "pins it to sha256:1212" in (got.note or "") and "--image" in (got.note or "")
+    # Another image of the engine: the recipe's mount (what `cptest image build reference` lays out).
+    ref = "registry.example/ref@sha256:" + "34" * 32
+    assert images.resolve(p, ref) == Image(ref, True, cptest_mount="/opt/cptest")
+    path.write_text(json.dumps({"lock_version": 1, "images": {}}))
+    with pytest.raises(PlanError, match="no image for the reference engine") as e:
+        images.resolve(p, None)
+    assert "cptest image build reference" in (e.value.problems[0].hint or "")
 
 
 def test_names_are_dns_labels_and_long_ones_stay_apart():
@@ -233,4 +304,4 @@ def test_lws_options_without_the_lws_target_are_a_usage_error():
 def test_the_cli_default_claims_are_the_renderers():
     from cptest.cli import LWS_CLAIMS
 
-    assert (Volumes().models_claim, Volumes().evidence_claim) == LWS_CLAIMS
+    assert (Volumes().models_claim, Volumes().evidence_claim, Volumes().source_claim) == LWS_CLAIMS
