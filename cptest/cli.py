@@ -109,6 +109,12 @@ def models_option(fn: Callable[..., Any]) -> Callable[..., Any]:
                              "checkout)")(fn)
 
 
+engine_python_option = click.option(
+    "--engine-python", metavar="PATH", default=None,
+    help="the interpreter of the SGLang environment SGLang servers run on (default $CPTEST_SGLANG_PYTHON, "
+         "else the first python3 on PATH); checked before launch to import the plan's SGLang release")
+
+
 unsafe_option = click.option(
     "--allow-unsafe", is_flag=True, envvar="CPTEST_ALLOW_UNSAFE",
     help="run scenarios declared `unsafe \"reason\"` (their env or flags load code or config)")
@@ -421,12 +427,14 @@ def schema(command_name: str | None, list_: bool, as_json: bool) -> int:
               help="HTTP ports of the main and baseline server (default 30000,30100)")
 @baseline_options
 @models_option
+@engine_python_option
 @unsafe_option
 @json_option
 @_guard
 def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name: str | None,
         gpus: str | None, cpus: str | None, ports: str | None, baseline_cache: Path, no_baseline_cache: bool,
-        models: Path | None, as_json: bool, allow_unsafe: bool = False) -> int:
+        models: Path | None, as_json: bool, allow_unsafe: bool = False,
+        engine_python: str | None = None) -> int:
     """Plan, lint, launch, drive the workload, inject faults, gather evidence, check, archive."""
     from cptest import pipeline
     from cptest.plan.build import require_allowed
@@ -435,6 +443,7 @@ def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name
     prepared = pipeline.prepare(file, engine=engine_name, gpu_present=gpu,
                                 placement=_placement(gpus, cpus, ports))
     require_allowed(prepared.plan, allow_unsafe)
+    pipeline.launcher_named(launcher, engine_python=engine_python)  # bad together (docker): exit 2 now
     for note in prepared.notes:
         click.echo(note, err=True)
     for finding in prepared.findings:
@@ -448,7 +457,8 @@ def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name
         click.echo("cptest: lint findings; nothing was launched (--ignore-lint to run anyway)", err=True)
         return 1
     out = pipeline.new_archive(results, prepared, datetime.now(UTC))
-    outcome = pipeline.run_scenario(prepared.plan, out, pipeline.launcher_named(launcher),
+    outcome = pipeline.run_scenario(prepared.plan, out,
+                                    pipeline.launcher_named(launcher, engine_python=engine_python),
                                     scenario_text=prepared.text, log=_log(as_json),
                                     includes=prepared.includes,
                                     run_options=_run_options(baseline_cache, no_baseline_cache),
@@ -491,12 +501,14 @@ def _placement(gpus: str | None, cpus: str | None, ports: str | None) -> Any:
               help="override every scenario's engine")
 @baseline_options
 @models_option
+@engine_python_option
 @unsafe_option
 @json_option
 @_guard
 def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | None, jobs: int | None,
           launcher: str, ignore_lint: bool, engine_name: str | None, baseline_cache: Path,
-          no_baseline_cache: bool, models: Path | None, as_json: bool, allow_unsafe: bool = False) -> int:
+          no_baseline_cache: bool, models: Path | None, as_json: bool, allow_unsafe: bool = False,
+          engine_python: str | None = None) -> int:
     """Run many scenarios (files, or the .cps files of folders), concurrently where their servers fit
     on this machine's GPUs, CPUs and ports; one summary; exit code of the worst verdict."""
     import os
@@ -509,6 +521,12 @@ def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | 
     require_allowed_files(scenario_files(paths), allow_unsafe)
     if allow_unsafe:  # each scenario is a child `cptest run`: it reads the same permission
         os.environ["CPTEST_ALLOW_UNSAFE"] = "1"
+    if engine_python is not None:  # and the same interpreter, by absolute path (cptest.run.interpreter)
+        from cptest import pipeline
+        from cptest.run.interpreter import ENV_VAR
+
+        pipeline.launcher_named(launcher, engine_python=engine_python)  # bad together (docker): exit 2
+        os.environ[ENV_VAR] = os.path.abspath(engine_python) if os.sep in engine_python else engine_python
     machine = discover(gpus=parse_ids(gpus, "--gpus") if gpus else None,
                        cpus=parse_ids(cpus, "--cpus") if cpus else None)
     done = run_suite(scenario_files(paths), machine, results=results, log=_log(as_json), engine=engine_name,
@@ -531,18 +549,21 @@ def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | 
               "the archived plan did (argv, environment, image, mounts, GPUs); refused otherwise, exit 3")
 @baseline_options
 @models_option
+@engine_python_option
 @unsafe_option
 @json_option
 @_guard
 @_archive_guard
 def rerun(directory: Path, results: Path, launcher: str, accept_plan_changes: bool, baseline_cache: Path,
-          no_baseline_cache: bool, models: Path | None, as_json: bool, allow_unsafe: bool = False) -> int:
+          no_baseline_cache: bool, models: Path | None, as_json: bool, allow_unsafe: bool = False,
+          engine_python: str | None = None) -> int:
     """Plan an archive's scenario again (never its archived argv), run it with the same pins (the
     model found by its hash), then diff the evidence. A plan that would execute something else than
     the archived one is shown and refused (exit 3) unless --accept-plan-changes."""
     from cptest import pipeline
 
-    done = pipeline.rerun(directory, results, pipeline.launcher_named(launcher), log=_log(as_json),
+    done = pipeline.rerun(directory, results, pipeline.launcher_named(launcher, engine_python=engine_python),
+                          log=_log(as_json),
                           now=datetime.now(UTC), run_options=_run_options(baseline_cache, no_baseline_cache),
                           models=models, gpu_present=shutil.which("nvidia-smi") is not None,
                           accept_plan_changes=accept_plan_changes, allow_unsafe=allow_unsafe)

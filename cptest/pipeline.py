@@ -297,8 +297,10 @@ def _run_rooted(planned: Plan, launched: Plan, out: Path, launcher: Launcher, *,
         causes = launcher_preflight(launched)
         if causes:
             raise InfrastructureError(causes)
-    require(launched, results=out, **(preflight or {}))
+    engine_python = _inspect_engine_python(launched, launcher)
+    require(launched, results=out, engine_python=engine_python, **(preflight or {}))
     env = dict(collect_environment(Path.cwd()) if environment is None else environment)
+    env.update(_engine_python_facts(env, engine_python, launcher))
     env["weights_sha256"] = weights_sha256(model_dir)
     pins = planned.pins.model_dump(mode="json")
     if model_dir and Path(model_dir).is_dir():
@@ -334,6 +336,46 @@ def _run_rooted(planned: Plan, launched: Plan, out: Path, launcher: Launcher, *,
     verdict = checks.check(out, require_finished=False)  # this run is the one finishing it
     finish_archive(out, verdict, planned)
     return Outcome(verdict, out, error)
+
+
+def _inspect_engine_python(launched: Plan, launcher: Launcher) -> Any:
+    """What SGLang's interpreter says (`run.interpreter.inspect`) when a server of the plan runs
+    SGLang on a host interpreter (a launcher with `engine_python`: process, slurm; a container runs
+    its image's), else None. An interpreter that answered becomes the launcher's, by its absolute
+    path: the one preflight judged is the one launched."""
+    if not hasattr(launcher, "engine_python") or not any(s.engine == "sglang" for s in launched.servers()):
+        return None
+    from cptest.run.interpreter import inspect
+
+    found = inspect(launcher.engine_python)
+    if found.ok:
+        launcher.engine_python = found.path
+    return found
+
+
+def _engine_python_facts(env: Mapping[str, Any], found: Any, launcher: Launcher) -> dict[str, Any]:
+    """The manifest's facts of the engine's interpreter: SGLang's (its path, what named it, and the
+    SGLang install it imports, in place of cptest's own interpreter's), the reference engine's
+    (cptest's own, D47), or none under a container (its image's, pinned by digest)."""
+    import sys
+
+    reasons = dict(env.get("reasons") or {})
+    if found is not None:
+        out = {"engine_python": found.path, "engine_python_named_by": found.named_by, "sglang": found.version,
+               "sglang_wheel_sha256": found.wheel_sha256, "sglang_record_sha256": found.record_sha256}
+        reasons.pop("sglang", None)
+        why = {"sglang_wheel_sha256": "pip recorded no wheel hash (installed from an index, or not by pip)",
+               "sglang_record_sha256": "its sglang distribution has no RECORD (not installed by pip)"}
+        for key, reason in why.items():
+            reasons.pop(key, None)
+            if out[key] is None:
+                reasons[key] = reason
+    elif hasattr(launcher, "engine_python"):
+        out = {"engine_python": sys.executable}
+    else:
+        out = {"engine_python": None}
+        reasons["engine_python"] = "the image's interpreter (pins.image_digest)"
+    return out | {"reasons": reasons}
 
 
 class CptestCrash(RunError):
@@ -705,19 +747,24 @@ def _placement_of(archived: Plan) -> Placement:
     return Placement(main_port=node.port, baseline_port=base, gpus=list(node.gpu_ids) or None, cpus=cpus)
 
 
-def launcher_named(name: str) -> Launcher:
+def launcher_named(name: str, *, engine_python: str | None = None) -> Launcher:
     """The launcher the CLI's `--launcher` names: `process` (local process trees), `docker` or
-    `slurm` (a Slurm job per server, docs/slurm.md)."""
+    `slurm` (a Slurm job per server, docs/slurm.md). `engine_python` names SGLang's interpreter
+    (`run.interpreter`); a container runs its image's, so naming one there is bad input (exit 2)."""
     if name == "slurm":
         from cptest.run.slurm import SlurmLauncher
 
-        return SlurmLauncher()
+        return SlurmLauncher(engine_python=engine_python)
     if name == "docker":
+        if engine_python is not None:
+            raise ScenarioError(Problem(None, "--engine-python names an interpreter of this machine; under "
+                                        "--launcher docker SGLang runs on its image's (pinned by digest)",
+                                        hint="leave --engine-python out, or use --launcher process"))
         from cptest.run.docker import DockerLauncher
 
         return DockerLauncher()
     from cptest.run.process import ProcessLauncher
 
-    return ProcessLauncher()
+    return ProcessLauncher(engine_python=engine_python)
 
 

@@ -28,6 +28,12 @@ Causes (`Cause.code`):
 - `slurm_missing`, `slurm_down`, `slurm_nodes`: under `--launcher slurm`, no Slurm client on PATH,
   no controller answering `sinfo`, fewer usable nodes than the widest server needs
   (`cptest.run.slurm.preflight_causes`, through the launcher's `preflight` hook, same moment).
+- `engine_python`: the interpreter SGLang would run on (`--engine-python`, `$CPTEST_SGLANG_PYTHON`,
+  the first `python3` on PATH: `cptest.run.interpreter`) is missing, does not run, cannot `import
+  sglang` or gives no version.
+- `sglang_mismatch`: it imports another SGLang than the plan's release: the argv, the admission
+  rules and the lint findings were made from that release's table, so a run would judge another
+  engine against them.
 
 A cause that appears only after launch (a port taken in the meantime, cptest's own crash) is
 recorded by the run itself (`pipeline.run_scenario`), with the same exit code.
@@ -45,10 +51,12 @@ from typing import Literal
 
 from cptest.errors import Problem, RunError
 from cptest.plan.model import Plan, ServerPlan
+from cptest.run.interpreter import ENV_VAR, EnginePython, same_release
 
 CauseCode = Literal["model_missing", "weights_mismatch", "port_in_use", "gpus_missing", "gpu_memory_busy",
                     "disk_full", "cptest_crash", "image_unpinned", "image_missing", "image_mismatch",
-                    "container_engine_down", "slurm_missing", "slurm_down", "slurm_nodes"]
+                    "container_engine_down", "slurm_missing", "slurm_down", "slurm_nodes", "engine_python",
+                    "sglang_mismatch"]
 RUNTIME_MIB = 4608
 """Per GPU, what an SGLang server holds besides weights and KV pool. The tiny-model archives of
 results/ (TP1, TP2, DCP2, PCP2 on 0.5.17) held at most 4098 MiB per GPU while running (GpuSample
@@ -101,10 +109,13 @@ def gpu_free_mib() -> dict[str, int] | None:
 
 
 def preflight(plan: Plan, *, results: Path, gpus: GpuFree = gpu_free_mib,
-              min_free_disk: int = MIN_FREE_DISK) -> list[Cause]:
-    """Every cause this machine gives `plan` to fail for a reason that is not the engine's."""
+              min_free_disk: int = MIN_FREE_DISK, engine_python: EnginePython | None = None) -> list[Cause]:
+    """Every cause this machine gives `plan` to fail for a reason that is not the engine's.
+    `engine_python` is what the SGLang interpreter said (`cptest.run.interpreter.inspect`); None
+    when no SGLang server runs on a host interpreter (the reference engine, a container)."""
     causes: list[Cause] = []
     servers = plan.servers()
+    causes += engine_python_causes(plan, engine_python)
     causes += _model(plan)
     for server in servers:
         causes += _ports(server)
@@ -115,11 +126,35 @@ def preflight(plan: Plan, *, results: Path, gpus: GpuFree = gpu_free_mib,
 
 
 def require(plan: Plan, *, results: Path, gpus: GpuFree = gpu_free_mib,
-            min_free_disk: int = MIN_FREE_DISK) -> None:
+            min_free_disk: int = MIN_FREE_DISK, engine_python: EnginePython | None = None) -> None:
     """Raise InfrastructureError when `preflight` finds anything."""
-    causes = preflight(plan, results=results, gpus=gpus, min_free_disk=min_free_disk)
+    causes = preflight(plan, results=results, gpus=gpus, min_free_disk=min_free_disk,
+                       engine_python=engine_python)
     if causes:
         raise InfrastructureError(causes)
+
+
+NAME_IT = f"--engine-python PATH or {ENV_VAR}=PATH (e.g. the environment's bin/python3)"
+
+
+def engine_python_causes(plan: Plan, found: EnginePython | None) -> list[Cause]:
+    """The SGLang interpreter's causes: it cannot say which SGLang it runs (`engine_python`), or it
+    runs another release than a server of the plan pins (`sglang_mismatch`)."""
+    if found is None:
+        return []
+    if not found.ok:
+        return [Cause("engine_python", found.error or "no SGLang version",
+                      f"name the interpreter of an SGLang environment: {NAME_IT}")]
+    assert found.version is not None
+    pinned = sorted({s.release for s in plan.servers() if s.engine == "sglang"})
+    other = [r for r in pinned if not same_release(found.version, r)]
+    if not other:
+        return []
+    return [Cause("sglang_mismatch", f"{found.path} (named by {found.named_by}) imports SGLang "
+                  f"{found.version}; the plan pins {', '.join(other)}, whose flags, admission rules and lint "
+                  "findings it was made from",
+                  f"run it with a {other[0]} environment ({NAME_IT}), or pin the scenario's `engine sglang` "
+                  "to the release installed")]
 
 
 def _model(plan: Plan) -> list[Cause]:

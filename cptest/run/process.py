@@ -28,8 +28,10 @@ exist that nothing will kill.
 Interpreter (issue 14): an argv that runs one of cptest's own modules with a bare `python3`
 (`python3 -m cptest.reference.server`, how the machine-independent plan names the reference engine)
 runs on the interpreter running cptest (`sys.executable`), never the first `python3` on PATH, which
-may lack cptest's dependencies (pipx, a venv called by its full path). `launched` records the
-executable in portable form (`<python>/bin/python3`).
+may lack cptest's dependencies (pipx, a venv called by its full path). One that runs an `sglang`
+module runs on SGLang's interpreter (`engine_python`, `cptest.run.interpreter`: `--engine-python`,
+`$CPTEST_SGLANG_PYTHON`, else the first `python3` on PATH). `launched` records the executable in
+portable form (`<python>/bin/python3`).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ import psutil
 
 from cptest.errors import RunError
 from cptest.plan.model import NodeLaunch
+from cptest.run.interpreter import locate
 from cptest.run.launcher import ExitInfo
 from cptest.run.reaper import ident as _ident
 from cptest.run.reaper import tree_snapshot
@@ -138,12 +141,24 @@ def own_interpreter(argv: list[str]) -> list[str]:
     return argv
 
 
-def resolve_argv(argv: list[str], env: dict[str, str]) -> list[str]:
+def sglang_interpreter(argv: list[str], engine_python: str | None, env: dict[str, str]) -> list[str]:
+    """`argv` with a bare `python3` in front of `-m sglang.<module>` replaced by SGLang's interpreter
+    (`interpreter.locate`: `engine_python`, else $CPTEST_SGLANG_PYTHON, else the first `python3` on
+    the engine's PATH); any other argv unchanged. The pipeline passes the interpreter it inspected."""
+    if len(argv) >= 3 and argv[0] in OWN_MODULE_INTERPRETERS and argv[1] == "-m" \
+            and argv[2].split(".")[0] == "sglang":
+        path, _, name = locate(engine_python, environ={**os.environ, "PATH": env.get("PATH", os.defpath)})
+        return [path or name, *argv[1:]]
+    return argv
+
+
+def resolve_argv(argv: list[str], env: dict[str, str], engine_python: str | None = None) -> list[str]:
     """argv with argv[0] resolved: cptest's own interpreter for a cptest module (`own_interpreter`),
-    else on the engine's PATH (no shell). Raises RunError if not found."""
+    SGLang's for an sglang module (`sglang_interpreter`), else on the engine's PATH (no shell).
+    Raises RunError if not found."""
     if not argv:
         raise RunError("node argv is empty; the plan must give the engine command")
-    argv = own_interpreter(argv)
+    argv = sglang_interpreter(own_interpreter(argv), engine_python, env)
     exe = argv[0]
     found = exe if os.sep in exe else shutil.which(exe, path=env.get("PATH", os.defpath))
     if not found or not os.access(found, os.X_OK):
@@ -280,9 +295,12 @@ class ProcessLauncher:
     name = "process"
 
     def __init__(self, *, reaper: bool = True, base_env: dict[str, str] | None = None,
-                 on_spawn: Callable[[int], None] | None = None) -> None:
+                 on_spawn: Callable[[int], None] | None = None, engine_python: str | None = None) -> None:
         self.use_reaper = reaper
         self.base_env = base_env
+        self.engine_python = engine_python
+        """SGLang's interpreter (`--engine-python`); the pipeline replaces it with the absolute path
+        it inspected, so that the interpreter checked is the one launched."""
         self.on_spawn = on_spawn
         """Test seam: called with the node's pid the instant its first process exists (before the
         reaper); `benchmarks/sigkill_coverage.py` times its SIGKILLs of cptest from it."""
@@ -295,7 +313,7 @@ class ProcessLauncher:
         does not come up (the gated process is then killed before it ran anything).
         """
         env = engine_env(node, self.base_env, labels)
-        argv = resolve_argv(node.argv, env)
+        argv = resolve_argv(node.argv, env, self.engine_python)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         gate_r, gate_w = os.pipe()
         try:

@@ -391,7 +391,10 @@ class SlurmLauncher:
     name = "slurm"
 
     def __init__(self, *, partition: str | None = None, time_limit_s: float = 24 * 3600.0,
-                 reaper: bool = True) -> None:
+                 reaper: bool = True, engine_python: str | None = None) -> None:
+        self.engine_python = engine_python
+        """SGLang's interpreter, as for the process launcher; a path every node sees (shared file
+        system), inspected on the host cptest runs on."""
         self.partition = partition
         self.time_limit_s = time_limit_s
         self.use_reaper = reaper
@@ -452,7 +455,8 @@ class SlurmLauncher:
             probe_dir = node_named(Path(env["CPTEST_PROBE_DIR"]), name)
             probe_dir.mkdir(parents=True, exist_ok=True)
             env["CPTEST_PROBE_DIR"] = str(probe_dir)
-        argv = resolve_argv(with_job(node.argv, len(job.nodes), node.node_rank, job.addrs[job.nodes[0]]), env)
+        argv = resolve_argv(with_job(node.argv, len(job.nodes), node.node_rank, job.addrs[job.nodes[0]]), env,
+                            self.engine_python)
         log_path = node_named(log_path, name)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         step_name = f"{job.name}.node{node.node_rank}"
