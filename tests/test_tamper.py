@@ -633,6 +633,9 @@ def test_hostile_log_text_stays_text_in_report_md_and_junit_xml(made: Made, tmp_
     verdicts = json.loads((a / "verdict.json").read_text())["verdicts"]
     (log,) = [v for v in verdicts if v["checker"] == "log" and v["status"] == "fail"]
     assert line.strip() in log["reason"]
+    printed = cptest("check", a)  # the terminal gets the escape and the NUL as text, not as control codes
+    assert "\\x1b[31m\\x00" in printed.stdout
+    assert "\x1b" not in printed.stdout and "\x00" not in printed.stdout
 
     root = ET.fromstring((a / "junit.xml").read_bytes())
     cases = root.findall("./testsuite/testcase")

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from cptest.errors import EvidenceError, Problem, Span
+from cptest.report.text import md_inline
 from cptest.store import Layout, existing_file, read_bytes, read_file, require_plain
 
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?: [^\]]*)?\] (.*)$")
@@ -155,5 +156,6 @@ def render_table(rows: list[Startup]) -> str:
     for r in rows:
         cells = ["" if r.phases.get(k) is None else f"{r.phases[k]:g}" for k in ORDER]
         total = "" if r.total_s is None else f"{r.total_s:g}"
-        lines.append(f"| {r.scenario} | {r.role} | " + " | ".join(cells) + f" | {total} |")
+        name = f"| {md_inline(r.scenario)} | {md_inline(r.role)} | "  # folder names: any text
+        lines.append(name + " | ".join(cells) + f" | {total} |")
     return "\n".join(lines) + "\n"

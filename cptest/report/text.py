@@ -80,6 +80,12 @@ def md_block(value: object) -> str:
     return "\n".join(line for line in lines if line.strip())
 
 
+def plain_text(value: object) -> str:
+    """`value` for a terminal: control characters but tab and newline shown as `\\xNN` text, so that
+    an engine's log line quoted in a reason cannot move the cursor, recolour or retitle it."""
+    return _CONTROL.sub(lambda m: _visible(m.group()), str(value).replace("\r", "\\r"))
+
+
 def xml_text(value: object) -> str:
     """`value` with every character XML 1.0 forbids written as `\\xNN`/`\\uNNNN` text (escaping of
     markup is autoescape's)."""
