@@ -165,7 +165,9 @@ def test_the_cli_says_it_in_one_line_exits_3_and_launches_nothing(tmp_path: Path
     text = text.replace('extends "defaults/tiny.cps"', f'extends "{tiny}"')
     (scenarios / "lost.cps").write_text(text)
     cmd = [sys.executable, "-m", "cptest", "run", str(scenarios / "lost.cps"),
-           "--results", str(tmp_path / "results"), "--engine", "reference", "--no-baseline-cache"]
+           "--results", str(tmp_path / "results"), "--engine", "reference", "--no-baseline-cache",
+           # free ports: only the missing model may be the cause (another run may hold 30000)
+           "--ports", f"{free_port()},{free_port()}"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 3 and done.stdout == ""
     last = done.stderr.strip().splitlines()[-1]
