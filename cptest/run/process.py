@@ -289,6 +289,28 @@ def install_signal_handlers() -> Callable[[], None]:
     return restore
 
 
+def start_reaper(watched: str, unready: Callable[[int | None], str], *, mode: str | None = None,
+                 env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start `python -m cptest.run.reaper [mode] <cptest's pid> <its start time> <watched>` and
+    return once it watches (it prints `ready`); else kill it and raise RunError(`unready(its
+    status)`). Its stdin is its lifeline: cptest holds the write end, so cptest's death reaches it
+    as end-of-file."""
+    me = psutil.Process(os.getpid())
+    argv = [sys.executable, "-m", "cptest.run.reaper", *([mode] if mode else []), str(me.pid),
+            repr(me.create_time()), watched]
+    reaper = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              start_new_session=True, close_fds=True, env=env)
+    assert reaper.stdout is not None
+    ready, _, _ = select.select([reaper.stdout], [], [], REAPER_READY_S)
+    line = reaper.stdout.readline() if ready else b""
+    reaper.stdout.close()
+    if line.strip() != b"ready":
+        reaper.kill()
+        reaper.wait()
+        raise RunError(unready(reaper.poll()))
+    return reaper
+
+
 class ProcessLauncher:
     """Launcher of local subprocess trees (see the module docstring for the teardown guarantees)."""
 
@@ -353,23 +375,10 @@ class ProcessLauncher:
 
     @staticmethod
     def _start_reaper(session: int) -> subprocess.Popen[bytes]:
-        """Start the reaper of `session` and return once it watches (it prints `ready`). Its stdin
-        is its lifeline: cptest holds the write end, so cptest's death reaches it as end-of-file."""
-        me = psutil.Process(os.getpid())
-        argv = [sys.executable, "-m", "cptest.run.reaper", str(me.pid), repr(me.create_time()), str(session)]
-        reaper = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
-        assert reaper.stdout is not None
-        ready, _, _ = select.select([reaper.stdout], [], [], REAPER_READY_S)
-        line = reaper.stdout.readline() if ready else b""
-        reaper.stdout.close()
-        if line.strip() != b"ready":
-            reaper.kill()
-            reaper.wait()
-            raise RunError(f"the reaper of the engine tree (session {session}) did not start within "
-                           f"{REAPER_READY_S:.0f} s (status {reaper.poll()}); the engine was not run. "
-                           f"Is the machine overloaded? Try again")
-        return reaper
+        """Start the reaper of `session` and return once it watches (`start_reaper`)."""
+        return start_reaper(str(session), lambda status: (
+            f"the reaper of the engine tree (session {session}) did not start within {REAPER_READY_S:.0f} s "
+            f"(status {status}); the engine was not run. Is the machine overloaded? Try again"))
 
     def teardown(self, handle: ProcessHandle, grace_s: float = 10.0) -> ExitInfo:  # type: ignore[override]
         """SIGTERM the main process (or, if it is gone, every process left), wait up to `grace_s`

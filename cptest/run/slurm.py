@@ -44,7 +44,6 @@ import json
 import os
 import re
 import secrets
-import select
 import shutil
 import signal
 import socket
@@ -63,7 +62,7 @@ from cptest.plan.model import NodeLaunch, Plan, ServerPlan
 from cptest.run.faults import SIGNAL_OF
 from cptest.run.launcher import ExitInfo
 from cptest.run.preflight import Cause
-from cptest.run.process import engine_env, listening_pids, resolve_argv
+from cptest.run.process import REAPER_READY_S, engine_env, listening_pids, resolve_argv, start_reaper
 from cptest.run.reaper import ident
 from cptest.store import node_named, valid_name
 
@@ -79,7 +78,6 @@ ALLOC_WAIT_S = 120
 """salloc's `--immediate`: an allocation not granted by then is an infrastructure failure."""
 JOB_GONE_S = 30.0
 KILL_WAIT_S = 10.0
-REAPER_READY_S = 30.0
 USABLE_STATES = ("idle", "mix", "alloc", "comp")
 """sinfo states of a node that can run a step now or soon (`idle`, `mixed`, `allocated`, `completing`)."""
 _SIGNAL_BASE = 128
@@ -575,21 +573,10 @@ def _wait(done: Any, seconds: float) -> bool:
 
 
 def _start_reaper(name: str) -> subprocess.Popen[bytes]:
-    """The reaper of job `name`, watching before salloc runs (it prints `ready`)."""
-    me = psutil.Process(os.getpid())
-    argv = [sys.executable, "-m", "cptest.run.reaper", "slurm", str(me.pid), repr(me.create_time()), name]
-    reaper = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              start_new_session=True, close_fds=True, env=slurm_env())
-    assert reaper.stdout is not None
-    ready, _, _ = select.select([reaper.stdout], [], [], REAPER_READY_S)
-    line = reaper.stdout.readline() if ready else b""
-    reaper.stdout.close()
-    if line.strip() != b"ready":
-        reaper.kill()
-        reaper.wait()
-        raise RunError(f"the reaper of Slurm job {name} did not start within {REAPER_READY_S:.0f} s; "
-                       "nothing was allocated")
-    return reaper
+    """The reaper of job `name`, watching before salloc runs (`process.start_reaper`)."""
+    return start_reaper(name, lambda _status: (
+        f"the reaper of Slurm job {name} did not start within {REAPER_READY_S:.0f} s; nothing was allocated"),
+        mode="slurm", env=slurm_env())
 
 
 # --------------------------------------------------------------------------------------------------
