@@ -30,8 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from cptest.errors import EvidenceError, Problem, Span
 from cptest.topology import Degrees
 
-SCHEMA_VERSION = 4
-"""v2: a compact step's `pos` may be packed (base64 of little-endian int32) and its `kv` a string
+SCHEMA_VERSION = 5
+"""v5 (D59): `pool_sample` records (`PoolSample`); every v1-v4 record reads unchanged.
+v2: a compact step's `pos` may be packed (base64 of little-endian int32) and its `kv` a string
 of 0/1 digits (`Step`). v3: consecutive decode steps over the same requests may be one `steps`
 line (`StepBlock`), which the reader expands into its Step records. v4: teacher-forced `score`
 records, a request's `output_top`, and the `control` server's records. Every v1-v3 record reads
@@ -242,6 +243,41 @@ class StepBlock(_Record):
         return out
 
 
+class PoolSample(_Record):
+    """The KV pool and the scheduler's token accounting of this rank at one scheduler iteration
+    (decisions D59). Written when the figures changed, at most every `probe.pool_hooks.STEP_EVERY`
+    forward batches while busy, and once more when the scheduler goes idle, so the drained state is
+    always the last sample. Every figure is in the allocator's token space: *logical* tokens under DCP
+    (`total` = rows x dcp), while `KvPool.rows` is the rank's physical pool."""
+
+    kind: Literal["pool_sample"] = "pool_sample"
+    rank: RankId
+    step: int
+    """Forward batches the scheduler has run so far (SGLang's `Scheduler.forward_ct`; the reference's
+    step count): every rank of one server counts the same, which is what ranks are compared at."""
+    total: int
+    """The allocator's token space (`allocator.size`)."""
+    free: int
+    """Tokens the allocator can hand out now (`allocator.available_size()`)."""
+    evictable: int | None = None
+    """Tokens the prefix cache holds for no running request (radix `evictable_size()`): reusable,
+    not leaked; None where the engine has no prefix cache."""
+    protected: int | None = None
+    """Tokens the prefix cache holds locked by running requests (radix `protected_size()`)."""
+    running: int
+    waiting: int
+    scheduler_total: int | None = None
+    """The logical capacity the scheduler admits and reports usage against (SGLang 0.5.17: its
+    pool-stats observer's `max_total_num_tokens`, which is the rank's rows x dcp_size)."""
+    idle: bool = False
+    """Sampled with nothing running or waiting: the scheduler drained."""
+
+    @property
+    def used(self) -> int:
+        """Tokens held by requests: what is neither free nor evictable."""
+        return self.total - self.free - (self.evictable or 0)
+
+
 class Graph(_Record):
     """CUDA-graph capture and replay as observed by the probe."""
 
@@ -382,6 +418,7 @@ Record = Annotated[
     | Capacity
     | Step
     | StepBlock
+    | PoolSample
     | Graph
     | ProbeNote
     | RequestResult
@@ -468,6 +505,7 @@ class RankEvidence:
     kv_pools: list[KvPool] = field(default_factory=list)
     capacities: list[Capacity] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
+    pool_samples: list[PoolSample] = field(default_factory=list)
     graphs: list[Graph] = field(default_factory=list)
     notes: list[ProbeNote] = field(default_factory=list)
     other: list[Record] = field(default_factory=list)
@@ -513,7 +551,7 @@ def _sorted_into(ev: E, records: Iterable[Record], slots: dict[type, str]) -> E:
 
 _RANK_SLOTS: dict[type, str] = {
     Geometry: "geometry", KvPool: "kv_pools", Capacity: "capacities", Step: "steps", Graph: "graphs",
-    ProbeNote: "notes",
+    ProbeNote: "notes", PoolSample: "pool_samples",
 }  # fmt: skip
 _RUNNER_SLOTS: dict[type, str] = {
     RequestResult: "requests", Score: "scores", ProcessSample: "processes", GpuSample: "gpu",

@@ -21,6 +21,7 @@ from pydantic.json_schema import SkipJsonSchema
 from cptest.contracts import (
     CONTRACTS,
     CapacityExpect,
+    CapacityTransitionsExpect,
     Declared,
     GenerationExpect,
     GraphExpect,
@@ -224,6 +225,9 @@ class Expect(Node):
     launch: LaunchExpect | None = None
     rows: RowsExpect | None = None
     capacity: CapacityExpect | None = None
+    capacity_transitions: CapacityTransitionsExpect | None = Field(default=None,
+                                                              exclude_if=lambda v: v is None)
+    """Absent from the dump when not declared, so every scenario written before it keeps its hash."""
     generation: GenerationExpect | None = None
     graph: list[GraphExpect] = Field(default_factory=list)
     """At most one per phase, decode before prefill."""

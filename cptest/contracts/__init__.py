@@ -18,6 +18,8 @@ from pydantic import Field
 from cptest.contracts import capacity, generation, graph, launch, log, rows, serving, shutdown
 from cptest.contracts.base import Contract, Declared, EngineFacts, Params, PlanContext
 from cptest.contracts.capacity import CapacityExpect, CapacityParams, LogPatterns
+from cptest.contracts.capacity_transitions import CONTRACT as CAPACITY_TRANSITIONS
+from cptest.contracts.capacity_transitions import CapacityTransitionsExpect, CapacityTransitionsParams
 from cptest.contracts.generation import GenerationExpect, GenerationParams
 from cptest.contracts.graph import GraphExpect, GraphParams
 from cptest.contracts.launch import LaunchExpect, LaunchParams
@@ -28,13 +30,14 @@ from cptest.contracts.shutdown import ShutdownExpect, ShutdownParams
 
 CONTRACTS: Mapping[str, Contract[Any, Any]] = {
     c.name: c
-    for c in (launch.CONTRACT, rows.CONTRACT, capacity.CONTRACT, generation.CONTRACT, graph.CONTRACT,
-              serving.CONTRACT, shutdown.CONTRACT, log.CONTRACT)
+    for c in (launch.CONTRACT, rows.CONTRACT, capacity.CONTRACT, CAPACITY_TRANSITIONS, generation.CONTRACT,
+              graph.CONTRACT, serving.CONTRACT, shutdown.CONTRACT, log.CONTRACT)
 }  # fmt: skip
 """Every contract by name, in the order a scenario's verdicts are listed."""
 
 Expectation = Annotated[
-    LaunchParams | RowsParams | CapacityParams | GenerationParams | GraphParams | ServingParams
+    LaunchParams | RowsParams | CapacityParams | CapacityTransitionsParams
+    | GenerationParams | GraphParams | ServingParams
     | ShutdownParams | LogParams,
     Field(discriminator="kind"),
 ]
@@ -57,6 +60,7 @@ def resolve(name: str, expect: Declared, ctx: PlanContext) -> Params:
 __all__ = [
     "CONTRACTS",
     "CapacityExpect",
+    "CapacityTransitionsExpect",
     "Contract",
     "Declared",
     "EngineFacts",

@@ -240,6 +240,12 @@ def _expectation(key: str, v: dict[str, Any]) -> str:
         body = f"capacity logical == {render_value(v['multiplier'])} * physical"
         if v["tolerance"] is not None:
             body += f" within {render_value(v['tolerance'])}"
+    elif key == "capacity_transitions":
+        body = "capacity transitions"
+        if v["peak"] is not None:
+            body += f" peak >= {render_value(v['peak'])}"
+        if v["slack"] is not None:
+            body += f" together within {render_value(v['slack'])}"
     elif key == "generation":
         body = "generation"
         if v["tokens_agree"] is not None:

@@ -420,6 +420,9 @@ class _Build:
     def capacity(self, meta: Any, c: list[Any]) -> Stmt:
         return self._exp(meta, "capacity", {"multiplier": c[0], "tolerance": c[1]})
 
+    def capacity_transitions(self, meta: Any, c: list[Any]) -> Stmt:
+        return self._exp(meta, "capacity_transitions", {"peak": c[0], "slack": c[1]})
+
     def generation(self, meta: Any, c: list[Any]) -> Stmt:
         value: dict[str, Any] = {"tokens_agree": None, "logprob_within": None, "bounds": [],
                                  "free_running_topk": None}

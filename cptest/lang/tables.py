@@ -39,7 +39,8 @@ BLOCK_KEYS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 
 EXPECT_ORDER: tuple[str, ...] = (
-    "launch", "rows", "capacity", "generation", "graph decode", "graph prefill", "serving", "shutdown", "log",
+    "launch", "rows", "capacity", "capacity_transitions", "generation",
+    "graph decode", "graph prefill", "serving", "shutdown", "log",
 )  # fmt: skip
 """Canonical order of expectation statement keys (graph is keyed by phase)."""
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from cptest.probe import hooks
+from cptest.probe import hooks, pool_hooks
 from cptest.probe.runtime import get_probe
 
 
@@ -51,6 +51,8 @@ TARGETS_0_5_17: tuple[Target, ...] = (
            hooks.after_zigzag_shard_positions, "zigzag rank positions", "layers/cp/zigzag.py:308"),
     Target("sglang.srt.mem_cache.memory_pool.MHATokenToKVPool.set_kv_buffer", "after",
            hooks.after_set_kv_buffer, "kv_written", "mem_cache/memory_pool.py:2305"),
+    Target("sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run", "after",
+           pool_hooks.after_get_next_batch_to_run, "pool samples", "managers/scheduler.py:2925"),
 )
 TARGETS = TARGETS_0_5_17
 

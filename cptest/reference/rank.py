@@ -27,10 +27,11 @@ import torch
 import torch.distributed as dist
 
 from cptest.evidence import Capacity, Geometry, Graph, KvPool, ProbeNote, RankId, Step, ranges_from
+from cptest.probe.pool_hooks import PoolSampler
 from cptest.reference.layout import Layout
 from cptest.reference.modeling import KvPool as Pool
 from cptest.reference.modeling import Model, ModelConfig, SeqRows, SoloComm, load_shard
-from cptest.reference.scheduler import Request, Scheduler
+from cptest.reference.scheduler import BlockView, Request, Scheduler
 from cptest.store import rank_file_name
 from cptest.topology import Degrees, process_title
 
@@ -236,10 +237,23 @@ def _broadcast(msg: dict[str, Any] | None, world: int) -> dict[str, Any]:
 
 
 def _follow(args: RankArgs, model: Model, ev: Evidence, rid: RankId) -> None:
+    dcp = args.degrees.dcp
+    view = BlockView(args.rows // args.page, args.page * dcp)
+    sampler = PoolSampler()
     while True:
         msg = _broadcast(None, args.degrees.tp)
         if msg.get("exit"):
             return
+        # This rank's pool sample at the leader's iteration: its own block count (BlockView), the
+        # leader's queue length (only the leader holds the queue).
+        view.update([(s[0], s[4]) for s in msg.get("seqs", ())], msg.get("released", []))
+        rec = sampler.offer(rank=rid, t=ev.now(), step=msg["step"], total=args.rows * dcp,
+                            free=view.free_tokens, evictable=None, protected=None, running=len(view.live),
+                            waiting=msg.get("waiting", 0), scheduler_total=args.rows * dcp)
+        if rec is not None:
+            ev.write(rec)
+        if msg.get("pool_only"):
+            continue
         _step(model, ev, rid, msg, want_logits=False)
 
 
@@ -325,10 +339,15 @@ class _Leader:
         self.gens: dict[str, torch.Generator] = {}
         self.stopping = False
         self.step_no = 0
+        self.sampler = PoolSampler()
+        self.released: list[str] = []
+        """Requests whose blocks went back to the free list since the last message to the ranks."""
 
     def loop(self) -> None:
         self.conn.send([("ready", self.sched.capacity)])
         while True:
+            if self.sched.idle():
+                self._drained()
             self._receive(block=self.sched.idle())
             if self.stopping and self.sched.idle():
                 _broadcast({"exit": True}, self.args.degrees.tp)
@@ -336,7 +355,31 @@ class _Leader:
             batch = self.sched.next_batch()
             if batch is None:
                 continue
+            self._sample()
             self._run(batch.extend, batch.requests)
+
+    def _drained(self) -> None:
+        """Nothing running or waiting: the leader's drained sample, and the other ranks learn of the
+        last releases (a message without a forward), so theirs is written too."""
+        self._sample()
+        if self.released:
+            _broadcast({"pool_only": True, "step": self.step_no, "released": self._take_released(),
+                        "waiting": 0}, self.args.degrees.tp)
+
+    def _take_released(self) -> list[str]:
+        out, self.released = self.released, []
+        return out
+
+    def _sample(self) -> None:
+        """The leader's pool sample after this iteration's admissions (SGLang: after
+        `get_next_batch_to_run`), from the scheduler's own free list and queues."""
+        s = self.sched
+        total = s.capacity
+        rec = self.sampler.offer(rank=self.rid, t=self.ev.now(), step=self.step_no, total=total,
+                                 free=len(s.free) * s.block_tokens, evictable=None, protected=None,
+                                 running=len(s.running), waiting=len(s.waiting), scheduler_total=total)
+        if rec is not None:
+            self.ev.write(rec)
 
     def _receive(self, block: bool) -> None:
         while True:
@@ -363,7 +406,8 @@ class _Leader:
             g.manual_seed(int(seed) if seed is not None else zlib.crc32(rid.encode()))
             self.gens[rid] = g
         elif kind == "abort":
-            self.sched.abort(m[1])
+            if self.sched.abort(m[1]) is not None:
+                self.released.append(m[1])
             self.gens.pop(m[1], None)
         elif kind == "shutdown":
             self.stopping = True
@@ -381,7 +425,8 @@ class _Leader:
                 p = len(r.input_ids) + len(r.output_ids) - 1
                 tokens.append(r.output_ids[-1])
                 seqs.append((r.rid, p, 1, p + 1, r.blocks, None))
-        msg = {"step": self.step_no, "extend": extend, "tokens": tokens, "seqs": seqs}
+        msg = {"step": self.step_no, "extend": extend, "tokens": tokens, "seqs": seqs,
+               "released": self._take_released(), "waiting": len(self.sched.waiting)}
         self.step_no += 1
         _broadcast(msg, self.args.degrees.tp)
         logits = _step(self.model, self.ev, self.rid, msg, want_logits=True)
@@ -411,6 +456,7 @@ class _Leader:
             events.append(("token", r.rid, tok, lp, finish, extra or None))
             if finish is not None:
                 self.sched.finish(r)
+                self.released.append(r.rid)
                 self.gens.pop(r.rid, None)
         if not self.sched.leak_free():  # an accounting bug must be visible, not silent
             self.ev.write(ProbeNote(rank=self.rid, level="error", message="KV block accounting leaked"))

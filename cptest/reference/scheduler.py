@@ -120,3 +120,29 @@ class Scheduler:
     def leak_free(self) -> bool:
         used = sum(len(r.blocks) for r in self.running)
         return used + len(self.free) == self.total_blocks
+
+
+class BlockView:
+    """A follower rank's own count of the KV blocks in use (D59): the block tables of the steps it
+    ran, less the requests the leader said it released. Each rank thus reaches its pool sample from
+    what it saw, not from the leader's free list, so the capacity group's members can disagree
+    when their accounting does."""
+
+    def __init__(self, total_blocks: int, block_tokens: int) -> None:
+        self.total_blocks, self.block_tokens = total_blocks, block_tokens
+        self.live: dict[str, int] = {}
+        """Request id -> blocks of its table."""
+
+    def update(self, tables: list[tuple[str, list[int]]], released: list[str]) -> None:
+        for rid in released:
+            self.live.pop(rid, None)
+        for rid, blocks in tables:
+            self.live[rid] = len(blocks)
+
+    @property
+    def used_blocks(self) -> int:
+        return sum(self.live.values())
+
+    @property
+    def free_tokens(self) -> int:
+        return (self.total_blocks - self.used_blocks) * self.block_tokens

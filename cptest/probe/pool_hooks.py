@@ -1,0 +1,112 @@
+"""Pool samples: each rank's KV pool and the scheduler's token accounting through a run (D59).
+
+`PoolSampler` decides which scheduler iterations become `PoolSample` records; the SGLang hook
+(`after_get_next_batch_to_run`) and the reference engine's scheduler (`cptest.reference.rank`)
+both feed it, so one rule says when a sample is written:
+
+- only when a figure changed since the last sample written (an idle scheduler loops without end
+  and writes nothing);
+- while busy, at most once every `STEP_EVERY` forward batches: a few records per second of decode,
+  not one per step;
+- always when the scheduler has just drained (nothing running or waiting), so the last sample of
+  every rank is its drained state.
+
+The rule reads only figures every rank of one server has alike (the forward count and the
+scheduler's queues: SGLang's TP ranks each run the same scheduler on the same broadcast requests),
+so the ranks of a DCP group write samples at the same steps and the checker compares them there.
+
+Cost: a handful of attribute reads and `len()`s per iteration; `available_size()` is
+`len(free_pages) * page_size` of a device tensor, whose length is host metadata (no CUDA sync,
+mem_cache/allocator/base.py:57-58, token.py:51-53 in the 0.5.17 wheel).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cptest.evidence import PoolSample, RankId
+from cptest.probe.runtime import get_probe
+
+STEP_EVERY = 4
+"""While busy, forward batches between two samples at least (the drained sample is never held back)."""
+
+
+class PoolSampler:
+    """Which iterations become records; one per scheduler process."""
+
+    __slots__ = ("every", "last", "last_step", "off")
+
+    def __init__(self, every: int = STEP_EVERY) -> None:
+        self.every = every
+        self.last: tuple[Any, ...] | None = None
+        self.last_step: int | None = None
+        self.off = False
+        """True once the engine lacked something to read: the sampler stays silent (one note said why)."""
+
+    def offer(self, *, rank: RankId, t: float, step: int, total: int, free: int, evictable: int | None,
+              protected: int | None, running: int, waiting: int,
+              scheduler_total: int | None) -> PoolSample | None:
+        """The record to write for this iteration, or None (nothing changed, or too soon)."""
+        figures = (total, free, evictable, protected, running, waiting, scheduler_total)
+        if figures == self.last:
+            return None
+        idle = running == 0 and waiting == 0
+        if not idle and self.last_step is not None and step - self.last_step < self.every:
+            return None
+        self.last, self.last_step = figures, step
+        return PoolSample(t=t, rank=rank, step=step, total=total, free=free, evictable=evictable,
+                          protected=protected, running=running, waiting=waiting,
+                          scheduler_total=scheduler_total, idle=idle)
+
+
+_SAMPLER = PoolSampler()
+
+
+def _size(v: Any) -> int | None:
+    """A cache size as an int: hybrid caches return (full, other) pairs; the full pool is the first."""
+    if v is None:
+        return None
+    if isinstance(v, tuple):
+        v = v[0]
+    return int(v)
+
+
+def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwargs: Any) -> None:
+    """AFTER managers/scheduler.py:2925 `Scheduler.get_next_batch_to_run`: one pool sample, maybe.
+
+    Called once per event-loop iteration (scheduler.py:1696 normal loop, 1737 overlap loop), after
+    this iteration's admissions and decode allocations and after the previous batch's releases.
+    `plan` is a `NextBatchPlan` (managers/schedule_batch.py:3283): `batch_to_run` is a new prefill
+    batch (not yet in `running_batch`) or the running batch itself. Totals as the scheduler keeps
+    them: the allocator's `size` (logical under DCP: rows x dcp, kv_cache_configurator.py:1563-1566)
+    and the pool-stats observer's `max_total_num_tokens` (rows x dcp_size, scheduler.py:2005).
+    """
+    probe = get_probe()
+    sampler = _SAMPLER
+    if probe is None or probe.rank is None or sampler.off or probe.paused:
+        return
+    try:
+        alloc = scheduler.token_to_kv_pool_allocator
+        total, free = int(alloc.size), int(alloc.available_size())
+        running_batch = plan.running_batch
+        running = len(running_batch.reqs) if running_batch is not None else 0
+        new = plan.batch_to_run
+        if new is not None and new is not running_batch:
+            running += len(new.reqs)
+        waiting = len(scheduler.waiting_queue)
+        step = int(scheduler.forward_ct)
+    except AttributeError as e:
+        sampler.off = True
+        probe.warn_once("pool_sample", f"pool samples off: SGLang's scheduler lacks {e}; "
+                                       "no pool_sample evidence (capacity transitions is unknown)")
+        return
+    tree = getattr(scheduler, "tree_cache", None)
+    evictable = _size(tree.evictable_size()) if hasattr(tree, "evictable_size") else None
+    protected = _size(tree.protected_size()) if hasattr(tree, "protected_size") else None
+    observer = getattr(scheduler, "pool_stats_observer", None)
+    sched_total = getattr(observer, "max_total_num_tokens", None)
+    rec = sampler.offer(rank=probe.rank, t=probe.now(), step=step, total=total, free=free,
+                        evictable=evictable, protected=protected, running=running, waiting=waiting,
+                        scheduler_total=int(sched_total) if sched_total is not None else None)
+    if rec is not None:
+        probe.write(rec)
