@@ -327,7 +327,7 @@ def compile_(file: Path, target: str, image: str | None, models_claim: str, evid
     if as_json:
         click.echo(p.model_dump_json(indent=2))
         return 0
-    for server in filter(None, (p.main, p.baseline)):
+    for server in p.servers():
         click.echo(f"{server.role}: {server.engine} {server.release}, world {server.world_size}, "
                    f"eager {server.eager}")
         for node in server.nodes:

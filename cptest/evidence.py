@@ -37,8 +37,9 @@ of 0/1 digits (`Step`). v3: consecutive decode steps over the same requests may 
 line (`StepBlock`), which the reader expands into its Step records. v4: teacher-forced `score`
 records, a request's `output_top`, and the `control` server's records. Every v1-v3 record reads
 unchanged."""
-RunRole = Literal["main", "baseline", "control"]
-"""The servers of a run: the one under test, the parity reference, and the noise-floor control."""
+RunRole = Literal["main", "baseline", "control", "eager"]
+"""The servers of a run: the one under test, the parity reference, the noise-floor control, and the
+main server's eager twin (`graph parity vs eager`, D60)."""
 Ranges = list[tuple[int, int]]
 """Sorted, disjoint, merged half-open integer ranges."""
 

@@ -162,7 +162,7 @@ class SchemaListOut(_Out):
 class ManifestObjectOut(_Out):
     kind: Literal["LeaderWorkerSet", "Service"]
     name: str
-    role: Literal["main", "baseline", "control"]
+    role: Literal["main", "baseline", "control", "eager"]
 
 
 class CompileLwsOut(_Out):

@@ -25,6 +25,7 @@ from cptest.contracts import (
     Declared,
     GenerationExpect,
     GraphExpect,
+    GraphParityExpect,
     LaunchExpect,
     LogExpect,
     RowsExpect,
@@ -231,6 +232,9 @@ class Expect(Node):
     generation: GenerationExpect | None = None
     graph: list[GraphExpect] = Field(default_factory=list)
     """At most one per phase, decode before prefill."""
+    graph_parity: GraphParityExpect | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Absent from the dump when not declared, so that the value (and `scenario_sha256`) of every
+    scenario written before it stays the same."""
     serving: ServingExpect | None = None
     shutdown: ShutdownExpect | None = None
     log: list[LogExpect] = Field(default_factory=list)

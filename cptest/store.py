@@ -11,7 +11,7 @@ results/<scenario>/<UTC YYYYmmddTHHMMSSZ>-<first 8 hex of the scenario sha256>/
   includes/...               its `extends` files, by their path relative to the scenario (`..` as `@up`)
   plan.json                  the effective configuration (cptest.plan.Plan)
   manifest.json              phase, pins, environment, sha256 of every other file
-  evidence/<role>/rank<w>.jsonl   probe records of world rank w (role: main or baseline); from a
+  evidence/<role>/rank<w>.jsonl   probe records of world rank w (role: one of ROLES); from a
                              launcher that names nodes, evidence/<role>/<node name>/rank<w>.jsonl
   evidence/<role>/runner.jsonl    runner records: requests, processes, GPU memory, lifecycle
   evidence/cptest.jsonl      cptest's own outline log of the run
@@ -49,7 +49,7 @@ from typing import Any
 from cptest.errors import EvidenceError, Problem, Span
 
 MANIFEST_VERSION = 1
-ROLES = ("main", "baseline", "control")
+ROLES = ("main", "baseline", "control", "eager")
 
 SCENARIO = "scenario.cps"
 PLAN = "plan.json"

@@ -5,7 +5,8 @@ Evidence falls under one of three rules (docs/decisions.md D42):
   request's status and token ids, the teacher-forced sequences, the K/V positions each rank wrote
   per request, the pools' and groups' shapes, each checker's status. Any difference counts.
 - **tolerance**: log-probabilities (free-running and teacher-forced) within the tightest logprob
-  limit the plan's generation contract declares (for `* control`, the limit its verdict resolved),
+  limit the plan's generation and graph parity contracts declare (for `* control`, the limit the
+  verdict resolved),
   never below one float32 ulp of the values compared; capacity figures within the capacity
   contract's relative tolerance. Outside: counted; inside: reported, not counted.
 - **measurement**: timings, throughput, memory: they vary from run to run by nature; reported
@@ -32,6 +33,7 @@ from typing import Any, Literal
 from cptest.checks.load import load_archive
 from cptest.contracts.capacity import CapacityParams
 from cptest.contracts.generation import GenerationParams
+from cptest.contracts.graph_parity import GraphParityParams
 from cptest.contracts.parity import f32_ulp
 from cptest.errors import CptestError, Problem
 from cptest.evidence import RankEvidence, RoleEvidence, RunnerEvidence, ranges_len, ranges_merge
@@ -218,18 +220,21 @@ def _tolerances(pa: Plan, pb: Plan, va: ScenarioVerdict | None, vb: ScenarioVerd
     capacity: list[tuple[float, str]] = []
     for plan in (pa, pb):
         for e in plan.expectations:
-            if isinstance(e, GenerationParams):
-                if e.logprob_within is not None:
+            if isinstance(e, GenerationParams | GraphParityParams):
+                # graph parity's bounds are log-probability limits of the same kind (D60)
+                name = e.kind.replace("_", " ")
+                if isinstance(e, GenerationParams) and e.logprob_within is not None:
                     limits.append((e.logprob_within, f"generation logprob_within {e.logprob_within:g}"))
                 for bound in e.bounds:
                     if bound.metric != "logprob":
                         continue
                     if not bound.relative:
-                        limits.append((bound.limit, f"generation {bound.text()}"))
+                        limits.append((bound.limit, f"{name} {bound.text()}"))
                         continue
-                    resolved = [x for v in (va, vb) if (x := _resolved_limit(v, bound.text())) is not None]
+                    resolved = [x for v in (va, vb)
+                                if (x := _resolved_limit(v, bound.text(), e.kind)) is not None]
                     if resolved:
-                        limits.append((min(resolved), f"generation {bound.text()}, limit "
+                        limits.append((min(resolved), f"{name} {bound.text()}, limit "
                                                       f"{min(resolved):.4g} as its verdict resolved it"))
             elif isinstance(e, CapacityParams):
                 capacity.append((e.tolerance, f"capacity within {e.tolerance:g}"))
@@ -247,16 +252,18 @@ def _tolerances(pa: Plan, pb: Plan, va: ScenarioVerdict | None, vb: ScenarioVerd
     return tol
 
 
-def _resolved_limit(v: ScenarioVerdict | None, bound: str) -> float | None:
-    """The limit the generation verdict computed for `bound` (a `* control` bound: X times the floor)."""
+def _resolved_limit(v: ScenarioVerdict | None, bound: str, checker: str = "generation") -> float | None:
+    """The limit `checker`'s verdict computed for `bound` (a `* control` bound: X times the floor);
+    the smallest where it resolved several (graph parity: one per measure)."""
+    found: list[float] = []
     for x in v.verdicts if v else []:
-        if x.checker != "generation":
+        if x.checker != checker:
             continue
         for row in x.figures.get("bounds") or []:
             limit = row.get("limit") if isinstance(row, dict) and row.get("bound") == bound else None
             if isinstance(limit, int | float):
-                return float(limit)
-    return None
+                found.append(float(limit))
+    return min(found) if found else None
 
 
 # ---------------------------------------------------------------- one server

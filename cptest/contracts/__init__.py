@@ -15,13 +15,14 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from cptest.contracts import capacity, generation, graph, launch, log, rows, serving, shutdown
+from cptest.contracts import capacity, generation, graph, graph_parity, launch, log, rows, serving, shutdown
 from cptest.contracts.base import Contract, Declared, EngineFacts, Params, PlanContext
 from cptest.contracts.capacity import CapacityExpect, CapacityParams, LogPatterns
 from cptest.contracts.capacity_transitions import CONTRACT as CAPACITY_TRANSITIONS
 from cptest.contracts.capacity_transitions import CapacityTransitionsExpect, CapacityTransitionsParams
 from cptest.contracts.generation import GenerationExpect, GenerationParams
 from cptest.contracts.graph import GraphExpect, GraphParams
+from cptest.contracts.graph_parity import GraphParityExpect, GraphParityParams
 from cptest.contracts.launch import LaunchExpect, LaunchParams
 from cptest.contracts.log import LogExpect, LogParams
 from cptest.contracts.rows import RowsExpect, RowsParams
@@ -31,14 +32,14 @@ from cptest.contracts.shutdown import ShutdownExpect, ShutdownParams
 CONTRACTS: Mapping[str, Contract[Any, Any]] = {
     c.name: c
     for c in (launch.CONTRACT, rows.CONTRACT, capacity.CONTRACT, CAPACITY_TRANSITIONS, generation.CONTRACT,
-              graph.CONTRACT, serving.CONTRACT, shutdown.CONTRACT, log.CONTRACT)
+              graph.CONTRACT, graph_parity.CONTRACT, serving.CONTRACT, shutdown.CONTRACT, log.CONTRACT)
 }  # fmt: skip
 """Every contract by name, in the order a scenario's verdicts are listed."""
 
 Expectation = Annotated[
     LaunchParams | RowsParams | CapacityParams | CapacityTransitionsParams
-    | GenerationParams | GraphParams | ServingParams
-    | ShutdownParams | LogParams,
+    | GenerationParams | GraphParams | GraphParityParams
+    | ServingParams | ShutdownParams | LogParams,
     Field(discriminator="kind"),
 ]
 """One declared contract, resolved: what its checker judges the evidence with."""
@@ -67,6 +68,7 @@ __all__ = [
     "Expectation",
     "GenerationExpect",
     "GraphExpect",
+    "GraphParityExpect",
     "LaunchExpect",
     "LogExpect",
     "LogPatterns",

@@ -30,7 +30,7 @@ from cptest.topology import Degrees, KvHeadsRule
 from cptest.values import describe
 from cptest.verdict import Verdict
 
-Role = Literal["main", "baseline", "control"]
+Role = Literal["main", "baseline", "control", "eager"]
 ENGINE_NAMES = ("sglang", "reference")
 
 

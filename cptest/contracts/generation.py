@@ -148,20 +148,23 @@ def _figure(fig: parity.ForcedFigures, b: GenBound) -> float | None:
     return fig.stat(b.stat or "max") if b.metric == "logprob" else fig.agreement(b.k or 1)
 
 
-def _judge_bound(
-    b: GenBound, main: parity.ForcedFigures, control: parity.ForcedFigures | None
+def judge_bound(
+    b: GenBound, main: parity.ForcedFigures, control: parity.ForcedFigures | None, *,
+    sides: str = "main and baseline", measure: str = "teacher-forced", label: str = "",
 ) -> tuple[str, str, dict[str, Any]]:
-    """(status, reason, figures) of one teacher-forced bound."""
+    """(status, reason, figures) of one bound over `main`'s figures, the floor being `control`'s;
+    `sides`, `measure` and `label` only word the reasons (graph parity judges main against its
+    eager twin, and on two measures)."""
     got = _figure(main, b)
     row: dict[str, Any] = {"bound": b.text(), "measured": None if got is None else parity.sig(got)}
     if got is None:
-        return "unknown", f"{b.text()}: no teacher-forced position scored on both main and baseline", row
+        return "unknown", f"{label}{b.text()}: no {measure} position scored on both {sides}", row
     limit = b.limit
     if b.relative:
         floor = None if control is None else _figure(control, b)
         if floor is None:
             row["floor"] = None
-            return "unknown", f"{b.text()}: no control evidence to measure the floor with", row
+            return "unknown", f"{label}{b.text()}: no control evidence to measure the floor with", row
         if b.metric == "logprob":
             # No floor below what the figures can resolve: two servers that agree to the last bit
             # of float32 on almost every position would otherwise make any one-ulp difference fail.
@@ -175,6 +178,7 @@ def _judge_bound(
     ok = got <= limit if b.metric == "logprob" else got >= limit
     op = "<=" if b.metric == "logprob" else ">="
     what = f"logprob {b.stat} {got:.4g}" if b.metric == "logprob" else f"top{b.k} agreement {got:.4f}"
+    what = label + what
     floor_txt = f" ({b.limit:g} x floor {row['floor']:.4g})" if b.relative else ""
     if ok:
         return "pass", f"{what} {op} {limit:.4g}{floor_txt}", row
@@ -211,7 +215,7 @@ def check(evidence: Evidence, p: GenerationParams) -> Verdict:
         }
         rows = []
         for b in p.bounds:
-            status, why, row = _judge_bound(b, forced_main, forced_ctl)
+            status, why, row = judge_bound(b, forced_main, forced_ctl)
             row["status"] = status
             rows.append(row)
             {"pass": passes, "fail": fails, "unknown": unknowns}[status].append(why)

@@ -204,3 +204,35 @@ def free_running(
                 }
             )
     return fr
+
+
+def decode_prefix(side: Iterable[RequestResult], other: Iterable[RequestResult]) -> ForcedFigures:
+    """|Δlogprob| of the free-running outputs along each pair's common greedy prefix, past its first
+    token: the positions where both sides had the same history and computed the token's logprob in
+    a *decode* forward (position 0 comes from the prefill). Teacher forcing by agreement: what the
+    scored sequences cannot show, since scoring is one prefill forward and never runs a decode graph.
+    Pairs of `ok` answers by request index; top-k agreement is not figured (no top lists needed)."""
+    b = {r.index: r for r in other if r.status == "ok"}
+    fig = ForcedFigures()
+    for r in sorted((r for r in side if r.status == "ok" and r.index in b), key=lambda r: r.index):
+        o = b[r.index]
+        n = min(len(r.output_ids), len(o.output_ids), len(r.output_logprobs), len(o.output_logprobs))
+        k = 0
+        while k < n and r.output_ids[k] == o.output_ids[k]:
+            k += 1
+        fig.requests += 1
+        mine = []
+        for j in range(1, k):
+            a, c = r.output_logprobs[j], o.output_logprobs[j]
+            if math.isnan(a) or math.isnan(c):
+                continue
+            mine.append(abs(a - c))
+            fig.largest = max(fig.largest, abs(a), abs(c))
+        fig.positions += len(mine)
+        fig.deltas.extend(mine)
+        row: dict[str, Any] = {"index": r.index, "positions": len(mine), "prefix": k}
+        if mine:
+            srt = sorted(mine)
+            row.update(p50=sig(nearest_rank(srt, 0.5)), p99=sig(nearest_rank(srt, 0.99)), max=sig(srt[-1]))
+        fig.per_request.append(row)
+    return fig

@@ -224,6 +224,20 @@ def _fault(v: dict[str, Any]) -> str:
     return out
 
 
+def _bounds(v: dict[str, Any]) -> str:
+    """The teacher-forced bounds and the free-running clause (generation, graph parity)."""
+    out = ""
+    for b in v.get("bounds") or []:
+        rel = " * control" if b["relative"] else ""
+        if b["metric"] == "logprob":
+            out += f" logprob {b['stat']} <= {render_value(b['limit'])}{rel}"
+        else:
+            out += f" topk {render_value(b['k'])} agree >= {render_value(b['limit'])}{rel}"
+    if v.get("free_running_topk") is not None:
+        out += f" free_running topk {render_value(v['free_running_topk'])}"
+    return out
+
+
 def _expectation(key: str, v: dict[str, Any]) -> str:
     if key == "launch":
         body = "launch accepted" if v["accepted"] else "launch rejected"
@@ -252,15 +266,9 @@ def _expectation(key: str, v: dict[str, Any]) -> str:
             body += f" tokens_agree >= {render_value(v['tokens_agree'])}"
         if v["logprob_within"] is not None:
             body += f" logprob_within {render_value(v['logprob_within'])}"
-        for b in v.get("bounds") or []:
-            rel = " * control" if b["relative"] else ""
-            if b["metric"] == "logprob":
-                body += f" logprob {b['stat']} <= {render_value(b['limit'])}{rel}"
-            else:
-                body += f" topk {render_value(b['k'])} agree >= {render_value(b['limit'])}{rel}"
-        if v.get("free_running_topk") is not None:
-            body += f" free_running topk {render_value(v['free_running_topk'])}"
-        body += " vs baseline"
+        body += _bounds(v) + " vs baseline"
+    elif key == "graph_parity":
+        body = f"graph {v['what']} vs {v['against']}" + _bounds(v)
     elif key.startswith("graph"):
         body = f"graph {v['phase']} {v['mode']}"
     elif key == "serving":

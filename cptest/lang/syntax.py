@@ -458,6 +458,18 @@ class _Build:
             meta, f"graph {phase}", value, phase=_tok_span(self.f, phase), mode=_tok_span(self.f, mode)
         )
 
+    def graph_parity(self, meta: Any, c: list[Any]) -> Stmt:
+        what, against, *clauses = c
+        value: dict[str, Any] = {"what": Ident(str(what)), "against": Ident(str(against)), "bounds": [],
+                                 "free_running_topk": None}
+        for key, v in clauses:
+            if key == "bound":
+                value["bounds"].append(v)
+            else:  # free_running_topk; the older keys too, which the contract refuses by name
+                value[key] = v
+        return self._exp(meta, "graph_parity", value, what=_tok_span(self.f, what),
+                         against=_tok_span(self.f, against))
+
     def serving_completed(self, meta: Any, c: list[Any]) -> Stmt:
         return self._exp(meta, "serving", {"all_complete": False, "completed": c[0], "of": c[1]})
 

@@ -17,6 +17,7 @@ from typing import Any
 from cptest import __version__
 from cptest.contracts import CONTRACTS, EngineFacts, PlanContext, resolve
 from cptest.contracts.generation import GenerationParams
+from cptest.contracts.graph_parity import GraphParityParams
 from cptest.engines import Engine, ServerLaunch, engine_for
 from cptest.errors import PlanError, Problem, ProblemCollector
 from cptest.lang import safety
@@ -109,12 +110,18 @@ def plan(scenario: Scenario, *, placement: Placement | None = None) -> Plan:
     expectations = _expectations(scenario, engine.name, facts)
     control = None
     gen = next((e for e in expectations if isinstance(e, GenerationParams)), None)
-    if gen is not None and workload is not None:
-        workload = workload.model_copy(update={"top_logprobs": gen.free_running_topk or 0,
-                                               "score_topk": gen.score_topk()})
-        if gen.needs_control() and baseline is not None:
+    parity = next((e for e in expectations if isinstance(e, GraphParityParams)), None)
+    compared = [e for e in (gen, parity) if e is not None]  # both score the baseline's sequences
+    if compared and workload is not None:
+        top = max(e.free_running_topk or 0 for e in compared)
+        workload = workload.model_copy(update={"top_logprobs": top,
+                                               "score_topk": max(e.score_topk() for e in compared)})
+        if any(e.needs_control() for e in compared) and baseline is not None:
             control = _server(scenario, engine, control_topology(baseline.topology, scenario.topology),
                               "control", place, eager_reason, problems)
+    eager = None
+    if parity is not None:
+        eager = _eager_twin(scenario, engine, place, eager_reason, parity, baseline, problems)
     problems.raise_if_any(PlanError)
     assert main is not None and workload is not None
     return Plan(
@@ -123,6 +130,7 @@ def plan(scenario: Scenario, *, placement: Placement | None = None) -> Plan:
         main=main,
         baseline=baseline,
         control=control,
+        eager=eager,
         workload=workload,
         faults=faults,
         expectations=expectations,
@@ -203,6 +211,36 @@ def control_topology(baseline: Degrees, main: Topology) -> Topology:
     servers disagree is the floor a layout under test is measured against (docs/decisions.md D39)."""
     tp = 1 if baseline.tp > 1 else 2
     return Topology(gpus=tp, nodes=1, tp=tp, pp=1, span=main.span)
+
+
+def _eager_twin(scenario: Scenario, engine: Engine, place: Placement, eager_reason: str | None,
+                parity: GraphParityParams, baseline: ServerPlan | None,
+                problems: ProblemCollector) -> ServerPlan | None:
+    """`graph parity vs eager`'s twin: the main topology and serve options with every CUDA-graph
+    phase disabled (docs/decisions.md D60). Refused at the statement when the comparison could not
+    be graph against eager (the main server would run eager decode too), or when a bound has no
+    baseline sequences to score."""
+    stmt = scenario.expect.graph_parity
+    where = stmt.span if stmt is not None and stmt.span else scenario.span
+    serve = scenario.serve
+    mode = serve.cuda_graph_decode
+    at = serve.where("cuda_graph_decode")
+    set_at = f" ({at.file}:{at.line}:{at.col})" if mode is not None and at is not None else ""
+    if eager_reason is not None:
+        problems.add(where, f"graph parity vs eager needs the main server to run decode CUDA graphs, but "
+                     f"{eager_reason}", hint="put graph parity in a scenario of its own, without the "
+                     "expectations that need per-step records")
+    elif mode in (None, "disabled"):
+        said = "disabled" + set_at if mode else "not declared"
+        problems.add(where, f"graph parity vs eager compares a main server running decode CUDA graphs "
+                     f"with its eager twin, but the main server's cuda_graph_decode is {said}: both would "
+                     f"run eager", expected="serve { cuda_graph_decode full } (or breakable)")
+    if parity.bounds and baseline is None:
+        problems.add(where, "graph parity's logprob and topk bounds score the baseline's sequences on "
+                     "main and on its eager twin, and the scenario has no baseline",
+                     hint="declare a baseline (baseline { tp 2 }), or keep only free_running topk K")
+    return _server(scenario, engine, scenario.topology, "eager", place,
+                   "graph parity's eager twin: every CUDA-graph phase disabled", problems)
 
 
 def _needs_eager(scenario: Scenario) -> str | None:

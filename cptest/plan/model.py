@@ -73,9 +73,10 @@ class Placement(_Frozen):
 
 
 class ServerPlan(_Frozen):
-    """One server (main or baseline): its nodes and what rank geometry it should have."""
+    """One server (main, baseline, control or the eager twin): its nodes and what rank geometry it
+    should have."""
 
-    role: Literal["main", "baseline", "control"]
+    role: Literal["main", "baseline", "control", "eager"]
     engine: Literal["sglang", "reference"]
     release: str
     nodes: list[NodeLaunch]
@@ -235,6 +236,9 @@ class Plan(_Frozen):
     control: ServerPlan | None = Field(default=None, exclude_if=lambda v: v is None)
     """The noise-floor control: the baseline's model at another TP degree, scoring the baseline's
     sequences like the main server does (docs/decisions.md D39); None when no bound is relative."""
+    eager: ServerPlan | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The eager twin of `graph parity vs eager`: the main topology and serve options with every
+    CUDA-graph phase disabled, no faults (docs/decisions.md D60); None without that contract."""
     workload: WorkloadPlan
     faults: list[FaultPlan] = Field(default_factory=list)
     expectations: list[Expectation] = Field(default_factory=list)
@@ -263,8 +267,8 @@ class Plan(_Frozen):
         return data
 
     def servers(self) -> list[ServerPlan]:
-        """The main server, then the baseline and the control where planned."""
-        return [self.main] + [s for s in (self.baseline, self.control) if s is not None]
+        """The main server, then the baseline, the control and the eager twin where planned."""
+        return [self.main] + [s for s in (self.baseline, self.control, self.eager) if s is not None]
 
     def materialized(self, roots: Mapping[str, Path | str]) -> Plan:
         """This plan with its `cptest.paths` tokens (`<models>/x` in argv and model mounts) replaced
@@ -290,4 +294,4 @@ class Plan(_Frozen):
             return None if s is None else s.model_copy(update={"nodes": [fn(n) for n in s.nodes]})
 
         return self.model_copy(update={"main": server(self.main), "baseline": server(self.baseline),
-                                       "control": server(self.control)})
+                                       "control": server(self.control), "eager": server(self.eager)})

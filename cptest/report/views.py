@@ -16,7 +16,7 @@ from typing import Any
 from cptest.contracts.groups import groups
 from cptest.evidence import Evidence, RoleEvidence, ranges_len
 
-ROLES = ("main", "baseline", "control")
+ROLES = ("main", "baseline", "control", "eager")
 
 
 # ---------------------------------------------------------------- rows per rank per step

@@ -27,13 +27,13 @@ import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 import orjson
 
 from cptest.errors import RunError
-from cptest.evidence import RequestResult
+from cptest.evidence import RequestResult, RunRole
 from cptest.outline import Progress
 from cptest.plan.model import PlannedRequest, WorkloadPlan
 from cptest.plan.workload import prompt_sha256
@@ -191,7 +191,7 @@ class WorkloadDriver:
     """Drives one workload against one server. Closed loop (`concurrency`) or open loop (each
     request sent at `send_after_s` from the start). Writes a RequestResult per request as it ends."""
 
-    def __init__(self, base_url: str, workload: WorkloadPlan, *, role: Literal["main", "baseline", "control"],
+    def __init__(self, base_url: str, workload: WorkloadPlan, *, role: RunRole,
                  writer: RecordWriter, on_done: list[OnDone] | None = None, incremental_stream: bool = False,
                  progress: Progress | None = None,
                  connect_timeout_s: float = 10.0, connection_per_request: bool = True) -> None:

@@ -25,12 +25,12 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import psutil
 
 from cptest.errors import RunError
-from cptest.evidence import Lifecycle, RequestResult
+from cptest.evidence import Lifecycle, RequestResult, RunRole
 from cptest.outline import Logger, null_logger
 from cptest.plan.model import FaultPlan
 from cptest.run.evidence_writer import RecordWriter
@@ -164,7 +164,7 @@ class FaultInjector:
     `inj.start(t0)`, pass `inj.on_request_done` to the workload, `inj.stop()` when it ends."""
 
     def __init__(self, faults: list[FaultPlan], handles: list[Handle], *, writer: RecordWriter,
-                 role: Literal["main", "baseline", "control"] = "main", probe_dir: Path | None = None,
+                 role: RunRole = "main", probe_dir: Path | None = None,
                  fault: Fault | None = None, poll_s: float = 0.01, log: Logger | None = None) -> None:
         self.faults = sorted(faults, key=lambda f: f.index)
         self.fault = fault or SignalFault(handles)

@@ -12,20 +12,22 @@ returns a `RunOutcome` summary for the log. It writes:
 The scenario, the plan and the manifest are the store's (`cptest.store.begin`/`finish`).
 
 Servers in order: when the plan scores (`workload.score_topk`), the baseline, the noise-floor
-control (when planned and the baseline answered), then the main server; otherwise the main server,
-then the baseline (skipped when the main server did not become ready); a baseline or control whose
-evidence the cache holds is copied instead of run (`cptest.run.baseline_cache`). Per server: sample
-GPUs and host processes (`before`); start every node; poll `GET /health_generate` with `retry` until
-200, while watching every main process (an exit during launch is `launch_failed` with the status and
-the log's last lines: a *result*, for scenarios that expect a rejection, not an infrastructure
-error); record `/server_info`; run the workload (main: with the plan's faults); SIGTERM each main
-process and time until every process of every tree is gone (within `shutdown_timeout_s`, else
-`timeout` and a forced teardown); sample again (`after`), and wait up to `gpu_settle_s` for GPU
-memory to return to its `before` level (`final`). The baseline and the control run the same requests
-without faults. When the plan scores (`workload.score_topk`), every server scores the baseline's
-sequences (`cptest.run.scoring`) on an empty prefix cache: the baseline after its workload (its own
-answers), the control and the main server before theirs (a fault may end the server during the
-workload), with `/flush_cache` between scoring and workload.
+control (when planned and the baseline answered), the eager twin (when planned), then the main
+server; otherwise the main server, then the baseline and the eager twin (both skipped when the main
+server did not become ready; without a baseline the twin runs before the main server); a baseline
+or control whose evidence the cache holds is copied instead of run (`cptest.run.baseline_cache`).
+Per server: sample GPUs and host processes (`before`); start every node; poll
+`GET /health_generate` with `retry` until 200, while watching every main process (an exit during
+launch is `launch_failed` with the status and the log's last lines: a *result*, for scenarios that
+expect a rejection, not an infrastructure error); record `/server_info`; run the workload (main:
+with the plan's faults); SIGTERM each main process and time until every process of every tree is
+gone (within `shutdown_timeout_s`, else `timeout` and a forced teardown); sample again (`after`),
+and wait up to `gpu_settle_s` for GPU memory to return to its `before` level (`final`). The
+baseline, the control and the eager twin run the same requests without faults. When the plan
+scores (`workload.score_topk`), every server scores the baseline's sequences (`cptest.run.scoring`)
+on an empty prefix cache: the baseline after its workload (its own answers), the others before
+theirs (a fault may end the main server during the workload), with `/flush_cache` between scoring
+and workload.
 
 Ctrl-C or SIGTERM to cptest (see `process.install_signal_handlers`): a Lifecycle `interrupted`
 record, teardown of everything, then KeyboardInterrupt (Ctrl-C) or RunError exit 3 (SIGTERM/SIGHUP).
@@ -61,7 +63,7 @@ from cptest.run.scoring import Sequence, score, sequences_from
 from cptest.run.supervisor import Owned, Supervisor, gpu_settled
 from cptest.store import Layout
 
-Role = Literal["main", "baseline", "control"]
+Role = Literal["main", "baseline", "control", "eager"]
 
 LOG_TAIL_LINES = 30
 """How many last log lines a `launch_failed` record carries."""
@@ -87,6 +89,8 @@ class RunOutcome:
     main: ServerOutcome
     baseline: ServerOutcome | None = None
     control: ServerOutcome | None = None
+    eager: ServerOutcome | None = None
+    """The main server's eager twin (`graph parity vs eager`), when planned."""
     skipped: list[str] = field(default_factory=list)
     """Why a planned phase did not run (e.g. the baseline after a failed main launch)."""
 
@@ -148,16 +152,18 @@ def run_plan(plan: Plan, out_dir: Path, *, launcher: Launcher, log: Logger,
                     # Nothing to score: main first, and no baseline at all when main never came up.
                     writers["main"] = RecordWriter(layout.runner_file("main"))
                     main = _run_server(sup, plan, plan.main, writers["main"], layout, opts, log, faults=True)
+                    twin_out = None
                     if main.ready:
                         current[0] = "baseline"
                         base_out = _reference(sup, plan, plan.baseline, opts.baseline_key, None, writers,
                                               layout, opts, log, for_main)
+                        twin_out = _eager_twin(sup, plan, None, writers, current, layout, opts, log)
                     else:
                         skipped.append("baseline skipped: the main server did not become ready")
                         log.info(skipped[-1])
                     for note in for_main:
                         writers["main"].write(note)
-                    return RunOutcome(out_dir, main, baseline=base_out, skipped=skipped)
+                    return RunOutcome(out_dir, main, baseline=base_out, eager=twin_out, skipped=skipped)
                 if plan.baseline is not None:
                     current[0] = "baseline"
                     base_out = _reference(sup, plan, plan.baseline, opts.baseline_key, None, writers, layout,
@@ -172,13 +178,15 @@ def run_plan(plan: Plan, out_dir: Path, *, launcher: Launcher, log: Logger,
                     else:
                         skipped.append("control skipped: the baseline gave no sequence to score")
                         log.info(skipped[-1])
+                twin_out = _eager_twin(sup, plan, seqs, writers, current, layout, opts, log)
                 current[0] = "main"
                 writers["main"] = RecordWriter(layout.runner_file("main"))
                 for note in for_main:
                     writers["main"].write(note)
                 main = _run_server(sup, plan, plan.main, writers["main"], layout, opts, log, faults=True,
                                    seqs=seqs)
-                return RunOutcome(out_dir, main, baseline=base_out, control=ctl_out, skipped=skipped)
+                return RunOutcome(out_dir, main, baseline=base_out, control=ctl_out, eager=twin_out,
+                                  skipped=skipped)
             except KeyboardInterrupt as e:
                 reason = signal.Signals(e.signum).name if isinstance(e, Interrupted) else "SIGINT"
                 reason = "deadline" if isinstance(e, DeadlineExceeded) else reason
@@ -238,6 +246,18 @@ def _reference(sup: Supervisor, plan: Plan, server: ServerPlan, key: tuple[str, 
     writers[role].close()
     _keep(role, key, out, len(plan.workload.requests), layout, opts, log, for_main)
     return out
+
+
+def _eager_twin(sup: Supervisor, plan: Plan, seqs: list[Sequence] | None, writers: dict[Role, RecordWriter],
+                current: list[Role], layout: Layout, opts: RunOptions, log: Logger) -> ServerOutcome | None:
+    """The main server's eager twin (`graph parity vs eager`, D60), when planned: the main layout with
+    every CUDA-graph phase disabled, scoring the baseline's sequences and running the workload like
+    the control, without faults. Never cached: it is the layout under test, on the engine under test."""
+    if plan.eager is None:
+        return None
+    current[0] = "eager"
+    writers["eager"] = RecordWriter(layout.runner_file("eager"))
+    return _run_server(sup, plan, plan.eager, writers["eager"], layout, opts, log, faults=False, seqs=seqs)
 
 
 def _baseline_sequences(layout: Layout, plan: Plan) -> list[Sequence]:

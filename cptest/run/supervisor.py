@@ -29,7 +29,7 @@ from cptest.run.evidence_writer import RecordWriter
 from cptest.run.gpu import GpuQueryUnavailable, GpuReading, parse_gpu_memory, query_gpu_memory, read_gpus
 from cptest.run.launcher import ExitInfo, Handle, Launcher
 
-Role = Literal["main", "baseline", "control"]
+Role = Literal["main", "baseline", "control", "eager"]
 
 RUN_LABEL = "cptest.run"
 """The label (an environment variable of every engine process, `process.label_var`) naming the run:
