@@ -31,7 +31,8 @@ from cptest.errors import EvidenceError, Problem, Span
 from cptest.topology import Degrees
 
 SCHEMA_VERSION = 5
-"""v5 (D59): `pool_sample` records (`PoolSample`); every v1-v4 record reads unchanged.
+"""v5 (D59): `pool_sample` records (`PoolSample`); (D58) steps of CUDA-graph replays, marked by
+`graph_rows` (`Step`, `StepBlock`); every v1-v4 record reads unchanged.
 v2: a compact step's `pos` may be packed (base64 of little-endian int32) and its `kv` a string
 of 0/1 digits (`Step`). v3: consecutive decode steps over the same requests may be one `steps`
 line (`StepBlock`), which the reader expands into its Step records. v4: teacher-forced `score`
@@ -106,7 +107,12 @@ class Capacity(_Record):
 
 
 class Step(_Record):
-    """One eager forward step on this rank. Not written on CUDA-graph replay (hooks do not fire).
+    """One forward step on this rank: an eager forward, or a CUDA-graph replay (`graph_rows` set).
+
+    A replay's record comes from the forward batch and the graph runner as the replay starts
+    (decisions D58): its rows, positions and requests are observed; what runs inside the graph
+    (attention, MLP and logits inputs, the KV write and its DCP owner mask) is not, so those
+    fields are null and `kv_written` is empty: unobserved, not unwritten.
 
     On disk a step of one row per distinct request (decode) may be written in its compact form,
     `"rows": {"rids": [...], "pos": [...], "kv": [0/1, ...] | "all" | null}` in place of
@@ -139,6 +145,14 @@ class Step(_Record):
     """Request id -> token positions whose K/V this rank wrote into its own pool in this step."""
     extend_lens: list[int] = Field(default_factory=list)
     prefix_lens: list[int] = Field(default_factory=list)
+    graph_rows: int | None = None
+    """Rows the CUDA graph ran when this step was a replay (the batch padded to a captured size;
+    `graph_rows - rows_in` rows are padding); None for an eager forward."""
+
+    @property
+    def replayed(self) -> bool:
+        """Whether this step ran as a CUDA-graph replay (its inside is not observed)."""
+        return self.graph_rows is not None
 
     @model_validator(mode="before")
     @classmethod
@@ -215,6 +229,8 @@ class StepBlock(_Record):
     logits_rows: list[int | None]
     pos: str
     kv: str | None
+    graph_rows: int | None = None
+    """The rows every step of the block ran as a CUDA-graph replay (see `Step.graph_rows`)."""
 
     @model_validator(mode="after")
     def _shape(self) -> StepBlock:
@@ -240,6 +256,7 @@ class StepBlock(_Record):
                 "batch_size": b, "rows_in": self.rows_in[k], "attn_rows": self.attn_rows[k],
                 "ffn_rows": self.ffn_rows[k], "logits_rows": self.logits_rows[k], "cp_active": self.cp_active,
                 "rows": {"rids": self.rids, "pos": pos[k * b:(k + 1) * b], "kv": kv},
+                "graph_rows": self.graph_rows,
             }))
         return out
 

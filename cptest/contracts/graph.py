@@ -3,8 +3,9 @@
     expect { graph decode captured }      expect { graph prefill eager }
 
 Evidence: Graph records (capture at capture time; replay/eager counts from the runner's
-`can_run_graph` hook) and Step records (Python hooks fire only on eager forwards, never on CUDA-graph
-replay: docs/decisions.md D8).
+`can_run_graph` hook) and Step records (an eager forward's, or since D58 a replay's, marked by
+`graph_rows`; the inner hooks fire only on eager forwards: docs/decisions.md D8). "Step records"
+below means eager ones.
 - captured: every rank recorded a capture for the phase; if replay/eager counts were recorded, at
   least one replay (captured but never replayed means it ran eager).
 - disabled: no rank recorded a capture for the phase, and every rank has Step records of the phase
@@ -69,9 +70,13 @@ def check(evidence: Evidence, p: GraphParams) -> Verdict:
     for w in ranks:
         g = [r for r in ev.ranks[w].graphs if r.phase == phase]
         sizes[str(w)] = sorted({b for r in g if r.event == "capture" for b in r.batch_sizes})
-        replays[str(w)] = sum(r.count for r in g if r.event == "replay")
+        of_phase = [s for s in ev.ranks[w].steps if s.mode in _STEP_MODES[phase]]
+        # Replays are counted by the runner's counters and, since D58, recorded as steps too; the
+        # larger count stands (counters of a killed rank may not have been flushed).
+        replays[str(w)] = max(sum(r.count for r in g if r.event == "replay"),
+                              sum(1 for s in of_phase if s.graph_rows is not None))
         eagers[str(w)] = sum(r.count for r in g if r.event == "eager")
-        steps[str(w)] = sum(1 for s in ev.ranks[w].steps if s.mode in _STEP_MODES[phase])
+        steps[str(w)] = sum(1 for s in of_phase if s.graph_rows is None)
     captured_any = any(
         any(r.event == "capture" and r.phase == phase for r in ev.ranks[w].graphs) for w in ranks
     )

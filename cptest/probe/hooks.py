@@ -230,6 +230,7 @@ def _block_end(probe: Probe, batch: CopyBatch, i: int) -> int:
         e = drafts[j]
         if (e.rids is not d.rids or e.which is not which or e.mode != "decode" or e.cp_active
                 or e.cp_configured is not d.cp_configured or e.extend_lens is not None
+                or e.graph_rows != d.graph_rows
                 or (e.kv_rows is None) is not (d.kv_rows is None)
                 or (e.kv_rows == b) is not (d.kv_rows == b)):
             break  # the block's steps share everything but their values (and one KV source)
@@ -432,7 +433,7 @@ def around_model_runner_forward(original: Any, runner: Any, forward_batch: Any, 
         probe.guarded("forward_raised")(_forward_raised)(probe, e)
         raise
     try:
-        _end_step_body(probe, forward_batch, result)
+        _end_step_body(probe, runner, forward_batch, result)
     except Exception as e:
         probe.call("step_end", probe.error, "step_end", e)
     return result
@@ -468,7 +469,7 @@ def _timed_forward(probe: Probe, original: Any, runner: Any, forward_batch: Any,
         raise
     t3 = clock()
     try:
-        _end_step_body(probe, forward_batch, result)
+        _end_step_body(probe, runner, forward_batch, result)
     except Exception as e:
         probe.call("step_end", probe.error, "step_end", e)
     t4 = clock()
@@ -534,17 +535,30 @@ _WHICH: dict[tuple[bool, bool, bool], tuple[str, ...]] = {
 _WHICH_POS, _WHICH_POS_MASK = _WHICH[True, False, False], _WHICH[True, True, False]
 
 
-def _end_step_body(probe: Probe, fb: Any, result: Any) -> None:
+def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
     draft, probe.current = probe.current, None
     if draft is None:
         return
-    phase = "decode" if draft.mode in ("decode", "idle") else "prefill"
-    if probe.rank is None or bool(getattr(result, "can_run_graph", False)):
-        if probe.rank is not None:
-            probe.count_graph("replay", phase)
+    if probe.rank is None:
         probe.recycle(draft)
         return
-    probe.count_graph("eager", phase)
+    phase = "decode" if draft.mode in ("decode", "idle") else "prefill"
+    if bool(getattr(result, "can_run_graph", False)):
+        probe.count_graph("replay", phase)
+        # A replay is recorded too (D58): the forward batch's requests and positions are what the
+        # graph runner copied into the graph's inputs (decode_cuda_graph_runner.py:1122-1129), and
+        # its padded size is the graph that ran. What happens inside (the inner hooks, the KV
+        # write and its owner mask) is not seen: the record says so by `graph_rows`.
+        rows = _graph_rows(runner)
+        if rows is None:
+            probe.warn_once("graph_rows", f"step {draft.step}: CUDA-graph replay without a readable "
+                            "padded size (decode_cuda_graph_runner.bs); its step is not recorded")
+            probe.recycle(draft)
+            return
+        draft.graph_rows = rows
+        draft.kv_mask_pending = draft.zigzag_pending = None
+    else:
+        probe.count_graph("eager", phase)
     pos_t = getattr(fb, "positions", None)
     # Taken here, at the forward's end: every stream SGLang used in the forward has joined the
     # current one by now, so the tensors kept by the inner hooks are complete in its order.
@@ -570,6 +584,18 @@ def _end_step_body(probe: Probe, fb: Any, result: Any) -> None:
             _close_locked(probe, on_engine_thread=True)
         elif not probe.writer_polls and probe.clock() - batch.born >= COPY_WITHIN_S:
             _send_locked(probe, on_engine_thread=True)  # no writer thread to send an old batch
+
+
+def _graph_rows(runner: Any) -> int | None:
+    """Rows the decode graph just replayed ran: the batch padded to a captured size, times the
+    tokens per request it was captured with (`bs`, `captured_req_width`: set by `load_batch`,
+    model_executor/runner/decode_cuda_graph_runner.py:1116, 1172); None when unreadable."""
+    gr = getattr(runner, "decode_cuda_graph_runner", None)
+    bs = getattr(gr, "bs", None)
+    if not isinstance(bs, int) or bs <= 0:
+        return None
+    width = getattr(gr, "captured_req_width", 1)
+    return bs * (width if isinstance(width, int) and width > 0 else 1)
 
 
 def _step_line(probe: Probe, batch: CopyBatch, draft: StepDraft) -> str:

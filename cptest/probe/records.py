@@ -171,6 +171,8 @@ class StepDraft:
     """Rows handed to the KV pool's write in the first layer of this step."""
     kv_mask: list[bool] | None = None
     """The DCP owner mask SGLang passed to that write (True = this rank stores the row)."""
+    graph_rows: int | None = None
+    """Rows the CUDA graph ran, when this step is a replay (None: eager; see `Step.graph_rows`)."""
     notes: list[str] | None = None
     """Why parts of the record are missing; made on the first note (most steps have none)."""
     kv_mask_pending: Any = None
@@ -312,6 +314,7 @@ def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence
         kv_written=kv_written,
         extend_lens=list(draft.extend_lens or []),
         prefix_lens=list(draft.prefix_lens or []),
+        graph_rows=draft.graph_rows,
     )
 
 
@@ -319,6 +322,8 @@ def _kv_source(draft: StepDraft, n_rows: int, mask_len: int | None = -1) -> Lite
     """How the step's first-layer KV write maps onto its `n_rows` rows: row by row through the DCP
     owner mask, all of them, or none (the write was not seen or does not fit; a note says which).
     `mask_len` is the mask's length when the caller knows it without the mask (None: no mask)."""
+    if draft.graph_rows is not None:
+        return None  # a replay: the write ran inside the graph, unobserved (not missing: no note)
     if mask_len == -1:
         mask_len = None if draft.kv_mask is None else len(draft.kv_mask)
     if draft.kv_rows is None:
@@ -404,7 +409,8 @@ def finish_step_line(draft: StepDraft, *, rank: RankId, rank_json: str, t: float
         f'"logits_rows":{_json_int(draft.logits_rows)},"cp_active":{cp},'
         f'"rows":{{"rids":["{quoted}"],"pos":{pos},"kv":{kv}}},'
         f'"extend_lens":[{",".join(map(str, draft.extend_lens or []))}],'
-        f'"prefix_lens":[{",".join(map(str, draft.prefix_lens or []))}]}}'
+        f'"prefix_lens":[{",".join(map(str, draft.prefix_lens or []))}]'
+        + ("}" if draft.graph_rows is None else f',"graph_rows":{int(draft.graph_rows)}}}')
     )
 
 
@@ -423,7 +429,8 @@ def steps_block_line(drafts: Sequence[StepDraft], *, rank_json: str, quoted: str
         f'"attn_rows":[{",".join([_json_int(d.attn_rows_seen) for d in drafts])}],'
         f'"ffn_rows":[{",".join([_json_int(d.ffn_rows) for d in drafts])}],'
         f'"logits_rows":[{",".join([_json_int(d.logits_rows) for d in drafts])}],'
-        f'"pos":{_packed_pos(positions)},"kv":{kv_text}}}'
+        f'"pos":{_packed_pos(positions)},"kv":{kv_text}'
+        + ("}" if drafts[0].graph_rows is None else f',"graph_rows":{int(drafts[0].graph_rows)}}}')
     )
 
 

@@ -64,9 +64,12 @@ def ownership(ev: RoleEvidence) -> Ownership | str:
     if not ev.ranks:
         return "no probe evidence from any rank (the probe was off, or no rank wrote its file)"
     if not any(r.steps for r in ev.ranks.values()):
-        return ("no Step records from any rank: per-step hooks do not fire on CUDA-graph replay "
-                "(an eager run records them)")
+        return "no Step records from any rank (the probe saw no forward step)"
     if not any(s.kv_written for r in ev.ranks.values() for s in r.steps):
+        if all(s.replayed for r in ev.ranks.values() for s in r.steps if s.mode == "decode"):
+            return ("no rank recorded a K/V write: the prefill writes were not seen and every decode step "
+                    "was a CUDA-graph replay, inside which K/V writes are not observable (an eager run "
+                    "records them)")
         return "no rank recorded a K/V write (kv_written empty in every step: an older probe or engine)"
     dcp_groups, source = groups(ev, "dcp")
     if not dcp_groups:

@@ -52,8 +52,7 @@ def rows(ev: RoleEvidence) -> list[RankSteps] | str:
                                  [s.rows_in for s in steps], [s.attn_rows for s in steps],
                                  [s.ffn_rows for s in steps], [s.logits_rows for s in steps]))  # fmt: skip
     if not out:
-        return ("no Step records from any rank: per-step hooks do not fire on CUDA-graph replay "
-                "(an eager run records them), and a run that stopped before its first forward has none")
+        return "no Step records from any rank: a run that stopped before its first forward has none"
     return out
 
 

@@ -206,6 +206,23 @@ def test_graph_disabled_with_decode_steps_and_no_capture_passes(tmp_path: Path) 
     assert _one(tmp_path, _graph("disabled"), [], ranks={0: [step]}).status == "pass"
 
 
+def test_replayed_steps_are_not_proof_of_eager_decode(tmp_path: Path) -> None:
+    """Since D58 a replay is a Step record too, marked by graph_rows: it counts as a replay, and
+    'disabled' fails on it even where the runner's counters were never flushed (a killed rank)."""
+    replay = Step(rank=rank_id(0), step=1, mode="decode", batch_size=1, rows_in=1, graph_rows=4)
+    v = _one(tmp_path, _graph("disabled"), [], ranks={0: [replay]})
+    assert v.status == "fail" and "replayed graphs 1 time(s)" in v.reason
+    assert v.figures["steps"] == {"0": 0}
+
+
+def test_graph_captured_with_replays_seen_only_as_steps_passes(tmp_path: Path) -> None:
+    recs = [Graph(rank=rank_id(0), event="capture", phase="decode", batch_sizes=[1, 2, 4]),
+            *(Step(rank=rank_id(0), step=i, mode="decode", batch_size=1, rows_in=1, graph_rows=1)
+              for i in range(5))]
+    v = _one(tmp_path, _graph("captured"), [], ranks={0: recs})
+    assert v.status == "pass" and v.figures["replays"] == {"0": 5}
+
+
 def test_graph_disabled_without_step_records_is_unknown(tmp_path: Path) -> None:
     assert _one(tmp_path, _graph("disabled"), [], ranks={0: []}).status == "unknown"
 

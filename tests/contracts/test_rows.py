@@ -246,3 +246,78 @@ def test_interleave_fallback_on_a_one_token_batch_follows_sglangs_rule(tmp_path:
     v = _pcp(tmp_path, {w: [health[w], split[w]] for w in (0, 1)}, expect)
     assert v.status == "pass", v.reason
     assert v.figures["fallback_by_rule"] == 1
+
+
+# ---------------------------------------------------------------- CUDA-graph replays (D58)
+def _replayed(steps: list[Step], prompts: dict[str, int], graph_rows: int = 4) -> list[Step]:
+    """`steps` with every decode step turned into what the probe records for a graph replay: the
+    rows and positions seen as the replay starts, nothing of the inside (no KV write, no hooks)."""
+    out = []
+    for s in steps:
+        if s.mode != "decode":
+            out.append(s)
+            continue
+        k = s.step - 1
+        out.append(s.model_copy(update={
+            "graph_rows": graph_rows, "kv_written": {}, "attn_rows": None,
+            "seq_positions": {r: [(p + k, p + k + 1)] for r, p in prompts.items()}}))
+    return out
+
+
+def test_dcp_positions_written_in_graph_replays_are_unknown_not_passed(tmp_path: Path) -> None:
+    ranks = {w: _replayed(list(dcp_steps(w, 2, PROMPTS, decode_steps=3)), PROMPTS) for w in (0, 1)}
+    v = _dcp_archive(tmp_path, ranks)
+    assert v.status == "unknown", v.reason
+    assert (v.figures["positions"], v.figures["unobserved_positions"]) == (5 + 8, 2 * 3)
+    assert v.figures["replayed_steps"] == 3 and v.figures["padding_rows"] == 3 * (4 - 2)
+    assert "written inside 3 CUDA-graph replay step(s)" in v.reason and v.figures["holes"] == 0
+
+
+def test_a_position_neither_written_nor_replayed_is_still_a_hole(tmp_path: Path) -> None:
+    ranks = {w: _replayed(list(dcp_steps(w, 2, PROMPTS, decode_steps=3)), PROMPTS) for w in (0, 1)}
+    # both ranks' replay of step 2 lost request 1's row: position 9 was computed by nobody
+    for w in (0, 1):
+        ranks[w][2] = ranks[w][2].model_copy(update={"seq_positions": {rid(0): [(6, 7)]}})
+    done = RequestResult(index=1, prompt_len=8, max_new_tokens=4, prompt_sha256="x", status="ok",
+                         output_ids=[1, 2, 3, 4])  # positions 0..10 must exist
+    v = _dcp_archive(tmp_path, ranks, runner=[done])
+    assert v.status == "fail"
+    assert "written up to position 9" in v.reason
+
+
+def test_a_wrong_owner_in_an_eager_step_fails_even_with_replays(tmp_path: Path) -> None:
+    ranks = {w: _replayed(list(dcp_steps(w, 2, PROMPTS, decode_steps=2)), PROMPTS) for w in (0, 1)}
+    ranks[1][0] = ranks[1][0].model_copy(update={"kv_written": {rid(0): [(0, 1), (1, 2), (3, 4)]}})
+    v = _dcp_archive(tmp_path, ranks)
+    assert v.status == "fail" and "position 0 written by rank 1" in v.reason
+
+
+def test_only_replays_leave_dcp_ownership_unknown_with_the_reason(tmp_path: Path) -> None:
+    ranks = {w: [s for s in _replayed(list(dcp_steps(w, 2, PROMPTS, decode_steps=2)), PROMPTS)
+                 if s.mode == "decode"] for w in (0, 1)}
+    v = _dcp_archive(tmp_path, ranks)
+    assert v.status == "unknown" and "every step of main was a CUDA-graph replay" in v.reason
+
+
+def _tp_steps(graph_rows: tuple[int | None, int | None]) -> dict[int, list[Step]]:
+    out = {}
+    for w in (0, 1):
+        s = Step(rank=rank_id(w), step=3, mode="decode", batch_size=3, rows_in=3,
+                 seq_positions={rid(i): [(10 + i, 11 + i)] for i in range(3)}, graph_rows=graph_rows[w])
+        out[w] = [s]
+    return out
+
+
+def test_replicated_rows_under_replay_pass_with_their_padding_apart(tmp_path: Path) -> None:
+    plan = make_plan(server_plan(world=2), [RowsParams(mode="replicated")])
+    write_archive(tmp_path, plan, ranks={"main": _tp_steps((8, 8))})
+    v = check_loaded(load_archive(tmp_path)).verdicts[0]
+    assert v.status == "pass", v.reason
+    assert (v.figures["replayed_steps"], v.figures["padding_rows"], v.figures["rows"]) == (1, 5, 3)
+
+
+def test_tp_ranks_running_one_step_differently_fail(tmp_path: Path) -> None:
+    plan = make_plan(server_plan(world=2), [RowsParams(mode="replicated")])
+    write_archive(tmp_path, plan, ranks={"main": _tp_steps((8, None))})
+    v = check_loaded(load_archive(tmp_path)).verdicts[0]
+    assert v.status == "fail" and "rank 1 ran it eagerly, rank 0 as a CUDA-graph replay of 8 rows" in v.reason

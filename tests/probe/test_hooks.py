@@ -200,7 +200,60 @@ def test_the_engines_thread_neither_sends_nor_polls_copies_while_the_writer_runs
     assert [r.seq_positions["a"] for r in recs] == [[(9 + i, 10 + i)] for i in range(steps)]
 
 
-def test_a_replayed_decode_step_is_counted_not_recorded(probe: Probe, monkeypatch: MP) -> None:
+@dataclass
+class GraphRunner:
+    """What `DecodeCudaGraphRunner.load_batch` leaves behind: the padded size of the graph it chose
+    (decode_cuda_graph_runner.py:1116, 1172) and the tokens per request it was captured with."""
+
+    bs: int
+    captured_req_width: int = 1
+
+
+@dataclass
+class GraphedRunner(Runner):
+    decode_cuda_graph_runner: GraphRunner | None = None
+
+
+def test_a_replayed_decode_step_is_recorded_with_its_graphs_rows(probe: Probe, monkeypatch: MP) -> None:
+    """Under CUDA-graph replay no inner hook fires; the step's requests, positions and the graph's
+    padded size are still recorded (D58), and its KV write is marked unobserved, not missing."""
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    runner = GraphedRunner(decode_cuda_graph_runner=GraphRunner(bs=4))
+    for i in range(3):
+        fb = Batch(Mode("DECODE"), torch.arange(3), torch.tensor([9 + i, 4 + i, 30 + i]), ["a", "b", "c"], 3)
+        hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=True), runner, fb)
+    recs = _records(probe)
+    steps = [r for r in recs if isinstance(r, Step)]
+    assert [s.seq_positions for s in steps] == [
+        {"a": [(9 + i, 10 + i)], "b": [(4 + i, 5 + i)], "c": [(30 + i, 31 + i)]} for i in range(3)]
+    assert all(s.graph_rows == 4 and s.replayed and s.rows_in == 3 and s.kv_written == {}
+               and s.attn_rows is None and s.ffn_rows is None for s in steps)
+    assert not [r for r in recs if isinstance(r, ProbeNote)]  # an unobserved write is not a missing one
+    replays = [r for r in recs if isinstance(r, Graph) and (r.event, r.phase) == ("replay", "decode")]
+    assert sum(r.count for r in replays) == 3
+
+
+def test_replays_and_eager_steps_never_share_a_block(probe: Probe, monkeypatch: MP) -> None:
+    """A `steps` line carries one graph_rows for all its steps: a switch between eager and replay
+    (or another padded size) over the same requests starts a new line, and every step reads back
+    as what it was."""
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    runner = GraphedRunner(decode_cuda_graph_runner=GraphRunner(bs=8))
+    kinds = [True] * 5 + [False] * 4 + [True] * 3
+    for i, replay in enumerate(kinds):
+        runner.decode_cuda_graph_runner = GraphRunner(bs=8 if i < 9 else 16)
+        fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([9 + i, 4 + i]), ["a", "b"], 2)
+        hooks.around_model_runner_forward(lambda r, b, rp=replay: Output(can_run_graph=rp), runner, fb)
+    steps = [r for r in _records(probe) if isinstance(r, Step)]
+    assert [s.graph_rows for s in steps] == [8] * 5 + [None] * 4 + [16] * 3
+    assert [s.seq_positions["a"] for s in steps] == [[(9 + i, 10 + i)] for i in range(len(kinds))]
+    lines = (probe.out_dir / "rank0.jsonl").read_text().splitlines()
+    assert sum('"kind":"steps"' in line for line in lines) == 3
+
+
+def test_a_replay_whose_padded_size_cannot_be_read_is_counted_and_said(probe: Probe, monkeypatch: MP) -> None:
     _fake_parallel_state(monkeypatch, 0)
     hooks.after_initialize_model_parallel(None)
     fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([9, 4]), ["a", "b"], 2)
@@ -208,6 +261,8 @@ def test_a_replayed_decode_step_is_counted_not_recorded(probe: Probe, monkeypatc
         hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=True), Runner(), fb)
     recs = _records(probe)
     assert not [r for r in recs if isinstance(r, Step)]
+    notes = [r.message for r in recs if isinstance(r, ProbeNote)]
+    assert len(notes) == 1 and "padded size" in notes[0]
     replays = [r for r in recs if isinstance(r, Graph) and (r.event, r.phase) == ("replay", "decode")]
     assert sum(r.count for r in replays) == 3
 
