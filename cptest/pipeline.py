@@ -740,7 +740,10 @@ def _placement_of(archived: Plan) -> Placement:
     """Where the archived run's servers ran: the same ports and GPUs (CPUs only where this machine
     has them all, else unpinned)."""
     node = archived.main.nodes[0]
-    base = archived.baseline.nodes[0].port if archived.baseline is not None else Placement().baseline_port
+    # The baseline's port is also the control's and the eager twin's (their runs never overlap); a
+    # plan may have the twin without a baseline (`graph parity vs eager free_running topk K`).
+    second = next((s for s in (archived.baseline, archived.control, archived.eager) if s is not None), None)
+    base = second.nodes[0].port if second is not None else Placement().baseline_port
     cpus = node.cpus
     if cpus and not set(cpus) <= set(os.sched_getaffinity(0)):
         cpus = None

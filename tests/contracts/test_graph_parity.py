@@ -132,3 +132,18 @@ def test_decode_prefix_compares_only_decode_positions_of_the_common_prefix() -> 
     fig = decode_prefix(a, b)
     # position 0 is the prefill's token; position 2 is the divergence; position 3 follows another history
     assert fig.deltas == [0.5] and fig.per_request[0]["prefix"] == 2
+
+
+def test_an_archive_without_the_twin_s_evidence_is_an_unfinished_run(tmp_path: Path) -> None:
+    from cptest.evidence import Lifecycle
+
+    done = {role: [Lifecycle(run=role, event="shutdown_done", detail={})]  # type: ignore[arg-type]
+            for role in ("main", "baseline", "control")}
+    r = {role: recs + done[role] for role, recs in runners(main=0.0).items() if role != "eager"}
+    plan = make_plan(server_plan(), [PARAMS], baseline=server_plan("baseline"))
+    plan = plan.model_copy(update={"control": server_plan("control"), "eager": server_plan("eager"),
+                                   "workload": plan.workload.model_copy(update={"score_topk": 1})})
+    write_archive(tmp_path, plan, runner=r, ranks={"main": CAPTURED})
+    v = check_loaded(load_archive(tmp_path), finished=True)
+    assert v.status == "unknown"
+    assert "no runner evidence for the eager server" in " ".join(x.reason for x in v.verdicts)

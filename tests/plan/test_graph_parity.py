@@ -113,3 +113,13 @@ def test_the_qualification_scenario_plans_graphs_on_main_and_an_eager_twin() -> 
     assert _graph_flags(p.eager.nodes[0].argv)["--cuda-graph-backend-decode"] == "disabled"
     graph = next(e for e in p.expectations if e.kind == "graph")
     assert graph.violated_on == "reference" and not graph.expect_violation  # must hold on SGLang
+
+
+def test_a_rerun_puts_a_twin_without_baseline_back_on_its_port() -> None:
+    from cptest.pipeline import _placement_of
+    from cptest.plan.model import Placement
+
+    text = BASE.replace("  baseline { tp 2 }\n", "").replace("logprob p99 <= 4 * control ", "")
+    archived = plan(parse_text(text, "t.cps"), placement=Placement(main_port=30040, baseline_port=30041))
+    assert archived.baseline is None and archived.eager is not None
+    assert _placement_of(archived).baseline_port == 30041
