@@ -675,13 +675,24 @@ def diff(a: Path, b: Path, other_scenario: bool, as_json: bool) -> int:
 
 @main.command()
 @click.argument("directories", nargs=-1, type=click.Path(exists=True, path_type=Path))
+@click.option("--support", is_flag=True,
+              help="the support matrix instead: every cell of family x KV regime x mode x backend x decode, "
+                   "run (archive, verdicts), ruled out (SGLang source lines) or not yet run (the scenario)")
+@click.option("--scenarios", "scenario_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=Path("scenarios"), show_default=True,
+              help="with --support: the scenarios that could run")
+@click.option("--release", default="0.5.17", show_default=True, help="with --support: the SGLang release")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="with --support: write the markdown there (docs/support-matrix.md) instead of stdout")
 @json_option
 @_guard
 @_archive_guard
-def matrix(directories: tuple[Path, ...], as_json: bool) -> int:
+def matrix(directories: tuple[Path, ...], support: bool, scenario_dir: Path, release: str,
+           output: Path | None, as_json: bool) -> int:
     """A markdown table of scenario x verdict over the published evidence: the archives under
     results/ (or the folders named; side runs in `_`-named folders below them are left out). Trial
-    runs (.cptest/runs) are not published evidence: `cptest publish DIR` puts one into results/."""
+    runs (.cptest/runs) are not published evidence: `cptest publish DIR` puts one into results/.
+    With --support, the support matrix of docs/support-matrix.md (docs/decisions.md D61)."""
     from cptest.report import matrix_rows, render_matrix
     from cptest.store import archives_under
 
@@ -692,6 +703,8 @@ def matrix(directories: tuple[Path, ...], as_json: bool) -> int:
         raise ScenarioError(Problem(None, f"cptest matrix: no published evidence here ({RESULTS}/ does not "
                                     "exist)", hint="run from the checkout, name the folders, or "
                                     "`cptest publish DIR` an archive"))  # fmt: skip
+    if support:
+        return _support_matrix(folders, scenario_dir, release, output, as_json)
     archives = sorted({a for d in folders for a in archives_under(Path(d))})
     trial = [d for d in folders if Path(d).resolve().is_relative_to(RUNS.resolve())]
     click.echo(f"cptest matrix: {len(archives)} archive(s) of published evidence under "
@@ -701,6 +714,33 @@ def matrix(directories: tuple[Path, ...], as_json: bool) -> int:
     rows = [{"scenario": r["scenario"], "engine": r["engine"], "status": r["status"], "contracts": r["by"],
              "archive": str(r["dir"]), "older": r["older"]} for r in matrix_rows(archives)[0]]
     _emit({"published": [str(d) for d in folders], "rows": rows, "markdown": text}, as_json, text)
+    return 0
+
+
+def _support_matrix(folders: tuple[Path, ...], scenario_dir: Path, release: str, output: Path | None,
+                    as_json: bool) -> int:
+    """`matrix --support`: read the scenarios and the published archives, print or write the matrix."""
+    from cptest.engines.sglang.releases import get_release
+    from cptest.report.support import as_json as support_json
+    from cptest.report.support import read_inputs, render_support, support_matrix
+
+    rel = get_release(release)
+    scenarios, runs, skipped = read_inputs(rel, scenario_dir, [Path(d) for d in folders])
+    m = support_matrix(rel, scenarios, runs)
+    # Folders by name only: the document is the same from any working folder (the staleness test).
+    text = render_support(m, sources=(f"{scenario_dir.resolve().name}/",
+                                      *(f"{Path(d).resolve().name}/" for d in folders)))
+    for s in skipped:
+        click.echo(f"cptest matrix --support: skipped {s}", err=True)
+    c = m.counts()
+    click.echo(f"cptest matrix --support: {c['grid cells']} cells: {c['run']} run, {c['ruled out']} ruled "
+               f"out, {c['not yet run']} not yet run ({c['no scenario']} with no scenario); "
+               f"{c['outside the grid']} scenarios outside the grid", err=True)
+    if output is not None:
+        output.write_text(text, encoding="utf-8")
+    data = {**support_json(m), "output": str(output) if output else None, "skipped": skipped,
+            "markdown": text}
+    _emit(data, as_json, f"wrote {output}" if output is not None else text.rstrip("\n"))
     return 0
 
 

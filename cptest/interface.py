@@ -313,6 +313,54 @@ class MatrixOut(_Out):
     markdown: str
 
 
+class SupportCellOut(_Out):
+    family: str
+    regime: str
+    mode: str
+    backend: str
+    decode: str
+
+
+class SupportRuleOut(_Out):
+    code: str
+    reason: str
+    citation: str
+    """SGLang source lines, as paths in the release's wheel (`sglang/srt/...:LINE`)."""
+    provenance: Literal["observed", "inferred"]
+    evidence: str
+
+
+class SupportRunOut(_Out):
+    archive: str
+    scenario: str
+    status: str
+    contracts: dict[str, str]
+
+
+class SupportEntryOut(_Out):
+    state: Literal["run", "ruled out", "not yet run"]
+    cell: SupportCellOut | None
+    """The grid cell; None for a scenario outside the grid (`where` says its topology)."""
+    where: str
+    scenarios: list[str]
+    note: str
+    rule: SupportRuleOut | None
+    runs: list[SupportRunOut]
+
+
+class SupportMatrixOut(_Out):
+    """`cptest matrix --support`: every cell in exactly one state (docs/decisions.md D61)."""
+
+    release: str
+    counts: dict[str, int]
+    grid: list[SupportEntryOut]
+    outside: list[SupportEntryOut]
+    output: str | None
+    skipped: list[str]
+    """Scenarios or archives that did not parse, with why."""
+    markdown: str
+
+
 class PublishOut(_Out):
     source: str
     archive: str
@@ -388,7 +436,7 @@ OUTPUTS: dict[str, tuple[type[BaseModel], ...]] = {
     "verify": (VerifyOut,),
     "diff": (DiffOut,),
     "report": (ReportOut,),
-    "matrix": (MatrixOut,),
+    "matrix": (MatrixOut, SupportMatrixOut),
     "publish": (PublishOut,),
     "image build": (ImageBuildOut,),
     "models make": (ModelsMakeOut,),
@@ -396,7 +444,8 @@ OUTPUTS: dict[str, tuple[type[BaseModel], ...]] = {
     "models add": (ModelsAddOut,),
 }
 """Each command (its words as typed after `cptest`) -> the models its `--json` output may take
-besides `ErrorOut` (`lint` prints `LintEvidenceOut` with --evidence; `compile` prints
+besides `ErrorOut` (`lint` prints `LintEvidenceOut` with --evidence; `matrix` prints
+`SupportMatrixOut` with --support; `compile` prints
 `CompileLwsOut` with --target lws; `run` prints `RunBlockedOut` when lint blocks it; `schema` prints
 a schema document, or the names with --list)."""
 

@@ -361,6 +361,7 @@ CASES = [
     Case("report", 2, lambda w: ["report", w.missing], why="no such directory"),
     Case("report", 3, lambda w: ["report", w.empty], why="not an archive"),
     Case("matrix", 0, lambda w: ["matrix"], why="published results"),
+    Case("matrix", 0, lambda w: ["matrix", "--support"], why="support matrix"),
     Case("matrix", 2, lambda w: ["matrix", w.missing], why="no such directory"),
     Case("matrix", 3, lambda w: ["matrix", w.bad_verdict()], why="unreadable verdict"),
     Case("publish", 0, lambda w: ["publish", w.passed, "--results", w.root / "published"], why="published"),

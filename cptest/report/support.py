@@ -1,0 +1,355 @@
+"""The support matrix: every cell of model family x KV regime x mode x backend x decode on the lent
+machine, from scenarios x published archives x release knowledge (docs/decisions.md D61).
+
+A cell is exactly one of:
+- **run**: a published SGLang archive whose scenario falls in the cell (its verdict, each contract's);
+- **ruled out**: a rule of `cptest/engines/sglang/cells.py` applies (its SGLang source lines);
+- **not yet run**: neither; the scenarios that would run it are named, or why none can yet.
+
+A run wins over a rule (the evidence is shown, and the rule beside it). Scenarios that fall in no
+cell (more GPUs than the machine lends, TP only, PCP with DCP) are rows of a second table, under
+the same three states. `support_matrix` is pure (parsed scenarios and verdict rows in, a value
+out); `read_inputs` reads the folders; `render_support` writes docs/support-matrix.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from cptest.engines.sglang.cells import (
+    ARCHITECTURES,
+    Cell,
+    RuledOut,
+    cells,
+    ruled_out,
+)
+from cptest.engines.sglang.releases import Release
+from cptest.errors import CptestError
+from cptest.report.text import md_inline
+from cptest.scenario import Scenario
+from cptest.store import Layout
+
+State = Literal["run", "ruled out", "not yet run"]
+
+LENT_GPUS = 2
+"""The most GPUs the device machine lends (one or two H200s of one host; docs of the device tool)."""
+
+GAPS: Mapping[str, str] = {
+    "qwen3-moe": "no scenario can run it yet: cptest writes no synthetic Qwen3-MoE weights "
+                 "(cptest/scenario.py SyntheticGeometry.architecture: llama, qwen3, deepseek_mla)",
+}
+"""Family -> why a not-yet-run cell of it has no scenario (a gap of cptest, not of SGLang)."""
+
+CHECKER_ORDER = ("launch", "rows", "capacity", "generation", "graph", "serving", "shutdown", "log")
+
+
+@dataclass(frozen=True)
+class ArchiveRun:
+    archive: str
+    """`results/<scenario>/<run>`, relative to the checkout."""
+    scenario: str
+    status: str
+    contracts: Mapping[str, str]
+    """Checker -> status, as `cptest matrix` shows it (`pass (no-go seen)` for a declared violation seen)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One cell of the grid (`cell`) or one scenario outside it (`where`), in exactly one state."""
+
+    state: State
+    cell: Cell | None = None
+    where: str = ""
+    """Outside the grid: the scenario's topology in words."""
+    runs: tuple[ArchiveRun, ...] = ()
+    rule: RuledOut | None = None
+    scenarios: tuple[str, ...] = ()
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class SupportMatrix:
+    release: str
+    grid: list[Entry]
+    outside: list[Entry] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        """Grid cells per state (`run`, `ruled out`, `not yet run`, and of those `no scenario`), and the
+        same for the scenarios outside the grid (`outside ...`)."""
+        out: dict[str, int] = {"grid cells": len(self.grid), "outside the grid": len(self.outside)}
+        for prefix, entries in (("", self.grid), ("outside ", self.outside)):
+            for state in ("run", "ruled out", "not yet run"):
+                out[prefix + state] = sum(e.state == state for e in entries)
+            out[prefix + "no scenario"] = sum(e.state == "not yet run" and not e.scenarios for e in entries)
+        return out
+
+
+# ------------------------------------------------------------------------------ where a scenario falls
+@dataclass(frozen=True)
+class Outside:
+    """Where a scenario outside the grid runs: its topology in words, and the GPUs it needs."""
+
+    words: str
+    gpus: int
+    nodes: int
+
+
+def locate(scenario: Scenario) -> Cell | Outside:
+    """The grid cell `scenario` runs, else where it runs (why it is outside the grid)."""
+    t = scenario.topology
+    gpus = t.gpus or t.tp * t.pp
+    words = Outside(_topology_words(scenario), gpus, t.nodes)
+    if gpus > LENT_GPUS or t.nodes > 1:
+        return words
+    family = ARCHITECTURES.get(scenario.model.facts.architecture)
+    backend = scenario.serve.attention_backend
+    if t.tp != 2 or t.pp != 1 or t.attn_dp != 1 or family is None or backend not in (
+            "triton", "flashinfer", "fa3", "flashmla"):
+        return words
+    if t.dcp == 2 and t.attn_cp == 1:
+        mode = "dcp2"
+    elif t.attn_cp == 2 and t.dcp == 1 and t.cp_strategy in ("zigzag", "interleave"):
+        mode = f"pcp2-{t.cp_strategy}"
+    else:
+        return words
+    facts = scenario.model.facts
+    regime = "latent" if facts.is_mla else ("kv<=tp/dcp" if facts.kv_heads <= t.tp // t.dcp else "kv>tp/dcp")
+    decode = "eager" if scenario.serve.cuda_graph_decode == "disabled" else "graph"
+    return Cell(family, regime, mode, backend, decode)  # type: ignore[arg-type]
+
+
+def _topology_words(scenario: Scenario) -> str:
+    t = scenario.topology
+    parts = [f"tp {t.tp}"] + [f"{k} {v}" for k, v in (("dcp", t.dcp), ("attn_cp", t.attn_cp),
+                                                       ("attn_dp", t.attn_dp), ("pp", t.pp)) if v != 1]
+    if t.cp_strategy:
+        parts.append(t.cp_strategy)
+    gpus = t.gpus or t.tp * t.pp
+    nodes = f", {t.nodes} nodes" if t.nodes > 1 else ""
+    facts, backend = scenario.model.facts, scenario.serve.attention_backend or "default"
+    return f"{', '.join(parts)} ({gpus} GPUs{nodes}); {facts.architecture}, {facts.kv_heads} KV heads, " \
+           f"{backend} attention"
+
+
+# ------------------------------------------------------------------------------ the matrix, pure
+def support_matrix(release: Release, scenarios: Mapping[str, Scenario],
+                   runs: Sequence[tuple[Scenario, ArchiveRun]]) -> SupportMatrix:
+    """The matrix of `release` from the scenarios that could run (path -> parsed SGLang scenario of
+    that release) and the published runs (the archived scenario, its verdicts). Pure."""
+    in_cell: dict[Cell, list[ArchiveRun]] = {}
+    wanted: dict[Cell, list[str]] = {}
+    outside_runs: dict[str, list[ArchiveRun]] = {}
+    outside_where: dict[str, Outside] = {}
+    outside_paths: dict[str, list[str]] = {}
+    for scenario, run in runs:
+        where = locate(scenario)
+        if isinstance(where, Cell):
+            in_cell.setdefault(where, []).append(run)
+        else:
+            outside_runs.setdefault(scenario.name, []).append(run)
+            outside_where.setdefault(scenario.name, where)
+    for path, scenario in sorted(scenarios.items()):
+        where = locate(scenario)
+        if isinstance(where, Cell):
+            wanted.setdefault(where, []).append(path)
+        else:
+            outside_paths.setdefault(scenario.name, []).append(path)
+            outside_where[scenario.name] = where
+    grid = [_entry(release, cell, in_cell.get(cell, []), wanted.get(cell, [])) for cell in cells()]
+    outside = [_outside(name, outside_where[name], outside_runs.get(name, []), outside_paths.get(name, []))
+               for name in sorted(outside_where)]
+    return SupportMatrix(release.name, grid, outside)
+
+
+def _entry(release: Release, cell: Cell, runs: list[ArchiveRun], paths: list[str]) -> Entry:
+    rule = ruled_out(release, cell)
+    if runs:
+        return Entry("run", cell, runs=tuple(sorted(runs, key=lambda r: r.archive)), rule=rule,
+                     scenarios=tuple(paths))
+    if rule is not None:
+        return Entry("ruled out", cell, rule=rule, scenarios=tuple(paths))
+    return Entry("not yet run", cell, scenarios=tuple(paths),
+                 note="" if paths else GAPS.get(cell.family, "no scenario runs it yet: write one under "
+                                                            "scenarios/qualification/"))
+
+
+def _outside(name: str, where: Outside, runs: list[ArchiveRun], paths: list[str]) -> Entry:
+    if runs:
+        return Entry("run", where=where.words, runs=tuple(sorted(runs, key=lambda r: r.archive)),
+                     scenarios=tuple(paths))
+    if where.gpus > LENT_GPUS or where.nodes > 1:
+        # Not SGLang's source: the machine's. Said as a rule so that the cell carries its reason.
+        nodes = f" on {where.nodes} nodes" if where.nodes > 1 else ""
+        rule = RuledOut("more_gpus_than_lent", f"needs {where.gpus} GPUs{nodes}; the GPU machine lends 1 or "
+                        f"{LENT_GPUS} H200s of one host", "", "observed", "")
+        return Entry("ruled out", where=where.words, rule=rule, scenarios=tuple(paths))
+    return Entry("not yet run", where=where.words, scenarios=tuple(paths))
+
+
+# ------------------------------------------------------------------------------ reading the folders
+def read_inputs(release: Release, scenario_dir: Path, results: Iterable[Path]
+                ) -> tuple[dict[str, Scenario], list[tuple[Scenario, ArchiveRun]], list[str]]:
+    """(scenarios by path, runs, what was skipped and why). Scenarios: every `*.cps` under
+    `scenario_dir` but its `defaults/`, SGLang of `release` only (a reference scenario is no SGLang
+    evidence); one that does not parse is skipped and named. Runs: the newest archive per scenario
+    under each results folder (`cptest matrix`'s rows), SGLang of `release`, classified by the
+    scenario.cps the archive holds."""
+    from cptest.lang import parse_file
+    from cptest.report import matrix_rows
+    from cptest.store import archives_under
+
+    skipped: list[str] = []
+    scenarios: dict[str, Scenario] = {}
+    for path in sorted(scenario_dir.rglob("*.cps")):
+        rel = path.relative_to(scenario_dir)
+        if rel.parts[0] == "defaults":
+            continue
+        shown = (Path(scenario_dir.name) / rel).as_posix()
+        try:
+            s = parse_file(path)
+        except CptestError as e:
+            skipped.append(f"{shown}: does not parse ({e.problems[0].message if e.problems else e})")
+            continue
+        if s.engine.kind == "sglang" and s.engine.release == release.name:
+            scenarios[shown] = s
+    runs: list[tuple[Scenario, ArchiveRun]] = []
+    for folder in results:
+        archives = archives_under(folder)
+        for row in matrix_rows(archives)[0]:
+            if row["engine"] != "sglang":
+                continue
+            d: Path = row["dir"]
+            shown = (Path(folder.name) / d.relative_to(folder)).as_posix()
+            try:
+                s = parse_file(Layout(d).scenario)
+            except CptestError as e:
+                skipped.append(f"{shown}: its scenario.cps does not parse ({e})")
+                continue
+            if s.engine.release != release.name:
+                continue
+            runs.append((s, ArchiveRun(shown, row["scenario"], row["status"], dict(row["by"]))))
+    return scenarios, runs, skipped
+
+
+# ------------------------------------------------------------------------------ markdown
+FAMILY_TITLES = {"llama": "Llama (LlamaForCausalLM)", "qwen3": "Qwen3 dense (Qwen3ForCausalLM)",
+                 "qwen3-moe": "Qwen3-MoE (Qwen3MoeForCausalLM)",
+                 "mla": "DeepSeek-style MLA (DeepseekV3ForCausalLM)"}
+MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "UNKNOWN"}
+
+
+def citation(text: str) -> str:
+    """A release table's `path:line` citation as a path in the wheel: relative to `sglang/srt/` unless
+    it already starts at the wheel's root (`sglang/...`)."""
+    parts = [p.strip() for p in text.split(";") if p.strip()]
+    return "; ".join(p if p.startswith("sglang/") or p.startswith("(") else f"sglang/srt/{p}" for p in parts)
+
+
+def _verdicts(run: ArchiveRun) -> str:
+    order = [c for c in CHECKER_ORDER if c in run.contracts] + sorted(set(run.contracts) - set(CHECKER_ORDER))
+    shown = ", ".join(f"{c} {MARK.get(run.contracts[c], run.contracts[c])}" for c in order)
+    return f"**{MARK.get(run.status, run.status)}** ({shown})"
+
+
+def _why(e: Entry) -> str:
+    if e.state == "run":
+        text = "; ".join(f"{_verdicts(r)}" for r in e.runs)
+        if e.rule is not None:
+            text += f"; rule `{e.rule.code}` ({e.rule.provenance}) applies: {md_inline(e.rule.reason)}"
+        return text
+    if e.state == "ruled out":
+        assert e.rule is not None
+        return f"ruled out, `{e.rule.code}` ({e.rule.provenance}): {md_inline(e.rule.reason)}"
+    return md_inline(e.note) if e.note else "not yet run"
+
+
+def _source(e: Entry) -> str:
+    if e.state == "run":
+        return "<br>".join(f"`{r.archive}`" for r in e.runs)
+    if e.state == "ruled out":
+        assert e.rule is not None
+        out = f"`{citation(e.rule.citation)}`" if e.rule.citation else ""
+        if e.rule.evidence:
+            out += ("; " if out else "") + md_inline(e.rule.evidence)
+        return out
+    return "<br>".join(f"`{p}`" for p in e.scenarios) or "-"
+
+
+def render_support(m: SupportMatrix, sources: Sequence[str] = ("scenarios/", "results/")) -> str:
+    """docs/support-matrix.md: deterministic (no clock), every cell filled."""
+    c = m.counts()
+    lines = [
+        f"# Support matrix: SGLang {m.release} context parallelism on the lent machine",
+        "",
+        f"Generated by `cptest matrix --support -o docs/support-matrix.md` from {' x '.join(sources)} x "
+        "the release knowledge in `cptest/engines/sglang/cells.py` (which reuses the rules of "
+        "`releases.py`); "
+        "do not edit by hand: `tests/report/test_support.py` fails when this file is stale "
+        "(docs/decisions.md D61).",
+        "",
+        f"The grid: model family x KV-head regime x mode x attention backend x decode, on TP 2 over the "
+        f"{LENT_GPUS} GPUs the machine lends (tiny synthetic weights with each family's head geometry). "
+        "Each cell is **run** (the newest published archive of a scenario in the cell: its verdict and "
+        "each contract's), **ruled out** (the rule, observed or inferred, and the SGLang source lines "
+        "that rule it out here; paths in the release's wheel) or **not yet run** (the scenario that would "
+        "run it, or why none can yet). A run is shown even where a rule applies: the rule is named "
+        "beside it.",
+        "",
+        f"**Counts**: {c['grid cells']} grid cells: {c['run']} run, {c['ruled out']} ruled out, "
+        f"{c['not yet run']} not yet run ({c['no scenario']} of them with no scenario that can run them "
+        f"yet). {c['outside the grid']} scenarios outside the grid: {c['outside run']} run, "
+        f"{c['outside ruled out']} ruled out, {c['outside not yet run']} not yet run.",
+        "",
+        "Regimes: `kv<=tp/dcp` every DCP group's ranks hold the same KV heads (docs/sglang.md §3; "
+        "for PCP, dcp = 1), `kv>tp/dcp` they do not, `latent` MLA's one latent KV per token. "
+        "Modes: `dcp2` = tp 2, dcp 2; `pcp2-zigzag` / `pcp2-interleave` = tp 2, attn_cp 2, "
+        "`--enable-prefill-cp --cp-strategy`. Decode: `eager` = `--cuda-graph-backend-decode "
+        "disabled` (per-step evidence), `graph` = the default CUDA-graph decode.",
+    ]
+    for family in dict.fromkeys(e.cell.family for e in m.grid if e.cell is not None):
+        lines += ["", f"## {FAMILY_TITLES.get(family, family)}", "",
+                  "| KV regime | mode | backend | decode | state | verdicts / why "
+                  "| archive / source / scenario |",
+                  "|---|---|---|---|---|---|---|"]
+        for e in m.grid:
+            if e.cell is None or e.cell.family != family:
+                continue
+            x = e.cell
+            lines.append(f"| `{x.regime}` | {x.mode} | {x.backend} | {x.decode} | {e.state} | {_why(e)} | "
+                         f"{_source(e)} |")
+    lines += ["", "## Scenarios outside the grid", "",
+              "SGLang scenarios (and their archives) that fall in no cell: other topologies, TP only, PCP "
+              "with DCP.", "",
+              "| scenario | topology | state | verdicts / why | archive / source |", "|---|---|---|---|---|"]
+    for e in m.outside:
+        names = sorted({r.scenario for r in e.runs} | {Path(p).stem for p in e.scenarios})
+        src = "<br>".join(f"`{r.archive}`" for r in e.runs) or "<br>".join(f"`{p}`" for p in e.scenarios)
+        lines.append(f"| {', '.join(names)} | {md_inline(e.where)} | {e.state} | {_why(e)} | {src or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def as_json(m: SupportMatrix) -> dict[str, Any]:
+    """The matrix as `cptest matrix --support --json` prints it (interface.SupportMatrixOut)."""
+
+    def entry(e: Entry) -> dict[str, Any]:
+        cell = None if e.cell is None else {"family": e.cell.family, "regime": e.cell.regime,
+                                              "mode": e.cell.mode, "backend": e.cell.backend,
+                                              "decode": e.cell.decode}
+        r = e.rule
+        rule = None if r is None else {"code": r.code, "reason": r.reason,
+                                       "citation": citation(r.citation) if r.citation else "",
+                                       "provenance": r.provenance, "evidence": r.evidence}
+        return {"state": e.state, "cell": cell, "where": e.where, "scenarios": list(e.scenarios),
+                "note": e.note, "rule": rule,
+                "runs": [{"archive": r.archive, "scenario": r.scenario, "status": r.status,
+                          "contracts": dict(r.contracts)} for r in e.runs]}
+
+    return {"release": m.release, "counts": m.counts(), "grid": [entry(e) for e in m.grid],
+            "outside": [entry(e) for e in m.outside]}
+
+
+__all__ = ["ArchiveRun", "Entry", "Outside", "SupportMatrix", "as_json", "citation", "locate", "read_inputs",
+           "render_support", "support_matrix"]

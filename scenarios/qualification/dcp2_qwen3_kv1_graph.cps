@@ -1,0 +1,35 @@
+# Requirement of docs/target-plan.md (P1: DCP2 on MHA with kv_heads <= tp/dcp, triton).
+# As dcp2_llama_kv1_graph on Qwen3.
+cptest 1
+scenario dcp2_qwen3_kv1_graph {
+  description "DCP2 on TP2, tiny Qwen3 with 1 KV head, CUDA-graph decode: parity on replayed graphs"
+  extends "../defaults/tiny.cps"
+  model synthetic qwen3 {
+    layers 4
+    hidden 256
+    heads 8
+    kv_heads 1
+    head_dim 64
+    vocab 4096
+    intermediate 512
+    seed 7
+  }
+  topology {
+    gpus 2
+    tp 2
+    dcp 2
+  }
+  serve {
+    # The default CUDA-graph decode: decode graphs stay on with DCP (docs/sglang.md §7). Hooks do
+    # not fire on replay, so this scenario judges no per-step rows, only what the graph computes.
+    cuda_graph_decode full
+  }
+  baseline {
+    tp 2
+  }
+  expect {
+    # Teacher-forced against the measured noise floor (docs/language.md "Generation parity").
+    generation logprob p99 <= 4 * control free_running topk 5 vs baseline
+    graph decode captured
+  }
+}

@@ -1,0 +1,170 @@
+"""Specifications of cptest/report/support.py and cptest/engines/sglang/cells.py: the support matrix
+(docs/support-matrix.md, `cptest matrix --support`, docs/decisions.md D61)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from cptest.engines.sglang.cells import CELL_RULES, Cell, cells, ruled_out
+from cptest.engines.sglang.releases import get_release
+from cptest.lang import parse_file
+from cptest.report.support import (
+    ArchiveRun,
+    Outside,
+    locate,
+    read_inputs,
+    render_support,
+    support_matrix,
+)
+from cptest.scenario import Scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+RELEASE = get_release("0.5.17")
+DOC = ROOT / "docs" / "support-matrix.md"
+
+
+def _scenario(name: str) -> Scenario:
+    return parse_file(ROOT / "scenarios" / f"{name}.cps")
+
+
+def _with_backend(s: Scenario, backend: str) -> Scenario:
+    return s.model_copy(update={"serve": s.serve.model_copy(update={"attention_backend": backend})})
+
+
+def _row(md: str, family: str, *cells: str) -> str:
+    """The one markdown row of the family's section (its title starts with `family`) that starts with
+    these cells (the grid's coordinates)."""
+    md = md.split(f"\n## {family}", 1)[1].split("\n## ", 1)[0]
+    head = "| " + " | ".join(cells) + " |"
+    rows = [line for line in md.splitlines() if line.startswith(head)]
+    assert len(rows) == 1, (head, rows)
+    return rows[0]
+
+
+RUN = ArchiveRun("results/dcp2_llama_kv1/20990101T000000Z-feedface", "dcp2_llama_kv1", "fail",
+                 {"launch": "pass", "rows": "pass", "capacity": "fail", "generation": "pass"})
+
+
+# ------------------------------------------------------------------------------ the committed document
+def test_the_committed_support_matrix_is_what_cptest_generates_now(monkeypatch: pytest.MonkeyPatch):
+    # As `cptest matrix --support -o docs/support-matrix.md` from the checkout writes it.
+    monkeypatch.chdir(ROOT)
+    scenarios, runs, skipped = read_inputs(RELEASE, Path("scenarios"), [Path("results")])
+    assert skipped == []
+    fresh = render_support(support_matrix(RELEASE, scenarios, runs))
+    assert DOC.read_text(encoding="utf-8") == fresh, (
+        "docs/support-matrix.md is stale: run `cptest matrix --support -o docs/support-matrix.md` and "
+        "commit it")
+
+
+def test_no_cell_of_the_committed_matrix_is_blank():
+    md = DOC.read_text(encoding="utf-8")
+    rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| KV regime")
+            and not line.startswith("| scenario |")]
+    assert len(rows) >= len(cells())
+    for row in rows:
+        values = [c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]]
+        state = 4 if len(values) == 7 else 2  # the grid's rows have 7 columns, the others 5
+        assert all(values), row
+        assert values[state] in ("run", "ruled out", "not yet run"), row
+        if values[-1] == "-":  # nothing to cite: only a cell no scenario can run yet, saying why
+            assert values[state] == "not yet run" and "no scenario" in values[state + 1], row
+
+
+def test_every_grid_cell_is_run_ruled_out_or_names_what_would_run_it(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(ROOT)
+    m = support_matrix(RELEASE, *read_inputs(RELEASE, Path("scenarios"), [Path("results")])[:2])
+    assert [e.cell for e in m.grid] == cells()
+    for e in m.grid:
+        if e.state == "run":
+            assert e.runs and all(r.archive.startswith("results/") and r.contracts for r in e.runs)
+        elif e.state == "ruled out":
+            assert e.rule is not None and (e.rule.citation or e.rule.evidence)
+        else:
+            assert e.scenarios or e.note, e
+    counts = m.counts()
+    assert counts["run"] + counts["ruled out"] + counts["not yet run"] == counts["grid cells"] == 168
+
+
+# ------------------------------------------------------------------------------ the generator
+def test_a_cell_with_an_archive_shows_its_verdict_and_each_contracts():
+    s = _scenario("dcp2_llama_kv1")
+    m = support_matrix(RELEASE, {}, [(s, RUN)])
+    entry = next(e for e in m.grid if e.cell == Cell("llama", "kv<=tp/dcp", "dcp2", "triton", "eager"))
+    assert entry.state == "run" and entry.runs == (RUN,)
+    row = _row(render_support(m), "Llama", "`kv<=tp/dcp`", "dcp2", "triton", "eager")
+    assert "| run | **FAIL** (launch PASS, rows PASS, capacity FAIL, generation PASS) |" in row
+    assert row.endswith("| `results/dcp2_llama_kv1/20990101T000000Z-feedface` |")
+
+
+def test_a_ruled_out_cell_shows_the_sglang_source_lines_of_its_rule():
+    m = support_matrix(RELEASE, {}, [])
+    row = _row(render_support(m), "Qwen3 dense", "`kv<=tp/dcp`", "dcp2", "flashinfer", "eager")
+    assert "ruled out, `dcp_backend_without_dcp_path` (inferred)" in row
+    # The citation is the release table's rule's, as a path in the wheel.
+    cited = RELEASE.rules["dcp_backend_without_dcp_path"].citation
+    assert cited == "layers/attention/triton_backend.py:182-187"
+    assert "`sglang/srt/layers/attention/triton_backend.py:182-187`" in row
+
+
+def test_a_run_is_shown_even_where_a_rule_rules_the_cell_out_and_the_rule_is_named():
+    s = _scenario("dcp2_llama_kv4")
+    run = ArchiveRun("results/dcp2_llama_kv4/x", "dcp2_llama_kv4", "fail",
+                     {"generation": "pass (no-go seen)"})
+    m = support_matrix(RELEASE, {}, [(s, run)])
+    e = next(e for e in m.grid if e.cell == Cell("llama", "kv>tp/dcp", "dcp2", "triton", "eager"))
+    assert e.state == "run" and e.rule is not None and e.rule.code == "mha_dcp_kv_not_replicated"
+    assert e.rule.provenance == "observed"
+
+
+def test_a_cell_nobody_ran_names_the_scenario_that_would_run_it_or_why_none_can():
+    s = _scenario("dcp2_mla")
+    m = support_matrix(RELEASE, {"scenarios/dcp2_mla.cps": s}, [])
+    e = next(e for e in m.grid if e.cell == Cell("mla", "latent", "dcp2", "triton", "eager"))
+    assert (e.state, e.scenarios) == ("not yet run", ("scenarios/dcp2_mla.cps",))
+    moe = next(e for e in m.grid if e.cell == Cell("qwen3-moe", "kv<=tp/dcp", "dcp2", "triton", "eager"))
+    assert moe.state == "not yet run" and moe.scenarios == () and "no synthetic Qwen3-MoE" in moe.note
+
+
+def test_where_a_scenario_falls():
+    assert locate(_scenario("dcp2_llama_kv1")) == Cell("llama", "kv<=tp/dcp", "dcp2", "triton", "eager")
+    assert locate(_scenario("dcp2_llama_kv4")) == Cell("llama", "kv>tp/dcp", "dcp2", "triton", "eager")
+    assert locate(_scenario("pcp2_zigzag_qwen3_kv2")) == Cell("qwen3", "kv<=tp/dcp", "pcp2-zigzag", "triton",
+                                                               "eager")
+    graph = parse_file(ROOT / "scenarios" / "qualification" / "dcp2_mla_flashinfer_graph.cps")
+    assert locate(graph) == Cell("mla", "latent", "dcp2", "flashinfer", "graph")
+    assert locate(_with_backend(_scenario("dcp2_llama_kv1"), "fa3")).backend == "fa3"  # type: ignore[union-attr]
+    outside = locate(_scenario("tp8_dcp2_qwen3_30b_geometry"))
+    assert isinstance(outside, Outside) and outside.gpus == 8
+    assert isinstance(locate(_scenario("pcp_dcp_rejected")), Outside)  # PCP with DCP: no grid mode
+
+
+def test_a_scenario_needing_more_gpus_than_the_machine_lends_is_ruled_out_by_the_machine():
+    path = "scenarios/tp8_dcp2_qwen3_30b_geometry.cps"
+    m = support_matrix(RELEASE, {path: _scenario("tp8_dcp2_qwen3_30b_geometry")}, [])
+    (e,) = m.outside
+    assert e.state == "ruled out" and e.rule is not None and e.rule.code == "more_gpus_than_lent"
+    assert "needs 8 GPUs" in e.rule.reason and e.scenarios == (path,)
+
+
+def test_a_rule_reuses_the_release_table_where_it_has_one_and_otherwise_cites_its_own_lines():
+    for rule in CELL_RULES["0.5.17"]:
+        if rule.rule:
+            assert rule.rule in RELEASE.rules and not rule.citation, rule.code
+        else:
+            assert re.search(r"\.py:\d+", rule.citation), rule.code
+    # A reused rule carries the release table's provenance and evidence, not a copy.
+    got = ruled_out(RELEASE, Cell("qwen3", "kv>tp/dcp", "dcp2", "triton", "graph"))
+    assert got is not None and got.evidence == RELEASE.rules["mha_dcp_kv_not_replicated"].evidence
+
+
+def test_the_first_matching_rule_wins_so_the_intrinsic_reason_comes_before_the_machines():
+    # fa3 DCP on an MHA model: no DCP path in fa3 (SGLang's code), named before fa3's missing kernels.
+    got = ruled_out(RELEASE, Cell("qwen3", "kv<=tp/dcp", "dcp2", "fa3", "eager"))
+    assert got is not None and got.code == "dcp_backend_without_dcp_path"
+    got = ruled_out(RELEASE, Cell("qwen3-moe", "kv<=tp/dcp", "pcp2-zigzag", "fa3", "eager"))
+    assert got is not None and got.code == "fa3_kernels_absent"
+    assert ruled_out(RELEASE, Cell("mla", "latent", "dcp2", "flashinfer", "graph")) is None

@@ -1,0 +1,105 @@
+"""docs/target-plan.md says only what the evidence shows (docs/decisions.md D62).
+
+Its claims are lines of two forms: `` `archive results/<scenario>/<run>: <contract> = <VERDICT>` ``
+(the archive exists, `cptest check` reproduces its verdict.json from the evidence, and the contract
+has that status) and `` `requires scenarios/qualification/<file>.cps: <contract>, ...` `` (the
+requirement scenario exists, parses and declares those contracts). CPU only: `cptest check` reads
+the archives, it runs nothing. When the archives are re-made, a claim they contradict fails here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from cptest.lang import parse_file
+from cptest.pipeline import check_archive
+from cptest.report import matrix_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "target-plan.md"
+
+ARCHIVE = re.compile(r"`archive (results/[^:`\s]+): ([a-z_]+) = ([^`]+)`")
+REQUIRES = re.compile(r"`requires (scenarios/qualification/[^:`\s]+\.cps): ([a-z_, ]+)`")
+MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "UNKNOWN"}
+
+
+def _text() -> str:
+    return DOC.read_text(encoding="utf-8")
+
+
+def claims(text: str) -> list[tuple[str, str, str]]:
+    return [(a, c, v.strip()) for a, c, v in ARCHIVE.findall(text)]
+
+
+def requirements(text: str) -> list[tuple[str, list[str]]]:
+    return [(p, [c.strip() for c in cs.split(",")]) for p, cs in REQUIRES.findall(text)]
+
+
+def sections(text: str, heading: str) -> dict[str, str]:
+    """`### ` subsections of the `## heading` section, by title."""
+    part = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return {block.split("\n", 1)[0]: block for block in part.split("\n### ")[1:]}
+
+
+def statuses(archive: Path) -> dict[str, str]:
+    """What the matrix shows for the archive, from the verdicts `cptest check` recomputes: each
+    checker's (the worst of its entries; `pass (no-go seen)` for a declared violation observed) and
+    `verdict`, the scenario's. Raises IntegrityError for a plan the archived scenario does not compile
+    to, as `cptest check` exits 3."""
+    recheck = check_archive(archive)
+    assert not recheck.differs, f"{archive}: verdict.json is not what its evidence gives now (cptest check)"
+    (row,), _ = matrix_rows([archive])
+    return {**{k: MARK.get(v, v) for k, v in row["by"].items()}, "verdict": MARK[recheck.verdict.status]}
+
+
+def test_the_plan_has_claims_of_both_kinds():
+    text = _text()
+    assert len(claims(text)) >= 10 and len(requirements(text)) >= 6
+
+
+@pytest.mark.parametrize("archive", sorted({a for a, _, _ in claims(_text())}))
+def test_every_cited_archive_exists_and_cptest_check_reproduces_what_the_plan_claims(archive: str):
+    path = ROOT / archive
+    assert (path / "verdict.json").is_file(), f"{archive} is cited by docs/target-plan.md and does not exist"
+    got = statuses(path)
+    claimed = {(c, v) for a, c, v in claims(_text()) if a == archive}
+    wrong = [f"{c}: the plan says {v}, cptest check says {got.get(c, 'not judged')}"
+             for c, v in sorted(claimed) if got.get(c) != v]
+    assert wrong == [], f"{archive}: " + "; ".join(wrong)
+
+
+@pytest.mark.parametrize("path,contracts", requirements(_text()),
+                         ids=lambda x: x if isinstance(x, str) else "")
+def test_every_requirement_is_a_qualification_scenario_that_declares_its_contracts(path: str,
+                                                                                   contracts: list[str]):
+    scenario = parse_file(ROOT / path)
+    declared = {name for name, _ in scenario.expect.entries()}
+    assert set(contracts) <= declared, f"{path} does not declare {sorted(set(contracts) - declared)}"
+    assert scenario.engine.kind == "sglang"
+
+
+def test_every_no_go_names_an_archive_and_every_combination_that_proceeds_names_requirements():
+    text = _text()
+    no_go, proceeds = sections(text, "No-go"), sections(text, "Proceeds")
+    assert no_go and proceeds
+    for title, block in no_go.items():
+        assert claims(block), f"no-go {title!r} cites no archive"
+        blocker = r": blocked by (the model|the mode|the KV-head regime|SGLang's reporting)"
+        assert re.search(blocker, title), title
+    for title, block in proceeds.items():
+        assert requirements(block), f"{title!r} proceeds without a requirement scenario"
+        for kind in ("Attention topology", "FFN row contract", "Capacity-group contract",
+                     "Generation contract"):
+            assert f"**{kind}**" in block, f"{title!r} does not state its {kind}"
+
+
+def test_a_wrong_claim_would_be_caught():
+    # The check can fail: a claim the evidence contradicts differs from what check recomputes.
+    archive = ROOT / "results/dcp2_llama_kv1/20261130T052809Z-d41830fb"
+    got = statuses(archive)
+    assert got["capacity"] == "FAIL" and got["rows"] == "PASS"
+    assert ARCHIVE.findall(f"`archive {archive.relative_to(ROOT)}: capacity = PASS`") == [
+        (str(archive.relative_to(ROOT)), "capacity", "PASS")]
