@@ -9,6 +9,7 @@ the archives, it runs nothing. When the archives are re-made, a claim they contr
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 
 from cptest.lang import parse_file
 from cptest.pipeline import check_archive
-from cptest.report import matrix_rows
+from cptest.verdict import merge
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "target-plan.md"
@@ -44,15 +45,30 @@ def sections(text: str, heading: str) -> dict[str, str]:
     return {block.split("\n", 1)[0]: block for block in part.split("\n### ")[1:]}
 
 
+def by_checker(verdicts: list[dict[str, object]]) -> dict[str, str]:
+    """Each checker's status as `cptest matrix` shows it: the worst of its entries, `pass (no-go seen)`
+    for a declared violation observed."""
+    out: dict[str, str] = {}
+    for v in verdicts:
+        checker, status = str(v["checker"]), str(v["status"])
+        out[checker] = status if checker not in out else merge([out[checker], status])
+        if v.get("expect_violation") and status == "pass":
+            out[checker] = "pass (no-go seen)"
+    return {k: MARK.get(s, s) for k, s in out.items()}
+
+
 def statuses(archive: Path) -> dict[str, str]:
-    """What the matrix shows for the archive, from the verdicts `cptest check` recomputes: each
-    checker's (the worst of its entries; `pass (no-go seen)` for a declared violation observed) and
-    `verdict`, the scenario's. Raises IntegrityError for a plan the archived scenario does not compile
-    to, as `cptest check` exits 3."""
+    """The statuses `cptest check` recomputes from the archive's evidence (each checker's, and
+    `verdict`, the scenario's), which must be those its verdict.json holds: a re-judging that flips
+    a status is caught here; figures a newer checker adds are not statuses. Raises IntegrityError for
+    a plan the archived scenario does not compile to, as `cptest check` exits 3."""
     recheck = check_archive(archive)
-    assert not recheck.differs, f"{archive}: verdict.json is not what its evidence gives now (cptest check)"
-    (row,), _ = matrix_rows([archive])
-    return {**{k: MARK.get(v, v) for k, v in row["by"].items()}, "verdict": MARK[recheck.verdict.status]}
+    fresh = json.loads(recheck.verdict.to_json())
+    stored = json.loads((archive / "verdict.json").read_text(encoding="utf-8"))
+    got = {**by_checker(fresh["verdicts"]), "verdict": MARK[fresh["status"]]}
+    kept = {**by_checker(stored["verdicts"]), "verdict": MARK[stored["status"]]}
+    assert got == kept, f"{archive}: cptest check gives {got}, verdict.json holds {kept}"
+    return got
 
 
 def test_the_plan_has_claims_of_both_kinds():
