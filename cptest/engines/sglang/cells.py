@@ -139,7 +139,8 @@ CELL_RULES_0_5_17: tuple[CellRule, ...] = (
         "(DeepSeek V3/V3.2, GLM DSA, GPT-OSS, MiMo V2, Qwen3-MoE): for dense Qwen3 the PCP flags are a "
         "silent no-op, whatever the backend",
         families=_set("qwen3"), modes=_set("pcp2-zigzag"),
-        citation="layers/cp/utils.py:42-52, 131-142; model_executor/runner/eager_runner.py:251-268",
+        citation="layers/cp/utils.py:42-52, 131-142; server_args.py:6287-6302; environ.py:314; "
+        "model_executor/runner/eager_runner.py:251-268",
         provenance="observed", evidence="results/pcp2_zigzag_qwen3_kv2/20261130T054301Z-c5e13c25",
     ),
     CellRule(
