@@ -197,6 +197,10 @@ class Workload(Node):
     """When source is "dataset": the file, resolved against the scenario file's directory."""
     timeout_s: float = 120.0
     ignore_eos: bool = True
+    fill_drain: float | None = Field(default=None, exclude_if=lambda v: v is None)
+    """`fill_drain P`: a closed loop whose concurrency the plan sizes so that the requests in flight
+    hold P of the main server's logical KV pool, one more waits at the limit, and the pool drains at
+    the end (`cptest.plan.fill_drain`, D59). None: the declared concurrency or rate."""
 
 
 class FaultSpec(BaseModel):

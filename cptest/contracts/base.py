@@ -97,6 +97,11 @@ class EngineFacts:
     sigterm_exit_statuses: frozenset[int] | None = None
     rank_kill_exit_statuses: frozenset[int] | None = None
     kv_heads_rule: KvHeadsRule = "attn_tp"
+    max_total_tokens_per_rank: bool = True
+    """`--max-total-tokens` caps each rank's pool rows and the logical capacity is rows x dcp (SGLang
+    0.5.17, docs/sglang.md §4.2: 65,536 rows per rank and 131,072 slots at TP2/DCP2); False: the flag
+    is the logical capacity itself (the reference engine, `cptest.reference.server.pool_rows`). What a
+    `fill_drain` workload is sized from (`cptest.plan.fill_drain`)."""
 
 
 @dataclass(frozen=True)
@@ -129,8 +134,9 @@ class Contract(Generic[E, P]):
     repeatable: bool = False
     """A scenario may declare it more than once (graph: once per phase; log: any number)."""
     needs_eager: bool = False
-    """Its evidence is per-step records, which Python hooks only write on eager forwards (hooks
-    do not fire on CUDA-graph replay): the plan disables every graph phase (docs/decisions.md D8)."""
+    """Its evidence can only come from eager forwards: the plan disables every graph phase
+    (docs/decisions.md D8). No contract needs it since the probe records replays (D58); the flag
+    stays for one whose evidence a replay cannot give at all."""
 
 
 # ------------------------------------------------------------------------------------ validation

@@ -588,4 +588,6 @@ def _how(graph_rows: int | None) -> str:
     return "eagerly" if graph_rows is None else f"as a CUDA-graph replay of {graph_rows} rows"
 
 
-CONTRACT = Contract(NAME, RowsExpect, RowsParams, resolve, check, needs_eager=True)
+# Not `needs_eager` since D58: replayed steps are recorded, so the plan leaves the scenario's graph
+# mode as declared; what a replay hides (the owner mask) is unknown here, never assumed.
+CONTRACT = Contract(NAME, RowsExpect, RowsParams, resolve, check)

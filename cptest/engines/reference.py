@@ -49,7 +49,7 @@ class ReferenceEngine:
 
     def facts(self) -> EngineFacts:
         # No documented exit statuses: the shutdown contract checks them only when declared.
-        return EngineFacts(release=self.release, log_patterns=LOG_PATTERNS)
+        return EngineFacts(release=self.release, log_patterns=LOG_PATTERNS, max_total_tokens_per_rank=False)
 
     def admission(self, scenario: Scenario) -> None:
         return None  # what it refuses, it refuses at launch (reference/layout.reference_problems)

@@ -30,7 +30,7 @@ BLOCK_KEYS: dict[str, tuple[str, ...]] = {
     "baseline": ("gpus", "tp", "dcp", "attn_cp", "attn_dp", "prefill_cp", "cp_strategy"),
     "workload": (
         "requests", "concurrency", "rate", "seed", "prompt_tokens", "output_tokens", "sampling",
-        "logprobs", "source", "timeout", "ignore_eos",
+        "logprobs", "source", "timeout", "ignore_eos", "fill_drain",
     ),
     "sampling": ("temperature", "top_p", "top_k", "seed"),
     "expect": (
@@ -154,6 +154,7 @@ SETTINGS: dict[str, dict[str, Setting]] = {
         "logprobs": Setting("bool", "logprobs"),
         "timeout": Setting("duration", "timeout_s", min=0.0, min_exclusive=True, max=MAX_TIMEOUT_S),
         "ignore_eos": Setting("bool", "ignore_eos"),
+        "fill_drain": Setting("float", "fill_drain", min=0.0, min_exclusive=True, max=1.0),
     },
     "sampling": {
         "temperature": Setting("float", "temperature", min=0.0, max=1e6),

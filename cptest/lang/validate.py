@@ -884,9 +884,24 @@ def _workload(v: _Values, where: Span) -> Workload | None:
             hint="closed loop: concurrency N; open loop: rate R (requests per second)",
         )
         ok = False
-    elif not conc and not rate:
+    elif not conc and not rate and not v.stmt("workload", "fill_drain"):
         v.p.add(opener.span, "workload needs concurrency (closed loop) or rate (open loop)")
         ok = False
+    fill = v.stmt("workload", "fill_drain")
+    overridden = 0
+    if fill and (conc or rate):
+        other = conc or rate
+        assert other is not None
+        if other is conc and conc.span.file != where.file and fill.span.file == where.file:
+            # An extends file's concurrency gives way to the scenario's fill_drain (the extending file
+            # wins, as everywhere in a chain); written beside it, or against an inherited fill_drain,
+            # it is a contradiction.
+            values.pop("concurrency", None)
+            overridden = 1
+        else:
+            v.p.add(fill.span, "fill_drain sets the workload's concurrency itself (from the KV pool's size)",
+                    hint=f"remove {'concurrency' if other is conc else 'rate'}")
+            ok = False
     samp = v.stmt("workload", "sampling")
     if samp is not None:
         mode = str(samp.value)
@@ -925,7 +940,7 @@ def _workload(v: _Values, where: Span) -> Workload | None:
         else:
             v.p.add(src.span, "invalid source", expected='source synthetic or source dataset "path.jsonl"')
         spans["source"] = src.span
-    if not ok or len(values) < len(
+    if not ok or len(values) + overridden < len(
         [k for (b, k) in v.one if b == "workload" and k not in ("sampling", "source")]
     ):
         return None

@@ -24,6 +24,7 @@ from cptest.lang import safety
 from cptest.lang.safety import MACHINE_ENV
 from cptest.lang.tables import DEFAULT_DEADLINE_S, MAX_PLAN_TOKENS
 from cptest.paths import MODELS, SCENARIO
+from cptest.plan import fill_drain
 from cptest.plan.model import (
     FaultPlan,
     LayoutContracts,
@@ -107,6 +108,8 @@ def plan(scenario: Scenario, *, placement: Placement | None = None) -> Plan:
     workload = _workload(scenario, problems)
     faults = _faults(scenario, main, problems)
     facts = engine.facts()
+    if workload is not None and scenario.workload.fill_drain is not None:
+        workload = fill_drain.sized(scenario, facts, workload, problems)
     expectations = _expectations(scenario, engine.name, facts)
     control = None
     gen = next((e for e in expectations if isinstance(e, GenerationParams)), None)

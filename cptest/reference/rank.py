@@ -346,7 +346,7 @@ class _Leader:
     def loop(self) -> None:
         self.conn.send([("ready", self.sched.capacity)])
         while True:
-            if self.sched.idle():
+            if self.sched.idle() and self.released:
                 self._drained()
             self._receive(block=self.sched.idle())
             if self.stopping and self.sched.idle():
@@ -359,12 +359,13 @@ class _Leader:
             self._run(batch.extend, batch.requests)
 
     def _drained(self) -> None:
-        """Nothing running or waiting: the leader's drained sample, and the other ranks learn of the
-        last releases (a message without a forward), so theirs is written too."""
+        """The last requests were released and nothing waits: the leader's drained sample, and the
+        other ranks learn of the releases (a message without a forward), so theirs is written at the
+        same iteration. Every rank samples at exactly these points and before each step, so their
+        samplers see the same sequence (`PoolSampler` decides from it alone)."""
         self._sample()
-        if self.released:
-            _broadcast({"pool_only": True, "step": self.step_no, "released": self._take_released(),
-                        "waiting": 0}, self.args.degrees.tp)
+        _broadcast({"pool_only": True, "step": self.step_no, "released": self._take_released(),
+                    "waiting": 0}, self.args.degrees.tp)
 
     def _take_released(self) -> list[str]:
         out, self.released = self.released, []

@@ -176,7 +176,8 @@ def _capacity(s: Section, role: Any) -> None:
         s.notes.append("K/V rows held after each forward step, estimated from the probe's writes: a request "
                        "holds its rows from its first step to its last (frees and the radix cache are not "
                        "recorded). A DCP group's line is the sum of its ranks, against its logical token "
-                       "space.")
+                       "space. Lines marked 'pool samples' are measured: the tokens each rank's allocator "
+                       "had in use at its scheduler's iterations, in the logical token space (D59).")
 
 
 def _latency(s: Section, archive: Archive | None, absent: str | None) -> None:

@@ -99,7 +99,8 @@ def capacity(ev: RoleEvidence) -> Capacity | str:
         return "no KvPool or Capacity record from any rank and no max_total_num_tokens in /server_info"
     held = _held(ev)
     if isinstance(held, str):
-        return Capacity(ranks, tokens, timeline_absent=held)
+        measured = _measured(ev)
+        return Capacity(ranks, tokens, measured, timeline_absent=None if measured else held)
     pools = {r.world: r.pool_rows for r in ranks}
     lines = [Timeline(f"rank {w}", s, h, pools.get(w)) for w, (s, h) in sorted(held.items())]
     dcp_groups, _ = groups(ev, "dcp")
@@ -112,7 +113,15 @@ def capacity(ev: RoleEvidence) -> Capacity | str:
                 total[s] += h
         limit = next((r.allocator_size or r.max_total_num_tokens for r in ranks if r.world == g[0]), None)
         lines.append(Timeline(f"DCP group {g}", sorted(total), [total[s] for s in sorted(total)], limit))
-    return Capacity(ranks, tokens, lines)
+    return Capacity(ranks, tokens, lines + _measured(ev))
+
+
+def _measured(ev: RoleEvidence) -> list[Timeline]:
+    """Tokens in use as each rank's pool samples measured them (D59): the allocator's own count, in
+    its logical token space: handed out and not evictable by the radix cache."""
+    return [Timeline(f"rank {w} in use (pool samples)", [s.step for s in r.pool_samples],
+                     [s.used for s in r.pool_samples], r.pool_samples[-1].total)
+            for w, r in sorted(ev.ranks.items()) if r.pool_samples]
 
 
 def _held(ev: RoleEvidence) -> dict[int, tuple[list[int], list[int]]] | str:

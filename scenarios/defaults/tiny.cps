@@ -8,8 +8,13 @@ defaults {
     # fa3 is stripped on the GPU machine; triton is also the MHA backend with a DCP path
     # (docs/sglang.md §3.1).
     attention_backend triton
-    # Python hooks do not fire on CUDA-graph replay (§7): per-step row evidence needs eager decode.
+    # Eager decode: every step's inside (attention / MLP rows, the KV write and its DCP owner mask)
+    # is observed only in eager forwards; a replay's record has its rows and positions only (D58).
+    # Scenarios that qualify graphs say `cuda_graph_decode full`.
     cuda_graph_decode disabled
+    # Prefill graphs off, as the plan set them while row evidence forced eager runs (before D58):
+    # SGLang's default prefill graph would change the TP-only baselines' forwards.
+    cuda_graph_prefill disabled
     max_total_tokens 65536
     mem_fraction 0.3
     sampling_backend pytorch

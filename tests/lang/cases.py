@@ -251,13 +251,6 @@ BAD: list[tuple[str, int, str, str, str]] = [
     ),
     ("shutdown_within_without_unit", 7, "  expect { shutdown within 30 }", "7:12", "needs a duration"),
     (
-        "rows_with_decode_graphs_captured",
-        7,
-        "  expect { rows replicated graph decode captured }",
-        "7:28",
-        "the rows expectation needs eager decode",
-    ),
-    (
         "kv_owner_zero",
         7,
         "  expect { rows kv_owner position % 0 }",

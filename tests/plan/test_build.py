@@ -135,29 +135,29 @@ def test_tp_only_scenario_argv_has_no_dcp_size():
     assert "--dcp-size" not in _plan_of(text).main.nodes[0].argv
 
 
-def test_rows_expectation_disables_cuda_graphs_in_every_phase():
+def test_rows_expectation_leaves_the_graph_mode_as_served():
+    # Replayed steps are recorded since D58: row evidence no longer forces an eager run, so the
+    # serve block's graph modes reach the argv unchanged, and nothing is overridden.
     p = _plan_of(BASE)
     argv = p.main.nodes[0].argv
-    assert p.main.eager
-    assert argv[argv.index("--cuda-graph-backend-decode") + 1] == "disabled"
-    assert argv[argv.index("--cuda-graph-backend-prefill") + 1] == "disabled"
+    assert not p.main.eager and p.contracts.eager is None
+    assert "--cuda-graph-backend-prefill" not in argv
 
 
-def test_without_rows_expectation_the_server_is_not_forced_eager():
-    p = _plan_of(BASE.replace(" rows kv_owner position % 2", ""))
-    assert not p.main.eager
-    assert "--cuda-graph-backend-prefill" not in p.main.nodes[0].argv
+def test_rows_and_decode_graphs_captured_may_be_expected_together():
+    # Refused before D58 ("the rows expectation needs eager decode"): replays are recorded now.
+    text = BASE.replace("rows kv_owner position % 2", "rows replicated graph decode captured").replace(
+        "tp 2 dcp 2", "tp 2")
+    p = _plan_of(text)
+    assert [e.kind for e in p.expectations].count("rows") == 1 and not p.main.eager
 
 
-def test_rows_expectation_overrides_a_served_graph_mode_and_says_why():
-    # The parser rejects expecting decode graphs captured beside rows; a graph mode in `serve` is
-    # overridden by the plan, which records the reason in contracts.eager.
+def test_a_served_decode_graph_mode_reaches_the_argv_beside_rows():
     scenario = parse_text(BASE, "t.cps")
     serve = scenario.serve.model_copy(update={"cuda_graph_decode": "full"})
     p = plan(scenario.model_copy(update={"serve": serve}))
     argv = p.main.nodes[0].argv
-    assert p.main.eager and "rows" in (p.contracts.eager or "")
-    assert argv[argv.index("--cuda-graph-backend-decode") + 1] == "disabled"
+    assert argv[argv.index("--cuda-graph-backend-decode") + 1] == "full"
     assert argv.count("--cuda-graph-backend-decode") == 1
 
 

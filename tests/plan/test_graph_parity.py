@@ -3,6 +3,7 @@ cannot compare graphs with eager refused at the statement."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -87,7 +88,13 @@ def test_an_undeclared_decode_graph_mode_is_refused() -> None:
     assert "cuda_graph_decode is not declared" in message
 
 
-def test_a_contract_that_needs_eager_forwards_is_refused_with_graph_parity() -> None:
+def test_a_contract_that_needs_eager_forwards_is_refused_with_graph_parity(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # No contract needs eager forwards since the probe records replays (D58): a stand-in for one that
+    # would (the refusal must still come at the statement, naming the contract).
+    from cptest.contracts import CONTRACTS
+
+    monkeypatch.setitem(CONTRACTS, "rows", dataclasses.replace(CONTRACTS["rows"], needs_eager=True))
     text = BASE.replace("    graph parity", "    rows kv_owner position % 2\n    graph parity")
     with pytest.raises(PlanError) as err:
         _plan_of(text)
@@ -95,6 +102,11 @@ def test_a_contract_that_needs_eager_forwards_is_refused_with_graph_parity() -> 
     assert problem.span is not None and problem.span.line == 11
     assert "needs the main server to run decode CUDA graphs, but rows evidence needs per-step records" in \
         problem.message
+
+
+def test_row_evidence_and_graph_parity_go_together_since_replays_are_recorded() -> None:
+    p = _plan_of(BASE.replace("    graph parity", "    rows kv_owner position % 2\n    graph parity"))
+    assert p.eager is not None and not p.main.eager
 
 
 def test_bounds_without_a_baseline_are_refused_and_free_running_alone_is_not() -> None:
@@ -109,7 +121,10 @@ def test_bounds_without_a_baseline_are_refused_and_free_running_alone_is_not() -
 def test_the_qualification_scenario_plans_graphs_on_main_and_an_eager_twin() -> None:
     p = plan(parse_file(QUALIFICATION))
     assert p.eager is not None and p.control is not None and p.baseline is not None
-    assert _graph_flags(p.main.nodes[0].argv) == {"--cuda-graph-backend-decode": "full"}
+    # prefill graphs stay off as the suite's defaults declare them (defaults/tiny.cps; SGLang
+    # disables them under DCP anyway)
+    assert _graph_flags(p.main.nodes[0].argv) == {"--cuda-graph-backend-decode": "full",
+                                                  "--cuda-graph-backend-prefill": "disabled"}
     assert _graph_flags(p.eager.nodes[0].argv)["--cuda-graph-backend-decode"] == "disabled"
     graph = next(e for e in p.expectations if e.kind == "graph")
     assert graph.violated_on == "reference" and not graph.expect_violation  # must hold on SGLang
