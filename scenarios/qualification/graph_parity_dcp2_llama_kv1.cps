@@ -30,8 +30,8 @@ scenario graph_parity_dcp2_llama_kv1 {
   }
   serve {
     # Decode graphs on the main server (docs/sglang.md §7: they stay on with DCP); the eager twin
-    # gets every phase disabled from the plan. No per-step row contract here: hooks do not fire on
-    # graph replay.
+    # gets every phase disabled from the plan. No row contract here: the KV positions written inside
+    # a replay cannot be judged (D58), so `rows kv_owner` would be unknown.
     cuda_graph_decode full
   }
   baseline {
