@@ -103,15 +103,24 @@ def check(evidence: Evidence, p: RowsParams) -> Verdict:
             missing_ranks=absent,
         )
     if not any(r.steps for r in ev.ranks.values()):
-        return unknown(
-            NAME,
-            f"no Step records from any rank of {role}: the probe saw no forward step",
-        )
+        return unknown(NAME, f"no Step records from any rank of {role}: {_why_no_steps(ev)}")
     if p.mode == "dcp_owner":
         return _dcp_owner(ev, p.dcp, p.interleave)
     if p.mode == "pcp_split":
         return _pcp_split(ev, p.cp, p.strategy or "zigzag", p.ffn)
     return _replicated(ev)
+
+
+REPLAYS_RECORDED_SINCE = 5
+"""The evidence schema from which the probe records CUDA-graph replays as steps (D58)."""
+
+
+def _why_no_steps(ev: RoleEvidence) -> str:
+    """An older probe wrote no step for a replay; a current one writes every forward it sees."""
+    versions = [g.v for r in ev.ranks.values() for g in r.geometry]
+    if versions and max(versions) < REPLAYS_RECORDED_SINCE:
+        return "per-step hooks do not fire on CUDA-graph replay; plan an eager run for row evidence"
+    return "the probe saw no forward step"
 
 
 def _truncated(ev: RoleEvidence, ranks: list[int]) -> list[int]:
@@ -287,9 +296,10 @@ def _dcp_owner(ev: RoleEvidence, dcp: int, inter: int) -> Verdict:
         "requests": n_requests,
         "positions": n_positions,
         "tail_checked": tail_checked,
-        "replayed_steps": replayed_steps,
-        "unobserved_positions": unobserved_total,
-        "padding_rows": padding,
+        # only where a replay was seen: an eager run's verdict stays what it was (archived verdicts
+        # are compared whole by `cptest check`)
+        **({"replayed_steps": replayed_steps, "unobserved_positions": unobserved_total,
+            "padding_rows": padding} if replayed_steps else {}),
     }
     ok = f"{n_positions} K/V positions of {n_requests} request(s) each written once, by rank p % {dcp}" + (
         f" (interleave {inter})" if inter != 1 else ""
@@ -575,8 +585,7 @@ def _replicated(ev: RoleEvidence) -> Verdict:
         "groups_from": source,
         "steps": n_steps,
         "rows": n_rows,
-        "replayed_steps": replayed_steps,
-        "padding_rows": padding,
+        **({"replayed_steps": replayed_steps, "padding_rows": padding} if replayed_steps else {}),
     }
     ok = f"{n_rows} rows in {n_steps} step(s) seen by every rank of each TP group"
     if replayed_steps:
