@@ -51,7 +51,7 @@ def sized(scenario: Scenario, facts: EngineFacts, workload: WorkloadPlan,
     budget = math.ceil((int(w.prompt_tokens.n or 0) + int(w.output_tokens.n or 0)) / block) * block
     fit = cap // budget
     k = math.ceil(peak * cap / budget)
-    if k > fit:
+    if fit < 1 or k > fit:  # fit 0: a pool smaller than one request (max_total_tokens under a page)
         share = fit * budget / cap
         hint = ""
         if fit >= 1:

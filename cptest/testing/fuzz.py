@@ -95,6 +95,7 @@ ENVS = ["SGLANG_ENABLE_CP_V2", "PYTHONPATH", "LD_PRELOAD", "NCCL_NVLS_ENABLE", "
 EXPECTS = [
     "launch accepted", 'launch rejected matching {s}', "rows replicated", "rows kv_owner position % {i}",
     "rows split {w} ffn {w}", "capacity logical == {i} * physical within {f}",
+    "capacity transitions peak >= {f} together within {i}",
     "generation logprob p99 <= {f} * control topk {i} agree >= {f} vs baseline",
     "generation free_running topk {i} vs baseline", "generation tokens_agree >= {f} vs baseline",
     "graph {w} {w}", "serving all_complete", "serving completed >= {i} of {i}",
@@ -133,11 +134,13 @@ _TOPOLOGY = {"gpus": _small, "tp": _small, "dcp": _small, "attn_cp": _small, "pp
              "cp_strategy": st.sampled_from(["zigzag", "interleave"])}
 _WORKLOAD = {"requests": st.sampled_from(["1", "4", "16"]), "concurrency": st.sampled_from(["1", "4"]),
              "prompt_tokens": st.sampled_from(["8", "uniform(4, 64)", "choice(4, 16)"]),
-             "output_tokens": st.sampled_from(["4", "8"]), "timeout": st.sampled_from(["30s", "2m"])}
+             "output_tokens": st.sampled_from(["4", "8"]), "timeout": st.sampled_from(["30s", "2m"]),
+             "fill_drain": st.sampled_from(["0.95", "0.5"])}
 
 
 VALID_EXPECTS = ["launch accepted", 'launch rejected matching "rejected|error"', "rows replicated",
                  "rows kv_owner position % 2", "capacity logical == 2 * physical within 0.01",
+                 "capacity transitions peak >= 0.9",
                  "generation logprob p99 <= 4 * control topk 5 agree >= 0.9 vs baseline",
                  "generation free_running topk 5 vs baseline", "graph decode disabled",
                  "serving all_complete",

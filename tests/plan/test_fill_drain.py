@@ -52,6 +52,8 @@ def test_budgets_round_up_to_whole_allocator_pages() -> None:
     ({"prompt": "3000"},
      "requests of 3016 tokens cannot hold 0.95 of the 8192-token KV pool: 2 fit, 0.736 of it"),
     ({"requests": 8}, "fill_drain needs at least 32 requests: 31 hold 0.95 of the 8192-token pool"),
+    ({"serve": "max_total_tokens 100"}, "requests of 256 tokens cannot hold 0.95 of the 200-token KV pool: "
+                                        "0 fit, 0.000 of it"),
 ])
 def test_what_the_plan_cannot_size_is_a_plan_error_at_the_workload(kw: dict, message: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(PlanError) as err:
