@@ -395,11 +395,47 @@ def _rank(subject: str, ka: RankEvidence | None, kb: RankEvidence | None, tol: T
         out.append(DiffEntry(subject, None, "geometry groups", ga, gb, False, "process groups are exact"))
     oa, ob = _kv_owned(ka), _kv_owned(kb)
     if oa != ob:
-        only_a, only_b = sum((oa - ob).values()), sum((ob - oa).values())
-        out.append(DiffEntry(subject, None, "kv_written", _owned_summary(oa), _owned_summary(ob), False,
-                             f"K/V positions written per request are exact: {only_a} request(s)' positions "
-                             f"only in a, {only_b} only in b"))
+        only_a, only_b, trailing = _unpaired(oa - ob, ob - oa)
+        if only_a or only_b:
+            more = f" ({trailing} more differ by one trailing position)" if trailing else ""
+            out.append(DiffEntry(subject, None, "kv_written", _owned_summary(oa), _owned_summary(ob), False,
+                                 f"K/V positions written per request are exact: {only_a} request(s)' "
+                                 f"positions only in a, {only_b} only in b{more}"))
+        else:
+            out.append(DiffEntry(subject, None, "kv_written", _owned_summary(oa), _owned_summary(ob), True,
+                                 f"{trailing} request(s) differ by one trailing position only: a decode step "
+                                 "the overlap scheduler ran past a finished request's end, as timing had it "
+                                 "(the rows contract accepts either end); every other position is exact",
+                                 "tolerance"))
     return out
+
+
+def _unpaired(ra: Counter[tuple[tuple[int, int], ...]],
+              rb: Counter[tuple[tuple[int, int], ...]]) -> tuple[int, int, int]:
+    """(requests only in a, only in b, pairs that differ by one trailing position) of the requests
+    the exact match left. SGLang's overlap scheduler may run one decode step past a request's last
+    needed position (results/_measure/run16: 15 of 65 requests of a rerun); a rank that owns that
+    position writes it. A pair differs that way when one side's positions are the other's plus one
+    position past all of them."""
+    b_left = list(rb.elements())
+    only_a = trailing = 0
+    for x in ra.elements():
+        hit = next((i for i, y in enumerate(b_left) if _one_past(x, y) or _one_past(y, x)), None)
+        if hit is None:
+            only_a += 1
+        else:
+            trailing += 1
+            del b_left[hit]
+    return only_a, len(b_left), trailing
+
+
+def _one_past(short: tuple[tuple[int, int], ...], long: tuple[tuple[int, int], ...]) -> bool:
+    """`long` is `short` and one more position after all of `short`'s."""
+    if ranges_len(list(long)) != ranges_len(list(short)) + 1 or not long:
+        return False
+    a, b = long[-1]
+    trimmed = list(long[:-1]) + ([(a, b - 1)] if b - 1 > a else [])
+    return tuple(trimmed) == short
 
 
 def _kv_owned(rank: RankEvidence) -> Counter[tuple[tuple[int, int], ...]]:
