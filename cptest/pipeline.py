@@ -182,14 +182,31 @@ def prepare(path: Path, *, engine: str | None = None, gpu_present: bool,
     findings = tuple(lint(scenario)) if choice.engine == "sglang" else ()
     read = archived_reader(path.parent) if archived else read_path
     includes = {}
+    texts = {str(path): text}
     for inc in scenario.includes:
         name, included = include_name(Path(inc), path), read(inc)
         includes[name] = included
-        if name.startswith(f"{store.INCLUDES}/{UP}/"):
-            # Outside the scenario's folder it may have been named by an absolute path, which the
-            # archived scenario resolves to itself, not relative to the archive: kept by that too.
-            includes[_absolute_include(inc)] = included
+        texts[inc] = included
+    for inc in _named_absolutely(texts):
+        # An extends named by an absolute path resolves to that path, not relative to the archive:
+        # kept there too (`archived_reader`). Only then: an `includes/@abs/` copy of every file above
+        # the scenario's folder named this machine's directories in every archive of the
+        # qualification scenarios (`extends "../defaults/tiny.cps"`; results/_measure run16).
+        if inc in texts:
+            includes[_absolute_include(inc)] = texts[inc]
     return Prepared(scenario, planned, choice.engine, choice.notes, findings, includes, text)
+
+
+def _named_absolutely(texts: dict[str, str]) -> set[str]:
+    """The extends targets that one of the chain's files names by an absolute path."""
+    from cptest.lang.syntax import read_doc
+
+    out = set()
+    for name, text in texts.items():
+        for stmt in read_doc(text, name).stmts:
+            if stmt.block == "" and stmt.key == "extends" and os.path.isabs(str(stmt.value)):
+                out.add(os.path.normpath(str(stmt.value)))
+    return out
 
 
 def runnable(prepared: Prepared, *, gpu_present: bool, ignore_lint: bool) -> None:

@@ -68,3 +68,25 @@ def test_include_names_never_leave_the_includes_folder(tmp_path: Path) -> None:
     for inc in ("x.cps", "../../x.cps", "logs/main-node0.log", "./a/../b.cps"):
         name = pipeline.include_name(tmp_path / "suite" / inc, scenario)
         assert name.startswith("includes/") and ".." not in Path(name).parts
+
+
+def _prepared_includes(tmp_path: Path, extends: str) -> dict[str, str]:
+    suite = tmp_path / "suite" / "qualification"
+    suite.mkdir(parents=True)
+    (tmp_path / "suite" / "common.cps").write_text(TINY)
+    (suite / "s.cps").write_text(SCENARIO.replace('"defaults/tiny.cps"', f'"{extends}"'))
+    return pipeline.prepare(suite / "s.cps", gpu_present=False).includes
+
+
+def test_an_extends_above_the_scenario_names_no_directory_of_this_machine(tmp_path: Path) -> None:
+    """Every qualification scenario extends "../defaults/tiny.cps": its archive kept a second copy
+    under includes/@abs/<this machine's path> until a GPU rerun showed it (results/_measure run16)."""
+    includes = _prepared_includes(tmp_path, "../common.cps")
+    assert list(includes) == ["includes/@up/common.cps"]
+    assert not any(str(tmp_path).lstrip("/") in name for name in includes)
+
+
+def test_an_extends_named_by_an_absolute_path_is_kept_by_that_path(tmp_path: Path) -> None:
+    target = tmp_path / "suite" / "common.cps"
+    includes = _prepared_includes(tmp_path, target.as_posix())
+    assert "includes/@abs/" + target.as_posix().lstrip("/") in includes
