@@ -86,4 +86,8 @@ if [ -n "$ARCHIVE" ] && [ "$(left)" -gt 150 ]; then
 else
   say "no time left for the rerun ($(left) s)"
 fi
+say "absolute paths of this machine in the archives' own files (logs are SGLang's words, D43)"
+grep -rlE "$PWD|/tmp/replay|/opt/cpt" --exclude-dir=logs "$WORK/results" "$WORK/elsewhere/checkout/.cptest/runs" \
+  2>/dev/null | sed "s|$WORK/||" > "$OUT/absolute-paths.txt"
+echo "$(wc -l < "$OUT/absolute-paths.txt") file(s) name one" | tee -a "$LOG"
 say "done"
