@@ -104,16 +104,7 @@ def forced(side: Iterable[Score], baseline: Iterable[Score], ks: Sequence[int]) 
             fig.mismatched.append(s.index)
             continue
         fig.requests += 1
-        mine: list[float] = []
-        n = min(len(s.token_logprobs), len(o.token_logprobs))
-        for j in range(n):
-            a, c = s.token_logprobs[j], o.token_logprobs[j]
-            if math.isnan(a) or math.isnan(c):
-                continue
-            mine.append(abs(a - c))
-            fig.largest = max(fig.largest, abs(a), abs(c))
-        fig.positions += len(mine)
-        fig.deltas.extend(mine)
+        mine = _abs_deltas(fig, zip(s.token_logprobs, o.token_logprobs, strict=False))  # the shorter decides
         row: dict[str, Any] = {"index": s.index, "positions": len(mine)}
         if mine:
             srt = sorted(mine)
@@ -206,6 +197,20 @@ def free_running(
     return fr
 
 
+def _abs_deltas(fig: ForcedFigures, pairs: Iterable[tuple[float, float]]) -> list[float]:
+    """|Δlogprob| of each pair where both sides have a logprob (NaN: SGLang sent none), added to
+    `fig`'s positions and deltas, its largest |logprob| widened (the float32 ulp scale)."""
+    mine: list[float] = []
+    for a, c in pairs:
+        if math.isnan(a) or math.isnan(c):
+            continue
+        mine.append(abs(a - c))
+        fig.largest = max(fig.largest, abs(a), abs(c))
+    fig.positions += len(mine)
+    fig.deltas.extend(mine)
+    return mine
+
+
 def decode_prefix(side: Iterable[RequestResult], other: Iterable[RequestResult]) -> ForcedFigures:
     """|Δlogprob| of the free-running outputs along each pair's common greedy prefix, past its first
     token: the positions where both sides had the same history and computed the token's logprob in
@@ -221,15 +226,7 @@ def decode_prefix(side: Iterable[RequestResult], other: Iterable[RequestResult])
         while k < n and r.output_ids[k] == o.output_ids[k]:
             k += 1
         fig.requests += 1
-        mine = []
-        for j in range(1, k):
-            a, c = r.output_logprobs[j], o.output_logprobs[j]
-            if math.isnan(a) or math.isnan(c):
-                continue
-            mine.append(abs(a - c))
-            fig.largest = max(fig.largest, abs(a), abs(c))
-        fig.positions += len(mine)
-        fig.deltas.extend(mine)
+        mine = _abs_deltas(fig, zip(r.output_logprobs[1:k], o.output_logprobs[1:k], strict=True))
         row: dict[str, Any] = {"index": r.index, "positions": len(mine), "prefix": k}
         if mine:
             srt = sorted(mine)

@@ -12,23 +12,14 @@ from cptest.errors import PlanError
 from cptest.lang import parse_file, parse_text
 from cptest.plan import plan
 from cptest.plan.model import BASELINE_PORT, Plan
+from tests.lang.test_graph_parity import TEXT
 
 ROOT = Path(__file__).resolve().parents[2]
 QUALIFICATION = ROOT / "scenarios" / "qualification" / "graph_parity_dcp2_llama_kv1.cps"
 
-BASE = """cptest 1
-scenario t {
-  engine sglang "0.5.17"
-  model synthetic llama { layers 2 hidden 64 heads 4 kv_heads 1 head_dim 16 vocab 128 intermediate 128 }
-  topology { gpus 2 tp 2 dcp 2 }
-  serve { cuda_graph_decode full }
-  baseline { tp 2 }
-  workload { requests 4 concurrency 2 prompt_tokens 16 output_tokens 4 }
-  expect {
-    graph parity vs eager logprob p99 <= 4 * control free_running topk 5
-  }
-}
-"""
+# The language test's scenario, with one graph parity statement (line 10) and nothing else expected.
+BASE = TEXT.replace("    graph prefill eager\n", "").replace(
+    "{clauses}", "logprob p99 <= 4 * control free_running topk 5")
 """Line 6: serve; line 7: baseline; line 10: the graph parity statement."""
 
 
