@@ -56,9 +56,16 @@ TINY: dict[str, SyntheticGeometry] = {
     "qwen3-kv2": _tiny("qwen3", 2, 7),
     "deepseek-mla": _tiny("deepseek_mla", 8, 4321, head_dim=None, kv_lora_rank=64, q_lora_rank=128,
                           qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32),
+    # The qualification scenarios' (scenarios/qualification/): Qwen3 in the kv_heads <= tp/dcp
+    # regime, and MLA with DeepSeek's latent sizes, which FlashInfer's and FlashMLA's MLA kernels
+    # require (kv_lora 512, rope 64; the 64/16 model above runs on triton only).
+    "qwen3-kv1": _tiny("qwen3", 1, 7),
+    "deepseek-mla-512": _tiny("deepseek_mla", 8, 4321, head_dim=None, kv_lora_rank=512, q_lora_rank=128,
+                              qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
 }
-"""The suite's tiny models by name (the names tools/make-tiny-models used): hidden 256, 4 layers,
-8 heads of 64, vocab 4096, intermediate 512; MLA with kv_lora 64, q_lora 128, nope 32, rope 16, v 32."""
+"""The suite's tiny models by name (the first five are the names tools/make-tiny-models used):
+hidden 256, 4 layers, 8 heads of 64, vocab 4096, intermediate 512; MLA with kv_lora 64, q_lora 128,
+nope 32, rope 16, v 32, or (`deepseek-mla-512`) kv_lora 512, q_lora 128, nope 128, rope 64, v 128."""
 
 
 def make_named(name: str, store: Path) -> tuple[Path, str]:
