@@ -555,8 +555,7 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
                             "padded size (decode_cuda_graph_runner.bs); its step is not recorded")
             probe.recycle(draft)
             return
-        draft.graph_rows = rows
-        draft.kv_mask_pending = draft.zigzag_pending = None
+        draft.graph_rows = rows  # no inner hook fired: no mask or zigzag tensor is pending
     else:
         probe.count_graph("eager", phase)
     pos_t = getattr(fb, "positions", None)
