@@ -67,7 +67,7 @@ class SyntheticGeometry(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    architecture: Literal["llama", "qwen3", "deepseek_mla"] | None = None
+    architecture: Literal["llama", "qwen3", "qwen3_moe", "deepseek_mla"] | None = None
     layers: int | None = None
     hidden: int | None = None
     heads: int | None = None
@@ -81,6 +81,14 @@ class SyntheticGeometry(BaseModel):
     qk_nope_head_dim: int | None = None
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
+    experts: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    """qwen3_moe only: routed experts per layer (HF `num_experts`). This and the two below are absent
+    from the dump when unset, so that every other geometry keeps its store name and every scenario
+    written before them its hash (D64)."""
+    experts_per_tok: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    """qwen3_moe only: experts each token is routed to (HF `num_experts_per_tok`)."""
+    moe_intermediate: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    """qwen3_moe only: each expert's intermediate size (HF `moe_intermediate_size`)."""
 
     def store_name(self) -> str:
         """The checkpoint's name in the model store: its architecture and a key over everything that

@@ -20,6 +20,7 @@ BLOCK_KEYS: dict[str, tuple[str, ...]] = {
     "model": (
         "layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "intermediate", "seed",
         "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+        "experts", "experts_per_tok", "moe_intermediate",
     ),
     "facts": ("architecture", "layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "mla"),
     "topology": ("gpus", "nodes", "tp", "dcp", "attn_cp", "attn_dp", "pp", "prefill_cp", "cp_strategy"),
@@ -175,10 +176,13 @@ MODEL_KINDS = ("local", "hub", "synthetic")
 SYNTHETIC_ARCHITECTURES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
     "deepseek_mla": "DeepseekV3ForCausalLM",
 }
 """Synthetic architecture -> HF class name (the names .tiny-models/*/config.json use)."""
 MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+MOE_KEYS = ("experts", "experts_per_tok", "moe_intermediate")
+"""The geometry keys of `qwen3_moe` only (every layer a sparse MoE block, D64)."""
 FAULT_ACTIONS = ("kill", "stop", "cont", "sigterm", "sigint")
 SERVER_ONLY_ACTIONS = ("sigterm", "sigint")
 DIST_FUNCS = ("uniform", "choice")

@@ -586,8 +586,10 @@ def _model(v: _Values, where: Span, chain: _Chain) -> Model | None:
             return None
         arch = str(arg)
         is_mla = arch == "deepseek_mla"
+        is_moe = arch == "qwen3_moe"
         required = ["layers", "hidden", "heads", "kv_heads", "vocab", "intermediate"]
         required += list(T.MLA_KEYS) if is_mla else ["head_dim"]
+        required += list(T.MOE_KEYS) if is_moe else []
         absent = [k for k in required if k not in geometry and not _was_written(v, "model", k)]
         if absent:
             v.p.add(
@@ -599,12 +601,19 @@ def _model(v: _Values, where: Span, chain: _Chain) -> Model | None:
             for k in T.MLA_KEYS:
                 if k in gspans:
                     v.p.add(gspans[k], f"{k} applies to deepseek_mla only")
+        if not is_moe:
+            for k in T.MOE_KEYS:
+                if k in gspans:
+                    v.p.add(gspans[k], f"{k} applies to qwen3_moe only")
         heads, kv = geometry.get("heads"), geometry.get("kv_heads")
         if heads and kv and heads % kv:
             v.p.add(gspans["kv_heads"], f"heads ({heads}) must be a multiple of kv_heads ({kv})")
+        experts, top = geometry.get("experts"), geometry.get("experts_per_tok")
+        if is_moe and experts and top and top > experts:
+            v.p.add(gspans["experts_per_tok"], f"experts_per_tok ({top}) must be at most experts ({experts})")
         if not all(k in geometry for k in required):
             return None
-        params = _synthetic_params(geometry, is_mla)
+        params = _synthetic_params(geometry, is_mla, is_moe)
         if params > T.MAX_SYNTHETIC_PARAMS:
             v.p.add(s.span, f"the synthetic model would have about {params:,} parameters",
                     expected=f"at most {T.MAX_SYNTHETIC_PARAMS:,} (cptest writes its weights)",
@@ -654,13 +663,16 @@ def _model(v: _Values, where: Span, chain: _Chain) -> Model | None:
     return _node(Model, v.p, s.span, field_spans=spans, facts=facts, **fields)
 
 
-def _synthetic_params(g: dict[str, int], is_mla: bool) -> int:
+def _synthetic_params(g: dict[str, int], is_mla: bool, is_moe: bool = False) -> int:
     """A synthetic model's parameter count, roughly (embeddings, attention and MLP of every layer):
-    enough to refuse one whose weights would not fit on a disk."""
+    enough to refuse one whose weights would not fit on a disk. A MoE layer's MLP is its router and
+    every expert (every qwen3_moe layer is sparse)."""
     hidden, layers = g["hidden"], g["layers"]
     head = (g["qk_nope_head_dim"] + g["qk_rope_head_dim"]) if is_mla else g["head_dim"]
     attention = hidden * head * (2 * g["heads"] + 2 * g["kv_heads"])
     mlp = 3 * hidden * g["intermediate"]
+    if is_moe:
+        mlp = g["experts"] * (hidden + 3 * hidden * g["moe_intermediate"])
     return 2 * g["vocab"] * hidden + layers * (attention + mlp)
 
 

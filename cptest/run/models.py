@@ -160,6 +160,20 @@ def _config(model: dict[str, Any]) -> dict[str, Any]:
         return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rope_theta": 1000000.0,
                 "use_sliding_window": False, "sliding_window": None,
                 "max_window_layers": model["layers"], **common}  # fmt: skip
+    if arch == "qwen3_moe":
+        # As Qwen/Qwen3-30B-A3B's config.json, scaled down; every layer a sparse MoE block. SGLang
+        # 0.5.17 builds one in every layer whatever the config says (models/qwen3_moe.py:759-760),
+        # transformers where `layer not in mlp_only_layers and (layer + 1) % decoder_sparse_step == 0`:
+        # step 1 and no MLP-only layers make the two agree. `intermediate_size` is the dense MLP's
+        # (no layer has one). norm_topk_prob as Qwen3-30B-A3B: SGLang's default when absent is true
+        # (qwen3_moe.py:247), transformers' false, so it is written.
+        return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "rope_theta": 1000000.0,
+                "use_sliding_window": False, "sliding_window": None,
+                "max_window_layers": model["layers"], **common,
+                "num_experts": model["experts"], "num_experts_per_tok": model["experts_per_tok"],
+                "moe_intermediate_size": model["moe_intermediate"], "decoder_sparse_step": 1,
+                "mlp_only_layers": [], "norm_topk_prob": True, "output_router_logits": False,
+                "router_aux_loss_coef": 0.001}  # fmt: skip
     if arch == "deepseek_mla":
         # Every layer dense (first_k_dense_replace = layers), as make-tiny-models' deepseek-mla.
         return {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", **common,
@@ -173,7 +187,8 @@ def _config(model: dict[str, Any]) -> dict[str, Any]:
                 "v_head_dim": model["v_head_dim"], "head_dim": model["qk_rope_head_dim"],
                 "rope_interleave": True, "rope_theta": 10000.0}  # fmt: skip
     raise RunError(Problem(None, f"synthetic weights for architecture {arch!r} are not implemented",
-                           hint="use llama or qwen3, or a local checkpoint"))  # fmt: skip
+                           hint="use llama, qwen3, qwen3_moe or deepseek_mla, or a local "
+                                "checkpoint"))  # fmt: skip
 
 
 def _tensors(torch: Any, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -207,8 +222,11 @@ def _tensors(torch: Any, cfg: dict[str, Any]) -> dict[str, Any]:
         t[p + "self_attn.k_proj.weight"] = rnd(kv * hd, h)
         t[p + "self_attn.v_proj.weight"] = rnd(kv * hd, h)
         t[p + "self_attn.o_proj.weight"] = rnd(h, heads * hd)
-        _mlp_and_norms(t, p, rnd, ones, h, inter)
-        if cfg["model_type"] == "qwen3":
+        if cfg["model_type"] == "qwen3_moe":
+            _moe_and_norms(t, p, rnd, ones, h, cfg["num_experts"], cfg["moe_intermediate_size"])
+        else:
+            _mlp_and_norms(t, p, rnd, ones, h, inter)
+        if cfg["model_type"] in ("qwen3", "qwen3_moe"):
             t[p + "self_attn.q_norm.weight"] = ones(hd)
             t[p + "self_attn.k_norm.weight"] = ones(hd)
     t["model.norm.weight"] = ones(h)
@@ -220,6 +238,32 @@ def _mlp_and_norms(t: dict[str, Any], p: str, rnd: Any, ones: Any, h: int, inter
     t[p + "mlp.gate_proj.weight"] = rnd(inter, h)
     t[p + "mlp.up_proj.weight"] = rnd(inter, h)
     t[p + "mlp.down_proj.weight"] = rnd(h, inter)
+    t[p + "input_layernorm.weight"] = ones(h)
+    t[p + "post_attention_layernorm.weight"] = ones(h)
+
+
+def _moe_and_norms(t: dict[str, Any], p: str, rnd: Any, ones: Any, h: int, experts: int, inter: int) -> None:
+    """A Qwen3-MoE layer's sparse block, named as Hugging Face's Qwen3-MoE checkpoints name it, the
+    router first, then expert by expert gate, up, down (the order fixes the bytes). What SGLang 0.5.17
+    reads (paths in its wheel, sglang/srt/):
+    - `mlp.gate.weight` [experts, hidden]: the router, `ReplicatedLinear(hidden_size, num_experts)`
+      with prefix `gate` (models/qwen3_moe.py:279-285), loaded by name (qwen3_moe.py:1203-1219).
+    - `mlp.experts.E.{gate,up,down}_proj.weight`: `FusedMoE.make_expert_params_mapping("gate_proj",
+      "down_proj", "up_proj", num_experts)` (qwen3_moe.py:1114-1119) maps `experts.E.gate_proj.` to
+      `experts.w13_` shard w1, `up_proj` to w13_ w3, `down_proj` to `experts.w2_` shard w2
+      (layers/moe/fused_moe_triton/layer.py:1521-1546). The checkpoint keeps nn.Linear's (out, in):
+      gate and up [moe_intermediate, hidden] sharded on dim 0, down [hidden, moe_intermediate] on
+      dim 1 (layer.py:1126), into w13 [experts, 2 x moe_intermediate / tp, hidden] and w2 [experts,
+      hidden, moe_intermediate / tp] (layers/quantization/unquant.py:329-362).
+    - the loader skips a name it has no parameter for without a word (qwen3_moe.py:1169, 1189, 1211):
+      a misnamed tensor would leave SGLang's parameter unset, so tests/run/test_models_moe.py holds
+      every name to this mapping and loads the checkpoint with transformers, strictly."""
+    t[p + "mlp.gate.weight"] = rnd(experts, h)
+    for e in range(experts):
+        q = f"{p}mlp.experts.{e}."
+        t[q + "gate_proj.weight"] = rnd(inter, h)
+        t[q + "up_proj.weight"] = rnd(inter, h)
+        t[q + "down_proj.weight"] = rnd(h, inter)
     t[p + "input_layernorm.weight"] = ones(h)
     t[p + "post_attention_layernorm.weight"] = ones(h)
 

@@ -64,8 +64,8 @@ INTS = st.one_of(
 )  # fmt: skip
 HUGE_INT_TEXT = st.sampled_from([4299, 4300, 4301, 5000, 20000]).map(lambda n: "9" * n)
 WORDS = st.sampled_from(["triton", "zigzag", "interleave", "full", "breakable", "disabled", "greedy",
-                         "sample", "synthetic", "none", "llama", "qwen3", "deepseek_mla", "p99", "p50",
-                         "max", "decode", "prefill", "captured", "eager", "gathered", "local", "x"])
+                         "sample", "synthetic", "none", "llama", "qwen3", "qwen3_moe", "deepseek_mla", "p99",
+                         "p50", "max", "decode", "prefill", "captured", "eager", "gathered", "local", "x"])
 STRINGS = st.one_of(
     st.text(st.characters(blacklist_characters='"\\\n', blacklist_categories=("Cs",)), max_size=12),
     st.sampled_from(["", "0.5.17", "0.5.23", "9.9", "defaults/tiny.cps", "/dev/zero", "../..", "\\d+",
@@ -215,7 +215,7 @@ def _chaos(draw: st.DrawFn) -> str:
         geometry = {k: draw(_GEOMETRY[k]) for k in _GEOMETRY}
         for k in draw(st.lists(st.sampled_from(keys), max_size=2)):
             geometry[k] = draw(VALUES)
-        arch = draw(st.sampled_from(["llama", "qwen3", "deepseek_mla", "gpt"]))
+        arch = draw(st.sampled_from(["llama", "qwen3", "qwen3_moe", "deepseek_mla", "gpt"]))
         return f"model synthetic {arch} {{ " + " ".join(f"{k} {v}" for k, v in geometry.items()) + " }"
     if what == "topology":
         return draw(_block("topology", BLOCK_KEYS["topology"], _TOPOLOGY))

@@ -210,6 +210,27 @@ BAD: list[tuple[str, int, str, str, str]] = [
         "4:54",
         "heads (4) must be a multiple of kv_heads (3)",
     ),
+    (
+        "moe_key_on_a_dense_model",
+        4,
+        "  model synthetic llama { layers 2 hidden 64 heads 4 kv_heads 1 head_dim 16 vocab 128 intermediate 128 experts 4 }",  # noqa: E501
+        "4:104",
+        "experts applies to qwen3_moe only",
+    ),
+    (
+        "moe_without_its_experts",
+        4,
+        "  model synthetic qwen3_moe { layers 2 hidden 64 heads 4 kv_heads 1 head_dim 16 vocab 128 intermediate 128 }",  # noqa: E501
+        "4:3",
+        "misses experts, experts_per_tok, moe_intermediate",
+    ),
+    (
+        "more_experts_per_token_than_experts",
+        4,
+        "  model synthetic qwen3_moe { layers 2 hidden 64 heads 4 kv_heads 1 head_dim 16 vocab 128 intermediate 128 experts 4 experts_per_tok 8 moe_intermediate 32 }",  # noqa: E501
+        "4:118",
+        "experts_per_tok (8) must be at most experts (4)",
+    ),
     ("hub_without_facts", 4, '  model hub "org/m" revision "abc"', "4:3", "needs a facts block"),
     (
         "hub_without_revision",

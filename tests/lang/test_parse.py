@@ -264,6 +264,20 @@ def test_mla_facts_from_config_use_nope_plus_rope_head_dim(tmp_path: Path):
     assert s.model.facts.is_mla and s.model.facts.head_dim == 48
 
 
+def test_a_synthetic_qwen3_moe_model_keeps_its_experts_and_only_it_dumps_them():
+    moe = parse_text(with_line(4, "  model synthetic qwen3_moe { layers 2 hidden 64 heads 4 kv_heads 1 "
+                                  "head_dim 16 vocab 128 intermediate 128 experts 4 experts_per_tok 2 "
+                                  "moe_intermediate 32 }"))
+    assert moe.model.facts.architecture == "Qwen3MoeForCausalLM" and not moe.model.facts.is_mla
+    g = moe.model.synthetic_geometry()
+    assert g is not None and (g.experts, g.experts_per_tok, g.moe_intermediate) == (4, 2, 32)
+    # A dense model's dump has no MoE keys: the store names and scenario hashes of every model written
+    # before them stay what they were (D64).
+    dense = parse_text(BASE).model
+    assert not {"experts", "experts_per_tok", "moe_intermediate"} & set(dense.model_dump())
+    assert {"experts", "experts_per_tok", "moe_intermediate"} <= set(moe.model.model_dump())
+
+
 def test_parse_file_resolves_paths_against_the_file_directory(tmp_path: Path):
     _write(tmp_path, {"sub/s.cps": LOCAL})
     cwd = os.getcwd()

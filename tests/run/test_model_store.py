@@ -39,6 +39,37 @@ def test_every_tiny_scenario_declares_a_model_models_make_writes() -> None:
     assert seen == set(TINY)
 
 
+TREES = {
+    # Made on the H200 machine (torch 2.11) too, the first four: results/_measure/run16-replay-check
+    # and run17 list their trees as `cptest models make` printed them there.
+    "llama-kv1": ("llama-833975c7d4a76e8d",
+                  "3a799bfd847b5e08a8ce17f6ee0047188dbbc88c1050a92ea1ed2899e9d6974f"),
+    "llama-kv2": ("llama-c46cb2256c842836",
+                  "f18da58175737366e07de210ce84962d5c77f2b43108bc543ce9667aa92c7b6e"),
+    "llama-kv4": ("llama-5190fbdab938c8f7",
+                  "ad0894797a964111f4305435f5b7538f11b6f8cff48f7c87327aae73a8e70ad8"),
+    "qwen3-kv2": ("qwen3-059506a20a20a3a9",
+                  "f5574c40b8cd2bc3bcf6d301a9f3ee9625064c578e1cc10b6c87eaf3110d457c"),
+    "deepseek-mla": ("deepseek_mla-6329cf85b3c6d546",
+                     "37d2a746b88ed14454c3fcb6869788475d726748837953d9373f4e952a743998"),
+    "qwen3-kv1": ("qwen3-b7ebaef82237d060",
+                  "1b86dc1f465a3634a6ef7a32ff921391be854dd6d7cd5bbd32995cb5f11817e6"),
+    "deepseek-mla-512": ("deepseek_mla-b9588c8edea81b74",
+                         "737ff58556bb34c67145b64d028c201343986459c6b25e135d11087d0b360f4a"),
+}
+"""Each tiny model's store name and tree hash, as archives and plans pin them (docs/decisions.md D64:
+adding an architecture must leave every other model's bytes and name as they were)."""
+
+
+def test_every_tiny_model_keeps_its_store_name_and_its_bytes(tmp_path: Path) -> None:
+    from cptest.run.models import make_named
+
+    assert set(TREES) == set(TINY)
+    for name, (directory, tree) in TREES.items():
+        made, hashed = make_named(name, tmp_path)
+        assert (made.name, hashed) == (directory, tree), name
+
+
 def test_models_make_writes_named_links_and_list_shows_their_hashes(tmp_path: Path) -> None:
     store = tmp_path / "store"
     made = cptest("models", "make", "llama-kv1", "qwen3-kv2", "--models", str(store), "--json")
