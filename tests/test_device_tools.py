@@ -62,3 +62,43 @@ def test_fidelity_compares_the_clients_round_by_round() -> None:
     assert ratios == [pytest.approx(1.02), pytest.approx(0.95)]
     lo, hi = fid.bootstrap(ratios)
     assert 0.95 <= lo <= hi <= 1.02
+
+
+def test_paired_rounds_give_each_client_both_halves_and_both_cpu_sets() -> None:
+    fid = _load("fidelity")
+    plan = [fid.assignment(i) for i in range(8)]
+    for k in range(0, 8, 2):  # a pair of rounds: cptest's client sends both halves
+        assert {plan[k][0], plan[k + 1][0]} == {0, 1}
+    for k in range(0, 8, 4):  # two pairs: each half through each CPU set
+        assert sorted(plan[k:k + 4]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def _run(client: str, i: int, ttfts: list[float], tokens: int, seconds: float) -> dict[str, object]:
+    return {"client": client, "round": i, "ttfts_ms": ttfts, "output_tokens": tokens, "duration_s": seconds,
+            "lag": {"samples": 10, "p99_ms": 1.0 + i, "max_ms": 2.0 + i}}
+
+
+def test_paired_summary_pools_each_pair_of_rounds() -> None:
+    fid = _load("fidelity")
+    runs = [_run("cptest", 0, [10.0, 12.0], 100, 1.0), _run("bench_serving", 0, [10.0, 10.0], 100, 1.0),
+            _run("cptest", 1, [14.0, 16.0], 100, 1.0), _run("bench_serving", 1, [12.0, 14.0], 100, 2.0),
+            # an unfinished pair (a deadline or a failure) counts as rounds, not as a pair
+            _run("cptest", 2, [10.0], 10, 1.0), _run("bench_serving", 2, [20.0], 10, 1.0),
+            {"client": "cptest", "round": 3, "error": "ClientError: refused"}]
+    s = fid.paired_summary(runs)
+    assert s["pairs"] == 1 and s["rounds"] == 3
+    # pooled over the pair: cptest's median of [10, 12, 14, 16] = 13 over bench's of [10, 10, 12, 14] = 11
+    assert s["pair:median_ttft_ms"]["ratios"] == [pytest.approx(13 / 11)]
+    assert s["pair:mean_ttft_ms"]["ratios"] == [pytest.approx(13 / 11.5)]
+    assert s["pair:output_throughput"]["ratios"] == [pytest.approx((200 / 2.0) / (200 / 3.0))]
+    assert s["round:median_ttft_ms"]["ratios"] == [pytest.approx(r) for r in (1.1, 15 / 13, 0.5)]
+    assert s["lag_p99_ms_median"] == {"cptest": 2.0, "bench_serving": 2.0}
+    assert s["lag_max_ms_max"] == {"cptest": 4.0, "bench_serving": 4.0}
+
+
+def test_lag_summary_reads_quantiles_in_milliseconds() -> None:
+    fid = _load("fidelity")
+    s = fid.lag_summary([0.0001 * k for k in range(1, 101)])  # 0.1 .. 10 ms
+    assert s["samples"] == 100 and s["max_ms"] == pytest.approx(10.0)
+    assert s["p50_ms"] == pytest.approx(5.1) and s["over_1ms"] == 90
+    assert fid.lag_summary([]) == {"samples": 0}

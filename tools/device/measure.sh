@@ -13,8 +13,13 @@
 # SKIP_TESTS=1 (no GPU tests or benchmark: a second call on the same machine), SKIP_SCORING=1 (no
 # scoring_check.py against p0 at the end), SKIP_WINDOWS=1 (no p0/p1, no windows), KEEPALIVE_TOO=1 (a
 # second fidelity pass with cptest's client keeping connections alive), GC_VARIANT=1 (a third client
-# each fidelity round: cptest's with Python's cyclic collector off). On a 1-GPU machine all
-# three servers share GPU 0.
+# each fidelity round: cptest's with Python's cyclic collector off), PAIRED=1 (fidelity.py --paired:
+# both clients at once, each on half of the client's CPU set, D65; ROUNDS=0 runs no pair against
+# bench_serving), CONTROL_ROUNDS=N (after it, N paired rounds of cptest's client against itself),
+# FIDELITY_DEADLINE_S and CONTROL_DEADLINE_S (paired: start no pair of rounds after this many
+# seconds of that fidelity.py),
+# GRAPHS_P0=1 (p0 runs with decode CUDA graphs, SGLang's default, instead of eager: the probe's
+# cost under replay next to p1's eager). On a 1-GPU machine all three servers share GPU 0.
 # Run it as `COMMIT=<the commit, from here> bash tools/device/measure.sh`: the machine's copy of .git
 # may be stale, so its own `git rev-parse` named an older commit in the first three runs' manifests.
 # Returns $OUT/measure.log, windows.json, fidelity.json, probe-check.json (every probe line of p0/p1
@@ -72,8 +77,10 @@ NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 G1=$([ "${NGPU:-0}" -ge 2 ] && echo 1 || echo 0)
 say "launching p0 (GPU 0), p1 and f (GPU $G1; $NGPU GPU(s) here)"
 # a cohort of 64 x (128 + 7000) tokens must fit the pool whole: no retraction inside a window
+P0_GRAPHS=()  # the later flag wins: SGLang's default decode graphs on p0 (GRAPHS_P0=1)
+[ "${GRAPHS_P0:-0}" = 1 ] && P0_GRAPHS=(--cuda-graph-backend-decode full)
 if [ "${SKIP_WINDOWS:-0}" != 1 ]; then
-  launch p0 0 31000 "${CPUSETS[0]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" --skip-tokenizer-init --max-total-tokens 524288
+  launch p0 0 31000 "${CPUSETS[0]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" "${P0_GRAPHS[@]}" --skip-tokenizer-init --max-total-tokens 524288
   launch p1 "$G1" 31001 "${CPUSETS[1]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" --skip-tokenizer-init --max-total-tokens 524288
 fi
 [ "${SKIP_FIDELITY:-0}" = 1 ] || launch f "$G1" 31002 "${CPUSETS[2]}" .tiny-models/llama-kv1-tok 0 "${COMMON[@]}" --disable-radix-cache --max-total-tokens 131072
@@ -88,6 +95,25 @@ fi
 
 if [ "${SKIP_FIDELITY:-0}" != 1 ]; then
   for i in $(seq 150); do curl -sf localhost:31002/health_generate > /dev/null && break; sleep 2; done
+  if [ "${PAIRED:-0}" = 1 ]; then
+    # the two clients' CPU sets: the client set halved, whether p0 and p1 run or not, so that every
+    # paired run (against bench_serving, and the control) gives each client the same CPUs
+    PCPUS=$(python3 -c 'import sys; c = sys.argv[1].split(","); h = len(c) // 2; print(",".join(c[:h]) + "|" + ",".join(c[h:]))' "${CPUSETS[3]}")
+    if [ "${ROUNDS:-24}" -gt 0 ]; then
+      say "paired fidelity on f (clients on $PCPUS)"
+      python3 tools/device/fidelity.py tools/device/fidelity_llama_kv1.cps --port 31002 --out "$WORK/fidelity" \
+        --paired --cpus "$PCPUS" --rounds "${ROUNDS:-24}" ${FIDELITY_DEADLINE_S:+--deadline-s "$FIDELITY_DEADLINE_S"} 2>&1 \
+        | grep -v "^benchmark_args=\|^Namespace(\|^Starting warmup\|^Warmup completed\|^#\|^=\|^[A-Z].*: *[0-9.]*$" | tee -a "$LOG"
+      cp "$WORK/fidelity/fidelity-paired.json" "$OUT/" 2>/dev/null
+    fi
+    if [ "${CONTROL_ROUNDS:-0}" -gt 0 ]; then
+      say "paired control on f: cptest's client against itself"
+      python3 tools/device/fidelity.py tools/device/fidelity_llama_kv1.cps --port 31002 --out "$WORK/fidelity-control" \
+        --paired --control --cpus "$PCPUS" --rounds "$CONTROL_ROUNDS" \
+        ${CONTROL_DEADLINE_S:+--deadline-s "$CONTROL_DEADLINE_S"} 2>&1 | tee -a "$LOG"
+      cp "$WORK/fidelity-control/fidelity-control.json" "$OUT/" 2>/dev/null
+    fi
+  else
   say "fidelity on f"
   pinned "${CPUSETS[3]}" python3 tools/device/fidelity.py tools/device/fidelity_llama_kv1.cps --port 31002 \
     --out "$WORK/fidelity" --rounds "${ROUNDS:-6}" ${GC_VARIANT:+--gc-variant} 2>&1 | grep -v "^benchmark_args=\|^Namespace(" | tee -a "$LOG"
@@ -98,6 +124,7 @@ if [ "${SKIP_FIDELITY:-0}" != 1 ]; then
       --out "$WORK/fidelity-keepalive" --rounds "${ROUNDS:-6}" --keepalive 2>&1 \
       | grep -v "^benchmark_args=\|^Namespace(" | tee -a "$LOG"
     cp "$WORK/fidelity-keepalive/fidelity.json" "$OUT/fidelity-keepalive.json" 2>/dev/null
+  fi
   fi
 fi
 
