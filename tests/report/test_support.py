@@ -125,8 +125,26 @@ def test_a_cell_nobody_ran_names_the_scenario_that_would_run_it_or_why_none_can(
     m = support_matrix(RELEASE, {"scenarios/dcp2_mla.cps": s}, [])
     e = next(e for e in m.grid if e.cell == Cell("mla", "latent", "dcp2", "triton", "eager"))
     assert (e.state, e.scenarios) == ("not yet run", ("scenarios/dcp2_mla.cps",))
+    # Without a scenario the cell says so and where one belongs.
     moe = next(e for e in m.grid if e.cell == Cell("qwen3-moe", "kv<=tp/dcp", "dcp2", "triton", "eager"))
-    assert moe.state == "not yet run" and moe.scenarios == () and "no synthetic Qwen3-MoE" in moe.note
+    assert moe.state == "not yet run" and moe.scenarios == () and "write one under scenarios/qualification" \
+        in moe.note
+
+
+def test_the_qwen3_moe_cells_name_their_scenarios_and_no_cell_lacks_one(monkeypatch: pytest.MonkeyPatch):
+    # cptest writes synthetic Qwen3-MoE weights (D64): the two DCP cells that no rule rules out name
+    # their qualification scenarios, and no cell of the grid is left without a scenario.
+    monkeypatch.chdir(ROOT)
+    m = support_matrix(RELEASE, *read_inputs(RELEASE, Path("scenarios"), [Path("results")])[:2])
+    for decode in ("eager", "graph"):
+        e = next(e for e in m.grid if e.cell == Cell("qwen3-moe", "kv<=tp/dcp", "dcp2", "triton", decode))
+        assert (e.state, e.scenarios) == ("not yet run",
+                                          (f"scenarios/qualification/dcp2_qwen3_moe_kv1_{decode}.cps",))
+    pcp = parse_file(ROOT / "scenarios" / "qualification" / "pcp2_zigzag_qwen3_moe_kv1.cps")
+    assert locate(pcp) == Cell("qwen3-moe", "kv<=tp/dcp", "pcp2-zigzag", "triton", "eager")
+    e = next(e for e in m.grid if e.cell == locate(pcp))
+    assert e.state == "ruled out" and e.rule is not None and e.rule.code == "pcp_backend_without_cp_path"
+    assert m.counts()["no scenario"] == 0
 
 
 def test_where_a_scenario_falls():

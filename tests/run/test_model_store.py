@@ -56,6 +56,8 @@ TREES = {
                   "1b86dc1f465a3634a6ef7a32ff921391be854dd6d7cd5bbd32995cb5f11817e6"),
     "deepseek-mla-512": ("deepseek_mla-b9588c8edea81b74",
                          "737ff58556bb34c67145b64d028c201343986459c6b25e135d11087d0b360f4a"),
+    "qwen3-moe-kv1": ("qwen3_moe-ce4ae62c3fb9be6b",
+                      "7d041f491f37e29b22da264a64493e6c0e3196af7c3c1ceb54dc0ea343671fe2"),
 }
 """Each tiny model's store name and tree hash, as archives and plans pin them (docs/decisions.md D64:
 adding an architecture must leave every other model's bytes and name as they were)."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from cptest.run.models import ensure_synthetic, model_tree_sha256
+from cptest.run.models import TINY, ensure_synthetic, model_tree_sha256
 from cptest.scenario import SyntheticGeometry
 
 torch = pytest.importorskip("torch")
@@ -26,6 +26,10 @@ MOE = SyntheticGeometry(architecture="qwen3_moe", layers=4, hidden=256, heads=8,
                         vocab=4096, intermediate=512, seed=7, experts=8, experts_per_tok=2,
                         moe_intermediate=128)
 """The suite's tiny Qwen3-MoE geometry (hidden 256, 4 layers, 8 heads of 64 as the other tiny models)."""
+
+
+def test_the_geometry_checked_here_is_the_suites_tiny_qwen3_moe() -> None:
+    assert TINY["qwen3-moe-kv1"] == MOE
 
 # models/qwen3_moe.py:1105-1111: (param, checkpoint name, shard)
 STACKED = [("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v"),
