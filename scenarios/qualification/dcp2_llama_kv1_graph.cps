@@ -21,8 +21,9 @@ scenario dcp2_llama_kv1_graph {
     dcp 2
   }
   serve {
-    # The default CUDA-graph decode: decode graphs stay on with DCP (docs/sglang.md §7). Hooks do
-    # not fire on replay, so this scenario judges no per-step rows, only what the graph computes.
+    # The default CUDA-graph decode: decode graphs stay on with DCP (docs/sglang.md §7). Module hooks
+    # do not fire on replay; the probe records each replay's rows and positions (D58), but the KV
+    # write and its owner mask run inside the graph, so this scenario judges what the graph computes.
     cuda_graph_decode full
   }
   baseline {
