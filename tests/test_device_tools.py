@@ -102,3 +102,17 @@ def test_lag_summary_reads_quantiles_in_milliseconds() -> None:
     assert s["samples"] == 100 and s["max_ms"] == pytest.approx(10.0)
     assert s["p50_ms"] == pytest.approx(5.1) and s["over_1ms"] == 90
     assert fid.lag_summary([]) == {"samples": 0}
+
+
+def test_phase_summary_reads_each_phase_from_its_two_marks() -> None:
+    fid = _load("fidelity")
+    rows = [{"start": 0.0, "conn": 0.001, "headers_sent": 0.0011, "body_sent": 0.0013, "response": 0.0093,
+             "first": 0.0493},
+            {"start": 1.0, "conn": 1.003, "headers_sent": 1.0031, "body_sent": 1.0033, "response": 1.0113},
+            ]  # the second request's first bytes were never seen: its later phases are left out
+    s = fid.phase_summary(rows)
+    assert s["requests"] == 2
+    assert s["connect"]["p50"] == pytest.approx(2.0)  # median of 1 and 3 ms
+    assert s["server_headers"]["p50"] == pytest.approx(8.0)
+    assert s["to_first_chunk"] == {"p50": pytest.approx(40.0), "p90": pytest.approx(40.0)}
+    assert s["start_to_first_chunk"]["p50"] == pytest.approx(49.3)

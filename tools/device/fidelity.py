@@ -50,6 +50,8 @@ import types
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from cptest import pipeline
 from cptest.plan.model import WorkloadPlan
 from cptest.run.driver import WorkloadDriver
@@ -105,6 +107,101 @@ def lag_summary(samples: list[float]) -> dict[str, Any]:
     at = lambda q: 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
     return {"samples": len(ordered), "p50_ms": round(at(0.5), 3), "p99_ms": round(at(0.99), 3),
             "max_ms": round(1000 * ordered[-1], 3), "over_1ms": sum(x > 0.001 for x in ordered)}
+
+
+class PhaseTrace:
+    """Where each request's time to its first answer goes, as aiohttp sees it (`--trace`): installed
+    into every aiohttp session of the process, so cptest's client and bench_serving are timed by
+    the same callbacks. Per request: request start -> connection made -> request headers sent ->
+    body sent -> response headers -> first body bytes. Each callback costs both clients alike."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, float]] = []
+        self.armed = False
+        tc = aiohttp.TraceConfig()
+        clock = time.perf_counter
+
+        async def start(_s: Any, ctx: Any, _p: Any) -> None:
+            ctx.t = {"start": clock()}
+
+        async def mark(name: str, ctx: Any) -> None:
+            t = getattr(ctx, "t", None)
+            if t is not None and name not in t:
+                t[name] = clock()
+
+        async def conn(_s: Any, ctx: Any, _p: Any) -> None:
+            await mark("conn", ctx)
+
+        async def headers_sent(_s: Any, ctx: Any, _p: Any) -> None:
+            await mark("headers_sent", ctx)
+
+        async def body_sent(_s: Any, ctx: Any, _p: Any) -> None:
+            t = getattr(ctx, "t", None)
+            if t is not None:
+                t["body_sent"] = clock()  # the last chunk's time
+
+        async def response(_s: Any, ctx: Any, params: Any) -> None:
+            t = getattr(ctx, "t", None)
+            if t is not None:
+                t["response"] = clock()
+                if self.armed:
+                    # the reader stays referenced until `take`, so its id names it alone
+                    self.rows.append(t | {"reader": params.response.content})
+
+        tc.on_request_start.append(start)
+        tc.on_connection_create_end.append(conn)
+        tc.on_connection_reuseconn.append(conn)
+        tc.on_request_headers_sent.append(headers_sent)
+        tc.on_request_chunk_sent.append(body_sent)
+        tc.on_request_end.append(response)
+        self.config = tc
+        self.first_fed: dict[int, float] = {}
+        """id(StreamReader) -> when its first body bytes arrived (aiohttp's on_response_chunk_received
+        fires only for `read()`, not for a streamed `content`, so the reader's feed is timed)."""
+
+    def install(self) -> None:
+        """Every ClientSession made from now on in this process carries the trace."""
+        original = aiohttp.ClientSession.__init__
+        trace = self
+
+        def init(session: Any, *a: Any, trace_configs: Any = None, **k: Any) -> None:
+            original(session, *a, trace_configs=[*(trace_configs or []), trace.config], **k)
+
+        aiohttp.ClientSession.__init__ = init  # type: ignore[method-assign]
+        feed = aiohttp.streams.StreamReader.feed_data
+        first_fed = self.first_fed
+
+        def feed_data(reader: Any, data: bytes, *a: Any, **k: Any) -> Any:
+            if data and not reader.total_bytes:
+                first_fed[id(reader)] = time.perf_counter()
+            return feed(reader, data, *a, **k)
+
+        aiohttp.streams.StreamReader.feed_data = feed_data  # type: ignore[method-assign]
+
+    def take(self) -> dict[str, Any]:
+        rows, self.rows = self.rows, []
+        for t in rows:
+            first = self.first_fed.pop(id(t.pop("reader")), None)
+            if first is not None:
+                t["first"] = first
+        self.first_fed.clear()
+        return phase_summary(rows)
+
+
+PHASES = (("connect", "start", "conn"), ("headers_sent", "conn", "headers_sent"),
+          ("body_sent", "headers_sent", "body_sent"), ("server_headers", "body_sent", "response"),
+          ("to_first_chunk", "response", "first"), ("start_to_first_chunk", "start", "first"))
+"""(name, from, to) of each phase `PhaseTrace` reports, in milliseconds."""
+
+
+def phase_summary(rows: list[dict[str, float]]) -> dict[str, Any]:
+    """Median and p90 of each phase over the requests that had both ends (ms)."""
+    out: dict[str, Any] = {"requests": len(rows)}
+    for name, a, b in PHASES:
+        v = sorted(1000 * (r[b] - r[a]) for r in rows if a in r and b in r)
+        if v:
+            out[name] = {"p50": round(statistics.median(v), 3), "p90": round(v[int(0.9 * (len(v) - 1))], 3)}
+    return out
 
 
 def run_cptest(workload: WorkloadPlan, port: int, out: Path, keepalive: bool = False,
@@ -284,9 +381,14 @@ def halves(workload: WorkloadPlan) -> list[WorkloadPlan]:
 
 
 def _paired_worker(client: str, parts: list[WorkloadPlan], port: int, out: Path,
-                   barrier: Any, tasks: Any, results: Any) -> None:
+                   barrier: Any, tasks: Any, results: Any, trace: bool = False) -> None:
     """One client's process: runs its half of each round when told, at the barrier, and reports.
-    `client` "control": cptest's client again (an A/A run: the paired design's own floor)."""
+    `client` "control": cptest's client again (an A/A run: the paired design's own floor).
+    `trace`: each run also reports where its requests' time to the first chunk went (PhaseTrace)."""
+    phases = PhaseTrace() if trace else None
+    if phases is not None:
+        phases.install()
+        phases.armed = True
     while (task := tasks.get()) is not None:
         i, half, cpus = task
         if cpus:
@@ -298,6 +400,8 @@ def _paired_worker(client: str, parts: list[WorkloadPlan], port: int, out: Path,
                 run = run_cptest(parts[half], port, out / f"paired-{client}-{i}.jsonl", barrier=barrier)
                 run["client"] = "cptest" if client == "cptest" else OTHER[client]
             run.update(round=i, half=half)
+            if phases is not None:
+                run["phases_ms"] = phases.take()  # bench_serving's one warm-up request included
         except BaseException as e:  # noqa: BLE001 - reported to the parent, which stops the rounds
             barrier.abort()
             run = {"client": client, "round": i, "error": f"{type(e).__name__}: {e}"}
@@ -317,7 +421,7 @@ def assignment(i: int) -> tuple[int, int]:
 
 
 def run_paired(workload: WorkloadPlan, port: int, out: Path, rounds: int, cpus: list[set[int] | None],
-               deadline: float | None, other: str = "bench") -> list[dict[str, Any]]:
+               deadline: float | None, other: str = "bench", trace: bool = False) -> list[dict[str, Any]]:
     """`rounds` rounds of cptest's client and `other` ("bench" or "control") at once; stops at the
     first even round count past `deadline` (time.time()) or at a client's error. Returns every run,
     in round order."""
@@ -326,7 +430,7 @@ def run_paired(workload: WorkloadPlan, port: int, out: Path, rounds: int, cpus: 
     parts = halves(workload)
     roles = ("cptest", other)
     queues = {c: (ctx.Queue(), ctx.Queue()) for c in roles}
-    procs = [ctx.Process(target=_paired_worker, args=(c, parts, port, out, barrier, *queues[c]),
+    procs = [ctx.Process(target=_paired_worker, args=(c, parts, port, out, barrier, *queues[c], trace),
                          daemon=True) for c in roles]
     for pr in procs:
         pr.start()
@@ -409,6 +513,8 @@ def main() -> None:
                     help="with --paired: the CPU sets of cptest's and bench_serving's processes, 'a,b|c,d'")
     ap.add_argument("--control", action="store_true",
                     help="with --paired: cptest's client against itself (A/A) instead of bench_serving")
+    ap.add_argument("--trace", action="store_true",
+                    help="with --paired: time each request's phases to its first chunk in both clients")
     ap.add_argument("--deadline-s", type=float, default=None,
                     help="with --paired: start no pair of rounds after this many seconds")
     a = ap.parse_args()
@@ -479,11 +585,18 @@ def main_paired(a: argparse.Namespace, workload: WorkloadPlan) -> None:
     print("warm-up done", flush=True)
     rounds = a.rounds + a.rounds % 2
     runs = run_paired(workload, a.port, a.out, rounds, sets,
-                      None if a.deadline_s is None else t0 + a.deadline_s, other)
+                      None if a.deadline_s is None else t0 + a.deadline_s, other, a.trace)
     summary = paired_summary(runs, OTHER[other])
+    if a.trace:
+        for c in ("cptest", OTHER[other]):
+            got = [r["phases_ms"] for r in runs if r.get("client") == c and "phases_ms" in r]
+            summary[f"phases_ms:{c}"] = {
+                name: round(statistics.median(g[name]["p50"] for g in got if name in g), 3)
+                for name, _, _ in PHASES if any(name in g for g in got)}
+            print(f"phases (median of the runs' medians, ms) {c}: {summary[f'phases_ms:{c}']}", flush=True)
     result = {"scenario": str(a.scenario), "requests": len(workload.requests),
               "concurrency": workload.concurrency, "design": "paired (D65)", "against": OTHER[other],
-              "rounds_asked": rounds,
+              "rounds_asked": rounds, "trace": a.trace,
               "cpus": a.cpus, "summary": summary, "runs": runs,
               "warmup": [{k: v for k, v in r.items() if k != "ttfts_ms"} for r in warm]}
     for key, v in summary.items():

@@ -16,6 +16,7 @@
 # each fidelity round: cptest's with Python's cyclic collector off), PAIRED=1 (fidelity.py --paired:
 # both clients at once, each on half of the client's CPU set, D65; ROUNDS=0 runs no pair against
 # bench_serving), CONTROL_ROUNDS=N (after it, N paired rounds of cptest's client against itself),
+# TRACE=1 (paired: each request's phases to its first chunk in both clients, fidelity.py --trace),
 # FIDELITY_DEADLINE_S and CONTROL_DEADLINE_S (paired: start no pair of rounds after this many
 # seconds of that fidelity.py),
 # GRAPHS_P0=1 (p0 runs with decode CUDA graphs, SGLang's default, instead of eager: the probe's
@@ -102,7 +103,8 @@ if [ "${SKIP_FIDELITY:-0}" != 1 ]; then
     if [ "${ROUNDS:-24}" -gt 0 ]; then
       say "paired fidelity on f (clients on $PCPUS)"
       python3 tools/device/fidelity.py tools/device/fidelity_llama_kv1.cps --port 31002 --out "$WORK/fidelity" \
-        --paired --cpus "$PCPUS" --rounds "${ROUNDS:-24}" ${FIDELITY_DEADLINE_S:+--deadline-s "$FIDELITY_DEADLINE_S"} 2>&1 \
+        --paired --cpus "$PCPUS" --rounds "${ROUNDS:-24}" ${FIDELITY_DEADLINE_S:+--deadline-s "$FIDELITY_DEADLINE_S"} \
+        ${TRACE:+--trace} 2>&1 \
         | grep -v "^benchmark_args=\|^Namespace(\|^Starting warmup\|^Warmup completed\|^#\|^=\|^[A-Z].*: *[0-9.]*$" | tee -a "$LOG"
       cp "$WORK/fidelity/fidelity-paired.json" "$OUT/" 2>/dev/null
     fi
