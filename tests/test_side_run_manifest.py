@@ -43,3 +43,45 @@ def test_a_commit_without_the_script_gives_no_script_hash(tmp_path: Path) -> Non
     _run(str(tmp_path), "--commit", first, "--script", "tools/device/probe-overhead.sh",
          "--not-recorded", "x")
     assert json.loads((tmp_path / "manifest.json").read_text())["script_sha256"] is None
+
+
+def _git(repo: Path, *argv: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *argv], capture_output=True, text=True, check=True,
+                          env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                               "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"}).stdout.strip()
+
+
+def test_the_code_pin_names_the_commit_whose_files_ran(tmp_path: Path) -> None:
+    """A stale commit name is caught: the pin matches the tree, and the finder names its commit."""
+    repo = tmp_path / "repo"
+    (repo / "cptest").mkdir(parents=True)
+    (repo / "tools").mkdir()
+    (repo / "cptest" / "a.py").write_text("A = 1\n")
+    (repo / "tools" / "t.sh").write_text("echo 1\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "one")
+    old = _git(repo, "rev-parse", "HEAD")
+    (repo / "cptest" / "a.py").write_text("A = 2\n")
+    (repo / "cptest" / "__pycache__").mkdir()
+    (repo / "cptest" / "__pycache__" / "a.cpython-312.pyc").write_bytes(b"\0")  # a cache: not code
+    _git(repo, "commit", "-q", "-am", "two")
+    new = _git(repo, "rev-parse", "HEAD")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "x.log").write_text("x\n")
+    # the machine's stale .git named the old commit, while the tree was the new one
+    subprocess.run([sys.executable, str(TOOL), str(run), "--commit", old, "--script", "tools/t.sh",
+                    "--not-recorded", "test"], check=True, cwd=repo, timeout=120)
+    code = json.loads((run / "manifest.json").read_text())["code"]
+    assert code["files"] == 2 and code["commit_matches"] is False
+    found = subprocess.run([sys.executable, str(ROOT / "tools" / "side_run_commit.py"), str(run), "--repo",
+                            str(repo)], capture_output=True, text=True, cwd=repo, timeout=120)
+    assert found.returncode == 0 and found.stdout.split(": ")[1].strip() == new[:12]
+    (repo / "cptest" / "b.py").write_text("uncommitted\n")  # a tree no commit had
+    subprocess.run([sys.executable, str(TOOL), str(run), "--commit", new, "--script", "tools/t.sh",
+                    "--not-recorded", "test"], check=True, cwd=repo, timeout=120)
+    assert json.loads((run / "manifest.json").read_text())["code"]["commit_matches"] is False
+    found = subprocess.run([sys.executable, str(ROOT / "tools" / "side_run_commit.py"), str(run), "--repo",
+                            str(repo)], capture_output=True, text=True, cwd=repo, timeout=120)
+    assert found.returncode == 1 and found.stdout.strip().endswith(": none")

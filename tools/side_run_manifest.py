@@ -9,6 +9,12 @@ commit of the code it ran, the script that made it and the sha256 of every file 
 
 `--not-recorded` is for a run whose machine is gone: the environment is then null, field by
 field, with REASON under `reasons` (cptest's convention for an absent fact), never guessed.
+
+`code` pins the code by content: a sha256 over every file under cptest/ and tools/ as the run saw
+them (path and sha256 of each; caches left out), and whether that equals `commit`'s files where git
+here knows the commit. The GPU machine's copy of `.git` can be stale, so a `commit` read from it
+there named an older commit than the tree that ran (results/_measure runs 1-3, 19-20);
+`tools/side_run_commit.py DIR` finds the commits whose files match `code.sha256`.
 """
 
 from __future__ import annotations
@@ -43,6 +49,65 @@ def script_sha256(script: Path, commit: str) -> str | None:
     return hashlib.sha256(shown.stdout).hexdigest() if shown.returncode == 0 else None
 
 
+CODE_DIRS = ("cptest", "tools")
+"""What `code` hashes: the package and the scripts that drive the side runs."""
+
+
+def _code_digest(entries: list[tuple[str, str]]) -> str:
+    text = "".join(f"{path}\0{digest}\n" for path, digest in sorted(entries))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def code_files(root: Path) -> list[tuple[str, str]]:
+    """(path, sha256) of every file under CODE_DIRS in the working tree, caches left out."""
+    out = []
+    for d in CODE_DIRS:
+        for f in (root / d).rglob("*"):
+            if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
+                out.append((f.relative_to(root).as_posix(), sha256_file(f)))
+    return out
+
+
+def code_files_at(commit: str, root: Path) -> list[tuple[str, str]] | None:
+    """(path, sha256) of every file under CODE_DIRS at `commit`, or None where git here lacks it."""
+    def git(*argv: str, data: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(["git", "-C", str(root), *argv], input=data, capture_output=True, timeout=120,
+                              check=False)
+
+    try:
+        listed = git("ls-tree", "-r", "-z", commit, "--", *CODE_DIRS)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if listed.returncode != 0:
+        return None
+    items = []
+    for rec in listed.stdout.split(b"\0"):
+        if not rec:
+            continue
+        meta, path = rec.split(b"\t", 1)
+        mode, kind, oid = meta.split()
+        if kind == b"blob" and mode != b"120000":  # links are not followed on disk either
+            items.append((path.decode(), oid.decode()))
+    blobs = git("cat-file", "--batch", data="".join(f"{oid}\n" for _, oid in items).encode())
+    if blobs.returncode != 0:
+        return None
+    out, buf = [], blobs.stdout
+    for path, _ in items:
+        header, buf = buf.split(b"\n", 1)
+        size = int(header.split()[2])
+        out.append((path, hashlib.sha256(buf[:size]).hexdigest()))
+        buf = buf[size + 1:]
+    return out
+
+
+def code_pin(root: Path, commit: str) -> dict[str, Any]:
+    here = code_files(root)
+    at = code_files_at(commit, root)
+    digest = _code_digest(here)
+    return {"dirs": list(CODE_DIRS), "files": len(here), "sha256": digest,
+            "commit_matches": None if at is None else _code_digest(at) == digest}
+
+
 def manifest(dir: Path, *, commit: str, script: Path, what: str, not_recorded: str | None) -> dict[str, Any]:
     if not_recorded is None:
         environment = collect_environment()
@@ -51,6 +116,7 @@ def manifest(dir: Path, *, commit: str, script: Path, what: str, not_recorded: s
         environment["reasons"] = {k: not_recorded for k in ENVIRONMENT_FIELDS}
     files = {k: v for k, v in file_hashes(dir).items() if k not in ("manifest.json", "SHA256SUMS")}
     return {"manifest_version": 1, "kind": "side-run", "what": what, "commit": commit,
+            "code": code_pin(Path.cwd(), commit),
             "script": str(script), "script_sha256": script_sha256(script, commit),
             "environment": environment, "files": files}
 
