@@ -23,6 +23,11 @@ Contract (the `Launcher` protocol of `cptest.run.launcher`, plus what containers
   `CPTEST_PROBE_DIR`, where the runner tells the ranks to write) read-write at the same path.
 - GPUs are a device request for exactly `node.gpu_ids` (none when the list is empty). Inside the
   container those GPUs are numbered from 0, so `CUDA_VISIBLE_DEVICES` is rewritten to `0..n-1`.
+  Podman's Docker-compatible API accepts a device request and ignores it (podman#22645: the
+  container starts without GPUs), so on Podman the GPUs go in as device nodes instead: each GPU's
+  `/dev/nvidia<minor>` (NVML's minor number) and the driver's control nodes, plus the lock entry's
+  `driver_mounts` read-only (the driver's user-space libraries, which NVIDIA's runtime hook would
+  have added). The node's log begins with a line saying which way its GPUs were attached.
 - Every container carries the caller's labels plus `cptest.node` and `cptest.launcher=docker`;
   `sweep(labels)` removes every container carrying them (crash recovery).
 - The launcher remembers every container it created (registered right after create, before start)
@@ -83,9 +88,9 @@ LABEL_LAUNCHER = "cptest.launcher"
 
 LOCK_STATUSES = ("pinned", "unbuilt")
 LOCK_ENTRY_KEYS = ("digest", "status", "build", "dockerfile", "sglang", "note", "engine", "cptest_mount",
-                   "layer", "inputs")
-"""Keys of one lock entry. The launcher reads digest, status, build, engine and cptest_mount;
-`cptest image build` reads layer and inputs; the rest documents the image."""
+                   "layer", "inputs", "driver_mounts")
+"""Keys of one lock entry. The launcher reads digest, status, build, engine, cptest_mount and
+driver_mounts; `cptest image build` reads layer and inputs; the rest documents the image."""
 _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _BUILD_HINT = "build it and pin it as images/README.md describes"
 
@@ -120,6 +125,9 @@ class LockEntry:
     """The engine whose nodes run this image when their plan names none (at most one per engine)."""
     cptest_mount: str | None = None
     """Where the image expects the cptest package (mounted read-only from the running checkout)."""
+    driver_mounts: tuple[str, ...] = ()
+    """Host paths bound read-only at the same path when GPUs go in as device nodes (Podman): the
+    driver's user-space libraries, which the image cannot carry (they must match the host's driver)."""
 
 
 @dataclass(frozen=True)
@@ -185,7 +193,14 @@ class ImageLock:
                 problems.append(Problem(None, f"{where}: a second image for engine {engine!r}",
                                         hint="one image per engine; remove the older entry"))
                 continue
-            entries[ref] = LockEntry(ref, digest, status, raw.get("build"), engine, raw.get("cptest_mount"))
+            mounts = raw.get("driver_mounts", [])
+            if not isinstance(mounts, list) or not all(
+                    isinstance(m, str) and os.path.isabs(m) for m in mounts):
+                problems.append(Problem(None, f"{where}.driver_mounts must be a list of absolute host paths",
+                                        expected='["/usr/local/nvidia", ...]', found=repr(mounts)))
+                continue
+            entries[ref] = LockEntry(ref, digest, status, raw.get("build"), engine, raw.get("cptest_mount"),
+                                     tuple(mounts))
         if problems:
             raise RunError(problems)
         return cls(path, entries)
@@ -267,6 +282,56 @@ def gpu_device_requests(gpu_ids: list[int]) -> list[docker.types.DeviceRequest]:
     return [docker.types.DeviceRequest(device_ids=[str(g) for g in gpu_ids], capabilities=[["gpu"]])]
 
 
+GPU_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+"""The driver's device nodes every CUDA process opens besides its GPUs' (`nvidia-modeset` where present)."""
+
+
+def gpu_device_nodes(gpu_ids: list[int], minors: Mapping[int, int], dev: Path = Path("/dev")) -> list[str]:
+    """Docker `devices` entries (`HOST:CONTAINER:rwm`) for exactly these GPUs: `/dev/nvidia<minor>`
+    of each and the control nodes present; RunError when a GPU's node is missing (an infrastructure
+    fault: the run is `unknown`, never an engine failure)."""
+    if not gpu_ids:
+        return []
+    nodes = [dev / f"nvidia{minors[g]}" for g in gpu_ids]
+    missing = [str(n) for n in nodes if not n.exists()]
+    if missing:
+        raise RunError(Problem(None, f"GPU device node(s) {', '.join(missing)} not found on this host",
+                               hint="the GPUs the plan names must exist here (nvidia-smi -L)"))
+    nodes += [dev / n for n in GPU_CONTROL_NODES if (dev / n).exists()]
+    return [f"{n}:{n}:rwm" for n in nodes]
+
+
+def gpu_minor_numbers(gpu_ids: list[int]) -> tuple[dict[int, int], str]:
+    """Each GPU index's device minor number (its `/dev/nvidia<minor>`) from NVML, and where the
+    figures came from; the index itself, said so, where NVML cannot answer."""
+    from cptest.run.gpu import GpuQueryUnavailable, _nvml
+
+    try:
+        nvml = _nvml()
+        return ({g: int(nvml.nvmlDeviceGetMinorNumber(nvml.nvmlDeviceGetHandleByIndex(g))) for g in gpu_ids},
+                "NVML minor numbers")
+    except GpuQueryUnavailable as e:
+        return {g: g for g in gpu_ids}, f"the GPU index as minor number ({e})"
+    except Exception as e:  # noqa: BLE001 - pynvml.NVMLError and its many subclasses
+        return {g: g for g in gpu_ids}, f"the GPU index as minor number (NVML: {e})"
+
+
+def engine_gpu_access(client: docker.DockerClient) -> str:
+    """How this engine attaches GPUs: "device_requests" (Docker, through NVIDIA's runtime hook) or
+    "device_nodes" (Podman, whose Docker-compatible API ignores device requests)."""
+    try:
+        return gpu_access_of(client.version())
+    except (docker.errors.DockerException, requests.exceptions.RequestException):
+        return "device_requests"
+
+
+def gpu_access_of(version: Mapping[str, Any]) -> str:
+    """`engine_gpu_access` from the engine's /version answer: Podman names itself in a component."""
+    components = version.get("Components") or []
+    names = [str(c.get("Name", "")) for c in components if isinstance(c, dict)]
+    return "device_nodes" if any("podman" in n.lower() for n in names) else "device_requests"
+
+
 def container_env(node: NodeLaunch) -> dict[str, str]:
     """The node's env; with GPUs, CUDA_VISIBLE_DEVICES renumbered as the container sees them (0..n-1)."""
     env = dict(node.env)
@@ -284,11 +349,15 @@ def container_config(
     shm_size: str | None = "16g",
     init: bool = True,
     cptest_mount: str | None = None,
+    device_nodes: list[str] | None = None,
+    driver_mounts: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Keyword arguments for `client.containers.create` of this node (image checked elsewhere).
 
     `cptest_mount`: the image runs cptest from there (its lock entry says so): the running cptest
-    package is mounted read-only under it and PYTHONPATH points at it."""
+    package is mounted read-only under it and PYTHONPATH points at it. `device_nodes` (an engine
+    that ignores device requests: `gpu_device_nodes`): the GPUs go in as these devices, with
+    `driver_mounts` bound read-only, instead of a device request."""
     if node.image is None:
         raise RunError(Problem(None, f"node {node.node_rank} has no image; the docker launcher needs one",
                                hint="give the scenario's engine an image, or use the process launcher"))
@@ -304,6 +373,9 @@ def container_config(
     if cptest_mount:
         volumes.update(cptest_volume(cptest_mount))
         env["PYTHONPATH"] = cptest_mount
+    if device_nodes:
+        for m in driver_mounts:
+            volumes[m] = {"bind": m, "mode": "ro"}
     config: dict[str, Any] = {
         "image": node.image,
         "command": list(node.argv),
@@ -314,8 +386,10 @@ def container_config(
         "init": init,
         "volumes": volumes,
         "detach": True,
-        "device_requests": gpu_device_requests(node.gpu_ids),
+        "device_requests": [] if device_nodes else gpu_device_requests(node.gpu_ids),
     }
+    if device_nodes:
+        config["devices"] = list(device_nodes)
     if node.cpus:  # a suite's placement: the container runs on these host CPUs only
         config["cpuset_cpus"] = ",".join(str(c) for c in node.cpus)
     # With the host's IPC namespace /dev/shm is the host's: Docker ignores shm_size there and
@@ -532,6 +606,7 @@ class DockerLauncher:
         self._api_timeout_s = api_timeout_s
         self._handles: list[DockerHandle] = []
         self._lock = threading.Lock()
+        self._gpu_access: str | None = None
 
     # -- the engine
 
@@ -614,10 +689,28 @@ class DockerLauncher:
             raise RunError(Problem(None, f"node {node.node_rank} has no image; the docker launcher needs one",
                                    hint="give the scenario's engine an image, or use the process launcher"))
         digest = verify_image(self.client, node.image, self.lock)
+        entry = self.lock.entries[node.image]
+        devices, attached = None, None
+        if node.gpu_ids:
+            if self._gpu_access is None:
+                self._gpu_access = engine_gpu_access(self.client)
+            if self._gpu_access == "device_nodes":
+                minors, source = gpu_minor_numbers(node.gpu_ids)
+                devices = gpu_device_nodes(node.gpu_ids, minors)
+                attached = (f"GPUs {node.gpu_ids} as device nodes ({source}): "
+                            f"{', '.join(d.split(':')[0] for d in devices)}; driver mounts: "
+                            f"{', '.join(entry.driver_mounts) or 'none'} "
+                            "(the engine ignores device requests)")
+            else:
+                attached = f"GPUs {node.gpu_ids} as a device request"
         config = container_config(node, labels, probe_dir=self.probe_dir, ipc_mode=self.ipc_mode,
-                                  shm_size=self.shm_size, init=self.init,
-                                  cptest_mount=self.lock.entries[node.image].cptest_mount)
+                                  shm_size=self.shm_size, init=self.init, cptest_mount=entry.cptest_mount,
+                                  device_nodes=devices, driver_mounts=entry.driver_mounts)
         config.pop("detach")
+        if attached is not None:
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "a") as out:  # the container's own output follows
+                out.write(f"[cptest] {attached}\n")
         try:
             container = self.client.containers.create(**config)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:

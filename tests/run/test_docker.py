@@ -33,7 +33,9 @@ from cptest.run.docker import (
     LABEL_SCENARIO,
     DockerLauncher,
     ImageLock,
+    container_config,
     container_labels,
+    engine_gpu_access,
     iter_labelled,
 )
 from cptest.run.launcher import Handle, Launcher
@@ -321,3 +323,23 @@ def test_an_engine_that_does_not_answer_is_a_run_error_saying_how_to_start_one(l
         launcher.start(node(SLEEPER), tmp_path / "n0.log", {LABEL_RUN: "x"})
     assert err.value.exit_code == 3
     assert "no container engine answers" in str(err.value) and "container-engine.sh start" in str(err.value)
+
+
+def test_podman_gets_gpus_as_device_nodes_and_passes_them_in(labels, tmp_path):
+    """Podman's Docker-compatible API ignores device requests (podman#22645), so the launcher hands
+    it device nodes: this engine is recognised as Podman, and a node given in the form the launcher
+    builds reaches the container (/dev/zero standing in for a GPU's node on a machine without one)."""
+    assert CLIENT is not None
+    assert engine_gpu_access(CLIENT) == "device_nodes"
+    cfg = container_config(node(["sh", "-c", "ls -l /dev/nvidia0; head -c 4 /dev/nvidia0 | od -An -tx1"]),
+                           labels, device_nodes=["/dev/zero:/dev/nvidia0:rwm"])
+    cfg.pop("detach")
+    container = CLIENT.containers.create(**cfg)
+    try:
+        container.start()
+        assert container.wait(timeout=60)["StatusCode"] == 0
+        out = container.logs().decode()
+    finally:
+        container.remove(force=True)
+    assert out.lstrip().startswith("c")  # a character device
+    assert out.split()[-4:] == ["00", "00", "00", "00"]

@@ -17,6 +17,8 @@ from cptest.run.docker import (
     container_config,
     container_labels,
     exit_status,
+    gpu_access_of,
+    gpu_device_nodes,
     gpu_device_requests,
     image_digests,
 )
@@ -155,3 +157,54 @@ def test_a_missing_lock_file_is_a_run_error(tmp_path: Path):
 def test_an_unknown_lock_entry_key_is_refused_with_the_closest_known_key():
     with pytest.raises(RunError, match="did you mean 'digest'"):
         lock_of({"a:1": {"digset": DIGEST}})
+
+
+def _devdir(tmp_path: Path, *names: str) -> Path:
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for n in names:
+        (dev / n).write_text("")
+    return dev
+
+
+def test_gpu_device_nodes_name_each_gpus_minor_and_the_control_nodes_present(tmp_path: Path):
+    dev = _devdir(tmp_path, "nvidia0", "nvidia3", "nvidia7", "nvidiactl", "nvidia-uvm")
+    got = gpu_device_nodes([5, 6], {5: 3, 6: 7}, dev)  # minors need not equal the indices
+    assert got == [f"{dev}/nvidia3:{dev}/nvidia3:rwm", f"{dev}/nvidia7:{dev}/nvidia7:rwm",
+                   f"{dev}/nvidiactl:{dev}/nvidiactl:rwm", f"{dev}/nvidia-uvm:{dev}/nvidia-uvm:rwm"]
+    assert gpu_device_nodes([], {}, dev) == []
+
+
+def test_a_missing_gpu_device_node_is_refused_before_any_container(tmp_path: Path):
+    dev = _devdir(tmp_path, "nvidia0", "nvidiactl")
+    with pytest.raises(RunError, match="nvidia1 not found"):
+        gpu_device_nodes([0, 1], {0: 0, 1: 1}, dev)
+
+
+def test_device_nodes_replace_the_device_request_and_bring_the_driver_mounts():
+    devices = ["/dev/nvidia4:/dev/nvidia4:rwm", "/dev/nvidiactl:/dev/nvidiactl:rwm"]
+    cfg = container_config(node(gpu_ids=[4]), {}, device_nodes=devices, driver_mounts=("/usr/local/nvidia",))
+    assert cfg["devices"] == devices and cfg["device_requests"] == []
+    assert cfg["volumes"]["/usr/local/nvidia"] == {"bind": "/usr/local/nvidia", "mode": "ro"}
+    assert cfg["environment"]["CUDA_VISIBLE_DEVICES"] == "0"
+    plain = container_config(node(gpu_ids=[4]), {}, driver_mounts=("/usr/local/nvidia",))
+    assert "devices" not in plain and "/usr/local/nvidia" not in plain["volumes"]  # Docker: the hook's job
+
+
+def test_podman_is_told_apart_from_docker_by_its_version_answer():
+    # the components of each engine's /version answer, as each returns them
+    podman = {"Components": [{"Name": "Podman Engine", "Version": "4.3.1"},
+                             {"Name": "Conmon", "Version": "conmon version 2.1.6"}]}
+    moby = {"Components": [{"Name": "Engine", "Version": "27.3.1"}, {"Name": "containerd"},
+                           {"Name": "runc"}, {"Name": "docker-init"}]}
+    assert gpu_access_of(podman) == "device_nodes"
+    assert gpu_access_of(moby) == "device_requests"
+    assert gpu_access_of({}) == "device_requests"
+
+
+def test_the_lock_reads_driver_mounts_and_refuses_relative_ones():
+    entry = {"digest": DIGEST, "status": "pinned", "driver_mounts": ["/usr/local/nvidia"]}
+    lock = ImageLock.from_data({"lock_version": 1, "images": {"x:1": entry}})
+    assert lock.entries["x:1"].driver_mounts == ("/usr/local/nvidia",)
+    with pytest.raises(RunError, match="driver_mounts must be a list of absolute host paths"):
+        ImageLock.from_data({"lock_version": 1, "images": {"x:1": {**entry, "driver_mounts": ["usr/lib"]}}})
