@@ -21,8 +21,15 @@ Printed, per step of a `--batch`-request decode batch over `--layers` layers:
   full collection of the whole engine process closer, a pause of the engine's thread that grows
   with everything the engine holds.
 
+- with `--pool`, each step also runs the pool-sample hook (`pool_hooks.after_get_next_batch_to_run`,
+  which SGLang calls before the forward, once per scheduler iteration) on a scheduler whose free
+  tokens change every step, as a decode's do; the unhooked step changes the same figures;
+- parts: a second hooked run with the probe's `cost` timing on (`Probe.timing`, what the GPU
+  machine's `cost` notes report): ready / begin / end / send per step, steps over hooks.SLOW_NS,
+  the pool hook's own time, and the CPU time of the engine's thread and of the others (the writer).
+
     python benchmarks/probe_step.py [--steps N] [--batch B] [--layers L] [--device cpu|cuda]
-        [--profile TOP]
+        [--pool] [--profile TOP]
 
 `--profile TOP` also prints the TOP functions by their own time in a profiled run of the hooked
 steps (cProfile inflates Python calls, so read it for proportions, not for figures).
@@ -40,8 +47,8 @@ from typing import Any
 
 import torch
 
-from cptest.evidence import RankId, Step, read_records
-from cptest.probe import hooks, runtime
+from cptest.evidence import PoolSample, RankId, Step, read_records
+from cptest.probe import hooks, pool_hooks, runtime
 from cptest.probe.runtime import Probe
 
 
@@ -83,6 +90,40 @@ def _noop(*_a: Any, **_k: Any) -> None:
     return None
 
 
+class _Alloc:
+    """The allocator's figures the pool hook reads (mem_cache/allocator/base.py)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = self.free = size
+
+    def available_size(self) -> int:
+        return self.free
+
+
+def make_scheduler(batch: int, hooked: bool) -> tuple[Any, Any]:
+    """A scheduler iteration shaped like SGLang 0.5.17's for a steady decode of `batch` requests:
+    each call takes one token per request from the pool (released back once the pool runs low)
+    and counts one forward; hooked, it then runs the pool-sample hook, as SGLang's
+    `get_next_batch_to_run` wrapper does before the forward."""
+    alloc = _Alloc(1_000_000)
+    running = types.SimpleNamespace(reqs=[object()] * batch)
+    plan = types.SimpleNamespace(running_batch=running, batch_to_run=running)
+    sched = types.SimpleNamespace(
+        token_to_kv_pool_allocator=alloc, waiting_queue=[], forward_ct=0,
+        tree_cache=types.SimpleNamespace(evictable_size=lambda: 0, protected_size=lambda: 0),
+        pool_stats_observer=types.SimpleNamespace(max_total_num_tokens=alloc.size),
+    )
+    hook = pool_hooks.after_get_next_batch_to_run
+
+    def iteration() -> None:
+        alloc.free = alloc.free - batch if alloc.free > batch else alloc.size
+        sched.forward_ct += 1
+        if hooked:
+            hook(plan, sched)
+
+    return iteration, sched
+
+
 def per_step_us(fn: Any, steps: int) -> float:
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -117,18 +158,30 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--device", default="cpu", help="cuda: real device copies and events (GPU machine)")
     ap.add_argument("--profile", type=int, default=0, metavar="TOP")
+    ap.add_argument("--pool", action="store_true", help="each step also runs the pool-sample hook")
     a = ap.parse_args()
     forward, fb = make_step(a.layers, a.batch, device=a.device)
     bare, _ = make_step(a.layers, a.batch, hooked=False, device=a.device)
     runner = types.SimpleNamespace(is_draft_worker=False)
+    sched_on, _ = make_scheduler(a.batch, hooked=a.pool)
+    sched_off, _ = make_scheduler(a.batch, hooked=False)
+    around = hooks.around_model_runner_forward
+
+    def bare_step() -> None:
+        sched_off()
+        bare(runner, fb)
+
+    def hooked_step() -> None:
+        sched_on()
+        around(forward, runner, fb)
 
     runtime.set_probe(None)
-    off = per_step_us(lambda: bare(runner, fb), a.steps)
+    off = per_step_us(bare_step, a.steps)
     cpu0 = time.process_time()
-    per_step_us(lambda: bare(runner, fb), a.steps)
+    per_step_us(bare_step, a.steps)
     off_cpu = (time.process_time() - cpu0) / a.steps * 1e6
     gc_steps = min(a.steps, 2000)
-    kept_off = kept_per_step(lambda: bare(runner, fb), fb, gc_steps)
+    kept_off = kept_per_step(bare_step, fb, gc_steps)
 
     with tempfile.TemporaryDirectory() as d:
         probe = Probe(Path(d), graph_flush_s=1.0)
@@ -136,13 +189,16 @@ def main() -> None:
         probe.set_rank(RankId(world=0))
         probe.cp_configured = False
         cpu0 = time.process_time()
-        on = per_step_us(lambda: hooks.around_model_runner_forward(forward, runner, fb), a.steps)
+        on = per_step_us(hooked_step, a.steps)
         probe.flush(timeout=600)
         on_cpu = (time.process_time() - cpu0) / a.steps * 1e6
-        kept_on = kept_per_step(lambda: hooks.around_model_runner_forward(forward, runner, fb), fb, gc_steps)
+        kept_on = kept_per_step(hooked_step, fb, gc_steps)
         probe.flush(timeout=600)
         lines = (Path(d) / "rank0.jsonl").read_text().count("\n")
-        steps_read = sum(isinstance(r, Step) for r in read_records(Path(d) / "rank0.jsonl")[0])
+        recs = read_records(Path(d) / "rank0.jsonl")[0]
+        steps_read = sum(isinstance(r, Step) for r in recs)
+        samples = sum(isinstance(r, PoolSample) for r in recs)
+        parts = timed_parts(probe, sched_on, lambda: around(forward, runner, fb), a.steps, off_cpu)
         # Paused (CPTEST_PROBE_SWITCH): what the run-time windows leave in both states, the hooks'
         # early returns; SGLang's own hook dispatch is not simulated here.
         if a.profile:
@@ -150,20 +206,53 @@ def main() -> None:
             import pstats
 
             prof = cProfile.Profile()
-            prof.runcall(per_step_us, lambda: hooks.around_model_runner_forward(forward, runner, fb), a.steps)
+            prof.runcall(per_step_us, hooked_step, a.steps)
             probe.flush(timeout=600)
             pstats.Stats(prof).sort_stats("tottime").print_stats(a.profile)
         probe.paused = True
-        paused = per_step_us(lambda: hooks.around_model_runner_forward(forward, runner, fb), a.steps)
+        paused = per_step_us(hooked_step, a.steps)
         probe.close()
         runtime.set_probe(None)
     print(f"probe step cost on {a.device}, decode batch of {a.batch}, {a.layers} layers, {a.steps} steps "
-          f"(+{gc_steps} for kept objects; {steps_read} steps read back from {lines} lines)")
+          f"(+{gc_steps} for kept objects; {steps_read} steps read back from {lines} lines, "
+          f"{samples} pool samples)")
     print(f"  engine thread: {on - off:8.1f} us/step  (hooked {on:.1f}, unhooked {off:.1f})")
     print(f"  CPU time     : {on_cpu - off_cpu:8.1f} us/step the probe adds, both threads")
     print(f"  paused       : {paused - off:8.1f} us/step left when switched off (hooks returning at once)")
     print(f"  kept objects : {kept_on - kept_off:8.2f} per step moved to the collector's oldest generation "
           f"by the probe ({kept_on:.2f} hooked, {kept_off:.2f} unhooked)")
+    print(parts)
+
+
+def timed_parts(probe: Probe, iteration: Any, step: Any, steps: int, off_cpu: float) -> str:
+    """The probe's parts of a step as its `cost` notes count them (`Probe.timing`), the pool
+    hook's time apart, and the CPU time of the engine's thread and of the other threads."""
+    probe.flush(timeout=600)
+    probe.cost = [0] * 10
+    probe._write_cost = lambda: None  # type: ignore[method-assign]  # keep the sums (no cost notes)
+    probe.timing = True
+    clock = time.perf_counter_ns
+    pool_ns = 0
+    cpu0, thread0 = time.process_time(), time.thread_time()
+    for _ in range(steps):
+        t0 = clock()
+        iteration()
+        pool_ns += clock() - t0
+        step()
+    probe.flush(timeout=600)
+    cpu, thread = time.process_time() - cpu0, time.thread_time() - thread0
+    probe.timing = False
+    del probe._write_cost
+    c, probe.cost = probe.cost, [0] * 10
+    n = c[1] or 1
+    us = [v / n / 1e3 for v in (c[0], c[4], c[5], c[6], c[7])]
+    return (f"  parts (timed): {us[0]:.1f} us/step = ready {us[1]:.1f} / begin {us[2]:.1f} / end {us[3]:.1f} "
+            f"(send {us[4]:.1f}); slow steps (> {hooks.SLOW_NS / 1e3:.0f} us) {c[8]} of {c[1]}, "
+            f"{c[9] / max(c[8], 1) / 1e3:.0f} us each, {c[9] / n / 1e3:.1f} us per step of all\n"
+            f"  pool hook    : {pool_ns / steps / 1e3:8.1f} us/step on the engine thread (with the "
+            f"scheduler's own figures; outside the parts)\n"
+            f"  CPU by thread: engine {thread / steps * 1e6 - off_cpu:.1f} us/step over unhooked, "
+            f"other threads (writer) {(cpu - thread) / steps * 1e6:.1f} us/step")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from cptest.evidence import dump_record
 from cptest.probe import records
 from cptest.probe import runtime as _runtime
 from cptest.probe.records import StepDraft
@@ -69,7 +70,7 @@ class CopyBatch:
     """
 
     __slots__ = ("probe", "born", "parts", "steps", "device", "stream", "sizes", "where", "host",
-                 "done", "values_", "drafts", "arrived")
+                 "done", "values_", "drafts", "arrived", "records")
 
     def __init__(self, probe: Probe, born: float) -> None:
         self.probe = probe
@@ -88,6 +89,9 @@ class CopyBatch:
         self.drafts: list[StepDraft] = []
         self.arrived = False
         """The host copies are complete (`poll` saw the event); read without a device call."""
+        self.records: list[tuple[int, Any]] | None = None
+        """Records written while the batch was being filled (`attach_record`): (steps before each
+        one, the record or its line), written between those steps' lines."""
 
     def fits(self, tensors: list[Any]) -> bool:
         """Whether a step's tensors go with this batch's (one step's tensors share a device)."""
@@ -193,15 +197,23 @@ class CopyBatch:
         its drafts back to the probe. Runs of decode steps over the same requests become one
         `steps` line (`records.steps_block_line`); any other step gets its own line."""
         probe, drafts = self.probe, self.drafts
+        attached = self.records or ()
         lines = []
-        i = 0
+        i = r = 0
         while i < len(drafts):
-            j = probe.call("step_end", _block_end, probe, self, i) or i + 1
+            while r < len(attached) and attached[r][0] <= i:
+                lines.append(probe.call("write", _record_line, attached[r][1]))
+                r += 1
+            end = attached[r][0] if r < len(attached) else len(drafts)  # a block stops at a record
+            j = probe.call("step_end", _block_end, probe, self, i, end) or i + 1
             line = (probe.call("step_end", _step_line, probe, self, drafts[i]) if j == i + 1
                     else probe.call("step_end", _block_line, probe, self, i, j))
             if line is not None:
                 lines.append(line)
             i = j
+        lines.extend(probe.call("write", _record_line, rec) for _, rec in attached[r:])
+        self.records = None
+        lines = [x for x in lines if x is not None] if attached else lines
         if lines:
             probe.write("\n".join(lines))
         for draft in drafts:
@@ -213,8 +225,12 @@ class CopyBatch:
         self.values_ = self.host = None
 
 
-def _block_end(probe: Probe, batch: CopyBatch, i: int) -> int:
-    """The end of the run of steps from `i` that one `steps` line can carry (i + 1: none)."""
+def _record_line(record: Any) -> str:
+    return record if isinstance(record, str) else dump_record(record)
+
+
+def _block_end(probe: Probe, batch: CopyBatch, i: int, end: int | None = None) -> int:
+    """The end of the run of steps from `i` (up to `end`) that one `steps` line can carry (i + 1: none)."""
     drafts = batch.drafts
     d = drafts[i]
     which = d.which
@@ -226,7 +242,8 @@ def _block_end(probe: Probe, batch: CopyBatch, i: int) -> int:
     if b == 0 or probe.rid_text.of(d.rids, distinct=True) is None:
         return i + 1
     j = i + 1
-    while j < len(drafts):
+    end = len(drafts) if end is None else end
+    while j < end:
         e = drafts[j]
         if (e.rids is not d.rids or e.which is not which or e.mode != "decode" or e.cp_active
                 or e.cp_configured is not d.cp_configured or e.extend_lens is not None
@@ -310,10 +327,26 @@ def _send_locked(probe: Probe, on_engine_thread: bool = False) -> None:
             batch.send(on_engine_thread)
 
 
+def attach_record(probe: Probe, record: Any) -> bool:
+    """Put `record` into the batch being filled, after its steps so far (`Probe.write`): the
+    batch stays open, and is sent when full, by the writer thread. False when no batch is being
+    filled. The batch being filled is the last of the pending work: a record written after it
+    opened went into it, and it is detached before it is sent."""
+    with probe.copy_lock:
+        batch = probe.copies
+        if batch is None or batch.host is not None:
+            return False
+        if batch.records is None:
+            batch.records = []
+        batch.records.append((len(batch.drafts), record))
+        return True
+
+
 def _open_batch(probe: Probe) -> CopyBatch:
     """A new batch, deferred at once: records written after it wait for its steps."""
     batch = CopyBatch(probe, probe.clock())
     probe.copies, probe.kick, probe.writer_round = batch, send_copies, writer_round
+    probe.attach = attach_record
     probe.defer(batch)
     return batch
 

@@ -15,7 +15,8 @@ The rule reads only figures every rank of one server has alike (the forward coun
 scheduler's queues: SGLang's TP ranks each run the same scheduler on the same broadcast requests),
 so the ranks of a DCP group write samples at the same steps and the checker compares them there.
 
-Cost: a handful of attribute reads and `len()`s per iteration; `available_size()` is
+Cost: a handful of attribute reads and `len()`s per iteration, and a record's line (no pydantic) when
+one is due; it joins the copy batch being filled (`Probe.write`, D67). `available_size()` is
 `len(free_pages) * page_size` of a device tensor, whose length is host metadata (no CUDA sync,
 mem_cache/allocator/base.py:57-58, token.py:51-53 in the 0.5.17 wheel).
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from cptest.evidence import PoolSample, RankId
+from cptest.probe.records import pool_sample_line
 from cptest.probe.runtime import get_probe
 
 STEP_EVERY = 4
@@ -43,17 +45,26 @@ class PoolSampler:
         self.off = False
         """True once the engine lacked something to read: the sampler stays silent (one note said why)."""
 
+    def due(self, step: int, figures: tuple[Any, ...], idle: bool) -> bool:
+        """Whether this iteration's `figures` (total, free, evictable, protected, running, waiting,
+        scheduler_total) become a record; if so they are the last written from now on."""
+        if figures == self.last or self.too_soon(step, idle):
+            return False
+        self.last, self.last_step = figures, step
+        return True
+
+    def too_soon(self, step: int, idle: bool) -> bool:
+        """Busy, and fewer than `every` forward batches since the last sample: no record, whatever
+        the figures (the SGLang hook asks this first, before it reads the pools)."""
+        return not idle and self.last_step is not None and step - self.last_step < self.every
+
     def offer(self, *, rank: RankId, t: float, step: int, total: int, free: int, evictable: int | None,
               protected: int | None, running: int, waiting: int,
               scheduler_total: int | None) -> PoolSample | None:
         """The record to write for this iteration, or None (nothing changed, or too soon)."""
-        figures = (total, free, evictable, protected, running, waiting, scheduler_total)
-        if figures == self.last:
-            return None
         idle = running == 0 and waiting == 0
-        if not idle and self.last_step is not None and step - self.last_step < self.every:
+        if not self.due(step, (total, free, evictable, protected, running, waiting, scheduler_total), idle):
             return None
-        self.last, self.last_step = figures, step
         return PoolSample(t=t, rank=rank, step=step, total=total, free=free, evictable=evictable,
                           protected=protected, running=running, waiting=waiting,
                           scheduler_total=scheduler_total, idle=idle)
@@ -83,11 +94,9 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
     """
     probe = get_probe()
     sampler = _SAMPLER
-    if probe is None or probe.rank is None or sampler.off or probe.paused:
+    if probe is None or probe.rank_json is None or sampler.off or probe.paused:
         return
     try:
-        alloc = scheduler.token_to_kv_pool_allocator
-        total, free = int(alloc.size), int(alloc.available_size())
         running_batch = plan.running_batch
         running = len(running_batch.reqs) if running_batch is not None else 0
         new = plan.batch_to_run
@@ -95,6 +104,11 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
             running += len(new.reqs)
         waiting = len(scheduler.waiting_queue)
         step = int(scheduler.forward_ct)
+        idle = running == 0 and waiting == 0
+        if sampler.too_soon(step, idle):
+            return  # 3 iterations in 4 of a decode: no sample, whatever the pools say
+        alloc = scheduler.token_to_kv_pool_allocator
+        total, free = int(alloc.size), int(alloc.available_size())
     except AttributeError as e:
         sampler.off = True
         probe.warn_once("pool_sample", f"pool samples off: SGLang's scheduler lacks {e}; "
@@ -105,8 +119,11 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
     protected = _size(tree.protected_size()) if hasattr(tree, "protected_size") else None
     observer = getattr(scheduler, "pool_stats_observer", None)
     sched_total = getattr(observer, "max_total_num_tokens", None)
-    rec = sampler.offer(rank=probe.rank, t=probe.now(), step=step, total=total, free=free,
-                        evictable=evictable, protected=protected, running=running, waiting=waiting,
-                        scheduler_total=int(sched_total) if sched_total is not None else None)
-    if rec is not None:
-        probe.write(rec)
+    if sched_total is not None:
+        sched_total = int(sched_total)
+    if sampler.due(step, (total, free, evictable, protected, running, waiting, sched_total), idle):
+        # The record's JSON line, made here without pydantic (as a step's is, records.py): it
+        # reads back as the PoolSample that `PoolSampler.offer` would have made (D67).
+        probe.write(pool_sample_line(rank_json=probe.rank_json, t=probe.now(), step=step, total=total,
+                                     free=free, evictable=evictable, protected=protected, running=running,
+                                     waiting=waiting, scheduler_total=sched_total, idle=idle))

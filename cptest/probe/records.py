@@ -434,6 +434,19 @@ def steps_block_line(drafts: Sequence[StepDraft], *, rank_json: str, quoted: str
     )
 
 
+def pool_sample_line(*, rank_json: str, t: float, step: int, total: int, free: int, evictable: int | None,
+                     protected: int | None, running: int, waiting: int, scheduler_total: int | None,
+                     idle: bool) -> str:
+    """The JSON line of a `PoolSample` (what its `model_dump_json()` makes, field for field), without
+    pydantic: the pool hook runs on the engine's thread (probe.pool_hooks)."""
+    return (
+        f'{{"v":{SCHEMA_VERSION},"t":{float(t)!r},"kind":"pool_sample","rank":{rank_json},'
+        f'"step":{int(step)},"total":{int(total)},"free":{int(free)},"evictable":{_json_int(evictable)},'
+        f'"protected":{_json_int(protected)},"running":{int(running)},"waiting":{int(waiting)},'
+        f'"scheduler_total":{_json_int(scheduler_total)},"idle":{"true" if idle else "false"}}}'
+    )
+
+
 _PLAIN = re.compile(r'[^"\\\x00-\x1f\x7f-\uffff]*')
 """Request ids that need no escaping in JSON (SGLang's are hex); others go the general way."""
 

@@ -14,7 +14,8 @@ Contracts:
   engine's torch calls (benchmarks/probe_step.py: ~20 us a step dearer here), so it only
   finishes what an idle engine leaves behind.
 - Records are written in the order they were made: while deferred work is pending, later records
-  queue behind it.
+  queue behind it; one made while a copy batch is being filled joins that batch, between the
+  steps before and after it (hooks.attach_record), which stays open (D67).
 - A writer thread, started with the rank, comes by every WRITER_PERIOD_S: it writes the graph
   counts when due and finishes deferred work that the engine left waiting for IDLE_S (an idle
   engine runs no step). `flush()` finishes everything and runs at exit. So records reach the
@@ -140,6 +141,9 @@ class Probe:
         self.copy_lock = threading.RLock()
         self.kick: Callable[[Probe], None] | None = None
         """Sends what `copies` gathered; called before deferred work is finished without the engine."""
+        self.attach: Callable[[Probe, BaseModel | str], bool] | None = None
+        """Puts a record into the batch being filled, after its steps so far (hooks.attach_record);
+        False when no batch is being filled (then `write` queues it behind the pending work)."""
         self.writer_round: Callable[[Probe], None] | None = None
         """The copies' part of each writer round (hooks.writer_round): sends and device polls."""
         self.writer_polls = False
@@ -201,8 +205,14 @@ class Probe:
     def write(self, record: BaseModel | str) -> None:
         """Write a record (or its JSON lines, made by the caller, once the rank is known)."""
         if self._pending and threading.get_ident() != self._runner:
-            if self.copies is not None and self.kick is not None:
-                self.kick(self)  # close the batch being filled: its later steps come after this record
+            if self.copies is not None:
+                # A copy batch is being filled: the record joins it after its steps so far, and the
+                # batch's later steps come after the record. Closing the batch instead sent it at
+                # once, from this thread (the engine's, for a pool sample every 4 steps: D67).
+                if self.attach is not None and self.attach(self, record):
+                    return
+                if self.kick is not None:
+                    self.kick(self)  # close the batch being filled: its later steps come after this record
             self._pending.append((self.clock(), _Write(self, record)))
             return
         self._write_now(record)

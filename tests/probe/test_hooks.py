@@ -501,3 +501,51 @@ def test_decode_runs_over_the_same_requests_share_a_line_and_read_back_step_by_s
     text = (probe.out_dir / "rank1.jsonl").read_text()
     assert text.count('"kind":"steps"') == 3  # one line per run of equal requests, not per step
     assert '"kind":"step"' not in text
+
+
+def test_a_record_written_while_a_batch_fills_joins_it_in_order_and_the_engine_sends_nothing(
+        probe: Probe, monkeypatch: MP) -> None:
+    """A pool sample every 4 scheduler iterations (D59) closed the copy batch being filled and sent
+    it from the engine's thread: batches of 4 steps, each sent there (D67). A record written while
+    a batch fills now joins it, after the steps made before it: the batch stays open, the writer
+    thread sends it, and the file keeps the order in which records were made."""
+    from cptest.evidence import PoolSample
+    from cptest.probe import pool_hooks
+    from cptest.probe.pool_hooks import PoolSampler
+
+    _fake_parallel_state(monkeypatch, 1)
+    hooks.after_initialize_model_parallel(None)
+    monkeypatch.setattr(pool_hooks, "_SAMPLER", PoolSampler(every=4))
+    engine = threading.get_ident()
+    sent_on_engine: list[int] = []
+
+    class Watched(hooks.CopyBatch):
+        def send(self, on_engine_thread: bool = False) -> None:
+            if threading.get_ident() == engine:
+                sent_on_engine.append(self.steps)
+            super().send(on_engine_thread)
+
+    monkeypatch.setattr(hooks, "CopyBatch", Watched)
+    alloc = types.SimpleNamespace(size=1024, free=1024, available_size=lambda: alloc.free)
+    running = types.SimpleNamespace(reqs=[object(), object()])
+    plan = types.SimpleNamespace(running_batch=running, batch_to_run=running)
+    sched = types.SimpleNamespace(token_to_kv_pool_allocator=alloc, waiting_queue=[], forward_ct=0)
+    batches = []
+    n = hooks.COPY_EVERY
+    for i in range(n):
+        alloc.free -= 2
+        pool_hooks.after_get_next_batch_to_run(plan, sched)
+        fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([100 + i, 200 + i]), ["a", "b"], 2)
+        hooks.around_model_runner_forward(_dcp_forward(1, Layer()), Runner(), fb)
+        sched.forward_ct += 1
+        batches.append(probe.copies)
+    assert all(b is batches[0] for b in batches[:-1]) and batches[-1] is None  # one batch, closed when full
+    assert sent_on_engine == []
+    recs = [r for r in _records(probe) if isinstance(r, (Step, PoolSample))]
+    assert [(type(r).__name__, r.step) for r in recs] == [
+        x for i in range(n) for x in ([("PoolSample", i)] if i % 4 == 0 else []) + [("Step", i + 1)]]
+    steps = [r for r in recs if isinstance(r, Step)]
+    assert [s.seq_positions for s in steps] == [{"a": [(100 + i, 101 + i)], "b": [(200 + i, 201 + i)]}
+                                                 for i in range(n)]
+    text = (probe.out_dir / "rank1.jsonl").read_text()
+    assert text.count('"kind":"steps"') == n // 4  # a block of steps stops at a record, and only there

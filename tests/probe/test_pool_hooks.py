@@ -13,6 +13,7 @@ import pytest
 from cptest.evidence import PoolSample, ProbeNote, RankId, read_records
 from cptest.probe import pool_hooks, runtime
 from cptest.probe.pool_hooks import PoolSampler
+from cptest.probe.records import pool_sample_line
 from cptest.probe.runtime import Probe
 
 R = RankId(world=0)
@@ -104,3 +105,43 @@ def test_hook_without_an_allocator_notes_once_and_stops(probe: Probe) -> None:
     recs = _samples(probe)
     assert len(recs) == 1 and isinstance(recs[0], ProbeNote)
     assert recs[0].level == "warning" and "token_to_kv_pool_allocator" in recs[0].message
+
+
+@pytest.mark.parametrize("t", [0.0, 0.000123, 1.5, 12345.678901])
+@pytest.mark.parametrize("figures", [
+    dict(evictable=None, protected=None, scheduler_total=None, running=0, waiting=0, idle=True),
+    dict(evictable=64, protected=0, scheduler_total=2048, running=64, waiting=3, idle=False),
+])
+def test_the_hooks_line_is_the_records_json_and_reads_back_as_it(tmp_path: Path, t: float,
+                                                                 figures: dict[str, Any]) -> None:
+    """The hook writes a PoolSample's line without pydantic (D67): the same text as the record's
+    `model_dump_json()`, and the same record through the evidence reader."""
+    rank = RankId(world=3, tp=1, dcp=1, pid=4242)
+    rec = PoolSample(t=t, rank=rank, step=9, total=2048, free=100, **figures)
+    line = pool_sample_line(rank_json=rank.model_dump_json(), t=t, step=9, total=2048, free=100, **figures)
+    assert line == rec.model_dump_json()
+    (tmp_path / "rank3.jsonl").write_text(line + "\n")
+    assert read_records(tmp_path / "rank3.jsonl") == ([rec], 0)
+
+
+def test_the_hook_writes_the_samples_offer_makes_over_a_decode(probe: Probe,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook asks `too_soon` before it reads the pools, then `due`: the samples it writes over a
+    decode that drains are the ones `PoolSampler.offer` makes from the same figures."""
+    monkeypatch.setattr(pool_hooks, "_SAMPLER", PoolSampler())
+    tree = SimpleNamespace(evictable_size=lambda: 0, protected_size=lambda: 0)
+    reference = PoolSampler()
+    want = []
+    for step in range(23):
+        running = 4 if step < 20 else 0
+        plan, sched = _scheduler(free=1024 - 4 * running * (step + 1), running=running, waiting=0, tree=tree)
+        sched.forward_ct = step
+        pool_hooks.after_get_next_batch_to_run(plan, sched)
+        free = sched.token_to_kv_pool_allocator.free
+        rec = reference.offer(rank=R, t=0.0, step=step, total=1024, free=free, evictable=0, protected=0,
+                              running=running, waiting=0, scheduler_total=1024)
+        if rec is not None:
+            want.append(rec)
+    got = [s for s in _samples(probe) if isinstance(s, PoolSample)]
+    assert [s.model_copy(update={"t": 0.0}) for s in got] == want
+    assert [s.step for s in got] == [0, 4, 8, 12, 16, 20] and got[-1].idle
