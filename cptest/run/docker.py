@@ -351,13 +351,15 @@ def container_config(
     cptest_mount: str | None = None,
     device_nodes: list[str] | None = None,
     driver_mounts: tuple[str, ...] = (),
+    gpus: bool = True,
 ) -> dict[str, Any]:
     """Keyword arguments for `client.containers.create` of this node (image checked elsewhere).
 
     `cptest_mount`: the image runs cptest from there (its lock entry says so): the running cptest
     package is mounted read-only under it and PYTHONPATH points at it. `device_nodes` (an engine
     that ignores device requests: `gpu_device_nodes`): the GPUs go in as these devices, with
-    `driver_mounts` bound read-only, instead of a device request."""
+    `driver_mounts` bound read-only, instead of a device request. `gpus` False: no GPU at all (a
+    reference-engine node, which models GPUs on the CPU)."""
     if node.image is None:
         raise RunError(Problem(None, f"node {node.node_rank} has no image; the docker launcher needs one",
                                hint="give the scenario's engine an image, or use the process launcher"))
@@ -373,7 +375,7 @@ def container_config(
     if cptest_mount:
         volumes.update(cptest_volume(cptest_mount))
         env["PYTHONPATH"] = cptest_mount
-    if device_nodes:
+    if device_nodes and gpus:
         for m in driver_mounts:
             volumes[m] = {"bind": m, "mode": "ro"}
     config: dict[str, Any] = {
@@ -386,9 +388,9 @@ def container_config(
         "init": init,
         "volumes": volumes,
         "detach": True,
-        "device_requests": [] if device_nodes else gpu_device_requests(node.gpu_ids),
+        "device_requests": [] if device_nodes or not gpus else gpu_device_requests(node.gpu_ids),
     }
-    if device_nodes:
+    if device_nodes and gpus:
         config["devices"] = list(device_nodes)
     if node.cpus:  # a suite's placement: the container runs on these host CPUs only
         config["cpuset_cpus"] = ",".join(str(c) for c in node.cpus)
@@ -691,7 +693,11 @@ class DockerLauncher:
         digest = verify_image(self.client, node.image, self.lock)
         entry = self.lock.entries[node.image]
         devices, attached = None, None
-        if node.gpu_ids:
+        # The reference engine computes on the CPU: its nodes carry the GPU ids of the topology they
+        # model, and get no GPU (a device request for them failed on Docker without NVIDIA's
+        # runtime, and only Podman's ignoring it let them start).
+        gpus = bool(node.gpu_ids) and entry.engine != "reference"
+        if gpus:
             if self._gpu_access is None:
                 self._gpu_access = engine_gpu_access(self.client)
             if self._gpu_access == "device_nodes":
@@ -705,7 +711,7 @@ class DockerLauncher:
                 attached = f"GPUs {node.gpu_ids} as a device request"
         config = container_config(node, labels, probe_dir=self.probe_dir, ipc_mode=self.ipc_mode,
                                   shm_size=self.shm_size, init=self.init, cptest_mount=entry.cptest_mount,
-                                  device_nodes=devices, driver_mounts=entry.driver_mounts)
+                                  device_nodes=devices, driver_mounts=entry.driver_mounts, gpus=gpus)
         config.pop("detach")
         if attached is not None:
             Path(log_path).parent.mkdir(parents=True, exist_ok=True)

@@ -208,3 +208,10 @@ def test_the_lock_reads_driver_mounts_and_refuses_relative_ones():
     assert lock.entries["x:1"].driver_mounts == ("/usr/local/nvidia",)
     with pytest.raises(RunError, match="driver_mounts must be a list of absolute host paths"):
         ImageLock.from_data({"lock_version": 1, "images": {"x:1": {**entry, "driver_mounts": ["usr/lib"]}}})
+
+
+def test_a_node_without_gpus_asks_for_none_whatever_ids_it_models():
+    cfg = container_config(node(gpu_ids=[0, 1]), {}, device_nodes=["/dev/nvidia0:/dev/nvidia0:rwm"],
+                           driver_mounts=("/usr/local/nvidia",), gpus=False)
+    assert cfg["device_requests"] == [] and "devices" not in cfg
+    assert "/usr/local/nvidia" not in cfg["volumes"]
