@@ -61,6 +61,7 @@ import requests.exceptions
 import cptest
 from cptest.errors import Problem, RunError, did_you_mean, one_of
 from cptest.plan.model import NodeLaunch, Plan
+from cptest.run import gpu
 from cptest.run.launcher import ExitInfo
 from cptest.run.preflight import Cause, InfrastructureError
 
@@ -299,21 +300,6 @@ def gpu_device_nodes(gpu_ids: list[int], minors: Mapping[int, int], dev: Path = 
                                hint="the GPUs the plan names must exist here (nvidia-smi -L)"))
     nodes += [dev / n for n in GPU_CONTROL_NODES if (dev / n).exists()]
     return [f"{n}:{n}:rwm" for n in nodes]
-
-
-def gpu_minor_numbers(gpu_ids: list[int]) -> tuple[dict[int, int], str]:
-    """Each GPU index's device minor number (its `/dev/nvidia<minor>`) from NVML, and where the
-    figures came from; the index itself, said so, where NVML cannot answer."""
-    from cptest.run.gpu import GpuQueryUnavailable, _nvml
-
-    try:
-        nvml = _nvml()
-        return ({g: int(nvml.nvmlDeviceGetMinorNumber(nvml.nvmlDeviceGetHandleByIndex(g))) for g in gpu_ids},
-                "NVML minor numbers")
-    except GpuQueryUnavailable as e:
-        return {g: g for g in gpu_ids}, f"the GPU index as minor number ({e})"
-    except Exception as e:  # noqa: BLE001 - pynvml.NVMLError and its many subclasses
-        return {g: g for g in gpu_ids}, f"the GPU index as minor number (NVML: {e})"
 
 
 def engine_gpu_access(client: docker.DockerClient) -> str:
@@ -701,7 +687,7 @@ class DockerLauncher:
             if self._gpu_access is None:
                 self._gpu_access = engine_gpu_access(self.client)
             if self._gpu_access == "device_nodes":
-                minors, source = gpu_minor_numbers(node.gpu_ids)
+                minors, source = gpu.minor_numbers(node.gpu_ids)
                 devices = gpu_device_nodes(node.gpu_ids, minors)
                 attached = (f"GPUs {node.gpu_ids} as device nodes ({source}): "
                             f"{', '.join(d.split(':')[0] for d in devices)}; driver mounts: "

@@ -133,3 +133,16 @@ def gpu_totals_mib() -> dict[str, int]:
             capture_output=True, text=True, timeout=10, check=True).stdout)
     except (subprocess.SubprocessError, OSError):
         return {}
+
+
+def minor_numbers(gpu_ids: list[int]) -> tuple[dict[int, int], str]:
+    """Each GPU index's device minor number (its `/dev/nvidia<minor>`) from NVML, and where the
+    figures came from; the index itself, said so, where NVML cannot answer."""
+    try:
+        nvml = _nvml()
+        return ({g: int(nvml.nvmlDeviceGetMinorNumber(nvml.nvmlDeviceGetHandleByIndex(g))) for g in gpu_ids},
+                "NVML minor numbers")
+    except GpuQueryUnavailable as e:
+        return {g: g for g in gpu_ids}, f"the GPU index as minor number ({e})"
+    except Exception as e:  # noqa: BLE001 - pynvml.NVMLError and its many subclasses
+        return {g: g for g in gpu_ids}, f"the GPU index as minor number (NVML: {e})"
