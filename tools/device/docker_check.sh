@@ -44,6 +44,23 @@ grep -q init_path "$P/etc/containers/containers.conf" \
   || sed -i "s|^\[containers\]|[containers]\ninit_path = \"$P/usr/bin/catatonit\"|" "$P/etc/containers/containers.conf"
 export CONTAINERS_CONF="$P/etc/containers/containers.conf" CONTAINERS_STORAGE_CONF="$P/etc/containers/storage.conf" \
   CONTAINERS_REGISTRIES_CONF="$P/etc/containers/registries.conf"
+# podman_try.sh left vfs storage: every container then copies the whole image (gigabytes here).
+# Native overlay (rootful, kernel 6.18) shares the layer; tried first in its own graph root, vfs kept
+# when it fails. The backing file system and free space are logged either way.
+say "storage: $(findmnt -n -o FSTYPE,SOURCE --target /tmp 2>/dev/null); free $(df -h --output=avail /tmp | tail -1)"
+cat > "$WORK/storage-overlay.conf" <<EOF
+[storage]
+driver = "overlay"
+runroot = "/tmp/podman-run-overlay"
+graphroot = "/tmp/podman-overlay"
+EOF
+if CONTAINERS_STORAGE_CONF="$WORK/storage-overlay.conf" timeout 60 podman info --format '{{.Store.GraphDriverName}}' \
+    2>> "$LOG" | grep -qx overlay; then
+  export CONTAINERS_STORAGE_CONF="$WORK/storage-overlay.conf"
+  say "storage driver: overlay"
+else
+  say "storage driver: vfs (overlay refused; see above)"
+fi
 rm -f /tmp/podman.sock
 podman system service --time 0 unix:///tmp/podman.sock >> "$WORK/service.log" 2>&1 &
 SVC=$!
@@ -65,7 +82,7 @@ say "image contents: ${DIRS[*]} ($(du -sh --exclude=usr/local/nvidia "${DIRS[@]/
 REF=localhost/sglang-machine:0.5.17
 t=$(date +%s)
 tar -C / --exclude=usr/local/nvidia --exclude='*/__pycache__' -cf - "${DIRS[@]}" 2>> "$WORK/tar.log" \
-  | podman import --change "ENV PATH=$PATH" --change "ENV PYTHONPATH=${PYTHONPATH:-}" \
+  | timeout $(( $(left) - 200 )) podman import --change "ENV PATH=$PATH" --change "ENV PYTHONPATH=${PYTHONPATH:-}" \
       --change "ENV LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/nvidia/lib" - "$REF" >> "$LOG" 2>&1 \
   || { say "podman import failed"; exit 3; }
 ID=$(python3 -c 'import docker, sys; print(docker.DockerClient(base_url=sys.argv[1]).images.get(sys.argv[2]).attrs["Id"])' \
