@@ -28,8 +28,12 @@ Printed, per step of a `--batch`-request decode batch over `--layers` layers:
   machine's `cost` notes report): ready / begin / end / send per step, steps over hooks.SLOW_NS,
   the pool hook's own time, and the CPU time of the engine's thread and of the others (the writer).
 
+- with `--graphs`, each step is a decode CUDA-graph replay as the probe sees one (D58): no KV
+  write or forward hook fires, the output says `can_run_graph` and the runner the padded size;
+  the probe records it with its positions like an eager decode step.
+
     python benchmarks/probe_step.py [--steps N] [--batch B] [--layers L] [--device cpu|cuda]
-        [--pool] [--profile TOP]
+        [--pool] [--graphs] [--profile TOP]
 
 `--profile TOP` also prints the TOP functions by their own time in a profiled run of the hooked
 steps (cProfile inflates Python calls, so read it for proportions, not for figures).
@@ -52,11 +56,14 @@ from cptest.probe import hooks, pool_hooks, runtime
 from cptest.probe.runtime import Probe
 
 
-def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu") -> tuple[Any, Any]:
+def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
+              graphs: bool = False) -> tuple[Any, Any]:
     """A forward function and a decode batch shaped like SGLang 0.5.17's, for `batch` requests.
 
     Unhooked, the forward does the same loop without calling the probe, as an SGLang without the
-    probe's hooks registered does."""
+    probe's hooks registered does. With `graphs` the forward is a decode CUDA-graph replay: no
+    inner hook fires (the KV write and the layers run inside the graph) and the output says
+    `can_run_graph`, so the probe records the step as a replay (D58)."""
     positions = torch.arange(batch, device=device) * 7 + 100
     fb = types.SimpleNamespace(
         forward_mode=types.SimpleNamespace(name="DECODE"), input_ids=torch.arange(batch, device=device),
@@ -66,7 +73,13 @@ def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu")
     k = torch.zeros(batch, 1, 4, device=device)
     mask = positions % 2 == 0
     hidden = torch.zeros(batch, 8, device=device)
-    out = types.SimpleNamespace(can_run_graph=False)
+    out = types.SimpleNamespace(can_run_graph=graphs)
+
+    def replay(_runner: Any, _fb: Any) -> Any:
+        return out
+
+    if graphs:
+        return replay, fb
 
     def forward(_runner: Any, _fb: Any) -> Any:
         for _ in range(layers):
@@ -159,10 +172,15 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cuda: real device copies and events (GPU machine)")
     ap.add_argument("--profile", type=int, default=0, metavar="TOP")
     ap.add_argument("--pool", action="store_true", help="each step also runs the pool-sample hook")
+    ap.add_argument("--graphs", action="store_true",
+                    help="each step is a decode CUDA-graph replay (`cuda_graph_decode full`): no inner hook")
     a = ap.parse_args()
-    forward, fb = make_step(a.layers, a.batch, device=a.device)
-    bare, _ = make_step(a.layers, a.batch, hooked=False, device=a.device)
-    runner = types.SimpleNamespace(is_draft_worker=False)
+    forward, fb = make_step(a.layers, a.batch, device=a.device, graphs=a.graphs)
+    bare, _ = make_step(a.layers, a.batch, hooked=False, device=a.device, graphs=a.graphs)
+    # What DecodeCudaGraphRunner.load_batch leaves for the probe to read after a replay: the batch
+    # padded to a captured size (here the batch itself) and the tokens per request it was captured with.
+    runner = types.SimpleNamespace(is_draft_worker=False, decode_cuda_graph_runner=types.SimpleNamespace(
+        bs=a.batch, captured_req_width=1))
     sched_on, _ = make_scheduler(a.batch, hooked=a.pool)
     sched_off, _ = make_scheduler(a.batch, hooked=False)
     around = hooks.around_model_runner_forward
@@ -213,7 +231,8 @@ def main() -> None:
         paused = per_step_us(hooked_step, a.steps)
         probe.close()
         runtime.set_probe(None)
-    print(f"probe step cost on {a.device}, decode batch of {a.batch}, {a.layers} layers, {a.steps} steps "
+    what = "decode-graph replays" if a.graphs else f"eager decode steps, {a.layers} layers"
+    print(f"probe step cost on {a.device}, {what} of {a.batch} requests, {a.steps} steps "
           f"(+{gc_steps} for kept objects; {steps_read} steps read back from {lines} lines, "
           f"{samples} pool samples)")
     print(f"  engine thread: {on - off:8.1f} us/step  (hooked {on:.1f}, unhooked {off:.1f})")
