@@ -7,15 +7,18 @@ throughput 5 % low at 32 streams (results/_measure). This isolates the client: a
 `output_ids` and `output_token_logprobs`, `data: ...` events, `[DONE]`) as fast as it can, and
 the real `WorkloadDriver` runs a closed loop against it.
 
-Printed: chunks per second the driver consumed, its process CPU time per chunk, and the mean time
+Printed: chunks per second the driver consumed, its process CPU time per chunk, the mean time
 from sending a request to seeing its first token (a free server answers at once, so that is the
-client's own delay). `--compare` also runs a client shaped like `sglang.bench_serving`'s
+client's own delay), and the event loop's time per request end: the result's making and the
+record's writing, which happen as a request ends, when the next requests of a closed loop connect
+(docs/decisions.md D70; `--writer sync` writes the record on the loop, as before D70).
+`--compare` also runs a client shaped like `sglang.bench_serving`'s
 (`async_request_sglang_generate` in sglang/benchmark/serving.py of 0.5.17: a new aiohttp session
 per request, orjson, the first token stamped when a chunk has output) on the same server, in
 alternating rounds, and prints its first-token delay beside the driver's.
 
     python benchmarks/driver_stream.py [--requests 256] [--concurrency 32] [--tokens 256]
-        [--tokens-per-s 290] [--compare ROUNDS]
+        [--tokens-per-s 290] [--compare ROUNDS] [--writer background|sync]
 """
 
 from __future__ import annotations
@@ -97,13 +100,36 @@ async def _bench_shaped(port: int, requests: int, concurrency: int, tokens: int)
 
 
 def _driver_ttft(port: int, workload: WorkloadPlan, out: Path) -> float:
-    writer = RecordWriter(out)
+    writer = RecordWriter(out, background=True)
     try:
         driver = WorkloadDriver(f"http://127.0.0.1:{port}", workload, role="main", writer=writer)
         done = asyncio.run(driver.arun())
     finally:
         writer.close()
     return statistics.fmean(r.ttft_s for r in done.results if r.ttft_s)
+
+
+class TimedDriver(WorkloadDriver):
+    """The real driver, with the event loop's time in each request's end work added up."""
+
+    result_s = 0.0
+    record_s = 0.0
+    ends = 0
+
+    def _result(self, *a, **k):  # type: ignore[no-untyped-def]
+        t = time.perf_counter()
+        try:
+            return super()._result(*a, **k)
+        finally:
+            self.result_s += time.perf_counter() - t
+
+    def _finish(self, result):  # type: ignore[no-untyped-def]
+        t = time.perf_counter()
+        try:
+            return super()._finish(result)
+        finally:
+            self.record_s += time.perf_counter() - t
+            self.ends += 1
 
 
 def free_port() -> int:
@@ -122,6 +148,8 @@ def main() -> None:
     ap.add_argument("--tokens-per-s", type=float, default=290.0,
                     help="per stream (0: as fast as possible); 290 is a 3.4 ms decode step, as on the GPU "
                          "machine (results/_measure run4)")
+    ap.add_argument("--writer", choices=("background", "sync"), default="background",
+                    help="the record writer's mode: background as the runner's (D70), sync as before")
     a = ap.parse_args()
     port = free_port()
     server = multiprocessing.Process(target=serve, args=(port, a.tokens, a.tokens_per_s), daemon=True)
@@ -139,8 +167,8 @@ def main() -> None:
     compared: list[tuple[float, float]] = []
     try:
         with tempfile.TemporaryDirectory() as d:
-            writer = RecordWriter(Path(d) / "r.jsonl")
-            driver = WorkloadDriver(f"http://127.0.0.1:{port}", workload, role="main", writer=writer)
+            writer = RecordWriter(Path(d) / "r.jsonl", background=a.writer == "background")
+            driver = TimedDriver(f"http://127.0.0.1:{port}", workload, role="main", writer=writer)
             cpu0, t0 = time.process_time(), time.perf_counter()
             summary = asyncio.run(driver.arun())
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
@@ -161,6 +189,10 @@ def main() -> None:
     print(f"  {chunks / wall:9.0f} chunks/s consumed, {1e6 * cpu / chunks:6.1f} us of client CPU per chunk")
     ttft = statistics.fmean(r.ttft_s for r in ok if r.ttft_s)
     print(f"  first token after {1000 * ttft:6.2f} ms on average (the server sends it at once: client delay)")
+    n = max(driver.ends, 1)
+    result_us, record_us = 1e6 * driver.result_s / n, 1e6 * driver.record_s / n
+    print(f"  event loop per request end ({a.writer} writer): {result_us + record_us:6.1f} us "
+          f"(result {result_us:.1f} us, record and summary {record_us:.1f} us)")
     for i, (ours, shaped) in enumerate(compared):
         print(f"  round {i + 1}: first token after {1000 * ours:6.2f} ms (driver), {1000 * shaped:6.2f} ms "
               f"(bench_serving-shaped client)")

@@ -280,3 +280,33 @@ def test_the_first_answer_is_stamped_at_the_first_text_where_the_server_sends_te
     quiet = StreamState()
     quiet.feed({"output_ids": [5], "meta_info": {}}, 1.0)
     assert (quiet.first_token_at, quiet.first_text_at) == (1.0, None)
+
+
+def test_bodies_are_built_checked_and_hashed_before_the_first_request(
+        engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # D70: hashing a prompt as its request ended cost the event loop ~50 us per request, in the
+    # iterations where the next requests connect. Every body is made and hashed before the timed
+    # span; each result carries the hash of the body that was sent.
+    import cptest.run.driver as driver_module
+    calls: list[bool] = []  # per call: was the timed span already running?
+    holder: list[WorkloadDriver] = []
+    for name in ("prompt_sha256", "build_payload"):
+        real = getattr(driver_module, name)
+
+        def spy(*a: object, _real: object = real, **k: object) -> object:
+            calls.append(holder[0].started_at is not None)
+            return _real(*a, **k)  # type: ignore[operator]
+
+        monkeypatch.setattr(driver_module, name, spy)
+    reqs = requests(6, max_new=3)
+    writer = RecordWriter(tmp_path / "r.jsonl", background=True)
+    holder.append(WorkloadDriver(engine, workload(reqs), role="main", writer=writer))
+    summary = holder[0].run()
+    writer.close()
+    assert summary.completed == 6
+    assert calls and not any(calls), "a body was built or hashed inside the timed span"
+    records, _ = read_records(tmp_path / "r.jsonl")
+    assert sorted(r.index for r in records) == list(range(6))
+    for rec in records:
+        assert isinstance(rec, RequestResult)
+        assert rec.prompt_sha256 == prompt_sha256(reqs[rec.index].input_ids)

@@ -223,7 +223,7 @@ def run_cptest(workload: WorkloadPlan, port: int, out: Path, keepalive: bool = F
 
 def _run_cptest(workload: WorkloadPlan, port: int, out: Path, keepalive: bool,
                 barrier: Any = None) -> dict[str, Any]:
-    writer = RecordWriter(out)
+    writer = RecordWriter(out, background=True)  # as the runner's (D70)
     lag = LagMonitor()
 
     class Synced(WorkloadDriver):
