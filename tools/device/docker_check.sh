@@ -42,17 +42,26 @@ export PATH="$P/usr/bin:$P/usr/sbin:$P/bin:$PATH"
 export LD_LIBRARY_PATH="$P/usr/lib/x86_64-linux-gnu:$P/lib/x86_64-linux-gnu:$P/missing-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 grep -q init_path "$P/etc/containers/containers.conf" \
   || sed -i "s|^\[containers\]|[containers]\ninit_path = \"$P/usr/bin/catatonit\"|" "$P/etc/containers/containers.conf"
+# The first run (results/_docker-check/1-no-init) failed at container create: podman 4.3's Docker-API
+# handler looked for the init at its built-in /usr/libexec/podman/catatonit, not at init_path.
+mkdir -p /usr/libexec/podman && ln -sf "$P/usr/bin/catatonit" /usr/libexec/podman/catatonit
 export CONTAINERS_CONF="$P/etc/containers/containers.conf" CONTAINERS_STORAGE_CONF="$P/etc/containers/storage.conf" \
   CONTAINERS_REGISTRIES_CONF="$P/etc/containers/registries.conf"
 # podman_try.sh left vfs storage: every container then copies the whole image (gigabytes here).
 # Native overlay (rootful, kernel 6.18) shares the layer; tried first in its own graph root, vfs kept
-# when it fails. The backing file system and free space are logged either way.
+# when it fails. The backing file system and free space are logged either way. The first run wrote
+# the image to the machine's disk (ext4 on a virtio disk): the import took 324 s. The graph root and
+# podman's copy of the import stream now live in memory (/dev/shm; the machine has 128 GiB).
+MEMROOT=/dev/shm
+[ "$(df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)" -ge 40 ] 2>/dev/null || MEMROOT=/tmp
+mkdir -p "$MEMROOT/podman-tmp" && export TMPDIR="$MEMROOT/podman-tmp"
+say "memory: $(free -g | awk '/^Mem/{print $2 " GiB, " $7 " GiB available"}'); /dev/shm $(df -h --output=size,avail /dev/shm | tail -1)"
 say "storage: $(findmnt -n -o FSTYPE,SOURCE --target /tmp 2>/dev/null); free $(df -h --output=avail /tmp | tail -1)"
 cat > "$WORK/storage-overlay.conf" <<EOF
 [storage]
 driver = "overlay"
-runroot = "/tmp/podman-run-overlay"
-graphroot = "/tmp/podman-overlay"
+runroot = "$MEMROOT/podman-run-overlay"
+graphroot = "$MEMROOT/podman-overlay"
 EOF
 if CONTAINERS_STORAGE_CONF="$WORK/storage-overlay.conf" timeout 60 podman info --format '{{.Store.GraphDriverName}}' \
     2>> "$LOG" | grep -qx overlay; then
@@ -78,7 +87,9 @@ for d in "$PREFIX" "$BASE" "$SGL" /opt/cpt /opt/cpt-deps /opt/cpt-env; do
   case "$d" in /usr|/usr/*) ;; *) [ -d "$d" ] && DIRS+=("${d#/}");; esac
 done
 for l in bin lib lib64 sbin; do [ -L "/$l" ] && DIRS+=("$l"); done
-say "image contents: ${DIRS[*]} ($(du -sh --exclude=usr/local/nvidia "${DIRS[@]/#//}" 2>/dev/null | tail -1))"
+say "image contents: ${DIRS[*]} ($(du -shc --exclude=usr/local/nvidia "${DIRS[@]/#//}" 2>/dev/null | tail -1))"
+du -sh --exclude=usr/local/nvidia "${DIRS[@]/#//}" /usr/* /opt/torch/.venv/lib/python3*/site-packages/nvidia 2>/dev/null \
+  | sort -h | tail -12 >> "$LOG"
 REF=localhost/sglang-machine:0.5.17
 t=$(date +%s)
 tar -C / --exclude=usr/local/nvidia --exclude='*/__pycache__' -cf - "${DIRS[@]}" 2>> "$WORK/tar.log" \
