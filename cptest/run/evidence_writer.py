@@ -60,15 +60,16 @@ class RecordWriter:
         the writer's thread). Returns what was written."""
         if getattr(record, "t", None) == 0.0:
             record = record.model_copy(update={"t": round(self.now(), 6)})
-        self._raise_failed()
         with self._queue_lock:
-            if self._thread is not None and self._queue is not None:
-                self._queue.put(record)
-                return record
+            queued = self._thread is not None and self._queue is not None
+            if queued:
+                self._queue.put(record)  # type: ignore[union-attr]
             closing = self._closing
-        if closing is not None:  # a late sampler while `close` drains: after what was queued
-            closing.join()
-        self._append(record)  # synchronous mode, or after close
+        if not queued:
+            if closing is not None:  # a late sampler while `close` drains: after what was queued
+                closing.join()
+            self._append(record)  # synchronous mode, or after close
+        self._raise_failed()  # an earlier record's failure, after this record is on its way
         return record
 
     def flush(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -76,5 +77,11 @@ def test_a_failure_of_the_writer_thread_is_raised_and_later_records_are_still_wr
         w.write(note(i))
     with pytest.raises(OSError, match="r.jsonl failed: .*No space left"):
         w.flush()
-    w.close()  # the failure was raised once; nothing more to say
-    assert written(tmp_path / "r.jsonl") == [("a", 0), ("a", 2)]
+    w.write(note(1))  # fails again on the thread; the next write raises it, and keeps its own record
+    deadline = time.monotonic() + 10
+    while w._error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(OSError, match="No space left"):
+        w.write(note(5))
+    w.close()  # each failure was raised once; nothing more to say
+    assert written(tmp_path / "r.jsonl") == [("a", 0), ("a", 2), ("a", 5)]
