@@ -150,7 +150,7 @@ def run_plan(plan: Plan, out_dir: Path, *, launcher: Launcher, log: Logger,
                 base_out = ctl_out = None
                 if plan.baseline is not None and not plan.workload.score_topk:
                     # Nothing to score: main first, and no baseline at all when main never came up.
-                    writers["main"] = RecordWriter(layout.runner_file("main"), background=True)
+                    writers["main"] = _runner_writer(layout, "main")
                     main = _run_server(sup, plan, plan.main, writers["main"], layout, opts, log, faults=True)
                     twin_out = None
                     if main.ready:
@@ -180,7 +180,7 @@ def run_plan(plan: Plan, out_dir: Path, *, launcher: Launcher, log: Logger,
                         log.info(skipped[-1])
                 twin_out = _eager_twin(sup, plan, seqs, writers, current, layout, opts, log)
                 current[0] = "main"
-                writers["main"] = RecordWriter(layout.runner_file("main"), background=True)
+                writers["main"] = _runner_writer(layout, "main")
                 for note in for_main:
                     writers["main"].write(note)
                 main = _run_server(sup, plan, plan.main, writers["main"], layout, opts, log, faults=True,
@@ -232,6 +232,12 @@ def _arm_deadline(seconds: float) -> Callable[[], None]:
     return disarm
 
 
+def _runner_writer(layout: Layout, role: Role) -> RecordWriter:
+    """A role's runner.jsonl, written from the writer's own thread: the workload driver writes a
+    result as each request ends, on its event loop (docs/decisions.md D70)."""
+    return RecordWriter(layout.runner_file(role), background=True)
+
+
 def _reference(sup: Supervisor, plan: Plan, server: ServerPlan, key: tuple[str, dict] | None,
                seqs: list[Sequence] | None, writers: dict[Role, RecordWriter], layout: Layout,
                opts: RunOptions,
@@ -241,7 +247,7 @@ def _reference(sup: Supervisor, plan: Plan, server: ServerPlan, key: tuple[str, 
     role: Role = server.role
     if (reused := _reuse(role, key, layout, opts, log, for_main)) is not None:
         return reused
-    writers[role] = RecordWriter(layout.runner_file(role), background=True)
+    writers[role] = _runner_writer(layout, role)
     out = _run_server(sup, plan, server, writers[role], layout, opts, log, faults=False, seqs=seqs)
     writers[role].close()
     _keep(role, key, out, len(plan.workload.requests), layout, opts, log, for_main)
@@ -256,7 +262,7 @@ def _eager_twin(sup: Supervisor, plan: Plan, seqs: list[Sequence] | None, writer
     if plan.eager is None:
         return None
     current[0] = "eager"
-    writers["eager"] = RecordWriter(layout.runner_file("eager"), background=True)
+    writers["eager"] = _runner_writer(layout, "eager")
     return _run_server(sup, plan, plan.eager, writers["eager"], layout, opts, log, faults=False, seqs=seqs)
 
 
