@@ -26,14 +26,27 @@ Printed, per step of a `--batch`-request decode batch over `--layers` layers:
   tokens change every step, as a decode's do; the unhooked step changes the same figures;
 - parts: a second hooked run with the probe's `cost` timing on (`Probe.timing`, what the GPU
   machine's `cost` notes report): ready / begin / end / send per step, steps over hooks.SLOW_NS,
-  the pool hook's own time, and the CPU time of the engine's thread and of the others (the writer).
+  the pool hook's own time, and the CPU time of the engine's thread and of the others (the writer,
+  whose rounds the cost notes now count apart: `writer_ns`). Work the writer does still takes the
+  GIL: judge a change by the engine thread's wall time and both threads' CPU, not by the parts.
 
 - with `--graphs`, each step is a decode CUDA-graph replay as the probe sees one (D58): no KV
   write or forward hook fires, the output says `can_run_graph` and the runner the padded size;
   the probe records it with its positions like an eager decode step.
+- with `--engine-us US`, each step (hooked or not) also does about US microseconds of the engine's
+  own work, a fixed amount of it: Python holding the GIL, letting go of it for a C call every
+  ~50 us (`engine_work`). The probe's code then runs as in SGLang, once a step after other work,
+  and costs several times what it costs back to back (D69: 1.67 ms models a decode-graph step of
+  the H200 measurements, 4.4 ms an eager one); and a writer thread that takes the GIL lengthens
+  the engine's steps instead of hiding in a spin that waits for a time.
+- with `--inline STEPS`, no writer thread runs: its round (sends, polls, finishing what arrived,
+  the lines' write) runs on the benchmark's thread every STEPS steps (12: 20 ms of 1.67 ms steps)
+  and is timed apart, so every part of the probe's CPU work adds up on one thread, without GIL
+  hand-overs; `--finish-on engine|writer` says which thread finishes the batches' records
+  (`Probe.writer_finishes`, D69).
 
     python benchmarks/probe_step.py [--steps N] [--batch B] [--layers L] [--device cpu|cuda]
-        [--pool] [--graphs] [--profile TOP]
+        [--pool] [--graphs] [--engine-us US] [--inline STEPS] [--finish-on engine|writer] [--profile TOP]
 
 `--profile TOP` also prints the TOP functions by their own time in a profiled run of the hooked
 steps (cProfile inflates Python calls, so read it for proportions, not for figures).
@@ -42,7 +55,9 @@ steps (cProfile inflates Python calls, so read it for proportions, not for figur
 from __future__ import annotations
 
 import argparse
+import enum
 import gc
+import hashlib
 import tempfile
 import time
 import types
@@ -56,8 +71,45 @@ from cptest.probe import hooks, pool_hooks, runtime
 from cptest.probe.runtime import Probe
 
 
+class ForwardMode(enum.IntEnum):
+    """SGLang's forward modes are an IntEnum (model_executor/forward_batch_info.py:98): reading a
+    member's `name` is a Python-level call, not an attribute of a plain object."""
+
+    EXTEND = 1
+    DECODE = 2
+
+
+def engine_work(us: float) -> None:
+    """About `us` microseconds of the engine's own work, as SGLang's thread does it: Python holding
+    the GIL in stretches of about 40 us, each followed by a C call that lets go of it for about
+    10 us (hashlib over 16 KiB here; a CUDA call or a torch op in SGLang). A fixed amount of work,
+    not a time: a stretch spent waiting for the GIL makes the step longer, as in the engine."""
+    n = _STRETCH[0] or _calibrate()
+    for _ in range(max(round(us / 50), 1)):
+        for _ in range(n):
+            pass
+        hashlib.sha256(_GIL_FREE)
+
+
+def _calibrate() -> int:
+    """Loop iterations of about 40 us on this machine (the fastest of a few tries)."""
+    best = None
+    for _ in range(20):
+        t0 = time.perf_counter()
+        for _ in range(10_000):
+            pass
+        dt = time.perf_counter() - t0
+        best = dt if best is None else min(best, dt)
+    _STRETCH[0] = max(int(10_000 * 40e-6 / best), 1)
+    return _STRETCH[0]
+
+
+_STRETCH = [0]
+_GIL_FREE = bytes(16384)
+
+
 def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
-              graphs: bool = False) -> tuple[Any, Any]:
+              graphs: bool = False, engine_us: float = 0.0) -> tuple[Any, Any]:
     """A forward function and a decode batch shaped like SGLang 0.5.17's, for `batch` requests.
 
     Unhooked, the forward does the same loop without calling the probe, as an SGLang without the
@@ -66,7 +118,7 @@ def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
     `can_run_graph`, so the probe records the step as a replay (D58)."""
     positions = torch.arange(batch, device=device) * 7 + 100
     fb = types.SimpleNamespace(
-        forward_mode=types.SimpleNamespace(name="DECODE"), input_ids=torch.arange(batch, device=device),
+        forward_mode=ForwardMode.DECODE, input_ids=torch.arange(batch, device=device),
         positions=positions, rids=[f"{i:032x}" for i in range(batch)], batch_size=batch,
         extend_seq_lens_cpu=None, extend_prefix_lens_cpu=None,
     )
@@ -76,12 +128,16 @@ def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
     out = types.SimpleNamespace(can_run_graph=graphs)
 
     def replay(_runner: Any, _fb: Any) -> Any:
+        if engine_us:
+            engine_work(engine_us)
         return out
 
     if graphs:
         return replay, fb
 
     def forward(_runner: Any, _fb: Any) -> Any:
+        if engine_us:
+            engine_work(engine_us)
         for _ in range(layers):
             hooks.after_set_kv_buffer(None, None, None, None, k, k, dcp_kv_mask=mask)
         hooks.on_attn_input(None, (hidden,), None)
@@ -90,6 +146,8 @@ def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
         return out
 
     def bare(_runner: Any, _fb: Any) -> Any:
+        if engine_us:
+            engine_work(engine_us)
         for _ in range(layers):
             _noop(None, None, None, None, k, k, dcp_kv_mask=mask)
         for _ in range(3):
@@ -174,9 +232,16 @@ def main() -> None:
     ap.add_argument("--pool", action="store_true", help="each step also runs the pool-sample hook")
     ap.add_argument("--graphs", action="store_true",
                     help="each step is a decode CUDA-graph replay (`cuda_graph_decode full`): no inner hook")
+    ap.add_argument("--engine-us", type=float, default=0.0, metavar="US",
+                    help="each step also does US us of the engine's own work (GIL held, let go now and then)")
+    ap.add_argument("--finish-on", choices=("writer", "engine"), default="writer",
+                    help="the thread that finishes the batches' records (Probe.writer_finishes)")
+    ap.add_argument("--inline", type=int, default=0, metavar="STEPS",
+                    help="no writer thread: its round runs on this thread every STEPS steps, timed apart")
     a = ap.parse_args()
-    forward, fb = make_step(a.layers, a.batch, device=a.device, graphs=a.graphs)
-    bare, _ = make_step(a.layers, a.batch, hooked=False, device=a.device, graphs=a.graphs)
+    shape = {"device": a.device, "graphs": a.graphs, "engine_us": a.engine_us}
+    forward, fb = make_step(a.layers, a.batch, **shape)
+    bare, _ = make_step(a.layers, a.batch, hooked=False, **shape)
     # What DecodeCudaGraphRunner.load_batch leaves for the probe to read after a replay: the batch
     # padded to a captured size (here the batch itself) and the tokens per request it was captured with.
     runner = types.SimpleNamespace(is_draft_worker=False, decode_cuda_graph_runner=types.SimpleNamespace(
@@ -189,9 +254,20 @@ def main() -> None:
         sched_off()
         bare(runner, fb)
 
+    rounds = {"steps": 0, "ns": 0}
+
     def hooked_step() -> None:
         sched_on()
+        forward_step()
+
+    def forward_step() -> None:
         around(forward, runner, fb)
+        if a.inline:
+            rounds["steps"] += 1
+            if rounds["steps"] % a.inline == 0:
+                t0 = time.perf_counter_ns()
+                writer_round(probe)
+                rounds["ns"] += time.perf_counter_ns() - t0
 
     runtime.set_probe(None)
     off = per_step_us(bare_step, a.steps)
@@ -204,7 +280,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         probe = Probe(Path(d), graph_flush_s=1.0)
         runtime.set_probe(probe)
+        if a.inline:
+            probe._start_writer = lambda: None  # type: ignore[method-assign]
         probe.set_rank(RankId(world=0))
+        if a.inline:
+            probe.writer_polls = True  # as with a writer thread: the engine's steps neither send nor poll
+        probe.writer_finishes = a.finish_on == "writer"
         probe.cp_configured = False
         cpu0 = time.process_time()
         on = per_step_us(hooked_step, a.steps)
@@ -216,7 +297,8 @@ def main() -> None:
         recs = read_records(Path(d) / "rank0.jsonl")[0]
         steps_read = sum(isinstance(r, Step) for r in recs)
         samples = sum(isinstance(r, PoolSample) for r in recs)
-        parts = timed_parts(probe, sched_on, lambda: around(forward, runner, fb), a.steps, off_cpu)
+        rounds["ns"] = 0
+        parts = timed_parts(probe, sched_on, forward_step, a.steps, off_cpu, rounds)
         # Paused (CPTEST_PROBE_SWITCH): what the run-time windows leave in both states, the hooks'
         # early returns; SGLang's own hook dispatch is not simulated here.
         if a.profile:
@@ -243,11 +325,25 @@ def main() -> None:
     print(parts)
 
 
-def timed_parts(probe: Probe, iteration: Any, step: Any, steps: int, off_cpu: float) -> str:
+def writer_round(probe: Probe) -> None:
+    """What the writer thread does every runtime.WRITER_PERIOD_S while the engine decodes (`--inline`):
+    send the closed copy batches and poll them, finish those that arrived (`Probe.writer_finishes`),
+    write the lines made since (graph counts, notes and the idle check come once a second or never
+    in a steady decode)."""
+    if probe.writer_round is not None:
+        probe.writer_round(probe)
+    if getattr(probe, "writer_finishes", False) and probe._pending:  # (a probe before D69 has none)
+        probe._run_pending(time.monotonic())
+    probe._write_lines()
+
+
+def timed_parts(probe: Probe, iteration: Any, step: Any, steps: int, off_cpu: float,
+                rounds: dict[str, int]) -> str:
     """The probe's parts of a step as its `cost` notes count them (`Probe.timing`), the pool
-    hook's time apart, and the CPU time of the engine's thread and of the other threads."""
+    hook's time apart, the writer's rounds (with `--inline`), and the CPU time of the engine's
+    thread and of the other threads."""
     probe.flush(timeout=600)
-    probe.cost = [0] * 10
+    probe.cost = [0] * 11
     probe._write_cost = lambda: None  # type: ignore[method-assign]  # keep the sums (no cost notes)
     probe.timing = True
     clock = time.perf_counter_ns
@@ -262,7 +358,7 @@ def timed_parts(probe: Probe, iteration: Any, step: Any, steps: int, off_cpu: fl
     cpu, thread = time.process_time() - cpu0, time.thread_time() - thread0
     probe.timing = False
     del probe._write_cost
-    c, probe.cost = probe.cost, [0] * 10
+    c, probe.cost = probe.cost, [0] * 11
     n = c[1] or 1
     us = [v / n / 1e3 for v in (c[0], c[4], c[5], c[6], c[7])]
     return (f"  parts (timed): {us[0]:.1f} us/step = ready {us[1]:.1f} / begin {us[2]:.1f} / end {us[3]:.1f} "
@@ -270,8 +366,12 @@ def timed_parts(probe: Probe, iteration: Any, step: Any, steps: int, off_cpu: fl
             f"{c[9] / max(c[8], 1) / 1e3:.0f} us each, {c[9] / n / 1e3:.1f} us per step of all\n"
             f"  pool hook    : {pool_ns / steps / 1e3:8.1f} us/step on the engine thread (with the "
             f"scheduler's own figures; outside the parts)\n"
-            f"  CPU by thread: engine {thread / steps * 1e6 - off_cpu:.1f} us/step over unhooked, "
-            f"other threads (writer) {(cpu - thread) / steps * 1e6:.1f} us/step")
+            + (f"  writer rounds: {rounds['ns'] / steps / 1e3:8.1f} us/step on this thread (--inline); "
+               f"the probe in all: {(c[0] + pool_ns + rounds['ns']) / steps / 1e3:.1f} us/step\n"
+               if rounds["ns"] else "")
+            + f"  CPU by thread: engine {thread / steps * 1e6 - off_cpu:.1f} us/step over unhooked, "
+            f"other threads (writer) {(cpu - thread) / steps * 1e6:.1f} us/step, of which the writer's "
+            f"rounds {c[10] / n / 1e3:.1f} (the cost notes' writer_ns)")
 
 
 if __name__ == "__main__":

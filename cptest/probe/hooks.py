@@ -20,11 +20,11 @@ import os
 import re
 import socket
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from cptest.evidence import dump_record
 from cptest.probe import records
 from cptest.probe import runtime as _runtime
 from cptest.probe.records import StepDraft
@@ -51,9 +51,73 @@ COPY_WITHIN_S = 0.1
 """...unless the first of them is older than this (slow steps: records stay timely)."""
 
 
+class Run:
+    """Consecutive decode steps of one copy batch that one `steps` line can carry: the same
+    requests (the same list, `Probe.same_rids`), tensors, graph size, CP and KV-write shape. Each
+    step is kept as a row of its plain values, so the step's draft goes straight back to the probe
+    for the next step instead of waiting for the copies, and the batch's `run()` builds the line
+    from columns. `rows`: (step, t, rows_in, batch_size, attn_rows, ffn_rows, logits_rows,
+    kv_rows) per step; `first`: the index of the first step's first tensor in the batch, the
+    steps' tensors following one another (`len(which)` each). Runs are reused, as drafts are
+    (`open`, `Probe.runs`): a fresh one per run would live until its batch is finished, long
+    enough for Python's collector to move it to its oldest generation (see StepDraft); the rows,
+    tuples of plain values, the collector stops tracking at its first look."""
+
+    __slots__ = ("rids", "which", "cp_configured", "graph_rows", "kv_none", "kv_full", "first", "rows")
+
+    def __init__(self) -> None:
+        self.rids: list[str] = []
+        self.which: tuple[str, ...] = ()
+        self.cp_configured: bool | None = None
+        self.graph_rows: int | None = None
+        self.kv_none = self.kv_full = False
+        self.first = 0
+        self.rows: list[tuple[Any, ...]] = []
+
+    @staticmethod
+    def open(probe: Probe, draft: StepDraft, first: int) -> Run:
+        """A run for `draft`'s step and those that fit it (a spare one, or a new one)."""
+        try:  # the writer thread gives runs back while the engine's thread takes them
+            run = probe.runs.pop()
+        except IndexError:
+            run = Run()
+        run.rids = draft.rids
+        run.which = draft.which
+        run.cp_configured = draft.cp_configured
+        run.graph_rows = draft.graph_rows
+        kv_rows = draft.kv_rows
+        run.kv_none = kv_rows is None
+        run.kv_full = kv_rows == len(draft.rids)
+        run.first = first
+        return run
+
+    def close(self, probe: Probe) -> None:
+        """Give the run back for reuse, its lines made."""
+        self.rows.clear()
+        self.rids = _NO_RIDS
+        runs = probe.runs
+        if len(runs) < _runtime.MAX_SPARE_DRAFTS:
+            runs.append(self)
+
+    def draft(self, probe: Probe, k: int) -> StepDraft:
+        """Step `k` as the draft it was made from (a spare one, filled again)."""
+        step, t, rows_in, batch_size, attn, ffn, logits, kv_rows = self.rows[k]
+        rids = self.rids
+        try:  # the writer thread finishes batches while the engine's thread takes drafts too
+            d = probe.drafts.pop()
+        except IndexError:
+            d = StepDraft(step=0, mode="decode", batch_size=0, rows_in=0, rids=rids)
+        StepDraft.__init__(d, step=step, mode="decode", batch_size=batch_size, rows_in=rows_in, rids=rids,
+                           cp_configured=self.cp_configured, attn_rows_seen=attn, ffn_rows=ffn,
+                           logits_rows=logits, kv_rows=kv_rows, graph_rows=self.graph_rows, t=t,
+                           first=self.first + k * len(self.which), which=self.which)
+        return d
+
+
 class CopyBatch:
-    """Up to COPY_EVERY eager steps: their drafts and device tensors, brought to host memory
-    together, and the probe's deferred work for them (`Probe.defer`, once, when the batch opens).
+    """Up to COPY_EVERY steps: their device tensors, brought to host memory together, what each
+    step's record needs besides them, and the probe's deferred work for them (`Probe.defer`, once,
+    when the batch opens).
 
     `send()` concatenates the tensors of each dtype (positions, the DCP mask) and copies each
     result with `non_blocking=True` (into pinned memory, on the stream of the steps, after the
@@ -64,13 +128,17 @@ class CopyBatch:
     each dtype is concatenated apart. Until then the tensors are held as SGLang made them: 0.5.17
     allocates positions and the DCP mask afresh for every forward
     (model_executor/forward_batch_info.py:904,923,967), so holding them keeps them unchanged.
-    Host tensors (tests, CPU) are cloned when added. `run()`, once the copies are on the host,
-    writes the batch's Step records in one go and hands the drafts back for reuse: one deferred
-    item and one write per batch, not per step.
+    Host tensors (tests, CPU) are cloned when added.
+
+    `items` holds, in the order they were made: `Run`s of decode steps that can share a `steps`
+    line (a step joins the run being filled when it fits, `add`), other steps' drafts, and records
+    written while the batch was being filled (`attach_record`; a record ends the run). `run()`,
+    once the copies are on the host, writes all their lines in one go and hands the drafts back
+    for reuse: one deferred item and one write per batch, not per step.
     """
 
     __slots__ = ("probe", "born", "parts", "steps", "device", "stream", "sizes", "where", "host",
-                 "done", "values_", "drafts", "arrived", "records")
+                 "done", "values_", "items", "run_", "arrived")
 
     def __init__(self, probe: Probe, born: float) -> None:
         self.probe = probe
@@ -86,20 +154,22 @@ class CopyBatch:
         self.host: Any = None
         self.done: Any = None
         self.values_: Any = None
-        self.drafts: list[StepDraft] = []
+        self.items: list[Any] = []
+        """Runs, drafts and records (a record or its line), in order (see the class)."""
+        self.run_: Run | None = None
+        """The run the next step may join: the last item, while it is a run."""
         self.arrived = False
         """The host copies are complete (`poll` saw the event); read without a device call."""
-        self.records: list[tuple[int, Any]] | None = None
-        """Records written while the batch was being filled (`attach_record`): (steps before each
-        one, the record or its line), written between those steps' lines."""
 
     def fits(self, tensors: list[Any]) -> bool:
         """Whether a step's tensors go with this batch's (one step's tensors share a device)."""
         return self.device is None or tensors[0].device == self.device
 
-    def add(self, draft: StepDraft, tensors: list[Any]) -> None:
-        """Hold one step's draft and tensors (`draft.first` is the index of its first tensor)."""
-        draft.first = len(self.parts)
+    def add(self, draft: StepDraft, tensors: list[Any]) -> bool:
+        """Hold one step and its tensors. True when the step joined a run: its draft is free again
+        (the run keeps its values); False when the batch keeps the draft (`draft.first` is the
+        index of its first tensor)."""
+        first = len(self.parts)
         if tensors:
             if self.device is None:
                 self.device = tensors[0].device
@@ -108,35 +178,60 @@ class CopyBatch:
             if self.stream is None:
                 tensors = [t.clone() for t in tensors]  # host tensors: the caller may change them
             self.parts.extend(tensors)
-        self.drafts.append(draft)
         self.steps += 1
+        which, rids = draft.which, draft.rids
+        if ((which is _WHICH_POS or which is _WHICH_POS_MASK) and draft.mode == "decode" and rids
+                and not draft.cp_active and draft.extend_lens is None and draft.notes is None):
+            kv_rows = draft.kv_rows
+            run = self.run_
+            if (run is None or run.rids is not rids or run.which is not which
+                    or run.cp_configured is not draft.cp_configured or run.graph_rows != draft.graph_rows
+                    or run.kv_none is not (kv_rows is None) or run.kv_full is not (kv_rows == len(rids))):
+                run = self.run_ = Run.open(self.probe, draft, first)
+                self.items.append(run)
+            run.rows.append((draft.step, draft.t, draft.rows_in, draft.batch_size, draft.attn_rows_seen,
+                             draft.ffn_rows, draft.logits_rows, kv_rows))
+            return True
+        draft.first = first
+        self.run_ = None
+        self.items.append(draft)
+        return False
 
-    def send(self, on_engine_thread: bool = False) -> None:
+    def send(self, on_engine_thread: bool = False, own_stream: bool = False) -> None:
         """Start the host copies on the steps' stream: entered only when the caller is not on it
-        already (another thread, `Probe.kick`), as entering it costs 8.8 us on the GPU machine."""
+        already (another thread, `Probe.kick`), as entering it costs 8.8 us on the GPU machine.
+        `own_stream`: the caller is the writer thread, whose current stream is the probe's alone to
+        set; it is set to the steps' stream when it differs and left there (SGLang keeps one
+        forward stream, so once), instead of a stream context entered and left per batch."""
         if self.host is not None:
             return
         torch = sys.modules["torch"]
         index: dict[Any, int] = {}
         groups: list[list[Any]] = []
         totals: list[int] = []
+        where, sizes = self.where, self.sizes
         for t in self.parts:
-            flat = t if t.dim() == 1 else t.reshape(-1)
-            n = int(flat.shape[0])
-            g = index.get(flat.dtype)
+            n = t.numel()
+            dtype = t.dtype
+            g = index.get(dtype)
             if g is None:
-                g = index[flat.dtype] = len(groups)
+                g = index[dtype] = len(groups)
                 groups.append([])
                 totals.append(0)
             start = totals[g]
             totals[g] = start + n
-            self.where.append((g, start, start + n))
-            self.sizes.append(n)
-            groups[g].append(flat)
+            where.append((g, start, start + n))
+            sizes.append(n)
+            groups[g].append(t if t.dim() == 1 else t.reshape(-1))
         if not groups:
             self.host = ()  # steps without tensors: nothing to wait for
         elif self.stream is None:
             self.host = [torch.cat(g) for g in groups]
+        elif own_stream:
+            if getattr(_WRITER, "stream", None) != self.stream:
+                torch.cuda.set_stream(self.stream)
+                _WRITER.stream = self.stream
+            self._copy(torch, groups)
         elif on_engine_thread and torch.cuda.current_stream(self.device) == self.stream:
             self._copy(torch, groups)  # already on the steps' stream (2.9 us to ask, 8.8 to enter)
         else:
@@ -145,16 +240,17 @@ class CopyBatch:
         self.parts = []
 
     def _copy(self, torch: Any, groups: list[list[Any]]) -> None:
+        """The copies, on the steps' stream (the current one: `send` made sure)."""
         self.host = [torch.cat(g).to("cpu", non_blocking=True) for g in groups]
         self.done = torch.cuda.Event()
-        self.done.record()
+        self.done.record(self.stream)  # the current stream, named: Event.record would look it up
 
     def ready(self) -> bool:
-        """Whether `run` may go. On the engine's thread this asks no device: while the probe's writer
-        thread runs, it polls the copies' events (`poll`), so a step's start reads one flag. Each
-        CUDA call there was a point where the engine's thread let go of the GIL and had to win it
-        back: the batch's sends and polls cost 27 us a step in the real engine (results/_measure
-        run12), against 2 us in benchmarks/probe_step.py."""
+        """Whether `run` may go, asked where no device may be: while the probe's writer thread
+        runs, it polls the copies' events (`poll`) and reads this one flag (it also runs the batch,
+        `Probe.writer_finishes`). Each CUDA call on the engine's thread was a point where it let go
+        of the GIL and had to win it back: the batch's sends and polls cost 27 us a step in the real
+        engine (results/_measure run12), against 2 us in benchmarks/probe_step.py."""
         return self.arrived or (not self.probe.writer_polls and self.poll())
 
     def poll(self) -> bool:
@@ -181,7 +277,7 @@ class CopyBatch:
         g, start, end = self.where[i]
         return self.values_[g][start:end]
 
-    def rows(self, parts: list[int], width: int) -> Any:
+    def rows(self, parts: Sequence[int], width: int) -> Any:
         """Parts `parts` (each `width` values) as one 2-D numpy array, a row per part. Parts of one
         dtype are laid out one after another in their host copy, so consecutive steps' positions
         are already a block there: a view, where stacking them cost 30 us a batch."""
@@ -193,83 +289,91 @@ class CopyBatch:
         return sys.modules["numpy"].stack([self.part(i) for i in parts])
 
     def run(self) -> None:
-        """Write the batch's records (each step's or block's errors contained on its own), then give
-        its drafts back to the probe. Runs of decode steps over the same requests become one
-        `steps` line (`records.steps_block_line`); any other step gets its own line."""
-        probe, drafts = self.probe, self.drafts
-        attached = self.records or ()
-        lines = []
-        i = r = 0
-        while i < len(drafts):
-            while r < len(attached) and attached[r][0] <= i:
-                lines.append(probe.call("write", _record_line, attached[r][1]))
-                r += 1
-            end = attached[r][0] if r < len(attached) else len(drafts)  # a block stops at a record
-            j = probe.call("step_end", _block_end, probe, self, i, end) or i + 1
-            line = (probe.call("step_end", _step_line, probe, self, drafts[i]) if j == i + 1
-                    else probe.call("step_end", _block_line, probe, self, i, j))
+        """Write the batch's records (each line's errors contained on its own), then give its
+        drafts back to the probe. A run of decode steps becomes one `steps` line
+        (`records.steps_block_line`) where it can; any other step gets its own line. The steps'
+        notes (a KV write not seen, ...) follow the lines, in the order of the steps."""
+        probe = self.probe
+        lines: list[str] = []
+        noted: list[Any] = []
+        """Drafts (whose notes are written after the lines, in order, then given back) and notes."""
+        runs: list[Run] = []
+        for item in self.items:
+            cls = item.__class__
+            if cls is Run:
+                probe.call("step_end", _run_lines, probe, self, item, lines, noted)
+                runs.append(item)
+                continue
+            if cls is StepDraft:
+                line = probe.call("step_end", _step_line, probe, self, item)
+                noted.append(item)
+            else:
+                line = probe.call("write", probe.text, item)
             if line is not None:
                 lines.append(line)
-            i = j
-        lines.extend(probe.call("write", _record_line, rec) for _, rec in attached[r:])
-        self.records = None
-        lines = [x for x in lines if x is not None] if attached else lines
+        self.items = []
+        self.run_ = None
         if lines:
             probe.write("\n".join(lines))
-        for draft in drafts:
+        for draft in noted:
+            if draft.__class__ is str:
+                probe.warn_once(re.sub(r"\d+", "N", draft), draft)
+                continue
             if draft.notes:
                 for n in draft.notes:
                     probe.warn_once(re.sub(r"\d+", "N", n), n)
             probe.recycle(draft)
-        self.drafts = []
-        self.values_ = self.host = None
+        for run in runs:
+            run.close(probe)
+        self.values_ = None
+        self.host = ()  # done with, and not None: a send that finds it still in line skips it
 
 
-def _record_line(record: Any) -> str:
-    return record if isinstance(record, str) else dump_record(record)
-
-
-def _block_end(probe: Probe, batch: CopyBatch, i: int, end: int | None = None) -> int:
-    """The end of the run of steps from `i` (up to `end`) that one `steps` line can carry (i + 1: none)."""
-    drafts = batch.drafts
-    d = drafts[i]
-    which = d.which
-    if d.mode != "decode" or d.cp_active or d.extend_lens is not None or (which is not _WHICH_POS
-                                                                         and which is not _WHICH_POS_MASK):
-        return i + 1
-    b = len(d.rids)
+def _run_lines(probe: Probe, batch: CopyBatch, run: Run, lines: list[str], noted: list[Any]) -> None:
+    """The lines of `run`'s steps: one `steps` line from the first step whose tensors to the end
+    are one value per request each; a line of its own for each step before it, and for a step
+    left alone (a `steps` line holds two or more). Ids that JSON would escape or that repeat make
+    every step a line of its own (`records.finish_step_line` says how)."""
+    n, b, width = len(run.rows), len(run.rids), len(run.which)
+    quoted = probe.rid_text.of(run.rids, distinct=True)
     sizes = batch.sizes
-    if b == 0 or probe.rid_text.of(d.rids, distinct=True) is None:
-        return i + 1
-    j = i + 1
-    end = len(drafts) if end is None else end
-    while j < end:
-        e = drafts[j]
-        if (e.rids is not d.rids or e.which is not which or e.mode != "decode" or e.cp_active
-                or e.cp_configured is not d.cp_configured or e.extend_lens is not None
-                or e.graph_rows != d.graph_rows
-                or (e.kv_rows is None) is not (d.kv_rows is None)
-                or (e.kv_rows == b) is not (d.kv_rows == b)):
-            break  # the block's steps share everything but their values (and one KV source)
-        j += 1
-    for k in range(batch.drafts[i].first, batch.drafts[j - 1].first + len(which)):
-        if sizes[k] != b:  # a part that is not one value per request
-            return i + 1
-    return j
+    end = run.first + n * width
+    for k in range(n):
+        if (quoted is not None and n - k > 1
+                and sizes[run.first + k * width:end].count(b) == (n - k) * width):
+            line = probe.call("step_end", _run_block_line, probe, batch, run, k, quoted, noted)
+            if line is not None:
+                lines.append(line)
+            return
+        draft = run.draft(probe, k)
+        line = probe.call("step_end", _step_line, probe, batch, draft)
+        noted.append(draft)
+        if line is not None:
+            lines.append(line)
 
 
-def _block_line(probe: Probe, batch: CopyBatch, i: int, j: int) -> str:
-    """The `steps` line of drafts i..j-1 of `batch` (`_block_end` said they fit one)."""
+def _run_block_line(probe: Probe, batch: CopyBatch, run: Run, k: int, quoted: str, noted: list[Any]) -> str:
+    """The `steps` line of `run`'s steps from `k` (`_run_lines` said they fit one)."""
     assert probe.rank_json is not None
-    drafts = batch.drafts[i:j]
-    b, width = len(drafts[0].rids), len(drafts[0].which)
-    positions = batch.rows([d.first for d in drafts], b)
-    mask = batch.rows([d.first + 1 for d in drafts], b) if width == 2 else None
-    kv = [records._kv_source(d, b, b if width == 2 else None) for d in drafts][0]  # one for all (_block_end)
-    quoted = probe.rid_text.of(drafts[0].rids, distinct=True)
-    assert quoted is not None
-    return records.steps_block_line(drafts, rank_json=probe.rank_json, quoted=quoted,
-                                    positions=positions, kv=kv, mask=mask if kv == "mask" else None)
+    rows = run.rows[k:] if k else run.rows
+    b, width = len(run.rids), len(run.which)
+    first = run.first + k * width
+    head = rows[0]
+    # The KV source is the same for every step of a run (its key); so is a note's pattern, which
+    # is said once (Probe.warn_once): the first step's.
+    kv, note = records.kv_source_of("decode", head[0], run.graph_rows, head[7], b, b if width == 2 else None)
+    if note is not None:
+        noted.append(note)
+    end = first + len(rows) * width
+    positions = batch.rows(range(first, end, width), b)
+    mask = batch.rows(range(first + 1, end, width), b) if kv == "mask" else None
+    step, clock, rows_in, _, attn, ffn, logits, _ = zip(*rows, strict=True)
+    t0 = probe.t0
+    t = [round(c - t0, 6) for c in clock]  # _record_t
+    return records.steps_block_line(
+        t=t, step=step, rows_in=rows_in, attn_rows=attn, ffn_rows=ffn, logits_rows=logits,
+        cp_configured=run.cp_configured, graph_rows=run.graph_rows, rank_json=probe.rank_json, quoted=quoted,
+        positions=positions, kv=kv, mask=mask)
 
 
 def send_copies(probe: Probe) -> None:
@@ -289,20 +393,24 @@ def writer_round(probe: Probe) -> None:
         batch = probe.copies
         if batch is not None and batch.steps and probe.clock() - batch.born >= COPY_WITHIN_S:
             old, probe.copies = batch, None
-    _send_closed(probe, old, poll=True)
+    _send_closed(probe, old, poll=True, own_stream=True)
 
 
-def _send_closed(probe: Probe, detached: CopyBatch | None, *, poll: bool) -> None:
+_WRITER = threading.local()
+"""`stream`: the CUDA stream this thread set as its current one to send copies (CopyBatch.send)."""
+
+
+def _send_closed(probe: Probe, detached: CopyBatch | None, *, poll: bool, own_stream: bool = False) -> None:
     """Send `detached` and every batch the engine closed without sending; poll the sent ones if
     asked. Under `send_lock`, not `copy_lock`: the engine's thread takes copy_lock every step and
-    must not wait for a send."""
+    must not wait for a send. `own_stream`: the caller is the writer thread (CopyBatch.send)."""
     with probe.send_lock:
         if detached is not None:
-            detached.send()
+            detached.send(own_stream=own_stream)
         for _, item in list(probe._pending):  # a C-level copy, whole under the GIL
             if isinstance(item, CopyBatch):
                 if item.host is None and item is not probe.copies:
-                    item.send()
+                    item.send(own_stream=own_stream)
                 if poll:
                     item.poll()
 
@@ -329,16 +437,15 @@ def _send_locked(probe: Probe, on_engine_thread: bool = False) -> None:
 
 def attach_record(probe: Probe, record: Any) -> bool:
     """Put `record` into the batch being filled, after its steps so far (`Probe.write`): the
-    batch stays open, and is sent when full, by the writer thread. False when no batch is being
-    filled. The batch being filled is the last of the pending work: a record written after it
-    opened went into it, and it is detached before it is sent."""
+    batch stays open, and is sent when full, by the writer thread; the next step starts a new run.
+    False when no batch is being filled. The batch being filled is the last of the pending work: a
+    record written after it opened went into it, and it is detached before it is sent."""
     with probe.copy_lock:
         batch = probe.copies
         if batch is None or batch.host is not None:
             return False
-        if batch.records is None:
-            batch.records = []
-        batch.records.append((len(batch.drafts), record))
+        batch.items.append(record)
+        batch.run_ = None
         return True
 
 
@@ -455,7 +562,9 @@ def around_model_runner_forward(original: Any, runner: Any, forward_batch: Any, 
         return _timed_forward(probe, original, runner, forward_batch, args, kwargs)
     # Begin and end are guarded inline (not through Probe.call): two calls fewer every step.
     try:
-        probe.run_ready()  # earlier steps whose copies the device has finished
+        pending = probe._pending  # Probe.run_ready, inline: earlier steps whose copies have arrived
+        if pending and not (probe.writer_polls and probe.writer_finishes) and pending[0][1].ready():
+            probe._run_pending(None)
         _begin_step_body(probe, runner, forward_batch)
     except Exception as e:
         probe.current = None
@@ -532,32 +641,57 @@ def _forward_raised(probe: Probe, e: BaseException) -> None:
 
 
 def _begin_step_body(probe: Probe, runner: Any, fb: Any) -> None:
-    probe.step_index += 1
-    if probe.cp_configured is None:
-        probe.cp_configured = _cp_configured()
+    probe.step_index = step = probe.step_index + 1
+    cp = probe.cp_configured
+    if cp is None:
+        cp = probe.cp_configured = _cp_configured()
     fm = fb.forward_mode
-    name = getattr(fm, "name", None) or str(fm)
-    mode = _MODES.get(name)
-    if mode is None:
-        mode = _MODES[name] = records.mode_of(name)
+    last = _LAST_MODE
+    if fm is last[0]:
+        mode = last[1]
+    else:  # SGLang's ForwardMode is an IntEnum: reading `name` costs a Python call each time
+        name = getattr(fm, "name", None) or str(fm)
+        mode = _MODES.get(name)
+        if mode is None:
+            mode = _MODES[name] = records.mode_of(name)
+        last[0], last[1] = fm, mode
     ids = getattr(fb, "input_ids", None)
     rows_in = int(ids.shape[0]) if ids is not None else 0
     rids = getattr(fb, "rids", None)  # str in SGLang; records.finish_step_line makes sure
     bs = int(getattr(fb, "batch_size", len(rids or ())) or 0)
-    rids = probe.same_rids(rids) if rids else [f"#{i}" for i in range(bs)]
-    decode = mode == "decode"
-    draft = probe.drafts.pop() if probe.drafts else None
-    if draft is None:
+    if rids:  # the probe's own list while the requests stay (Probe.same_rids, inline)
+        same = probe._rids
+        rids = same if same is not None and rids == same else probe.same_rids(rids)
+    else:
+        rids = [f"#{i}" for i in range(bs)]
+    draft = probe.spare
+    if draft is not None and mode == "decode":
+        # The last step's draft, whose step joined a run (`_end_step_body`): only what a decode
+        # step's hooks set differs from a new draft's (StepDraft.__init__ would set all 24 fields).
+        probe.spare = None
+        draft.step, draft.mode, draft.batch_size, draft.rows_in, draft.rids = step, mode, bs, rows_in, rids
+        draft.cp_configured = cp
+        draft.attn_rows_seen = draft.ffn_rows = draft.logits_rows = draft.kv_rows = draft.graph_rows = None
+        probe.current = draft
+        return
+    try:  # not `if probe.drafts`: the writer thread may take the last one in between (writer_finishes)
+        draft = probe.drafts.pop()
+    except IndexError:
         draft = StepDraft(step=0, mode=mode, batch_size=0, rows_in=0, rids=rids)
-    StepDraft.__init__(
-        draft, step=probe.step_index, mode=mode, batch_size=bs, rows_in=rows_in, rids=rids,
-        extend_lens=None if decode else _int_list(getattr(fb, "extend_seq_lens_cpu", None)),
-        prefix_lens=None if decode else _int_list(getattr(fb, "extend_prefix_lens_cpu", None)),
-        cp_configured=probe.cp_configured,
-    )
+    if mode == "decode":
+        StepDraft.__init__(draft, step=step, mode=mode, batch_size=bs, rows_in=rows_in, rids=rids,
+                           cp_configured=cp)
+    else:
+        StepDraft.__init__(
+            draft, step=step, mode=mode, batch_size=bs, rows_in=rows_in, rids=rids,
+            extend_lens=_int_list(getattr(fb, "extend_seq_lens_cpu", None)),
+            prefix_lens=_int_list(getattr(fb, "extend_prefix_lens_cpu", None)), cp_configured=cp)
     probe.current = draft
 
 
+_LAST_MODE: list[Any] = [None, None]
+"""The last ForwardMode seen and its step mode: a decode keeps one (the object is held, so its
+identity cannot pass to another)."""
 _MODES: dict[str, records.StepMode] = {}
 """SGLang's ForwardMode names -> our step modes, looked up once per name."""
 _WHICH: dict[tuple[bool, bool, bool], tuple[str, ...]] = {
@@ -566,6 +700,16 @@ _WHICH: dict[tuple[bool, bool, bool], tuple[str, ...]] = {
 }
 """The names of a step's tensors in its CopyBatch, made once (a draft keeps one of these)."""
 _WHICH_POS, _WHICH_POS_MASK = _WHICH[True, False, False], _WHICH[True, True, False]
+_WHICH_NONE = _WHICH[False, False, False]
+_NO_RIDS: list[str] = []
+"""What a run given back holds instead of its requests' ids (it keeps no list of SGLang's alive)."""
+
+
+_GRAPH_KEYS: dict[tuple[bool, str], tuple[str, str]] = {
+    (replay, mode): ("replay" if replay else "eager", "decode" if mode in ("decode", "idle") else "prefill")
+    for replay in (False, True) for mode in ("extend", "decode", "mixed", "idle", "other")
+}
+"""(replayed, step mode) -> the graph counter's key (`Probe.count_graph`, made once)."""
 
 
 def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
@@ -575,9 +719,9 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
     if probe.rank is None:
         probe.recycle(draft)
         return
-    phase = "decode" if draft.mode in ("decode", "idle") else "prefill"
-    if bool(getattr(result, "can_run_graph", False)):
-        probe.count_graph("replay", phase)
+    # Probe.count_graph, inline: the engine's thread is the counter's only writer (GraphCounter).
+    if getattr(result, "can_run_graph", False):
+        probe.graph.totals[_GRAPH_KEYS[True, draft.mode]] += 1
         # A replay is recorded too (D58): the forward batch's requests and positions are what the
         # graph runner copied into the graph's inputs (decode_cuda_graph_runner.py:1122-1129), and
         # its padded size is the graph that ran. What happens inside (the inner hooks, the KV
@@ -590,28 +734,40 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
             return
         draft.graph_rows = rows  # no inner hook fired: no mask or zigzag tensor is pending
     else:
-        probe.count_graph("eager", phase)
+        probe.graph.totals[_GRAPH_KEYS[False, draft.mode]] += 1
     pos_t = getattr(fb, "positions", None)
     # Taken here, at the forward's end: every stream SGLang used in the forward has joined the
     # current one by now, so the tensors kept by the inner hooks are complete in its order.
     has_pos = probe.observe_positions and pos_t is not None
     mask, zigzag = draft.kv_mask_pending, draft.zigzag_pending
-    draft.kv_mask_pending = None
-    tensors = [_text_positions(pos_t)] if has_pos else []
-    if mask is not None:
-        tensors.append(mask)
-    if zigzag is not None:
-        tensors.append(zigzag[0])
-    draft.which = _WHICH[has_pos, mask is not None, zigzag is not None]
-    draft.t = probe.now()
+    if mask is None and zigzag is None:  # a decode step's usual case: positions alone
+        if has_pos:
+            tensors = [pos_t[0] if getattr(pos_t, "ndim", 1) == 2 else pos_t]  # _text_positions
+            draft.which = _WHICH_POS
+        else:
+            tensors = []
+            draft.which = _WHICH_NONE
+    else:
+        draft.kv_mask_pending = None
+        tensors = [_text_positions(pos_t)] if has_pos else []
+        if mask is not None:
+            tensors.append(mask)
+        if zigzag is not None:
+            tensors.append(zigzag[0])
+        draft.which = _WHICH[has_pos, mask is not None, zigzag is not None]
+    # The clock as read: `Probe.now`'s rounding waits for the batch's records (`_record_t`), where it
+    # runs for all its steps in a row; on its own, once a step after the engine's work, it cost
+    # several times as much (benchmarks/probe_step.py --engine-us).
+    draft.t = probe.clock()
     with probe.copy_lock:
         batch = probe.copies
-        if batch is not None and tensors and not batch.fits(tensors):
-            _close_locked(probe)
-            batch = None
         if batch is None:
             batch = _open_batch(probe)
-        batch.add(draft, tensors)
+        elif tensors and not batch.fits(tensors):
+            _close_locked(probe)
+            batch = _open_batch(probe)
+        if batch.add(draft, tensors):
+            probe.spare = draft  # its run keeps its values: the draft serves the next step
         if batch.steps >= COPY_EVERY:
             _close_locked(probe, on_engine_thread=True)
         elif not probe.writer_polls and probe.clock() - batch.born >= COPY_WITHIN_S:
@@ -642,8 +798,13 @@ def _step_line(probe: Probe, batch: CopyBatch, draft: StepDraft) -> str:
             draft.kv_mask = value  # 0/1 (or bools): truth is what counts; a numpy view
         else:
             _resolve_zigzag(draft, value.tolist())
-    return records.finish_step_line(draft, rank=probe.rank, rank_json=probe.rank_json, t=draft.t,
-                                    positions=positions, rid_text=probe.rid_text)
+    return records.finish_step_line(draft, rank=probe.rank, rank_json=probe.rank_json,
+                                    t=_record_t(probe, draft.t), positions=positions, rid_text=probe.rid_text)
+
+
+def _record_t(probe: Probe, clock: float) -> float:
+    """A step's `t` from the clock as its forward returned: what `Probe.now` said then."""
+    return round(clock - probe.t0, 6)
 
 
 def _cp_configured() -> bool | None:

@@ -26,7 +26,8 @@ from __future__ import annotations
 from typing import Any
 
 from cptest.evidence import PoolSample, RankId
-from cptest.probe.records import pool_sample_line
+from cptest.probe import runtime as _runtime
+from cptest.probe.records import pool_sample_late
 from cptest.probe.runtime import get_probe
 
 STEP_EVERY = 4
@@ -92,7 +93,7 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
     them: the allocator's `size` (logical under DCP: rows x dcp, kv_cache_configurator.py:1563-1566)
     and the pool-stats observer's `max_total_num_tokens` (rows x dcp_size, scheduler.py:2005).
     """
-    probe = get_probe()
+    probe = _runtime._PROBE or get_probe()
     sampler = _SAMPLER
     if probe is None or probe.rank_json is None or sampler.off or probe.paused:
         return
@@ -105,7 +106,8 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
         waiting = len(scheduler.waiting_queue)
         step = int(scheduler.forward_ct)
         idle = running == 0 and waiting == 0
-        if sampler.too_soon(step, idle):
+        last = sampler.last_step  # PoolSampler.too_soon, inline (every scheduler iteration)
+        if not idle and last is not None and step - last < sampler.every:
             return  # 3 iterations in 4 of a decode: no sample, whatever the pools say
         alloc = scheduler.token_to_kv_pool_allocator
         total, free = int(alloc.size), int(alloc.available_size())
@@ -122,8 +124,8 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
     if sched_total is not None:
         sched_total = int(sched_total)
     if sampler.due(step, (total, free, evictable, protected, running, waiting, sched_total), idle):
-        # The record's JSON line, made here without pydantic (as a step's is, records.py): it
-        # reads back as the PoolSample that `PoolSampler.offer` would have made (D67).
-        probe.write(pool_sample_line(rank_json=probe.rank_json, t=probe.now(), step=step, total=total,
-                                     free=free, evictable=evictable, protected=protected, running=running,
-                                     waiting=waiting, scheduler_total=sched_total, idle=idle))
+        # The record's figures and the clock; its JSON line is made without pydantic (as a step's
+        # is, records.py) when it is written, with the copy batch it joins (D69): it reads back as
+        # the PoolSample that `PoolSampler.offer` would have made (D67).
+        probe.write(pool_sample_late(probe.rank_json, probe.clock(), step, total, free, evictable, protected,
+                                     running, waiting, sched_total, idle))

@@ -7,8 +7,8 @@ here. That keeps every decision about *what* a record says testable on a CPU.
 
 from __future__ import annotations
 
-import base64
 import re
+from binascii import b2a_base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -182,7 +182,8 @@ class StepDraft:
     until the probe copies it (then into cp_local_positions). Plain fields, not callbacks: a
     closure over the draft would make a reference cycle per step, left to the garbage collector."""
     t: float = 0.0
-    """When the forward returned (the record's `t`)."""
+    """The probe's clock when the forward returned (the record's `t` is `Probe.now` of it, made
+    with the batch's records: hooks._record_t)."""
     first: int = 0
     """Index of the step's first tensor in its CopyBatch."""
     which: tuple[str, ...] = ()
@@ -322,24 +323,30 @@ def _kv_source(draft: StepDraft, n_rows: int, mask_len: int | None = -1) -> Lite
     """How the step's first-layer KV write maps onto its `n_rows` rows: row by row through the DCP
     owner mask, all of them, or none (the write was not seen or does not fit; a note says which).
     `mask_len` is the mask's length when the caller knows it without the mask (None: no mask)."""
-    if draft.graph_rows is not None:
-        return None  # a replay: the write ran inside the graph, unobserved (not missing: no note)
     if mask_len == -1:
         mask_len = None if draft.kv_mask is None else len(draft.kv_mask)
-    if draft.kv_rows is None:
-        if draft.mode in ("extend", "decode", "mixed"):
-            draft.note(f"step {draft.step}: no KV write seen; kv_written left empty")
-        return None
+    source, note = kv_source_of(draft.mode, draft.step, draft.graph_rows, draft.kv_rows, n_rows, mask_len)
+    if note is not None:
+        draft.note(note)
+    return source
+
+
+def kv_source_of(mode: StepMode, step: int, graph_rows: int | None, kv_rows: int | None, n_rows: int,
+                 mask_len: int | None) -> tuple[Literal["mask", "all"] | None, str | None]:
+    """`_kv_source` from plain values: the source, and the note to make when it is none."""
+    if graph_rows is not None:
+        return None, None  # a replay: the write ran inside the graph, unobserved (not missing: no note)
+    if kv_rows is None:
+        if mode in ("extend", "decode", "mixed"):
+            return None, f"step {step}: no KV write seen; kv_written left empty"
+        return None, None
     if mask_len is not None and mask_len == n_rows:
-        return "mask"
-    if mask_len is None and draft.kv_rows == n_rows:
-        return "all"
-    draft.note(
-        f"step {draft.step}: KV write of {draft.kv_rows} rows "
-        f"(mask {'of ' + str(mask_len) if mask_len is not None else 'none'}) "
-        f"does not match the batch's {n_rows} rows; kv_written left empty"
-    )
-    return None
+        return "mask", None
+    if mask_len is None and kv_rows == n_rows:
+        return "all", None
+    return None, (f"step {step}: KV write of {kv_rows} rows "
+                  f"(mask {'of ' + str(mask_len) if mask_len is not None else 'none'}) "
+                  f"does not match the batch's {n_rows} rows; kv_written left empty")
 
 
 class RidText:
@@ -414,24 +421,36 @@ def finish_step_line(draft: StepDraft, *, rank: RankId, rank_json: str, t: float
     )
 
 
-def steps_block_line(drafts: Sequence[StepDraft], *, rank_json: str, quoted: str, positions: Any,
-                     kv: Literal["mask", "all"] | None, mask: Any = None) -> str:
+def steps_block_line(*, t: Sequence[float], step: Sequence[int], rows_in: Sequence[int],
+                     attn_rows: Sequence[int | None], ffn_rows: Sequence[int | None],
+                     logits_rows: Sequence[int | None], cp_configured: bool | None, graph_rows: int | None,
+                     rank_json: str, quoted: str, positions: Any, kv: Literal["mask", "all"] | None,
+                     mask: Any = None) -> str:
     """The JSON line of a `StepBlock`: decode steps over the same requests (`quoted`, from
-    `RidText.of`), `positions` and `mask` numpy arrays of one row per step. One line and two C-level
-    encodings for a whole copy batch, instead of a line per step."""
-    cp = "null" if drafts[0].cp_configured is None else "false"  # blocks hold no PCP-split step
+    `RidText.of`), their values as columns of one entry per step (ints, and None for a row count
+    not seen: what the probe keeps of a run of decode steps, `hooks.Run`), `positions` and `mask`
+    numpy arrays of one row per step. One line and two C-level encodings for a run of steps,
+    instead of a line per step."""
+    cp = "null" if cp_configured is None else "false"  # blocks hold no PCP-split step
     kv_text = _digits(mask) if kv == "mask" else ('"all"' if kv == "all" else "null")
     return (
-        f'{{"v":{SCHEMA_VERSION},"t":[{",".join([repr(float(d.t)) for d in drafts])}],"kind":"steps",'
+        f'{{"v":{SCHEMA_VERSION},"t":[{",".join(map(repr, map(float, t)))}],"kind":"steps",'
         f'"rank":{rank_json},"mode":"decode","cp_active":{cp},"rids":["{quoted}"],'
-        f'"step":[{",".join([str(d.step) for d in drafts])}],'
-        f'"rows_in":[{",".join([str(d.rows_in) for d in drafts])}],'
-        f'"attn_rows":[{",".join([_json_int(d.attn_rows_seen) for d in drafts])}],'
-        f'"ffn_rows":[{",".join([_json_int(d.ffn_rows) for d in drafts])}],'
-        f'"logits_rows":[{",".join([_json_int(d.logits_rows) for d in drafts])}],'
+        f'"step":[{_json_ints(step)}],"rows_in":[{_json_ints(rows_in)}],'
+        f'"attn_rows":[{_json_ints(attn_rows)}],"ffn_rows":[{_json_ints(ffn_rows)}],'
+        f'"logits_rows":[{_json_ints(logits_rows)}],'
         f'"pos":{_packed_pos(positions)},"kv":{kv_text}'
-        + ("}" if drafts[0].graph_rows is None else f',"graph_rows":{int(drafts[0].graph_rows)}}}')
+        + ("}" if graph_rows is None else f',"graph_rows":{int(graph_rows)}}}')
     )
+
+
+def _json_ints(values: Sequence[int | None]) -> str:
+    """Ints and Nones (the hooks' `int(...)` counts) as the inside of a JSON list ("3,null,4"), with
+    C-level joins: one value for all (a run's row counts, mostly) is written once and repeated."""
+    first = values[0]
+    if values.count(first) == len(values):
+        return ",".join(["null" if first is None else str(first)] * len(values))
+    return ",".join(map(str, values)).replace("None", "null")  # `str` of an int holds no "None"
 
 
 def pool_sample_line(*, rank_json: str, t: float, step: int, total: int, free: int, evictable: int | None,
@@ -447,6 +466,28 @@ def pool_sample_line(*, rank_json: str, t: float, step: int, total: int, free: i
     )
 
 
+def pool_sample_late(rank_json: str, clock: float, step: int, total: int, free: int, evictable: int | None,
+                     protected: int | None, running: int, waiting: int, scheduler_total: int | None,
+                     idle: bool) -> tuple[Any, ...]:
+    """A pool sample as the hook took it: its figures and the probe's clock then, its line made when
+    it is written (`late_line`), with the steps' lines of its copy batch, not in the scheduler's
+    iteration. A plain tuple of plain values: Python's collector stops tracking it at its first
+    look, where an object would live on, to its oldest generation, until its batch is written."""
+    return ("pool_sample", rank_json, clock, step, total, free, evictable, protected, running, waiting,
+            scheduler_total, idle)
+
+
+def late_line(record: tuple[Any, ...], t0: float) -> str:
+    """The line of a record made by `pool_sample_late`, `t0` being the probe's clock at its start:
+    its `t` is what `Probe.now` said when the record was made (round(clock - t0, 6))."""
+    kind, rank_json, clock, step, total, free, evictable, protected, running, waiting, sched, idle = record
+    if kind != "pool_sample":
+        raise ValueError(f"not a record made late: {kind!r}")
+    return pool_sample_line(rank_json=rank_json, t=round(clock - t0, 6), step=step, total=total, free=free,
+                            evictable=evictable, protected=protected, running=running, waiting=waiting,
+                            scheduler_total=sched, idle=idle)
+
+
 _PLAIN = re.compile(r'[^"\\\x00-\x1f\x7f-\uffff]*')
 """Request ids that need no escaping in JSON (SGLang's are hex); others go the general way."""
 
@@ -457,7 +498,7 @@ _QUOTED_COMMA = '","'
 def _packed_pos(positions: Any) -> str:
     """A numpy array of positions (any shape, row after row) as the JSON string of its
     little-endian int32 bytes in base64."""
-    return '"' + base64.b64encode(positions.astype("<i4").tobytes()).decode("ascii") + '"'
+    return '"' + b2a_base64(positions.astype("<i4").tobytes(), newline=False).decode("ascii") + '"'
 
 
 def _digits(mask: Any) -> str:

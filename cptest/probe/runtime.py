@@ -8,17 +8,20 @@ Contracts:
   and loses at most the lines of its last WRITER_PERIOD_S.
 - SGLang's thread never waits on the device for the probe: a blocking copy there ends its
   CPU/GPU overlap (22.9 % of eager decode throughput, results/_probe-overhead/). Work that needs
-  device values (a step's positions, on their way to the host) is `defer`red: the engine's own
-  thread finishes it at the start of a later step, once `ready()` says the copies are done (a
-  query, never a wait). A second thread doing it costs the same CPU plus GIL hand-overs at the
-  engine's torch calls (benchmarks/probe_step.py: ~20 us a step dearer here), so it only
-  finishes what an idle engine leaves behind.
+  device values (a step's positions, on their way to the host) is `defer`red and finished once
+  `ready()` says the copies are done (a query, never a wait): by the writer thread, right after
+  its round's sends and polls (`writer_finishes`, D69), or without a writer thread by the
+  engine's thread at the start of a later step. The writer still takes the GIL for it; what it
+  saves the engine is running that code cold, once a batch between SGLang's own work (about twice
+  the CPU of the same code run warm, benchmarks/probe_step.py --engine-us). Its CPU time is in
+  the `cost` notes (`writer_ns`) beside the engine thread's.
 - Records are written in the order they were made: while deferred work is pending, later records
   queue behind it; one made while a copy batch is being filled joins that batch, between the
   steps before and after it (hooks.attach_record), which stays open (D67).
-- A writer thread, started with the rank, comes by every WRITER_PERIOD_S: it writes the graph
-  counts when due and finishes deferred work that the engine left waiting for IDLE_S (an idle
-  engine runs no step). `flush()` finishes everything and runs at exit. So records reach the
+- A writer thread, started with the rank, comes by every WRITER_PERIOD_S: it sends and polls the
+  copies (hooks.writer_round), finishes what arrived, writes the graph counts when due, and
+  finishes all deferred work left waiting for IDLE_S (an idle engine runs no step, and a batch
+  being filled is sent then). `flush()` finishes everything and runs at exit. So records reach the
   disk within about 0.2 s of an engine going idle; a rank SIGKILLed while busy loses its last
   steps (at most hooks.COPY_EVERY, or hooks.COPY_WITHIN_S of them) and WRITER_PERIOD_S of lines.
 - Records go to `$CPTEST_PROBE_DIR/rank<world_rank>.jsonl` once the rank is known (Geometry is the
@@ -48,7 +51,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from pydantic import BaseModel
 
 from cptest.evidence import ProbeNote, RankId, dump_record
-from cptest.probe.records import GraphCounter, RidText, StepDraft
+from cptest.probe.records import GraphCounter, RidText, StepDraft, late_line
 from cptest.store import rank_file_name
 
 ENV_DIR = "CPTEST_PROBE_DIR"
@@ -88,7 +91,7 @@ class _Write:
 
     __slots__ = ("probe", "record")
 
-    def __init__(self, probe: Probe, record: BaseModel | str) -> None:
+    def __init__(self, probe: Probe, record: BaseModel | str | tuple[Any, ...]) -> None:
         self.probe, self.record = probe, record
 
     def ready(self) -> bool:
@@ -141,7 +144,7 @@ class Probe:
         self.copy_lock = threading.RLock()
         self.kick: Callable[[Probe], None] | None = None
         """Sends what `copies` gathered; called before deferred work is finished without the engine."""
-        self.attach: Callable[[Probe, BaseModel | str], bool] | None = None
+        self.attach: Callable[[Probe, BaseModel | str | tuple[Any, ...]], bool] | None = None
         """Puts a record into the batch being filled, after its steps so far (hooks.attach_record);
         False when no batch is being filled (then `write` queues it behind the pending work)."""
         self.writer_round: Callable[[Probe], None] | None = None
@@ -149,6 +152,10 @@ class Probe:
         self.writer_polls = False
         """True while the writer thread runs: it sends closed batches and polls their copies, and
         the engine's thread makes no CUDA call for the probe (hooks.CopyBatch.ready)."""
+        self.writer_finishes = True
+        """While the writer thread runs, it also finishes the deferred work whose copies arrived (the
+        batches' lines), right after its sends and polls, and the engine's thread finishes none
+        (D69); False: the engine's thread finishes it at a step's start (D52)."""
         self.send_lock = threading.Lock()
         """Held while batches are sent: the writer's rounds and a kick never send one twice."""
         self._io_lock = threading.Lock()
@@ -156,6 +163,11 @@ class Probe:
         self._guarded: dict[tuple[str, Callable[..., Any]], Callable[..., Any]] = {}
         self.drafts: list[StepDraft] = []
         """Finished drafts for reuse (`recycle`): see StepDraft on why drafts are not made afresh."""
+        self.runs: list[Any] = []
+        """Runs of decode steps (hooks.Run) given back for reuse, as `drafts`."""
+        self.spare: StepDraft | None = None
+        """The last step's draft when that step joined a run of its copy batch (hooks.Run keeps its
+        values): the next decode step reuses it, resetting only what a decode step's hooks set."""
         self._rids: list[str] | None = None
         self.switch = switch
         self._switch_seen: tuple[int, int] | None = None
@@ -165,9 +177,10 @@ class Probe:
         self._gc_seen: list[list[float]] = []
         self.timing = False
         """Measure the probe's own time on the engine's thread (`watch_gc`'s companion, ENV_SWITCH)."""
-        self.cost: list[Any] = [0] * 10
+        self.cost: list[Any] = [0] * 11
         """Since the last `cost` note: [probe ns, steps, first step's start ns, last step's end ns,
-        ready ns, begin ns, end ns, send ns, slow steps, slow steps' ns] (hooks._timed_forward)."""
+        ready ns, begin ns, end ns, send ns, slow steps, slow steps' ns] (hooks._timed_forward), and
+        the writer thread's CPU ns in its rounds (`_write_loop`)."""
 
     # ------------------------------------------------------------ writing
     def now(self) -> float:
@@ -202,8 +215,9 @@ class Probe:
         for g in counts:
             self.write(g.model_copy(update={"t": self.now()}))
 
-    def write(self, record: BaseModel | str) -> None:
-        """Write a record (or its JSON lines, made by the caller, once the rank is known)."""
+    def write(self, record: BaseModel | str | tuple[Any, ...]) -> None:
+        """Write a record (or its JSON lines, made by the caller, or a tuple of `records.late_line`,
+        once the rank is known)."""
         if self._pending and threading.get_ident() != self._runner:
             if self.copies is not None:
                 # A copy batch is being filled: the record joins it after its steps so far, and the
@@ -234,8 +248,17 @@ class Probe:
         self._rids = rids = list(rids)
         return rids
 
-    def _write_now(self, record: BaseModel | str) -> None:
-        line = ((record if isinstance(record, str) else dump_record(record)) + "\n").encode()
+    def text(self, record: BaseModel | str | tuple[Any, ...]) -> str:
+        """A record's JSON line: as given (a str), made now from what was taken when the record
+        was made (a tuple, `records.late_line`), or pydantic's."""
+        if isinstance(record, str):
+            return record
+        if record.__class__ is tuple:
+            return late_line(record, self.t0)  # type: ignore[arg-type]
+        return dump_record(record)  # type: ignore[arg-type]
+
+    def _write_now(self, record: BaseModel | str | tuple[Any, ...]) -> None:
+        line = (self.text(record) + "\n").encode()
         with self._lock:
             if self.rank is None:
                 if isinstance(record, BaseModel):
@@ -285,9 +308,10 @@ class Probe:
         self._pending.append((self.clock(), item))
 
     def run_ready(self) -> None:
-        """On the engine's thread, at a step's start: finish what the device is done with, in order."""
+        """On the engine's thread, at a step's start: finish what the device is done with, in order
+        (unless the writer thread does, `writer_finishes`)."""
         pending = self._pending
-        if pending and pending[0][1].ready():
+        if pending and not (self.writer_polls and self.writer_finishes) and pending[0][1].ready():
             self._run_pending(None)
 
     def _finish_pending(self, deadline: float) -> bool:
@@ -315,8 +339,8 @@ class Probe:
                     if deadline is None or time.monotonic() > deadline:
                         return False
                     time.sleep(0.001)
+                _run(item)  # still first in line: a record another thread writes meanwhile queues behind it
                 self._pending.popleft()
-                _run(item)
             return True
         finally:
             self._runner = None
@@ -371,11 +395,14 @@ class Probe:
 
     def _write_cost(self) -> None:
         """Write what `cost` gathered as a note `cost [epoch, steps, probe_ns, span_ns, ready_ns,
-        begin_ns, end_ns, send_ns, slow_steps, slow_ns]`: the probe's own time in the per-step
-        hooks' begin and end (deferred records, copies included) over `steps` steps that took
-        `span_ns` from the first one's start to the last one's end, then that time by part
-        (hooks._timed_forward) and the steps whose probe work took over hooks.SLOW_NS."""
-        cost, self.cost = self.cost, [0] * 10
+        begin_ns, end_ns, send_ns, slow_steps, slow_ns, writer_ns]`: the probe's own time in the
+        per-step hooks' begin and end (deferred records, copies included) over `steps` steps that
+        took `span_ns` from the first one's start to the last one's end, then that time by part
+        (hooks._timed_forward), the steps whose probe work took over hooks.SLOW_NS, and the CPU
+        time of the writer thread's rounds (its sends and polls and, with `writer_finishes`, the
+        records it finished): the part of the probe's work that holds the GIL off the engine's
+        thread, which `probe_ns` does not count."""
+        cost, self.cost = self.cost, [0] * 11
         if cost[1] and self.rank is not None:
             seen = [round(time.time(), 4), cost[1], cost[0], cost[3] - cost[2], *cost[4:]]
             self.write(ProbeNote(t=self.now(), rank=self.rank, message="cost " + json.dumps(seen)))
@@ -392,15 +419,21 @@ class Probe:
                         self._write_cost()
             with contextlib.suppress(Exception):
                 self.poll_switch()
+            cpu0 = time.thread_time_ns() if self.timing else 0
             if self.writer_round is not None:
                 with contextlib.suppress(Exception):
                     self.writer_round(self)
             with contextlib.suppress(Exception):
-                if self._pending and self.clock() - self._pending[0][0] > IDLE_S:
-                    self._finish_pending(time.monotonic() + 10 * IDLE_S)
+                if self._pending:
+                    if self.clock() - self._pending[0][0] > IDLE_S:
+                        self._finish_pending(time.monotonic() + 10 * IDLE_S)
+                    elif self.writer_finishes:
+                        self._run_pending(time.monotonic())  # what arrived, in order; no wait
                 self._write_graph_counts(force=False)
             with contextlib.suppress(Exception):
                 self._write_lines()
+            if cpu0:
+                self.cost[10] += time.thread_time_ns() - cpu0
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Write everything observed so far (graph counts too); False if that took over `timeout`."""

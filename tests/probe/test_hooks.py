@@ -178,10 +178,10 @@ def test_the_engines_thread_neither_sends_nor_polls_copies_while_the_writer_runs
     on_engine: list[str] = []
 
     class Watched(hooks.CopyBatch):
-        def send(self, on_engine_thread: bool = False) -> None:
+        def send(self, on_engine_thread: bool = False, own_stream: bool = False) -> None:
             if threading.get_ident() == engine:
                 on_engine.append("send")
-            super().send(on_engine_thread)
+            super().send(on_engine_thread, own_stream)
 
         def poll(self) -> bool:
             if threading.get_ident() == engine:
@@ -471,12 +471,13 @@ def test_a_timing_probe_notes_its_own_time_per_step_never_more_than_the_steps_to
         hooks.around_model_runner_forward(_dcp_forward(1, Layer()), Runner(), fb)
     probe.flush()
     (note,) = [r for r in _records(probe) if isinstance(r, ProbeNote) and r.message.startswith("cost ")]
-    _epoch, steps, probe_ns, span_ns, ready_ns, begin_ns, end_ns, send_ns, slow, slow_ns = json.loads(
-        note.message[5:])
+    cost = json.loads(note.message[5:])
+    _epoch, steps, probe_ns, span_ns, ready_ns, begin_ns, end_ns, send_ns, slow, slow_ns, writer_ns = cost
     assert steps == hooks.COPY_EVERY + 4 and 0 < probe_ns <= span_ns
     assert ready_ns + begin_ns + end_ns == probe_ns  # the parts are the whole
     assert send_ns == 0  # the writer thread sends the full batch, not the engine's thread
     assert 0 <= slow <= steps and (slow_ns == 0) == (slow == 0)
+    assert writer_ns >= 0  # the writer thread's rounds, off the engine's thread (not in probe_ns)
     assert len([r for r in _records(probe) if isinstance(r, Step)]) == steps  # timing changes no record
 
 
@@ -520,10 +521,10 @@ def test_a_record_written_while_a_batch_fills_joins_it_in_order_and_the_engine_s
     sent_on_engine: list[int] = []
 
     class Watched(hooks.CopyBatch):
-        def send(self, on_engine_thread: bool = False) -> None:
+        def send(self, on_engine_thread: bool = False, own_stream: bool = False) -> None:
             if threading.get_ident() == engine:
                 sent_on_engine.append(self.steps)
-            super().send(on_engine_thread)
+            super().send(on_engine_thread, own_stream)
 
     monkeypatch.setattr(hooks, "CopyBatch", Watched)
     alloc = types.SimpleNamespace(size=1024, free=1024, available_size=lambda: alloc.free)
@@ -549,3 +550,62 @@ def test_a_record_written_while_a_batch_fills_joins_it_in_order_and_the_engine_s
                                                  for i in range(n)]
     text = (probe.out_dir / "rank1.jsonl").read_text()
     assert text.count('"kind":"steps"') == n // 4  # a block of steps stops at a record, and only there
+
+
+def test_a_decode_steps_reused_draft_starts_as_a_new_one(probe: Probe, monkeypatch: MP) -> None:
+    """A step that joined a run leaves its draft to the next decode step, which resets only what a
+    decode step's hooks set (D69): every field the hooks read starts as in a draft made afresh
+    (`which` and `t` are set at every step's end, `first` where the batch keeps the draft)."""
+    import dataclasses
+
+    from cptest.probe.records import StepDraft
+
+    _fake_parallel_state(monkeypatch, 1)
+    hooks.after_initialize_model_parallel(None)
+    fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([5, 9]), ["a", "b"], 2)
+    hooks.around_model_runner_forward(_dcp_forward(1, Layer()), Runner(), fb)  # attn, KV, mask: all set
+    spare = probe.spare
+    assert spare is not None and spare.kv_rows == 2
+    hooks._begin_step_body(probe, Runner(), fb)
+    assert probe.current is spare
+    fresh = StepDraft(step=probe.step_index, mode="decode", batch_size=2, rows_in=2, rids=spare.rids,
+                      cp_configured=probe.cp_configured)
+    for f in dataclasses.fields(StepDraft):
+        if f.name not in ("which", "t", "first"):
+            assert getattr(spare, f.name) == getattr(fresh, f.name), f.name
+    probe.current = None
+
+
+def test_with_the_writer_thread_the_engine_finishes_no_batch_and_records_keep_their_order(
+        probe: Probe, monkeypatch: MP) -> None:
+    """The writer thread finishes the batches whose copies arrived (`Probe.writer_finishes`, D69):
+    the engine's thread builds no line; records come out in the order they were made."""
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    engine = threading.get_ident()
+    finished_on: list[int] = []
+
+    class Watched(hooks.CopyBatch):
+        def run(self) -> None:
+            finished_on.append(threading.get_ident())
+            super().run()
+
+    monkeypatch.setattr(hooks, "CopyBatch", Watched)
+    steps = 3 * hooks.COPY_EVERY + 5
+    for i in range(steps):
+        fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([9 + i, 4 + i]), ["a", "b"], 2)
+        hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=False), Runner(), fb)
+        if i % 7 == 3:
+            probe.note(f"after step {i + 1}")
+        if i % hooks.COPY_EVERY == 0:
+            time.sleep(3 * runtime.WRITER_PERIOD_S)  # the writer's rounds send, poll and finish
+    assert finished_on and engine not in finished_on
+    recs = _records(probe)
+    order = [r.step if isinstance(r, Step) else r.message for r in recs
+             if isinstance(r, Step) or (isinstance(r, ProbeNote) and r.level == "info")]
+    want: list[Any] = []
+    for i in range(steps):
+        want.append(i + 1)
+        if i % 7 == 3:
+            want.append(f"after step {i + 1}")
+    assert order == want

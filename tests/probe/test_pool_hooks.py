@@ -13,7 +13,7 @@ import pytest
 from cptest.evidence import PoolSample, ProbeNote, RankId, read_records
 from cptest.probe import pool_hooks, runtime
 from cptest.probe.pool_hooks import PoolSampler
-from cptest.probe.records import pool_sample_line
+from cptest.probe.records import late_line, pool_sample_late, pool_sample_line
 from cptest.probe.runtime import Probe
 
 R = RankId(world=0)
@@ -145,3 +145,19 @@ def test_the_hook_writes_the_samples_offer_makes_over_a_decode(probe: Probe,
     got = [s for s in _samples(probe) if isinstance(s, PoolSample)]
     assert [s.model_copy(update={"t": 0.0}) for s in got] == want
     assert [s.step for s in got] == [0, 4, 8, 12, 16, 20] and got[-1].idle
+
+
+@pytest.mark.parametrize("clock", [1000.0, 1000.000123, 1001.5, 13345.678901])
+def test_a_sample_made_into_its_line_when_written_is_the_line_the_hook_made_before(clock: float) -> None:
+    """The hook keeps the clock and the figures (`records.pool_sample_late`, D69); its line, made
+    with its copy batch's, is the one made in the hook with `Probe.now` (D67)."""
+    rank = RankId(world=3, tp=1, dcp=1, pid=4242)
+    figures = dict(step=9, total=2048, free=100, evictable=64, protected=None, running=64, waiting=3,
+                   scheduler_total=2048, idle=False)
+    late = pool_sample_late(rank.model_dump_json(), clock, *figures.values())  # type: ignore[arg-type]
+    assert late_line(late, 1000.0) == pool_sample_line(rank_json=rank.model_dump_json(),
+                                                       t=round(clock - 1000.0, 6), **figures)  # type: ignore[arg-type]
+    import gc
+
+    gc.collect()
+    assert not gc.is_tracked(late)  # plain values: the collector lets it go, no matter how long it waits

@@ -189,3 +189,55 @@ def test_a_measuring_probe_lists_the_collections_of_older_generations(tmp_path: 
     (note,) = [r for r in read_records(tmp_path / "rank0.jsonl")[0] if r.message.startswith("gc ")]  # type: ignore[union-attr]
     seen = json.loads(note.message[3:])  # type: ignore[union-attr]
     assert [c[1] for c in seen] == [1, 2] and all(c[2] >= 0 for c in seen)
+
+
+def test_a_record_another_thread_writes_while_work_is_being_finished_comes_after_it(tmp_path: Path) -> None:
+    """Deferred work leaves the line only once it has run (D69): while the writer thread finishes a
+    batch, a record the engine's thread writes queues behind it instead of reaching the file first."""
+    p = Probe(tmp_path)
+    p._start_writer = lambda: None  # type: ignore[method-assign]  # this test is the writer
+    p.set_rank(RankId(world=0))
+    running, resume = threading.Event(), threading.Event()
+
+    class Slow(Job):
+        def run(self) -> None:
+            running.set()
+            resume.wait(5.0)
+            super().run()
+
+    p.defer(Slow(p, "finished"))
+    finisher = threading.Thread(target=p._run_pending, args=(time.monotonic() + 5.0,))
+    finisher.start()
+    assert running.wait(5.0)
+    p.note("written meanwhile")  # another thread, while the work runs
+    resume.set()
+    finisher.join(5.0)
+    assert p.flush(timeout=5.0)
+    assert [r.message for r in read_records(tmp_path / "rank0.jsonl")[0]] == [  # type: ignore[union-attr]
+        "finished", "written meanwhile"]
+
+
+def test_the_writer_finishes_arrived_work_and_the_engines_step_start_finishes_none(tmp_path: Path) -> None:
+    p = Probe(tmp_path)
+    p.set_rank(RankId(world=0))
+    assert p.writer_polls and p.writer_finishes
+    ran_on: list[int] = []
+
+    class Watched(Job):
+        def run(self) -> None:
+            ran_on.append(threading.get_ident())
+            super().run()
+
+    p.defer(Watched(p, "one"))
+    p.run_ready()  # the engine's step start: ready, but the writer's to finish
+    assert ran_on == []
+    deadline = time.monotonic() + 5.0
+    while not ran_on and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert ran_on and ran_on[0] != threading.get_ident()
+    p.writer_finishes = False  # D52's way: the engine's step start finishes it
+    p.defer(Watched(p, "two"))
+    p.run_ready()
+    assert ran_on[-1] == threading.get_ident()
+    p.close()
+    assert [r.message for r in read_records(tmp_path / "rank0.jsonl")[0]] == ["one", "two"]  # type: ignore[union-attr]
