@@ -54,6 +54,24 @@ def test_probe_windows_reads_the_probes_cost_and_collector_notes(tmp_path: Path)
     assert [c[1] for c in collections] == [2] and collections[0][2] >= 0
 
 
+def test_probe_windows_adds_the_writer_threads_rounds_as_an_upper_bound(tmp_path: Path) -> None:
+    """D69: the writer may finish batches; its CPU (`writer_ns`, the notes' 11th field) is reported
+    per step and added to the engine's share for a figure comparable with the notes before it."""
+    pw = _load("probe_windows")
+    probe_dir = tmp_path / "probe-p0"
+    p = Probe(probe_dir, switch=tmp_path / "switch")
+    p.set_rank(RankId(world=0))
+    for steps, probe_ns, writer_ns in ((100, 2_000_000, 500_000), (100, 1_000_000, 1_500_000)):
+        p.cost = [probe_ns, steps, 1_000, 1_000 + 100_000_000, 0, 0, 0, 0, 0, 0, writer_ns]
+        p._write_cost()
+    p.close()
+    share = pw.engine_share(pw.probe_notes(probe_dir, "cost"))
+    assert share is not None
+    assert share["share"] == pytest.approx(3_000_000 / 200_000_000)
+    assert share["writer_us_per_step"] == pytest.approx(10.0)
+    assert share["share_with_writer"] == pytest.approx(5_000_000 / 200_000_000)
+
+
 def test_fidelity_compares_the_clients_round_by_round() -> None:
     fid = _load("fidelity")
     runs = [{"client": "bench_serving", "x": 100.0}, {"client": "cptest", "x": 102.0},

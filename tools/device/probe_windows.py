@@ -190,6 +190,13 @@ def engine_share(costs: list[list[float]], n: int = 10_000, seed: int = 1) -> di
         out["slow_steps"] = {"steps": slow, "of": n_full,
                              "us_per_step_of_all": sum(c[9] for c in full) / n_full / 1000,
                              "us_each": sum(c[9] for c in full) / slow / 1000 if slow else None}
+    with_writer = [c for c in costs if len(c) >= 11]  # D69: the writer thread's rounds finish batches
+    if with_writer:
+        # (probe_ns + writer_ns) / span: the share comparable with notes before D69, an upper bound
+        # (the writer's rounds take the GIL from the engine only in part).
+        span = sum(c[3] for c in with_writer)
+        out["writer_us_per_step"] = sum(c[10] for c in with_writer) / sum(c[1] for c in with_writer) / 1000
+        out["share_with_writer"] = sum(c[2] + c[10] for c in with_writer) / span
     return out
 
 
