@@ -114,6 +114,21 @@ def test_paired_summary_pools_each_pair_of_rounds() -> None:
     assert s["lag_max_ms_max"] == {"cptest": 4.0, "bench_serving": 4.0}
 
 
+def test_pooled_calls_keep_each_pair_inside_its_call() -> None:
+    fid = _load("fidelity")
+    a = [_run("cptest", 0, [10.0], 100, 1.0), _run("bench_serving", 0, [10.0], 100, 1.0),
+         _run("cptest", 1, [10.0], 100, 1.0), _run("bench_serving", 1, [10.0], 100, 1.0),
+         _run("cptest", 2, [30.0], 100, 1.0), _run("bench_serving", 2, [10.0], 100, 1.0)]  # unpaired
+    b = [_run("cptest", 0, [20.0], 100, 1.0), _run("bench_serving", 0, [10.0], 100, 1.0),
+         _run("cptest", 1, [20.0], 100, 1.0), _run("bench_serving", 1, [10.0], 100, 1.0)]
+    s = fid.pool_paired([{"against": "bench_serving", "runs": a}, {"against": "bench_serving", "runs": b}])
+    assert s["pairs"] == 2 and s["calls"] == 2
+    # call a's round 2 stays unpaired rather than pairing with call b's round 0
+    assert s["pair:median_ttft_ms"]["ratios"] == [pytest.approx(1.0), pytest.approx(2.0)]
+    with pytest.raises(SystemExit):
+        fid.pool_paired([{"against": "bench_serving", "runs": a}, {"against": "cptest-control", "runs": b}])
+
+
 def test_lag_summary_reads_quantiles_in_milliseconds() -> None:
     fid = _load("fidelity")
     s = fid.lag_summary([0.0001 * k for k in range(1, 101)])  # 0.1 .. 10 ms

@@ -31,6 +31,10 @@ rounds: output throughput (tokens / seconds of both runs) and the median and mea
 pair's requests, per-request TTFTs from both (bench_serving's `--output-details`). Each client's
 event-loop lag (a 5 ms sleep's overshoot, sampled in its own loop) is recorded per run.
 Writes DIR/fidelity-paired.json.
+
+    python3 tools/device/fidelity.py --pool A/fidelity-paired.json B/fidelity-paired.json --out F.json
+
+pools the pairs of several paired calls into one summary (`pool_paired`).
 """
 
 from __future__ import annotations
@@ -495,7 +499,43 @@ def paired_summary(runs: list[dict[str, Any]], theirs_name: str = "bench_serving
     return out
 
 
+def pool_paired(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pairs of several paired calls (fidelity-paired.json each, against one client) summarised
+    as one design: rounds renumbered after each other, so that a pair never mixes two calls (each
+    call's rounds start at an even number). A machine lends a call ten minutes; an interval of
+    +-1.5 % wants about 30 pairs (D70)."""
+    against = {r["against"] for r in results}
+    if len(against) != 1:
+        raise SystemExit(f"pooling paired calls against different clients: {sorted(against)}")
+    runs: list[dict[str, Any]] = []
+    offset = 0
+    for r in results:
+        mine = [dict(run) for run in r["runs"] if "round" in run]
+        for run in mine:
+            run["round"] += offset
+        runs += mine
+        last = max((run["round"] for run in mine), default=offset - 1)
+        offset = last + 1 + (last + 1) % 2
+    summary = paired_summary(runs, against.pop())
+    summary["calls"] = len(results)
+    return summary
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--pool"]:
+        ap = argparse.ArgumentParser(description="pool the pairs of several paired calls")
+        ap.add_argument("--pool", type=Path, nargs="+", required=True)
+        ap.add_argument("--out", type=Path, required=True)
+        a = ap.parse_args()
+        summary = pool_paired([json.loads(f.read_text()) for f in a.pool])
+        for key, v in summary.items():
+            if isinstance(v, dict) and "ratio_ci95" in v:
+                lo, hi = v["ratio_ci95"]
+                print(f"{key}: median {v['ratio_median']:.4f}, mean {v['ratio_mean']:.4f} "
+                      f"(95 % CI {lo:.4f} .. {hi:.4f}, n {len(v['ratios'])})")
+        pooled = {"pooled": [str(f) for f in a.pool], "summary": summary}
+        a.out.write_text(json.dumps(pooled, indent=1) + "\n")
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("scenario", type=Path)
     ap.add_argument("--port", type=int, required=True)
