@@ -11,7 +11,7 @@
 # 3. probe_windows.py on p0 and p1 (opposite ABBA patterns), then fidelity.py on f.
 # Environment: COHORTS (9), WINDOW_S (1.5), ROUNDS (6), SKIP_FIDELITY=1 (windows only, no server f),
 # SKIP_TESTS=1 (no GPU tests or benchmark: a second call on the same machine), SKIP_SCORING=1 (no
-# scoring_check.py against p0 at the end), SKIP_WINDOWS=1 (no p0/p1, no windows), KEEPALIVE_TOO=1 (a
+# scoring_check.py against p0 at the end; p0 and p1 are stopped after the windows), SKIP_WINDOWS=1 (no p0/p1, no windows), KEEPALIVE_TOO=1 (a
 # second fidelity pass with cptest's client keeping connections alive), GC_VARIANT=1 (a third client
 # each fidelity round: cptest's with Python's cyclic collector off), PAIRED=1 (fidelity.py --paired:
 # both clients at once, each on half of the client's CPU set, D65; ROUNDS=0 runs no pair against
@@ -71,8 +71,9 @@ launch() {  # name gpu port cpuset model probe(0/1) [extra args...]
   fi
   env "${envs[@]}" setsid python3 -c 'import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")}); os.execvp(sys.argv[2], sys.argv[2:])' \
     "$cpus" python3 -m sglang.launch_server --model-path "$model" "${extra[@]}" --port "$port" \
-    > "$WORK/server-$name.log" 2>&1 & PGS+=($!)
+    > "$WORK/server-$name.log" 2>&1 & PGS+=($!); PG_OF[$name]=$!
 }
+declare -A PG_OF
 # One GPU (the 1-GPU kind): all three servers share GPU 0; tiny models leave it nearly empty.
 NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 G1=$([ "${NGPU:-0}" -ge 2 ] && echo 1 || echo 0)
@@ -92,6 +93,13 @@ if [ "${SKIP_WINDOWS:-0}" != 1 ]; then
   pinned "${CPUSETS[3]}" python3 tools/device/probe_windows.py --out "$OUT" \
     --server "p0:31000:$WORK/switch-p0:$WORK/server-p0.log" --server "p1:31001:$WORK/switch-p1:$WORK/server-p1.log" \
     --window-s "${WINDOW_S:-1.5}" --cohorts "${COHORTS:-9}" --blocks-per-cohort 3 2>&1 | tee -a "$LOG"
+  if [ "${SKIP_SCORING:-0}" = 1 ]; then
+    # nothing else talks to p0 and p1: stopped, so that the fidelity pairs run on a machine like a
+    # SKIP_WINDOWS call's (idle servers still poll on their cores) and the two can be pooled
+    say "stopping p0 and p1 (no scoring check)"
+    for name in p0 p1; do kill -TERM -- "-${PG_OF[$name]}" 2>/dev/null; done
+    sleep 5
+  fi
 fi
 
 if [ "${SKIP_FIDELITY:-0}" != 1 ]; then
