@@ -74,7 +74,9 @@ def test_a_step_that_sends_a_batch_of_copies_returns_before_they_exist_and_all_a
         assert returned_s < 0.05, f"the hooked step took {returned_s:.3f} s: it waited for the device"
         assert not spin_done, "the GPU finished before the step returned: the spin was too short to tell"
         steps = [r for r in read_records(tmp_path / "rank0.jsonl")[0] if isinstance(r, Step)]
-        assert [s.step for s in steps] == list(range(1, 2 * hooks.COPY_EVERY + 1))
+        got = [s.step for s in steps]
+        assert got == list(range(1, 2 * hooks.COPY_EVERY + 1)), (
+            f"steps read back {got}; the file:\n" + (tmp_path / "rank0.jsonl").read_text()[:6000])
         for s in steps:
             want = [1000 + 3 * i + s.step for i in range(n)]
             assert s.seq_positions == {f"r{i}": [(p, p + 1)] for i, p in enumerate(want)}
