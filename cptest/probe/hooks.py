@@ -20,7 +20,6 @@ import os
 import re
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -197,12 +196,13 @@ class CopyBatch:
         self.items.append(draft)
         return False
 
-    def send(self, on_engine_thread: bool = False, own_stream: bool = False) -> None:
+    def send(self, on_engine_thread: bool = False) -> None:
         """Start the host copies on the steps' stream: entered only when the caller is not on it
         already (another thread, `Probe.kick`), as entering it costs 8.8 us on the GPU machine.
-        `own_stream`: the caller is the writer thread, whose current stream is the probe's alone to
-        set; it is set to the steps' stream when it differs and left there (SGLang keeps one
-        forward stream, so once), instead of a stream context entered and left per batch."""
+        Off the engine's thread the stream is entered for each batch: D69 set it once as the
+        writer thread's current stream instead, and on the H200 the last step of a batch then read
+        back values from before its own kernels ran (tests/probe/test_hooks_cuda.py, 3 of 3 runs):
+        the copy was not ordered after them on the steps' stream."""
         if self.host is not None:
             return
         torch = sys.modules["torch"]
@@ -227,11 +227,6 @@ class CopyBatch:
             self.host = ()  # steps without tensors: nothing to wait for
         elif self.stream is None:
             self.host = [torch.cat(g) for g in groups]
-        elif own_stream:
-            if getattr(_WRITER, "stream", None) != self.stream:
-                torch.cuda.set_stream(self.stream)
-                _WRITER.stream = self.stream
-            self._copy(torch, groups)
         elif on_engine_thread and torch.cuda.current_stream(self.device) == self.stream:
             self._copy(torch, groups)  # already on the steps' stream (2.9 us to ask, 8.8 to enter)
         else:
@@ -393,24 +388,20 @@ def writer_round(probe: Probe) -> None:
         batch = probe.copies
         if batch is not None and batch.steps and probe.clock() - batch.born >= COPY_WITHIN_S:
             old, probe.copies = batch, None
-    _send_closed(probe, old, poll=True, own_stream=True)
+    _send_closed(probe, old, poll=True)
 
 
-_WRITER = threading.local()
-"""`stream`: the CUDA stream this thread set as its current one to send copies (CopyBatch.send)."""
-
-
-def _send_closed(probe: Probe, detached: CopyBatch | None, *, poll: bool, own_stream: bool = False) -> None:
+def _send_closed(probe: Probe, detached: CopyBatch | None, *, poll: bool) -> None:
     """Send `detached` and every batch the engine closed without sending; poll the sent ones if
     asked. Under `send_lock`, not `copy_lock`: the engine's thread takes copy_lock every step and
-    must not wait for a send. `own_stream`: the caller is the writer thread (CopyBatch.send)."""
+    must not wait for a send."""
     with probe.send_lock:
         if detached is not None:
-            detached.send(own_stream=own_stream)
+            detached.send()
         for _, item in list(probe._pending):  # a C-level copy, whole under the GIL
             if isinstance(item, CopyBatch):
                 if item.host is None and item is not probe.copies:
-                    item.send(own_stream=own_stream)
+                    item.send()
                 if poll:
                     item.poll()
 

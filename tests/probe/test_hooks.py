@@ -178,10 +178,10 @@ def test_the_engines_thread_neither_sends_nor_polls_copies_while_the_writer_runs
     on_engine: list[str] = []
 
     class Watched(hooks.CopyBatch):
-        def send(self, on_engine_thread: bool = False, own_stream: bool = False) -> None:
+        def send(self, on_engine_thread: bool = False) -> None:
             if threading.get_ident() == engine:
                 on_engine.append("send")
-            super().send(on_engine_thread, own_stream)
+            super().send(on_engine_thread)
 
         def poll(self) -> bool:
             if threading.get_ident() == engine:
@@ -521,10 +521,10 @@ def test_a_record_written_while_a_batch_fills_joins_it_in_order_and_the_engine_s
     sent_on_engine: list[int] = []
 
     class Watched(hooks.CopyBatch):
-        def send(self, on_engine_thread: bool = False, own_stream: bool = False) -> None:
+        def send(self, on_engine_thread: bool = False) -> None:
             if threading.get_ident() == engine:
                 sent_on_engine.append(self.steps)
-            super().send(on_engine_thread, own_stream)
+            super().send(on_engine_thread)
 
     monkeypatch.setattr(hooks, "CopyBatch", Watched)
     alloc = types.SimpleNamespace(size=1024, free=1024, available_size=lambda: alloc.free)
