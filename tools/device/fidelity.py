@@ -521,6 +521,15 @@ def pool_paired(results: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def print_ratios(summary: dict[str, Any], label: str) -> None:
+    """Each ratio of a paired summary (`paired_summary`, `pool_paired`): median, mean and interval."""
+    for key, v in summary.items():
+        if isinstance(v, dict) and "ratio_ci95" in v:
+            lo, hi = v["ratio_ci95"]
+            print(f"{key}: {label}median {v['ratio_median']:.4f}, mean {v['ratio_mean']:.4f} "
+                  f"(95 % CI {lo:.4f} .. {hi:.4f}, n {len(v['ratios'])})", flush=True)
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--pool"]:
         ap = argparse.ArgumentParser(description="pool the pairs of several paired calls")
@@ -528,11 +537,7 @@ def main() -> None:
         ap.add_argument("--out", type=Path, required=True)
         a = ap.parse_args()
         summary = pool_paired([json.loads(f.read_text()) for f in a.pool])
-        for key, v in summary.items():
-            if isinstance(v, dict) and "ratio_ci95" in v:
-                lo, hi = v["ratio_ci95"]
-                print(f"{key}: median {v['ratio_median']:.4f}, mean {v['ratio_mean']:.4f} "
-                      f"(95 % CI {lo:.4f} .. {hi:.4f}, n {len(v['ratios'])})")
+        print_ratios(summary, "")
         pooled = {"pooled": [str(f) for f in a.pool], "summary": summary}
         a.out.write_text(json.dumps(pooled, indent=1) + "\n")
         return
@@ -639,12 +644,7 @@ def main_paired(a: argparse.Namespace, workload: WorkloadPlan) -> None:
               "rounds_asked": rounds, "trace": a.trace,
               "cpus": a.cpus, "summary": summary, "runs": runs,
               "warmup": [{k: v for k, v in r.items() if k != "ttfts_ms"} for r in warm]}
-    for key, v in summary.items():
-        if isinstance(v, dict) and "ratio_ci95" in v:
-            lo, hi = v["ratio_ci95"]
-            print(f"{key}: cptest / {OTHER[other]} median {v['ratio_median']:.4f}, "
-                  f"mean {v['ratio_mean']:.4f} "
-                  f"(95 % CI {lo:.4f} .. {hi:.4f}, n {len(v['ratios'])})", flush=True)
+    print_ratios(summary, f"cptest / {OTHER[other]} ")
     print(f"event-loop lag p99 (median over runs): {summary['lag_p99_ms_median']}, "
           f"max {summary['lag_max_ms_max']}", flush=True)
     name = "fidelity-control.json" if a.control else "fidelity-paired.json"
