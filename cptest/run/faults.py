@@ -6,8 +6,8 @@ Two layers (Jepsen `Nemesis`): a `Fault` does one injection now (`inject`, `heal
 - `after_requests`: at the Nth request that ended `ok` (the workload's `on_done` callback, so it fires
   in the same event-loop turn as that completion);
 - `after_decode_steps`: when rank 0's probe file (`<probe_dir>/rank0.jsonl`) holds N Step records of
-  mode `decode` (polled; hooks do not fire on CUDA-graph replay, so under captured graphs this
-  trigger never fires and the missing fault record says so). The probe writes a step's record up
+  mode `decode` as `evidence.read_records` reads them (polled; a `steps` line counts each of its
+  steps; CUDA-graph replays are recorded as steps since D58). The probe writes a step's record up
   to 16 steps or ~0.1 s after the step (its copy batches), so the fault lands that much later in
   the run than the Nth decode step itself.
 A `stop` with `heal_after_s` is healed by SIGCONT that long after it fired, or when the injector
@@ -131,7 +131,9 @@ class SignalFault:
 
 
 class DecodeStepCounter:
-    """Counts Step records of mode `decode` in one rank's JSON-lines file, reading only what is new."""
+    """Counts Step records of mode `decode` in one rank's JSON-lines file, reading only what is new:
+    a `step` line of mode decode is one, a `steps` line (`evidence.StepBlock`, decode steps only)
+    is one per entry of its `step` list, as `read_records` expands it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -154,8 +156,11 @@ class DecodeStepCounter:
                 continue
             with contextlib.suppress(ValueError):
                 rec = json.loads(line)
-                if rec.get("kind") == "step" and rec.get("mode") == "decode":
+                kind = rec.get("kind")
+                if kind == "step" and rec.get("mode") == "decode":
                     self.count += 1
+                elif kind == "steps" and isinstance(rec.get("step"), list):
+                    self.count += len(rec["step"])
         return self.count
 
 

@@ -120,6 +120,15 @@ def test_decode_step_counter_waits_for_a_complete_line(tmp_path: Path) -> None:
     assert counter.poll() == 2
 
 
+def test_decode_step_counter_counts_each_step_of_a_steps_line(tmp_path: Path) -> None:
+    """The probe writes runs of decode steps as one `steps` line (evidence.StepBlock): each of its
+    steps is a decode Step record as read_records reads it, and counts as one."""
+    path = tmp_path / "rank0.jsonl"
+    path.write_text('{"kind": "steps", "mode": "decode", "step": [4, 5, 6]}\n'
+                    '{"kind": "step", "mode": "extend"}\n{"kind": "pool_sample", "step": 7}\n')
+    assert DecodeStepCounter(path).poll() == 3
+
+
 def test_an_action_the_fault_cannot_do_is_refused_up_front(tmp_path: Path) -> None:
     with pytest.raises(RunError, match="'sigterm' is not supported"):
         FaultInjector(
