@@ -17,7 +17,10 @@ Contracts:
   the `cost` notes (`writer_ns`) beside the engine thread's.
 - Records are written in the order they were made: while deferred work is pending, later records
   queue behind it; one made while a copy batch is being filled joins that batch, between the
-  steps before and after it (hooks.attach_record), which stays open (D67).
+  steps before and after it (hooks.attach_record), which stays open (D67). One exception (D72):
+  a pool sample made while a run of decode steps fills (hooks.Run) is written after that run's
+  `steps` line, so it does not split it in two; its `t` and `step` say when it was made, and
+  no reader depends on the order of samples and steps (every one groups records by kind).
 - A writer thread, started with the rank, comes by every WRITER_PERIOD_S: it sends and polls the
   copies (hooks.writer_round), finishes what arrived, writes the graph counts when due, and
   finishes all deferred work left waiting for IDLE_S (an idle engine runs no step, and a batch
