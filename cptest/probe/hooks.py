@@ -131,13 +131,16 @@ class CopyBatch:
 
     `items` holds, in the order they were made: `Run`s of decode steps that can share a `steps`
     line (a step joins the run being filled when it fits, `add`), other steps' drafts, and records
-    written while the batch was being filled (`attach_record`; a record ends the run). `run()`,
-    once the copies are on the host, writes all their lines in one go and hands the drafts back
-    for reuse: one deferred item and one write per batch, not per step.
+    written while the batch was being filled (`attach_record`; a record ends the run). A pool
+    sample (a `records.pool_sample_late` tuple) does not end the run: it waits in `later` until the
+    run ends (another step, record or the batch's end), so its line follows the run's `steps`
+    line instead of splitting it in two (D72). `run()`, once the copies are on the host, writes
+    all their lines in one go and hands the drafts back for reuse: one deferred item and one write
+    per batch, not per step.
     """
 
     __slots__ = ("probe", "born", "parts", "steps", "device", "stream", "sizes", "where", "host",
-                 "done", "values_", "items", "run_", "arrived")
+                 "done", "values_", "items", "run_", "arrived", "later")
 
     def __init__(self, probe: Probe, born: float) -> None:
         self.probe = probe
@@ -159,6 +162,8 @@ class CopyBatch:
         """The run the next step may join: the last item, while it is a run."""
         self.arrived = False
         """The host copies are complete (`poll` saw the event); read without a device call."""
+        self.later: list[Any] = []
+        """Pool samples made while the run being filled went on: they join `items` when it ends."""
 
     def fits(self, tensors: list[Any]) -> bool:
         """Whether a step's tensors go with this batch's (one step's tensors share a device)."""
@@ -186,15 +191,25 @@ class CopyBatch:
             if (run is None or run.rids is not rids or run.which is not which
                     or run.cp_configured is not draft.cp_configured or run.graph_rows != draft.graph_rows
                     or run.kv_none is not (kv_rows is None) or run.kv_full is not (kv_rows == len(rids))):
+                if self.later:
+                    self.end_run()
                 run = self.run_ = Run.open(self.probe, draft, first)
                 self.items.append(run)
             run.rows.append((draft.step, draft.t, draft.rows_in, draft.batch_size, draft.attn_rows_seen,
                              draft.ffn_rows, draft.logits_rows, kv_rows))
             return True
         draft.first = first
-        self.run_ = None
+        self.end_run()
         self.items.append(draft)
         return False
+
+    def end_run(self) -> None:
+        """No further step joins the run being filled: the pool samples made during it follow it."""
+        self.run_ = None
+        later = self.later
+        if later:
+            self.items.extend(later)
+            later.clear()
 
     def send(self, on_engine_thread: bool = False) -> None:
         """Start the host copies on the steps' stream: entered only when the caller is not on it
@@ -293,6 +308,7 @@ class CopyBatch:
         noted: list[Any] = []
         """Drafts (whose notes are written after the lines, in order, then given back) and notes."""
         runs: list[Run] = []
+        self.end_run()
         for item in self.items:
             cls = item.__class__
             if cls is Run:
@@ -429,14 +445,19 @@ def _send_locked(probe: Probe, on_engine_thread: bool = False) -> None:
 def attach_record(probe: Probe, record: Any) -> bool:
     """Put `record` into the batch being filled, after its steps so far (`Probe.write`): the
     batch stays open, and is sent when full, by the writer thread; the next step starts a new run.
-    False when no batch is being filled. The batch being filled is the last of the pending work: a
-    record written after it opened went into it, and it is detached before it is sent."""
+    A pool sample (a tuple, `records.pool_sample_late`) is the exception: the run goes on, and the
+    sample is written after the run's steps (`CopyBatch.later`, D72). False when no batch is being
+    filled. The batch being filled is the last of the pending work: a record written after it
+    opened went into it, and it is detached before it is sent."""
     with probe.copy_lock:
         batch = probe.copies
         if batch is None or batch.host is not None:
             return False
+        if record.__class__ is tuple:
+            batch.later.append(record)
+            return True
+        batch.end_run()
         batch.items.append(record)
-        batch.run_ = None
         return True
 
 

@@ -17,7 +17,10 @@ Contracts:
   the `cost` notes (`writer_ns`) beside the engine thread's.
 - Records are written in the order they were made: while deferred work is pending, later records
   queue behind it; one made while a copy batch is being filled joins that batch, between the
-  steps before and after it (hooks.attach_record), which stays open (D67).
+  steps before and after it (hooks.attach_record), which stays open (D67). One exception (D72):
+  a pool sample made while a run of decode steps fills (hooks.Run) is written after that run's
+  `steps` line, so it does not split it in two; its `t` and `step` say when it was made, and
+  no reader depends on the order of samples and steps (every one groups records by kind).
 - A writer thread, started with the rank, comes by every WRITER_PERIOD_S: it sends and polls the
   copies (hooks.writer_round), finishes what arrived, writes the graph counts when due, and
   finishes all deferred work left waiting for IDLE_S (an idle engine runs no step, and a batch
@@ -207,6 +210,8 @@ class Probe:
     def _write_graph_counts(self, force: bool) -> None:
         if self.rank is None:
             return
+        if not force and self.clock() - self.graph.last_flush < self.graph_flush_s:
+            return  # not due: every writer round but one a second ends here, before the lock and `pending`
         with self._graph_lock:
             now = self.clock()
             if not (self.graph.pending and (force or self.graph.due(now, self.graph_flush_s))):
@@ -408,6 +413,8 @@ class Probe:
             self.write(ProbeNote(t=self.now(), rank=self.rank, message="cost " + json.dumps(seen)))
 
     def _write_loop(self) -> None:
+        # Errors are contained with try/except, not `contextlib.suppress`: a round runs every
+        # WRITER_PERIOD_S between the engine's work, cold, and each suppress is three Python calls.
         rounds = 0
         while not self._stop.wait(WRITER_PERIOD_S):
             rounds += 1
@@ -417,21 +424,30 @@ class Probe:
                 if self.timing:
                     with contextlib.suppress(Exception):
                         self._write_cost()
-            with contextlib.suppress(Exception):
-                self.poll_switch()
+            if self.switch is not None:
+                try:  # noqa: SIM105
+                    self.poll_switch()
+                except Exception:
+                    pass
             cpu0 = time.thread_time_ns() if self.timing else 0
             if self.writer_round is not None:
-                with contextlib.suppress(Exception):
+                try:  # noqa: SIM105
                     self.writer_round(self)
-            with contextlib.suppress(Exception):
+                except Exception:
+                    pass
+            try:
                 if self._pending:
                     if self.clock() - self._pending[0][0] > IDLE_S:
                         self._finish_pending(time.monotonic() + 10 * IDLE_S)
                     elif self.writer_finishes:
                         self._run_pending(time.monotonic())  # what arrived, in order; no wait
                 self._write_graph_counts(force=False)
-            with contextlib.suppress(Exception):
+            except Exception:
+                pass
+            try:  # noqa: SIM105
                 self._write_lines()
+            except Exception:
+                pass
             if cpu0:
                 self.cost[10] += time.thread_time_ns() - cpu0
 
@@ -496,8 +512,10 @@ class Probe:
 
 
 def _run(item: Deferred) -> None:
-    with contextlib.suppress(Exception):  # items are guarded; this keeps the probe going anyway
+    try:  # noqa: SIM105  # items are guarded; this keeps the probe going (no suppress: see _write_loop)
         item.run()
+    except Exception:
+        pass
 
 
 _PROBE: Probe | None = None

@@ -10,9 +10,11 @@ when the batch was finished. So `writer=True` (the writer thread sends and polls
 `writer=False` (the engine's thread does) give the same bytes but for those notes' `t`.
 
 `tests/probe/data/steps_scenario.jsonl` holds the bytes of `writer=False` as the probe wrote them
-at 3bfa576, before D69 reworked how steps are gathered and written: the probe's records must come
-out byte for byte the same (test_steps_scenario.py). Regenerate it only for an intended change of
-the evidence: `python -m tests.probe.steps_scenario > tests/probe/data/steps_scenario.jsonl`.
+at 3bfa576, before D69 reworked how steps are gathered and written: the reference of its records.
+`tests/probe/data/steps_scenario_d72.jsonl` holds the bytes it writes since D72 (pool samples after
+their run's steps), which must read as the same evidence as the reference (test_steps_scenario.py).
+Regenerate the latter only for an intended change of how lines are made:
+`python -m tests.probe.steps_scenario > tests/probe/data/steps_scenario_d72.jsonl`.
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ def _steps(probe: Probe, clock: Clock, sched: Scheduler, pause: Any) -> None:
     fwd(_eager(), runner, _batch("EXTEND", ["a", "b"], torch.tensor([0, 1, 2, 0, 1]), [3, 2], [0, 0]))
     pos.update(a=2, b=1)
     clock.tick()
-    for i in range(22):  # crosses a copy batch; pool samples every 4 split the blocks
+    for i in range(22):  # crosses a copy batch; pool samples every 4 (after their run since D72)
         decode(["a", "b"], _eager())
         if i == 6:
             probe.note("a note written while a copy batch fills")

@@ -508,8 +508,9 @@ def test_a_record_written_while_a_batch_fills_joins_it_in_order_and_the_engine_s
         probe: Probe, monkeypatch: MP) -> None:
     """A pool sample every 4 scheduler iterations (D59) closed the copy batch being filled and sent
     it from the engine's thread: batches of 4 steps, each sent there (D67). A record written while
-    a batch fills now joins it, after the steps made before it: the batch stays open, the writer
-    thread sends it, and the file keeps the order in which records were made."""
+    a batch fills now joins it: the batch stays open and the writer thread sends it. A pool sample
+    does not split the run of decode steps it was made in: it follows the run's one `steps` line
+    (D72); any other record is written between the steps made before and after it."""
     from cptest.evidence import PoolSample
     from cptest.probe import pool_hooks
     from cptest.probe.pool_hooks import PoolSampler
@@ -533,23 +534,34 @@ def test_a_record_written_while_a_batch_fills_joins_it_in_order_and_the_engine_s
     sched = types.SimpleNamespace(token_to_kv_pool_allocator=alloc, waiting_queue=[], forward_ct=0)
     batches = []
     n = hooks.COPY_EVERY
-    for i in range(n):
+    for _ in range(2 * n):
         alloc.free -= 2
         pool_hooks.after_get_next_batch_to_run(plan, sched)
-        fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([100 + i, 200 + i]), ["a", "b"], 2)
+        if sched.forward_ct == n + 6:
+            probe.note("a note")
+        j = sched.forward_ct
+        fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([100 + j, 200 + j]), ["a", "b"], 2)
         hooks.around_model_runner_forward(_dcp_forward(1, Layer()), Runner(), fb)
         sched.forward_ct += 1
         batches.append(probe.copies)
-    assert all(b is batches[0] for b in batches[:-1]) and batches[-1] is None  # one batch, closed when full
+    # one batch of n steps, closed when full, then another
+    assert all(b is batches[0] for b in batches[:n - 1]) and batches[n - 1] is None
+    assert all(b is batches[n] for b in batches[n:-1]) and batches[-1] is None
     assert sent_on_engine == []
-    recs = [r for r in _records(probe) if isinstance(r, (Step, PoolSample))]
-    assert [(type(r).__name__, r.step) for r in recs] == [
-        x for i in range(n) for x in ([("PoolSample", i)] if i % 4 == 0 else []) + [("Step", i + 1)]]
-    steps = [r for r in recs if isinstance(r, Step)]
-    assert [s.seq_positions for s in steps] == [{"a": [(100 + i, 101 + i)], "b": [(200 + i, 201 + i)]}
-                                                 for i in range(n)]
+    recs = [r for r in _records(probe) if isinstance(r, (Step, PoolSample, ProbeNote))]
+    # Samples made while no batch fills (0, before the first step; 16, between the batches) come
+    # in order; the others after their run's steps; the note splits the second batch's run, and the
+    # sample made before it in that run (20) comes before it.
+    steps = [("Step", j + 1) for j in range(2 * n)]
+    assert [(type(r).__name__, getattr(r, "step", None)) for r in recs] == [
+        ("PoolSample", 0), *steps[:n], ("PoolSample", 4), ("PoolSample", 8), ("PoolSample", 12),
+        ("PoolSample", 16), *steps[n:n + 6], ("PoolSample", 20), ("ProbeNote", None),
+        *steps[n + 6:], ("PoolSample", 24), ("PoolSample", 28)]
+    steps_read = [r for r in recs if isinstance(r, Step)]
+    assert [s.seq_positions for s in steps_read] == [{"a": [(100 + j, 101 + j)], "b": [(200 + j, 201 + j)]}
+                                                      for j in range(2 * n)]
     text = (probe.out_dir / "rank1.jsonl").read_text()
-    assert text.count('"kind":"steps"') == n // 4  # a block of steps stops at a record, and only there
+    assert text.count('"kind":"steps"') == 3  # a block of steps stops at a record, not at a pool sample
 
 
 def test_a_decode_steps_reused_draft_starts_as_a_new_one(probe: Probe, monkeypatch: MP) -> None:

@@ -1,11 +1,17 @@
-"""The probe writes the same bytes for a fixed sequence of steps as it did before D69's rework.
+"""The probe writes the same records for a fixed sequence of steps as it did before D69's rework.
 
 `steps_scenario.run` drives every kind of step the probe writes (eager and replayed decode runs
-split by pool samples and other records, prefill, mixed, M-RoPE, PCP zigzag, ids that need the
-general path, steps without positions or with a KV write that does not fit, a replay without a
-padded size, a forward that raised) on a clock only the scenario moves. The golden file was
-written by the probe at 3bfa576: a change to how steps are gathered, copied or formatted must
-leave it byte for byte the same.
+split by other records and crossed by pool samples, prefill, mixed, M-RoPE, PCP zigzag, ids that
+need the general path, steps without positions or with a KV write that does not fit, a replay
+without a padded size, a forward that raised) on a clock only the scenario moves.
+
+`data/steps_scenario.jsonl` was written by the probe at 3bfa576 and is the evidence's reference.
+Since D72 a pool sample no longer splits the run of decode steps it was made in: its line follows
+the run's `steps` line, so the file's lines differ from the reference's in that order (and in how
+steps are grouped into lines) and nothing else: the same records, and the same per-kind order
+that every reader of rank files sees (`RankEvidence`). `data/steps_scenario_d72.jsonl` pins the
+bytes the probe writes now; a change to how steps are gathered, copied or formatted must leave it
+byte for byte the same, and both files must keep reading as the same evidence.
 """
 
 from __future__ import annotations
@@ -17,10 +23,18 @@ import pytest
 
 pytest.importorskip("torch")
 
-from cptest.evidence import ProbeNote, Step, read_records  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+from collections import Counter  # noqa: E402
+
+from cptest.evidence import PoolSample, ProbeNote, RankEvidence, Step, read_records  # noqa: E402
+from cptest.run.faults import DecodeStepCounter  # noqa: E402
 from tests.probe import steps_scenario  # noqa: E402
 
-GOLDEN = Path(__file__).parent / "data" / "steps_scenario.jsonl"
+REFERENCE = Path(__file__).parent / "data" / "steps_scenario.jsonl"
+"""Written at 3bfa576, before D69 and D72: the records the probe must keep writing."""
+GOLDEN = Path(__file__).parent / "data" / "steps_scenario_d72.jsonl"
+"""The bytes the probe writes since D72 (pool samples after their run's steps)."""
 
 
 def _note_times_out(text: bytes) -> str:
@@ -39,9 +53,10 @@ def test_with_the_writer_thread_the_records_are_the_same_but_for_when_notes_were
     assert _note_times_out(got) == _note_times_out(GOLDEN.read_bytes())
 
 
-def test_the_golden_file_holds_every_kind_of_step_line() -> None:
-    text = GOLDEN.read_text()
-    recs, dropped = read_records(GOLDEN)
+@pytest.mark.parametrize("path", [REFERENCE, GOLDEN], ids=["reference", "golden"])
+def test_the_scenario_file_holds_every_kind_of_step_line(path: Path) -> None:
+    text = path.read_text()
+    recs, dropped = read_records(path)
     steps = [r for r in recs if isinstance(r, Step)]
     assert dropped == 0 and [s.step for s in steps] == [s for s in range(1, 94) if s not in (51, 52)]
     assert {s.mode for s in steps} == {"extend", "decode", "mixed", "idle"}
@@ -51,3 +66,58 @@ def test_the_golden_file_holds_every_kind_of_step_line() -> None:
         assert kind in text, kind
     notes = [r.message for r in recs if isinstance(r, ProbeNote)]
     assert any("no KV write seen" in n for n in notes) and any("does not match" in n for n in notes)
+
+
+def _non_step_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines()
+            if '"kind":"step"' not in line and '"kind":"steps"' not in line]
+
+
+def test_the_golden_file_reads_as_the_same_evidence_as_the_reference() -> None:
+    """D72 moved each pool sample after the steps of the run it was made in. What the readers of
+    rank files see is unchanged: the same records (Step records as read_records expands `steps`
+    lines), the same records of each kind in the same order (RankEvidence: every checker, contract
+    and report reads a rank's records through it, cptest/checks/load.py), the same sequence of every
+    line that is not a step's (pool samples, notes, capacity, graph counts: only steps moved
+    around them), and the same count for the fault trigger that reads the file itself."""
+    ref, ref_dropped = read_records(REFERENCE)
+    got, got_dropped = read_records(GOLDEN)
+    assert ref_dropped == got_dropped == 0
+    assert Counter(r.model_dump_json() for r in got) == Counter(r.model_dump_json() for r in ref)
+    ev_ref, ev_got = RankEvidence.of(1, ref), RankEvidence.of(1, got)
+    for f in dataclasses.fields(RankEvidence):
+        assert getattr(ev_got, f.name) == getattr(ev_ref, f.name), f.name
+    assert ev_got.steps and ev_got.pool_samples and ev_got.notes and ev_got.capacities
+    assert _non_step_lines(GOLDEN) == _non_step_lines(REFERENCE)
+    assert DecodeStepCounter(GOLDEN).poll() == DecodeStepCounter(REFERENCE).poll() == sum(
+        isinstance(r, Step) and r.mode == "decode" for r in ref)
+    # What moved: only pool samples, and only later, past decode steps (of the run they were made
+    # in); every other line has the same steps before it as in the reference.
+    ref_at, got_at = _steps_before_each_other_line(REFERENCE), _steps_before_each_other_line(GOLDEN)
+    assert [kind for kind, _ in got_at] == [kind for kind, _ in ref_at]
+    moved = 0
+    for (kind, got_before), (_, ref_before) in zip(got_at, ref_at, strict=True):
+        if kind == "pool_sample":
+            assert got_before[:len(ref_before)] == ref_before
+            assert all(mode == "decode" for _, mode in got_before[len(ref_before):])
+            moved += len(got_before) > len(ref_before)
+        else:
+            assert got_before == ref_before, kind
+    assert moved > 5
+    assert len([r for r in got if isinstance(r, PoolSample)]) > 10
+    assert GOLDEN.read_text().count("\n") < REFERENCE.read_text().count("\n")
+
+
+def _steps_before_each_other_line(path: Path) -> list[tuple[str, list[tuple[int, str]]]]:
+    """For each line that is not a step's, its kind and the (step, mode) of every step before it."""
+    out: list[tuple[str, list[tuple[int, str]]]] = []
+    steps: list[tuple[int, str]] = []
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec["kind"] == "step":
+            steps.append((rec["step"], rec["mode"]))
+        elif rec["kind"] == "steps":
+            steps.extend((k, "decode") for k in rec["step"])
+        else:
+            out.append((rec["kind"], list(steps)))
+    return out
