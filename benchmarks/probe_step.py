@@ -68,7 +68,7 @@ import torch
 
 from cptest.evidence import PoolSample, RankId, Step, read_records
 from cptest.probe import hooks, pool_hooks, runtime
-from cptest.probe.runtime import Probe
+from cptest.probe.runtime import COST_FIELDS, Probe
 
 
 class ForwardMode(enum.IntEnum):
@@ -343,7 +343,7 @@ def timed_parts(probe: Probe, iteration: Any, step: Any, steps: int, off_cpu: fl
     hook's time apart, the writer's rounds (with `--inline`), and the CPU time of the engine's
     thread and of the other threads."""
     probe.flush(timeout=600)
-    probe.cost = [0] * 11
+    probe.cost = [0] * COST_FIELDS
     probe._write_cost = lambda: None  # type: ignore[method-assign]  # keep the sums (no cost notes)
     probe.timing = True
     clock = time.perf_counter_ns
@@ -358,14 +358,15 @@ def timed_parts(probe: Probe, iteration: Any, step: Any, steps: int, off_cpu: fl
     cpu, thread = time.process_time() - cpu0, time.thread_time() - thread0
     probe.timing = False
     del probe._write_cost
-    c, probe.cost = probe.cost, [0] * 11
+    c, probe.cost = probe.cost, [0] * COST_FIELDS
     n = c[1] or 1
     us = [v / n / 1e3 for v in (c[0], c[4], c[5], c[6], c[7])]
     return (f"  parts (timed): {us[0]:.1f} us/step = ready {us[1]:.1f} / begin {us[2]:.1f} / end {us[3]:.1f} "
             f"(send {us[4]:.1f}); slow steps (> {hooks.SLOW_NS / 1e3:.0f} us) {c[8]} of {c[1]}, "
             f"{c[9] / max(c[8], 1) / 1e3:.0f} us each, {c[9] / n / 1e3:.1f} us per step of all\n"
             f"  pool hook    : {pool_ns / steps / 1e3:8.1f} us/step on the engine thread (with the "
-            f"scheduler's own figures; outside the parts)\n"
+            f"scheduler's own figures; outside the parts), {c[11] / n / 1e3:.1f} of it the hook's own "
+            f"(the cost notes' pool_ns)\n"
             + (f"  writer rounds: {rounds['ns'] / steps / 1e3:8.1f} us/step on this thread (--inline); "
                f"the probe in all: {(c[0] + pool_ns + rounds['ns']) / steps / 1e3:.1f} us/step\n"
                if rounds["ns"] else "")

@@ -72,6 +72,27 @@ def test_probe_windows_adds_the_writer_threads_rounds_as_an_upper_bound(tmp_path
     assert share["share_with_writer"] == pytest.approx(5_000_000 / 200_000_000)
 
 
+def test_probe_windows_adds_the_pool_hook_to_the_engine_threads_whole_share(tmp_path: Path) -> None:
+    """D73: the pool hook runs on the engine's thread outside the forward (the notes' 12th field);
+    the whole share adds it to the forward hooks' time, with its own interval."""
+    pw = _load("probe_windows")
+    probe_dir = tmp_path / "probe-p0"
+    p = Probe(probe_dir, switch=tmp_path / "switch")
+    p.set_rank(RankId(world=0))
+    for steps, probe_ns, pool_ns in ((100, 2_000_000, 400_000), (100, 1_000_000, 200_000)):
+        p.cost = [probe_ns, steps, 1_000, 1_000 + 100_000_000, 0, 0, 0, 0, 0, 0, 0, pool_ns]
+        p._write_cost()
+    p.close()
+    share = pw.engine_share(pw.probe_notes(probe_dir, "cost"))
+    assert share is not None
+    assert share["share"] == pytest.approx(3_000_000 / 200_000_000)  # the forward hooks alone, as before
+    assert share["pool_us_per_step"] == pytest.approx(3.0)
+    whole = share["engine_all"]
+    assert whole["share"] == pytest.approx(3_600_000 / 200_000_000)
+    assert whole["us_per_step"] == pytest.approx(18.0)
+    assert whole["ci95"][0] <= whole["share"] <= whole["ci95"][1]
+
+
 def test_fidelity_compares_the_clients_round_by_round() -> None:
     fid = _load("fidelity")
     runs = [{"client": "bench_serving", "x": 100.0}, {"client": "cptest", "x": 102.0},

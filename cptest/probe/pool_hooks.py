@@ -23,6 +23,7 @@ mem_cache/allocator/base.py:57-58, token.py:51-53 in the 0.5.17 wheel).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from cptest.evidence import PoolSample, RankId
@@ -97,35 +98,42 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
     sampler = _SAMPLER
     if probe is None or probe.rank_json is None or sampler.off or probe.paused:
         return
+    # Timed when the probe measures itself (runtime.ENV_SWITCH): SGLang calls this every scheduler
+    # iteration on the engine's thread, outside the forward that hooks._timed_forward times (D73).
+    t0 = time.perf_counter_ns() if probe.timing else 0
     try:
-        running_batch = plan.running_batch
-        running = len(running_batch.reqs) if running_batch is not None else 0
-        new = plan.batch_to_run
-        if new is not None and new is not running_batch:
-            running += len(new.reqs)
-        waiting = len(scheduler.waiting_queue)
-        step = int(scheduler.forward_ct)
-        idle = running == 0 and waiting == 0
-        last = sampler.last_step  # PoolSampler.too_soon, inline (every scheduler iteration)
-        if not idle and last is not None and step - last < sampler.every:
-            return  # 3 iterations in 4 of a decode: no sample, whatever the pools say
-        alloc = scheduler.token_to_kv_pool_allocator
-        total, free = int(alloc.size), int(alloc.available_size())
-    except AttributeError as e:
-        sampler.off = True
-        probe.warn_once("pool_sample", f"pool samples off: SGLang's scheduler lacks {e}; "
-                                       "no pool_sample evidence (capacity transitions is unknown)")
-        return
-    tree = getattr(scheduler, "tree_cache", None)
-    evictable = _size(tree.evictable_size()) if hasattr(tree, "evictable_size") else None
-    protected = _size(tree.protected_size()) if hasattr(tree, "protected_size") else None
-    observer = getattr(scheduler, "pool_stats_observer", None)
-    sched_total = getattr(observer, "max_total_num_tokens", None)
-    if sched_total is not None:
-        sched_total = int(sched_total)
-    if sampler.due(step, (total, free, evictable, protected, running, waiting, sched_total), idle):
-        # The record's figures and the clock; its JSON line is made without pydantic (as a step's
-        # is, records.py) when it is written, with the copy batch it joins (D69): it reads back as
-        # the PoolSample that `PoolSampler.offer` would have made (D67).
-        probe.write(pool_sample_late(probe.rank_json, probe.clock(), step, total, free, evictable, protected,
-                                     running, waiting, sched_total, idle))
+        try:
+            running_batch = plan.running_batch
+            running = len(running_batch.reqs) if running_batch is not None else 0
+            new = plan.batch_to_run
+            if new is not None and new is not running_batch:
+                running += len(new.reqs)
+            waiting = len(scheduler.waiting_queue)
+            step = int(scheduler.forward_ct)
+            idle = running == 0 and waiting == 0
+            last = sampler.last_step  # PoolSampler.too_soon, inline (every scheduler iteration)
+            if not idle and last is not None and step - last < sampler.every:
+                return  # 3 iterations in 4 of a decode: no sample, whatever the pools say
+            alloc = scheduler.token_to_kv_pool_allocator
+            total, free = int(alloc.size), int(alloc.available_size())
+        except AttributeError as e:
+            sampler.off = True
+            probe.warn_once("pool_sample", f"pool samples off: SGLang's scheduler lacks {e}; "
+                                           "no pool_sample evidence (capacity transitions is unknown)")
+            return
+        tree = getattr(scheduler, "tree_cache", None)
+        evictable = _size(tree.evictable_size()) if hasattr(tree, "evictable_size") else None
+        protected = _size(tree.protected_size()) if hasattr(tree, "protected_size") else None
+        observer = getattr(scheduler, "pool_stats_observer", None)
+        sched_total = getattr(observer, "max_total_num_tokens", None)
+        if sched_total is not None:
+            sched_total = int(sched_total)
+        if sampler.due(step, (total, free, evictable, protected, running, waiting, sched_total), idle):
+            # The record's figures and the clock; its JSON line is made without pydantic (as a step's
+            # is, records.py) when it is written, with the copy batch it joins (D69): it reads back as
+            # the PoolSample that `PoolSampler.offer` would have made (D67).
+            probe.write(pool_sample_late(probe.rank_json, probe.clock(), step, total, free, evictable,
+                                         protected, running, waiting, sched_total, idle))
+    finally:
+        if t0:
+            probe.cost[11] += time.perf_counter_ns() - t0

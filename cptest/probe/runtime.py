@@ -111,6 +111,10 @@ def enabled(environ: dict[str, str] | None = None) -> bool:
     return bool(env.get(ENV_DIR, "").strip())
 
 
+COST_FIELDS = 12
+"""The length of `Probe.cost` (and of a `cost` note: epoch, steps, probe_ns, span_ns, then cost[4:])."""
+
+
 class Probe:
     """Per-process probe state. Tests build one with a tmp dir and a fake clock."""
 
@@ -180,10 +184,11 @@ class Probe:
         self._gc_seen: list[list[float]] = []
         self.timing = False
         """Measure the probe's own time on the engine's thread (`watch_gc`'s companion, ENV_SWITCH)."""
-        self.cost: list[Any] = [0] * 11
+        self.cost: list[Any] = [0] * COST_FIELDS
         """Since the last `cost` note: [probe ns, steps, first step's start ns, last step's end ns,
-        ready ns, begin ns, end ns, send ns, slow steps, slow steps' ns] (hooks._timed_forward), and
-        the writer thread's CPU ns in its rounds (`_write_loop`)."""
+        ready ns, begin ns, end ns, send ns, slow steps, slow steps' ns] (hooks._timed_forward), the
+        writer thread's CPU ns in its rounds (`_write_loop`), and the pool hook's ns on the engine's
+        thread (pool_hooks.after_get_next_batch_to_run, every scheduler iteration, D73)."""
 
     # ------------------------------------------------------------ writing
     def now(self) -> float:
@@ -400,14 +405,15 @@ class Probe:
 
     def _write_cost(self) -> None:
         """Write what `cost` gathered as a note `cost [epoch, steps, probe_ns, span_ns, ready_ns,
-        begin_ns, end_ns, send_ns, slow_steps, slow_ns, writer_ns]`: the probe's own time in the
-        per-step hooks' begin and end (deferred records, copies included) over `steps` steps that
-        took `span_ns` from the first one's start to the last one's end, then that time by part
-        (hooks._timed_forward), the steps whose probe work took over hooks.SLOW_NS, and the CPU
+        begin_ns, end_ns, send_ns, slow_steps, slow_ns, writer_ns, pool_ns]`: the probe's own time
+        in the per-step hooks' begin and end (deferred records, copies included) over `steps` steps
+        that took `span_ns` from the first one's start to the last one's end, then that time by part
+        (hooks._timed_forward), the steps whose probe work took over hooks.SLOW_NS, the CPU
         time of the writer thread's rounds (its sends and polls and, with `writer_finishes`, the
         records it finished): the part of the probe's work that holds the GIL off the engine's
-        thread, which `probe_ns` does not count."""
-        cost, self.cost = self.cost, [0] * 11
+        thread, which `probe_ns` does not count; and the pool hook's time on the engine's thread,
+        which runs once per scheduler iteration outside the forward (not in `probe_ns` either)."""
+        cost, self.cost = self.cost, [0] * COST_FIELDS
         if cost[1] and self.rank is not None:
             seen = [round(time.time(), 4), cost[1], cost[0], cost[3] - cost[2], *cost[4:]]
             self.write(ProbeNote(t=self.now(), rank=self.rank, message="cost " + json.dumps(seen)))

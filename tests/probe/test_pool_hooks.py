@@ -107,6 +107,24 @@ def test_hook_without_an_allocator_notes_once_and_stops(probe: Probe) -> None:
     assert recs[0].level == "warning" and "token_to_kv_pool_allocator" in recs[0].message
 
 
+def test_the_hooks_time_counts_in_the_cost_only_while_the_probe_times_itself(probe: Probe) -> None:
+    """D73: the hook runs on the engine's thread outside the forward; measuring (`Probe.timing`)
+    adds its time to `cost[11]`, whichever way it returns (a sample, too soon, or none due)."""
+    plan, sched = _scheduler(free=512, running=2, waiting=0)
+    pool_hooks.after_get_next_batch_to_run(plan, sched)
+    assert probe.cost[11] == 0  # not measuring: nothing added
+    probe.timing = True
+    pool_hooks.after_get_next_batch_to_run(plan, sched)  # the figures did not change: no sample
+    after_one = probe.cost[11]
+    assert after_one > 0
+    sched.token_to_kv_pool_allocator.free = 256
+    sched.forward_ct = 8
+    pool_hooks.after_get_next_batch_to_run(plan, sched)  # a sample
+    assert probe.cost[11] > after_one
+    samples = [r for r in _samples(probe) if isinstance(r, PoolSample)]
+    assert [r.free for r in samples] == [512, 256]
+
+
 @pytest.mark.parametrize("t", [0.0, 0.000123, 1.5, 12345.678901])
 @pytest.mark.parametrize("figures", [
     dict(evictable=None, protected=None, scheduler_total=None, running=0, waiting=0, idle=True),

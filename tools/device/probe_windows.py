@@ -197,6 +197,19 @@ def engine_share(costs: list[list[float]], n: int = 10_000, seed: int = 1) -> di
         span = sum(c[3] for c in with_writer)
         out["writer_us_per_step"] = sum(c[10] for c in with_writer) / sum(c[1] for c in with_writer) / 1000
         out["share_with_writer"] = sum(c[2] + c[10] for c in with_writer) / span
+    with_pool = [c for c in costs if len(c) >= 12]  # D73: the pool hook, every scheduler iteration
+    if with_pool:
+        # The probe's whole time on the engine's thread: its forward hooks' parts and the pool hook
+        # (outside the forward), over the same steps' span, with its own interval over the notes.
+        def all_share(cs: list[list[float]]) -> float:
+            return sum(c[2] + c[11] for c in cs) / sum(c[3] for c in cs)
+
+        boot = sorted(all_share(rng.choices(with_pool, k=len(with_pool))) for _ in range(n))
+        n_pool = sum(c[1] for c in with_pool)
+        out["pool_us_per_step"] = sum(c[11] for c in with_pool) / n_pool / 1000
+        out["engine_all"] = {"share": all_share(with_pool),
+                             "ci95": [boot[int(0.025 * n)], boot[int(0.975 * n) - 1]],
+                             "us_per_step": sum(c[2] + c[11] for c in with_pool) / n_pool / 1000}
     return out
 
 
@@ -342,6 +355,11 @@ def main() -> None:
                 print(f"{name}: by part (us per step): {parts}; steps over {hooks.SLOW_NS // 1000} us: "
                       f"{sl['steps']} of {sl['of']}, {sl['us_per_step_of_all']:.1f} us per step of all",
                       flush=True)
+            if "engine_all" in e:
+                a_ = e["engine_all"]
+                print(f"{name}: with the pool hook ({e['pool_us_per_step']:.1f} us per step, outside the "
+                      f"forward): {100 * a_['share']:.3f} % (95 % CI {100 * a_['ci95'][0]:.3f} .. "
+                      f"{100 * a_['ci95'][1]:.3f}): {a_['us_per_step']:.1f} us per step", flush=True)
 
 
 if __name__ == "__main__":
