@@ -62,9 +62,12 @@ class Run:
     enough for Python's collector to move it to its oldest generation (see StepDraft); the rows,
     tuples of plain values, the collector stops tracking at its first look."""
 
-    __slots__ = ("rids", "which", "cp_configured", "graph_rows", "kv_none", "kv_full", "first", "rows")
+    __slots__ = ("rids", "which", "cp_configured", "graph_rows", "kv_none", "kv_full", "first", "rows",
+                 "pos_2d")
 
     def __init__(self) -> None:
+        self.pos_2d = False
+        """The run's positions are M-RoPE's [3, n] (its first step said so): each step's first row is kept."""
         self.rids: list[str] = []
         self.which: tuple[str, ...] = ()
         self.cp_configured: bool | None = None
@@ -88,6 +91,7 @@ class Run:
         run.kv_none = kv_rows is None
         run.kv_full = kv_rows == len(draft.rids)
         run.first = first
+        run.pos_2d = False
         return run
 
     def close(self, probe: Probe) -> None:
@@ -752,10 +756,16 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
     # current one by now, so the tensors kept by the inner hooks are complete in its order.
     has_pos = probe.observe_positions and pos_t is not None
     mask, zigzag = draft.kv_mask_pending, draft.zigzag_pending
+    # The clock as read: `Probe.now`'s rounding waits for the batch's records (`_record_t`), where it
+    # runs for all its steps in a row; on its own, once a step after the engine's work, it cost
+    # several times as much (benchmarks/probe_step.py --engine-us).
+    draft.t = probe.clock()
     if mask is None and zigzag is None:  # a decode step's usual case: positions alone
         if has_pos:
-            tensors = [pos_t[0] if getattr(pos_t, "ndim", 1) == 2 else pos_t]  # _text_positions
             draft.which = _WHICH_POS
+            if _join_run(probe, draft, pos_t):
+                return
+            tensors = [pos_t[0] if getattr(pos_t, "ndim", 1) == 2 else pos_t]  # _text_positions
         else:
             tensors = []
             draft.which = _WHICH_NONE
@@ -767,10 +777,6 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
         if zigzag is not None:
             tensors.append(zigzag[0])
         draft.which = _WHICH[has_pos, mask is not None, zigzag is not None]
-    # The clock as read: `Probe.now`'s rounding waits for the batch's records (`_record_t`), where it
-    # runs for all its steps in a row; on its own, once a step after the engine's work, it cost
-    # several times as much (benchmarks/probe_step.py --engine-us).
-    draft.t = probe.clock()
     with probe.copy_lock:
         batch = probe.copies
         if batch is None:
@@ -780,10 +786,48 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
             batch = _open_batch(probe)
         if batch.add(draft, tensors):
             probe.spare = draft  # its run keeps its values: the draft serves the next step
-        if batch.steps >= COPY_EVERY:
-            _close_locked(probe, on_engine_thread=True)
-        elif not probe.writer_polls and probe.clock() - batch.born >= COPY_WITHIN_S:
-            _send_locked(probe, on_engine_thread=True)  # no writer thread to send an old batch
+            run = batch.run_  # the run the step opened or joined
+            if run is not None and draft.which is _WHICH_POS and tensors[0] is not pos_t:
+                run.pos_2d = True  # _text_positions took the first row: later steps of the run do too
+        _close_if_due(probe, batch)
+
+
+def _close_if_due(probe: Probe, batch: CopyBatch) -> None:
+    """After a step joined `batch` (copy_lock held): close it when full, or, without a writer
+    thread, send it once its first step is COPY_WITHIN_S old."""
+    if batch.steps >= COPY_EVERY:
+        _close_locked(probe, on_engine_thread=True)
+    elif not probe.writer_polls and probe.clock() - batch.born >= COPY_WITHIN_S:
+        _send_locked(probe, on_engine_thread=True)  # no writer thread to send an old batch
+
+
+def _join_run(probe: Probe, draft: StepDraft, pos_t: Any) -> bool:
+    """A decode step of positions alone that goes on the run being filled (`CopyBatch.add`'s test,
+    inline): its row and positions join the run without the general path's reads of the tensor
+    (`ndim`, and `device` for `CopyBatch.fits`: each a call into torch, several us on the engine's
+    thread once a step after the engine's work, D73). The run's first step was checked for both: a
+    rank's forward batches live on its one device, and the run keeps M-RoPE's shape (`Run.pos_2d`).
+    False when the step does not fit the run: it takes the general path."""
+    rids = draft.rids
+    with probe.copy_lock:
+        batch = probe.copies
+        if batch is None:
+            return False
+        run = batch.run_
+        if (run is None or run.rids is not rids or run.which is not _WHICH_POS or draft.mode != "decode"
+                or draft.cp_active or draft.extend_lens is not None or draft.notes is not None
+                or run.cp_configured is not draft.cp_configured or run.graph_rows != draft.graph_rows):
+            return False
+        kv_rows = draft.kv_rows
+        if run.kv_none is not (kv_rows is None) or run.kv_full is not (kv_rows == len(rids)):
+            return False
+        batch.parts.append(pos_t[0] if run.pos_2d else pos_t)
+        batch.steps += 1
+        run.rows.append((draft.step, draft.t, draft.rows_in, draft.batch_size, draft.attn_rows_seen,
+                         draft.ffn_rows, draft.logits_rows, kv_rows))
+        probe.spare = draft  # its run keeps its values: the draft serves the next step
+        _close_if_due(probe, batch)
+    return True
 
 
 def _graph_rows(runner: Any) -> int | None:

@@ -234,6 +234,28 @@ def test_a_replayed_decode_step_is_recorded_with_its_graphs_rows(probe: Probe, m
     assert sum(r.count for r in replays) == 3
 
 
+def test_replayed_steps_that_join_their_run_keep_m_ropes_text_row_and_change_of_graph_size(
+        probe: Probe, monkeypatch: MP) -> None:
+    """A step that goes on the run being filled skips the general path's look at its positions'
+    shape (`hooks._join_run`, D73): the run remembers from its first step that positions are
+    M-RoPE's [3, n], and every later step of it keeps the first (text) row too. A step whose graph
+    size differs from the run's starts a new run, which looks again. (A model's positions keep
+    their shape from step to step: 1-D, or [3, n] with M-RoPE.)"""
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    runner = GraphedRunner(decode_cuda_graph_runner=GraphRunner(bs=4))
+    text = [[9 + i, 4 + i] for i in range(6)]
+    for i in range(6):
+        runner.decode_cuda_graph_runner.bs = 4 if i < 4 else 8  # type: ignore[union-attr]
+        mrope = torch.tensor([text[i], [100, 100], [200, 200]])  # rows: text, height, width
+        fb = Batch(Mode("DECODE"), torch.arange(2), mrope, ["a", "b"], 2)
+        hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=True), runner, fb)
+    steps = [r for r in _records(probe) if isinstance(r, Step)]
+    assert [s.seq_positions for s in steps] == [{"a": [(a, a + 1)], "b": [(b, b + 1)]} for a, b in text]
+    assert [s.graph_rows for s in steps] == [4, 4, 4, 4, 8, 8]
+    assert (probe.out_dir / "rank0.jsonl").read_text().count('"kind":"steps"') == 2
+
+
 def test_replays_and_eager_steps_never_share_a_block(probe: Probe, monkeypatch: MP) -> None:
     """A `steps` line carries one graph_rows for all its steps: a switch between eager and replay
     (or another padded size) over the same requests starts a new line, and every step reads back
@@ -472,12 +494,14 @@ def test_a_timing_probe_notes_its_own_time_per_step_never_more_than_the_steps_to
     probe.flush()
     (note,) = [r for r in _records(probe) if isinstance(r, ProbeNote) and r.message.startswith("cost ")]
     cost = json.loads(note.message[5:])
-    _epoch, steps, probe_ns, span_ns, ready_ns, begin_ns, end_ns, send_ns, slow, slow_ns, writer_ns = cost
+    (_epoch, steps, probe_ns, span_ns, ready_ns, begin_ns, end_ns, send_ns, slow, slow_ns, writer_ns,
+     pool_ns) = cost
     assert steps == hooks.COPY_EVERY + 4 and 0 < probe_ns <= span_ns
     assert ready_ns + begin_ns + end_ns == probe_ns  # the parts are the whole
     assert send_ns == 0  # the writer thread sends the full batch, not the engine's thread
     assert 0 <= slow <= steps and (slow_ns == 0) == (slow == 0)
     assert writer_ns >= 0  # the writer thread's rounds, off the engine's thread (not in probe_ns)
+    assert pool_ns == 0  # no scheduler iteration ran the pool hook here (tests/probe/test_pool_hooks.py)
     assert len([r for r in _records(probe) if isinstance(r, Step)]) == steps  # timing changes no record
 
 
