@@ -100,7 +100,11 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
         return
     # Timed when the probe measures itself (runtime.ENV_SWITCH): SGLang calls this every scheduler
     # iteration on the engine's thread, outside the forward that hooks._timed_forward times (D73).
+    # Only a busy iteration's time is counted: one that leads to a forward step. An idle scheduler
+    # loops without end and reads the pools each time (idle is never too soon), but no step waits
+    # for it; on the H200 those loops put 30-90 ms into cost notes of a few hundred steps (run26).
     t0 = time.perf_counter_ns() if probe.timing else 0
+    busy = False
     try:
         try:
             running_batch = plan.running_batch
@@ -111,6 +115,7 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
             waiting = len(scheduler.waiting_queue)
             step = int(scheduler.forward_ct)
             idle = running == 0 and waiting == 0
+            busy = not idle
             last = sampler.last_step  # PoolSampler.too_soon, inline (every scheduler iteration)
             if not idle and last is not None and step - last < sampler.every:
                 return  # 3 iterations in 4 of a decode: no sample, whatever the pools say
@@ -135,5 +140,5 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
             probe.write(pool_sample_late(probe.rank_json, probe.clock(), step, total, free, evictable,
                                          protected, running, waiting, sched_total, idle))
     finally:
-        if t0:
+        if busy and t0:
             probe.cost[11] += time.perf_counter_ns() - t0

@@ -188,7 +188,7 @@ class Probe:
         """Since the last `cost` note: [probe ns, steps, first step's start ns, last step's end ns,
         ready ns, begin ns, end ns, send ns, slow steps, slow steps' ns] (hooks._timed_forward), the
         writer thread's CPU ns in its rounds (`_write_loop`), and the pool hook's ns on the engine's
-        thread (pool_hooks.after_get_next_batch_to_run, every scheduler iteration, D73)."""
+        thread in busy scheduler iterations (pool_hooks.after_get_next_batch_to_run, D73)."""
 
     # ------------------------------------------------------------ writing
     def now(self) -> float:
@@ -411,8 +411,8 @@ class Probe:
         (hooks._timed_forward), the steps whose probe work took over hooks.SLOW_NS, the CPU
         time of the writer thread's rounds (its sends and polls and, with `writer_finishes`, the
         records it finished): the part of the probe's work that holds the GIL off the engine's
-        thread, which `probe_ns` does not count; and the pool hook's time on the engine's thread,
-        which runs once per scheduler iteration outside the forward (not in `probe_ns` either)."""
+        thread, which `probe_ns` does not count; and the pool hook's time on the engine's thread in
+        busy scheduler iterations, outside the forward (not in `probe_ns` either)."""
         cost, self.cost = self.cost, [0] * COST_FIELDS
         if cost[1] and self.rank is not None:
             seen = [round(time.time(), 4), cost[1], cost[0], cost[3] - cost[2], *cost[4:]]

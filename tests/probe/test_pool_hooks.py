@@ -109,7 +109,8 @@ def test_hook_without_an_allocator_notes_once_and_stops(probe: Probe) -> None:
 
 def test_the_hooks_time_counts_in_the_cost_only_while_the_probe_times_itself(probe: Probe) -> None:
     """D73: the hook runs on the engine's thread outside the forward; measuring (`Probe.timing`)
-    adds its time to `cost[11]`, whichever way it returns (a sample, too soon, or none due)."""
+    adds a busy iteration's time to `cost[11]`, whichever way it returns (a sample, too soon, or
+    none due), and not an idle one's (no forward step follows it)."""
     plan, sched = _scheduler(free=512, running=2, waiting=0)
     pool_hooks.after_get_next_batch_to_run(plan, sched)
     assert probe.cost[11] == 0  # not measuring: nothing added
@@ -121,8 +122,13 @@ def test_the_hooks_time_counts_in_the_cost_only_while_the_probe_times_itself(pro
     sched.forward_ct = 8
     pool_hooks.after_get_next_batch_to_run(plan, sched)  # a sample
     assert probe.cost[11] > after_one
+    busy = probe.cost[11]
+    idle_plan, idle_sched = _scheduler(free=1024, running=0, waiting=0)
+    for _ in range(3):  # an idle scheduler's loop: the drained sample once, then nothing new; none counted
+        pool_hooks.after_get_next_batch_to_run(idle_plan, idle_sched)
+    assert probe.cost[11] == busy  # no forward step waits for an idle iteration
     samples = [r for r in _samples(probe) if isinstance(r, PoolSample)]
-    assert [r.free for r in samples] == [512, 256]
+    assert [(r.free, r.idle) for r in samples] == [(512, False), (256, False), (1024, True)]
 
 
 @pytest.mark.parametrize("t", [0.0, 0.000123, 1.5, 12345.678901])
