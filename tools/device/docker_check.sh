@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # docker_check.sh: an SGLang scenario through `cptest run --launcher docker` on the GPU machine
-# (issue 12; docs/decisions.md D66, D68). NOT YET RUN: written for the next session's calls.
+# (issue 12; docs/decisions.md D66, D68). Runs: results/_docker-check (3-pass-8-of-8: PASS 8 of 8, 2026-12-02).
 #
 # Calls on one warm `nvidia-h200` machine: c1, c2 (install-bundle), then `bash tools/device/podman_try.sh`
 # carrying .podman-debs (leaves podman under /opt/podman), then this script carrying
@@ -92,8 +92,9 @@ du -sh --exclude=usr/local/nvidia "${DIRS[@]/#//}" /usr/* /opt/torch/.venv/lib/p
   | sort -h | tail -12 >> "$LOG"
 REF=localhost/sglang-machine:0.5.17
 t=$(date +%s)
-# The import takes most of a call (322 s for 16 GB in run 3, 2026-12-02): a second call on the same
-# warm machine reuses the image the first one made (podman's storage is in /dev/shm, kept while warm).
+# The import takes most of a call (322 s for 16 GB: results/_docker-check/2-import-then-out-of-time):
+# a second call on the same warm machine reuses the image the first one made (podman's storage is
+# in /dev/shm, kept while the machine stays warm).
 if timeout 60 podman image exists "$REF" 2>> "$LOG"; then
   say "image $REF already on this machine (an earlier call made it): not made again"
 else
