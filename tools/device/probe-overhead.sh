@@ -32,7 +32,7 @@ printf '[sglang.srt.plugins]\ncptest_probe = cptest.probe.plugin:register\n' \
   > /opt/cpt/cptest-0.1.0.dist-info/entry_points.txt
 export PYTHONPATH="$PYTHONPATH:/opt/cpt:/opt/cpt-deps" PYTHONUNBUFFERED=1
 say "probe GPU test"
-python3 -m pytest -q -s -p no:cacheprovider tests/probe/test_hooks_cuda.py tests/probe/test_hooks.py \
+python3 -m pytest -s -p no:cacheprovider tests/probe/test_hooks_cuda.py tests/probe/test_hooks.py \
   tests/probe/test_runtime.py 2>&1 | tail -n 5 | tee -a "$OUT/overhead.log"
 say "probe cost per step, CPU tensors and CUDA tensors (decode batch of 64, 4 layers as llama-kv1)"
 for dev in ${BENCH_DEVICES:-cpu cuda}; do

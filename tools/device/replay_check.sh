@@ -31,7 +31,7 @@ trap finish EXIT
 source tools/device/cptest-env.sh
 
 say "probe tests on the GPU"
-python3 -m pytest -q -p no:cacheprovider tests/probe/test_hooks_cuda.py tests/probe/test_hooks.py 2>&1 | tail -n 3 | tee -a "$LOG"
+python3 -m pytest -p no:cacheprovider tests/probe/test_hooks_cuda.py tests/probe/test_hooks.py 2>&1 | tail -n 3 | tee -a "$LOG"
 
 say "cptest run tools/device/tp1_llama_kv1_graph.cps ($(left) s left)"
 timeout --signal=TERM --kill-after=60 $(( $(left) - 120 )) python3 -m cptest run tools/device/tp1_llama_kv1_graph.cps \
