@@ -93,6 +93,29 @@ def test_probe_windows_adds_the_pool_hook_to_the_engine_threads_whole_share(tmp_
     assert whole["ci95"][0] <= whole["share"] <= whole["ci95"][1]
 
 
+def test_probe_windows_splits_the_pool_hooks_and_the_writers_time(tmp_path: Path) -> None:
+    """D73: busy iterations that returned early vs those that read the pools, and the writer's
+    rounds by phase, per step (the notes' 13th to 18th fields)."""
+    pw = _load("probe_windows")
+    probe_dir = tmp_path / "probe-p0"
+    p = Probe(probe_dir, switch=tmp_path / "switch")
+    p.set_rank(RankId(world=0))
+    # 100 steps: 100 busy iterations, 25 of them read the pools (1_000_000 of the 1_300_000 ns)
+    p.cost = [2_000_000, 100, 1_000, 1_000 + 100_000_000, 0, 0, 0, 0, 0, 0, 600_000, 1_300_000, 100,
+              1_000_000, 25, 100_000, 300_000, 200_000]
+    p._write_cost()
+    p.close()
+    share = pw.engine_share(pw.probe_notes(probe_dir, "cost") * 2)  # two notes alike: an interval
+    assert share is not None
+    split = share["pool_split"]
+    assert split["busy_calls_per_step"] == pytest.approx(1.0)
+    assert split["us_per_early_return"] == pytest.approx(4.0)  # 300_000 ns over 75 early returns
+    assert split["us_per_read"] == pytest.approx(40.0)
+    assert split["reads_per_step"] == pytest.approx(0.25)
+    assert share["writer_us_per_step_by_phase"] == {
+        "sends_and_polls": pytest.approx(1.0), "finishing": pytest.approx(3.0), "lines": pytest.approx(2.0)}
+
+
 def test_fidelity_compares_the_clients_round_by_round() -> None:
     fid = _load("fidelity")
     runs = [{"client": "bench_serving", "x": 100.0}, {"client": "cptest", "x": 102.0},

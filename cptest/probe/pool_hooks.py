@@ -104,7 +104,7 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
     # loops without end and reads the pools each time (idle is never too soon), but no step waits
     # for it; on the H200 those loops put 30-90 ms into cost notes of a few hundred steps (run26).
     t0 = time.perf_counter_ns() if probe.timing else 0
-    busy = False
+    busy = read = False
     try:
         try:
             running_batch = plan.running_batch
@@ -119,6 +119,7 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
             last = sampler.last_step  # PoolSampler.too_soon, inline (every scheduler iteration)
             if not idle and last is not None and step - last < sampler.every:
                 return  # 3 iterations in 4 of a decode: no sample, whatever the pools say
+            read = True
             alloc = scheduler.token_to_kv_pool_allocator
             total, free = int(alloc.size), int(alloc.available_size())
         except AttributeError as e:
@@ -141,4 +142,10 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
                                          protected, running, waiting, sched_total, idle))
     finally:
         if busy and t0:
-            probe.cost[11] += time.perf_counter_ns() - t0
+            dt = time.perf_counter_ns() - t0
+            cost = probe.cost
+            cost[11] += dt
+            cost[12] += 1
+            if read:  # the iterations that read the pools, apart from the early returns
+                cost[13] += dt
+                cost[14] += 1

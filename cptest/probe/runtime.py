@@ -111,7 +111,7 @@ def enabled(environ: dict[str, str] | None = None) -> bool:
     return bool(env.get(ENV_DIR, "").strip())
 
 
-COST_FIELDS = 12
+COST_FIELDS = 18
 """The length of `Probe.cost` (and of a `cost` note: epoch, steps, probe_ns, span_ns, then cost[4:])."""
 
 
@@ -187,8 +187,10 @@ class Probe:
         self.cost: list[Any] = [0] * COST_FIELDS
         """Since the last `cost` note: [probe ns, steps, first step's start ns, last step's end ns,
         ready ns, begin ns, end ns, send ns, slow steps, slow steps' ns] (hooks._timed_forward), the
-        writer thread's CPU ns in its rounds (`_write_loop`), and the pool hook's ns on the engine's
-        thread in busy scheduler iterations (pool_hooks.after_get_next_batch_to_run, D73)."""
+        writer thread's CPU ns in its rounds (`_write_loop`), the pool hook's ns on the engine's
+        thread in busy scheduler iterations (pool_hooks.after_get_next_batch_to_run, D73), those
+        iterations, the ns and number of those that read the pools (not too soon), and the writer's
+        CPU ns by phase: sends and polls, finishing records, writing lines (D73)."""
 
     # ------------------------------------------------------------ writing
     def now(self) -> float:
@@ -405,14 +407,16 @@ class Probe:
 
     def _write_cost(self) -> None:
         """Write what `cost` gathered as a note `cost [epoch, steps, probe_ns, span_ns, ready_ns,
-        begin_ns, end_ns, send_ns, slow_steps, slow_ns, writer_ns, pool_ns]`: the probe's own time
+        begin_ns, end_ns, send_ns, slow_steps, slow_ns, writer_ns, pool_ns, pool_calls, pool_read_ns,
+        pool_reads, writer_send_ns, writer_finish_ns, writer_lines_ns]`: the probe's own time
         in the per-step hooks' begin and end (deferred records, copies included) over `steps` steps
         that took `span_ns` from the first one's start to the last one's end, then that time by part
         (hooks._timed_forward), the steps whose probe work took over hooks.SLOW_NS, the CPU
         time of the writer thread's rounds (its sends and polls and, with `writer_finishes`, the
         records it finished): the part of the probe's work that holds the GIL off the engine's
         thread, which `probe_ns` does not count; and the pool hook's time on the engine's thread in
-        busy scheduler iterations, outside the forward (not in `probe_ns` either)."""
+        busy scheduler iterations, outside the forward (not in `probe_ns` either). The last six split
+        the pool hook's and the writer's figures, to show where the time goes."""
         cost, self.cost = self.cost, [0] * COST_FIELDS
         if cost[1] and self.rank is not None:
             seen = [round(time.time(), 4), cost[1], cost[0], cost[3] - cost[2], *cost[4:]]
@@ -441,6 +445,7 @@ class Probe:
                     self.writer_round(self)
                 except Exception:
                     pass
+            cpu1 = time.thread_time_ns() if cpu0 else 0
             try:
                 if self._pending:
                     if self.clock() - self._pending[0][0] > IDLE_S:
@@ -450,12 +455,19 @@ class Probe:
                 self._write_graph_counts(force=False)
             except Exception:
                 pass
+            cpu2 = time.thread_time_ns() if cpu0 else 0
             try:  # noqa: SIM105
                 self._write_lines()
             except Exception:
                 pass
             if cpu0:
-                self.cost[10] += time.thread_time_ns() - cpu0
+                # By phase (D73): the sends and polls (CUDA calls), finishing the records, the write.
+                cost = self.cost
+                cpu3 = time.thread_time_ns()
+                cost[10] += cpu3 - cpu0
+                cost[15] += cpu1 - cpu0
+                cost[16] += cpu2 - cpu1
+                cost[17] += cpu3 - cpu2
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Write everything observed so far (graph counts too); False if that took over `timeout`."""

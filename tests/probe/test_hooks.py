@@ -495,13 +495,14 @@ def test_a_timing_probe_notes_its_own_time_per_step_never_more_than_the_steps_to
     (note,) = [r for r in _records(probe) if isinstance(r, ProbeNote) and r.message.startswith("cost ")]
     cost = json.loads(note.message[5:])
     (_epoch, steps, probe_ns, span_ns, ready_ns, begin_ns, end_ns, send_ns, slow, slow_ns, writer_ns,
-     pool_ns) = cost
+     pool_ns, pool_calls, pool_read_ns, pool_reads, w_send_ns, w_finish_ns, w_lines_ns) = cost
     assert steps == hooks.COPY_EVERY + 4 and 0 < probe_ns <= span_ns
     assert ready_ns + begin_ns + end_ns == probe_ns  # the parts are the whole
     assert send_ns == 0  # the writer thread sends the full batch, not the engine's thread
     assert 0 <= slow <= steps and (slow_ns == 0) == (slow == 0)
     assert writer_ns >= 0  # the writer thread's rounds, off the engine's thread (not in probe_ns)
-    assert pool_ns == 0  # no scheduler iteration ran the pool hook here (tests/probe/test_pool_hooks.py)
+    assert pool_ns == pool_calls == pool_read_ns == pool_reads == 0  # no scheduler iteration here
+    assert w_send_ns + w_finish_ns + w_lines_ns == writer_ns  # the writer's phases are its whole round
     assert len([r for r in _records(probe) if isinstance(r, Step)]) == steps  # timing changes no record
 
 

@@ -122,6 +122,8 @@ def test_the_hooks_time_counts_in_the_cost_only_while_the_probe_times_itself(pro
     sched.forward_ct = 8
     pool_hooks.after_get_next_batch_to_run(plan, sched)  # a sample
     assert probe.cost[11] > after_one
+    assert (probe.cost[12], probe.cost[14]) == (2, 1)  # two busy iterations, one read the pools
+    assert 0 < probe.cost[13] < probe.cost[11]  # the reading one's time, within the whole
     busy = probe.cost[11]
     idle_plan, idle_sched = _scheduler(free=1024, running=0, waiting=0)
     for _ in range(3):  # an idle scheduler's loop: the drained sample once, then nothing new; none counted

@@ -210,6 +210,19 @@ def engine_share(costs: list[list[float]], n: int = 10_000, seed: int = 1) -> di
         out["engine_all"] = {"share": all_share(with_pool),
                              "ci95": [boot[int(0.025 * n)], boot[int(0.975 * n) - 1]],
                              "us_per_step": sum(c[2] + c[11] for c in with_pool) / n_pool / 1000}
+    split = [c for c in costs if len(c) >= 18]  # D73: the pool hook's and the writer's figures split
+    if split:
+        n_split = sum(c[1] for c in split)
+        calls, reads = sum(c[12] for c in split), sum(c[14] for c in split)
+        read_ns = sum(c[13] for c in split)
+        out["pool_split"] = {
+            "busy_calls_per_step": calls / n_split,
+            "us_per_early_return": (sum(c[11] for c in split) - read_ns) / (calls - reads) / 1000
+            if calls > reads else None,
+            "us_per_read": read_ns / reads / 1000 if reads else None, "reads_per_step": reads / n_split}
+        out["writer_us_per_step_by_phase"] = {
+            name: sum(c[i] for c in split) / n_split / 1000
+            for i, name in ((15, "sends_and_polls"), (16, "finishing"), (17, "lines"))}
     return out
 
 
@@ -360,6 +373,15 @@ def main() -> None:
                 print(f"{name}: with the pool hook ({e['pool_us_per_step']:.1f} us per step, outside the "
                       f"forward): {100 * a_['share']:.3f} % (95 % CI {100 * a_['ci95'][0]:.3f} .. "
                       f"{100 * a_['ci95'][1]:.3f}): {a_['us_per_step']:.1f} us per step", flush=True)
+            if "pool_split" in e:
+                ps_, wp = e["pool_split"], e["writer_us_per_step_by_phase"]
+
+                def us(v: float | None) -> str:
+                    return "n/a" if v is None else f"{v:.1f}"
+                print(f"{name}: pool hook per busy iteration: {ps_['busy_calls_per_step']:.2f} per step, "
+                      f"{us(ps_['us_per_early_return'])} us when too soon, {us(ps_['us_per_read'])} us "
+                      f"when it reads the pools ({ps_['reads_per_step']:.2f} per step); writer's rounds by "
+                      f"phase (us per step): " + ", ".join(f"{k} {v:.1f}" for k, v in wp.items()), flush=True)
 
 
 if __name__ == "__main__":
