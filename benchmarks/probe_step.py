@@ -372,7 +372,8 @@ def timed_parts(probe: Probe, iteration: Any, step: Any, steps: int, off_cpu: fl
                if rounds["ns"] else "")
             + f"  CPU by thread: engine {thread / steps * 1e6 - off_cpu:.1f} us/step over unhooked, "
             f"other threads (writer) {(cpu - thread) / steps * 1e6:.1f} us/step, of which the writer's "
-            f"rounds {c[10] / n / 1e3:.1f} (the cost notes' writer_ns)")
+            f"rounds {c[10] / n / 1e3:.1f} (the cost notes' writer_ns: sends and polls "
+            f"{c[15] / n / 1e3:.1f}, finishing {c[16] / n / 1e3:.1f}, lines {c[17] / n / 1e3:.1f})")
 
 
 if __name__ == "__main__":
