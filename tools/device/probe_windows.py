@@ -164,6 +164,17 @@ def gc_collections(probe_dir: Path) -> list[list[float]]:
     return [c for note in probe_notes(probe_dir, "gc") for c in note]
 
 
+def _share_ci(costs: list[list[float]], fields: tuple[int, ...], rng: random.Random,
+              n: int) -> tuple[float, list[float]]:
+    """The notes' `fields` summed over their steps' span (the note's 4th field), and its 95 %
+    bootstrap interval over the notes (n resamples)."""
+    def share(cs: list[list[float]]) -> float:
+        return sum(c[i] for c in cs for i in fields) / sum(c[3] for c in cs)
+
+    boot = sorted(share(rng.choices(costs, k=len(costs))) for _ in range(n))
+    return share(costs), [boot[int(0.025 * n)], boot[int(0.975 * n) - 1]]
+
+
 def engine_share(costs: list[list[float]], n: int = 10_000, seed: int = 1) -> dict[str, Any] | None:
     """The probe's own time on the engine's thread over the time its steps took (`cost` notes,
     [epoch, steps, probe_ns, span_ns], each about a second of probed steps): the ratio of the
@@ -172,13 +183,9 @@ def engine_share(costs: list[list[float]], n: int = 10_000, seed: int = 1) -> di
     if len(costs) < 2:
         return None
     rng = random.Random(seed)
-
-    def share(cs: list[list[float]]) -> float:
-        return sum(c[2] for c in cs) / sum(c[3] for c in cs)
-
-    shares = sorted(share(rng.choices(costs, k=len(costs))) for _ in range(n))
+    share, ci95 = _share_ci(costs, (2,), rng, n)
     steps = sum(c[1] for c in costs)
-    out = {"share": share(costs), "ci95": [shares[int(0.025 * n)], shares[int(0.975 * n) - 1]],
+    out = {"share": share, "ci95": ci95,
            "notes": len(costs), "steps": steps, "probe_us_per_step": sum(c[2] for c in costs) / steps / 1000,
            "step_ms": sum(c[3] for c in costs) / steps / 1e6}
     full = [c for c in costs if len(c) >= 10]  # notes since the cost was split by part (hooks._timed_forward)
@@ -197,18 +204,14 @@ def engine_share(costs: list[list[float]], n: int = 10_000, seed: int = 1) -> di
         span = sum(c[3] for c in with_writer)
         out["writer_us_per_step"] = sum(c[10] for c in with_writer) / sum(c[1] for c in with_writer) / 1000
         out["share_with_writer"] = sum(c[2] + c[10] for c in with_writer) / span
-    with_pool = [c for c in costs if len(c) >= 12]  # D73: the pool hook, every scheduler iteration
+    with_pool = [c for c in costs if len(c) >= 12]  # D73: the pool hook, in busy scheduler iterations
     if with_pool:
         # The probe's whole time on the engine's thread: its forward hooks' parts and the pool hook
         # (outside the forward), over the same steps' span, with its own interval over the notes.
-        def all_share(cs: list[list[float]]) -> float:
-            return sum(c[2] + c[11] for c in cs) / sum(c[3] for c in cs)
-
-        boot = sorted(all_share(rng.choices(with_pool, k=len(with_pool))) for _ in range(n))
+        whole, whole_ci = _share_ci(with_pool, (2, 11), rng, n)
         n_pool = sum(c[1] for c in with_pool)
         out["pool_us_per_step"] = sum(c[11] for c in with_pool) / n_pool / 1000
-        out["engine_all"] = {"share": all_share(with_pool),
-                             "ci95": [boot[int(0.025 * n)], boot[int(0.975 * n) - 1]],
+        out["engine_all"] = {"share": whole, "ci95": whole_ci,
                              "us_per_step": sum(c[2] + c[11] for c in with_pool) / n_pool / 1000}
     split = [c for c in costs if len(c) >= 18]  # D73: the pool hook's and the writer's figures split
     if split:
