@@ -576,6 +576,11 @@ def around_model_runner_forward(original: Any, runner: Any, forward_batch: Any, 
         return original(runner, forward_batch, *args, **kwargs)
     if probe.timing:
         return _timed_forward(probe, original, runner, forward_batch, args, kwargs)
+    steady = probe.steady
+    if steady is not None:  # the last step was a replay that went on its run: this one may too (D74)
+        result = _steady_forward(probe, steady, original, runner, forward_batch, args, kwargs, None, 0)
+        if result is not _NOT_STEADY:
+            return result
     # Begin and end are guarded inline (not through Probe.call): two calls fewer every step.
     try:
         pending = probe._pending  # Probe.run_ready, inline: earlier steps whose copies have arrived
@@ -612,6 +617,12 @@ def _timed_forward(probe: Probe, original: Any, runner: Any, forward_batch: Any,
     so that evidence runs do not pay for the clock reads."""
     clock = time.perf_counter_ns
     t0 = t1 = clock()
+    steady = probe.steady
+    if steady is not None:
+        result = _steady_forward(probe, steady, original, runner, forward_batch, args, kwargs, probe.cost, t0)
+        if result is not _NOT_STEADY:
+            return result
+        # its checks, which sent the step on to the general path, fall in `ready` (t0 .. t1)
     try:
         probe.run_ready()
         t1 = clock()
@@ -630,8 +641,13 @@ def _timed_forward(probe: Probe, original: Any, runner: Any, forward_batch: Any,
         _end_step_body(probe, runner, forward_batch, result)
     except Exception as e:
         probe.call("step_end", probe.error, "step_end", e)
-    t4 = clock()
-    cost = probe.cost
+    _count_cost(probe.cost, t0, t1, t2, t3, clock())
+    return result
+
+
+def _count_cost(cost: list[Any], t0: int, t1: int, t2: int, t3: int, t4: int) -> None:
+    """Add one step's probe time to `Probe.cost`: ready t0..t1, begin t1..t2, the forward t2..t3
+    (not the probe's), end t3..t4."""
     spent = t2 - t0 + t4 - t3
     cost[0] += spent
     cost[1] += 1
@@ -644,7 +660,6 @@ def _timed_forward(probe: Probe, original: Any, runner: Any, forward_batch: Any,
     if spent > SLOW_NS:
         cost[8] += 1
         cost[9] += spent
-    return result
 
 
 def _forward_raised(probe: Probe, e: BaseException) -> None:
@@ -663,14 +678,7 @@ def _begin_step_body(probe: Probe, runner: Any, fb: Any) -> None:
         cp = probe.cp_configured = _cp_configured()
     fm = fb.forward_mode
     last = _LAST_MODE
-    if fm is last[0]:
-        mode = last[1]
-    else:  # SGLang's ForwardMode is an IntEnum: reading `name` costs a Python call each time
-        name = getattr(fm, "name", None) or str(fm)
-        mode = _MODES.get(name)
-        if mode is None:
-            mode = _MODES[name] = records.mode_of(name)
-        last[0], last[1] = fm, mode
+    mode = last[1] if fm is last[0] else _step_mode(fm)
     ids = getattr(fb, "input_ids", None)
     rows_in = int(ids.shape[0]) if ids is not None else 0
     rids = getattr(fb, "rids", None)  # str in SGLang; records.finish_step_line makes sure
@@ -703,6 +711,17 @@ def _begin_step_body(probe: Probe, runner: Any, fb: Any) -> None:
             extend_lens=_int_list(getattr(fb, "extend_seq_lens_cpu", None)),
             prefix_lens=_int_list(getattr(fb, "extend_prefix_lens_cpu", None)), cp_configured=cp)
     probe.current = draft
+
+
+def _step_mode(fm: Any) -> records.StepMode:
+    """The step mode of SGLang's ForwardMode `fm`, remembered as the last one seen (`_LAST_MODE`)."""
+    # SGLang's ForwardMode is an IntEnum: reading `name` costs a Python call each time
+    name = getattr(fm, "name", None) or str(fm)
+    mode = _MODES.get(name)
+    if mode is None:
+        mode = _MODES[name] = records.mode_of(name)
+    _LAST_MODE[0], _LAST_MODE[1] = fm, mode
+    return mode
 
 
 _LAST_MODE: list[Any] = [None, None]
@@ -764,6 +783,8 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
         if has_pos:
             draft.which = _WHICH_POS
             if _join_run(probe, draft, pos_t):
+                if draft.graph_rows is not None:
+                    _arm_steady(probe, runner, fb, draft)
                 return
             tensors = [pos_t[0] if getattr(pos_t, "ndim", 1) == 2 else pos_t]  # _text_positions
         else:
@@ -790,6 +811,8 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
             if run is not None and draft.which is _WHICH_POS and tensors[0] is not pos_t:
                 run.pos_2d = True  # _text_positions took the first row: later steps of the run do too
         _close_if_due(probe, batch)
+    if probe.spare is draft and draft.graph_rows is not None and draft.which is _WHICH_POS:
+        _arm_steady(probe, runner, fb, draft)
 
 
 def _close_if_due(probe: Probe, batch: CopyBatch) -> None:
@@ -828,6 +851,136 @@ def _join_run(probe: Probe, draft: StepDraft, pos_t: Any) -> bool:
         probe.spare = draft  # its run keeps its values: the draft serves the next step
         _close_if_due(probe, batch)
     return True
+
+
+class Steady:
+    """What the short path (`_steady_forward`, D74) needs to put a decode-graph replay on the run
+    the last step went on, read once when that step armed it (`_arm_steady`): the forward mode,
+    requests and batch size a step must have to go on the run, the graph runner with the padded
+    size and width it replayed, the copy batch and run, the draft the inner hooks fill if the step
+    turns out eager, and the graph counter's totals. One per probe (`Probe.steady_spare`), armed
+    again and again."""
+
+    __slots__ = ("mode", "rids", "bs", "graph_runner", "graph_bs", "width", "batch", "run", "draft", "totals")
+
+    def __init__(self) -> None:
+        self.mode: Any = None
+        self.rids: list[str] = _NO_RIDS
+        self.bs = 0
+        self.graph_runner: Any = None
+        self.graph_bs = 0
+        self.width: Any = 1
+        self.batch: CopyBatch | None = None
+        self.run: Run | None = None
+        self.draft: StepDraft | None = None
+        self.totals: dict[Any, int] = {}
+
+
+_NOT_STEADY = object()
+"""What `_steady_forward` returns when the step is not for it (it called no forward)."""
+_REPLAY_DECODE = _GRAPH_KEYS[True, "decode"]
+
+
+def _arm_steady(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> None:
+    """After a decode-graph replay went on a run by the general path (`draft`, now `probe.spare`):
+    let the next step try the short path. Not armed while the CP configuration is not known (the
+    general begin looks it up again each step until it is)."""
+    if probe.cp_configured is None:
+        return
+    gr = getattr(runner, "decode_cuda_graph_runner", None)
+    bs = getattr(gr, "bs", None)
+    with probe.copy_lock:
+        batch = probe.copies
+        run = batch.run_ if batch is not None else None
+        if run is None or run.graph_rows != draft.graph_rows or not isinstance(bs, int):
+            return
+        st = probe.steady_spare
+        if st is None:
+            st = probe.steady_spare = Steady()
+        st.mode, st.rids, st.bs = fb.forward_mode, run.rids, draft.batch_size
+        st.graph_runner, st.graph_bs, st.width = gr, bs, getattr(gr, "captured_req_width", 1)
+        st.batch, st.run, st.draft, st.totals = batch, run, draft, probe.graph.totals
+    probe.steady = st
+
+
+def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: Any, args: tuple[Any, ...],
+                    kwargs: dict[str, Any], cost: list[Any] | None, t0: int) -> Any:
+    """The short path of a decode step that goes on the run of replays the last step went on (D74):
+    the record the general path makes (`_begin_step_body`, `_end_step_body`, `_join_run`), without
+    the reads and writes that cannot change along such a run. Each is a few us on the engine's
+    thread once a step after the engine's work (D73: the cost is the work done cold): the draft's
+    fields are not set (the row is made from locals), the forward mode is compared by identity, the
+    graph runner, its padded size and width are compared with the run's, the graph counter's key is
+    made once. Returns `_NOT_STEADY` (no forward called) when the step is not the run's before the
+    forward. After it, a step that does not go on the run (eager, another graph size or runner, the
+    batch closed or sent, anything read differently) gets the draft filled as the general begin
+    fills it and the general end, which says what it finds. `cost`, `t0`: the timing probe's."""
+    try:
+        pending = probe._pending  # Probe.run_ready, inline: finishing due goes by the general path
+        fm = fb.forward_mode
+        rids = fb.rids
+        if ((pending and not (probe.writer_polls and probe.writer_finishes) and pending[0][1].ready())
+                or (fm is not st.mode and _step_mode(fm) != "decode") or fb.batch_size != st.bs
+                or (rids is not st.rids and rids != st.rids)):  # the same requests: equal item by item
+            probe.steady = None
+            return _NOT_STEADY
+        rows_in = int(fb.input_ids.shape[0])
+    except Exception:  # something the general path reads otherwise, and says why
+        probe.steady = None
+        return _NOT_STEADY
+    probe.step_index = step = probe.step_index + 1
+    draft = probe.current = st.draft  # for the inner hooks, if the forward runs eager after all
+    t2 = time.perf_counter_ns() if cost is not None else 0
+    try:
+        result = original(runner, fb, *args, **kwargs)
+    except BaseException as e:
+        probe.steady = probe.spare = None
+        if draft is not None:
+            draft.step = step
+        probe.guarded("forward_raised")(_forward_raised)(probe, e)
+        raise
+    t3 = time.perf_counter_ns() if cost is not None else 0
+    probe.current = None
+    try:
+        gr = runner.decode_cuda_graph_runner if getattr(result, "can_run_graph", False) else None
+        pos = (fb.positions if gr is not None and gr is st.graph_runner and gr.bs == st.graph_bs
+               and getattr(gr, "captured_req_width", 1) == st.width else None)
+    except Exception:
+        pos = None
+    if pos is not None:
+        t = probe.clock()
+        try:
+            with probe.copy_lock:
+                batch, run = probe.copies, st.run
+                if batch is st.batch and batch.run_ is run:
+                    batch.parts.append(pos[0] if run.pos_2d else pos)
+                    batch.steps += 1
+                    run.rows.append((step, t, rows_in, st.bs, None, None, None, None))
+                    st.totals[_REPLAY_DECODE] += 1  # Probe.count_graph, inline (one writer: this thread)
+                    if batch.steps >= COPY_EVERY or not probe.writer_polls:
+                        _close_if_due(probe, batch)  # full: the next step opens a batch by the general end
+                    pos = None
+        except Exception as e:
+            pos = None
+            probe.steady = None
+            probe.call("step_end", probe.error, "step_end", e)
+        if pos is None:  # on the run
+            if cost is not None:
+                _count_cost(cost, t0, t0, t2, t3, time.perf_counter_ns())
+            return result
+    # Not on the run: the step as the general begin would have opened it, and the general end
+    # (which arms the short path again when the step goes on a run of replays).
+    try:
+        probe.steady = probe.spare = None
+        draft.step, draft.mode, draft.batch_size, draft.rows_in = step, "decode", st.bs, rows_in
+        draft.rids, draft.cp_configured, draft.graph_rows = st.rids, probe.cp_configured, None
+        probe.current = draft
+        _end_step_body(probe, runner, fb, result)
+    except Exception as e:
+        probe.call("step_end", probe.error, "step_end", e)
+    if cost is not None:
+        _count_cost(cost, t0, t0, t2, t3, time.perf_counter_ns())
+    return result
 
 
 def _graph_rows(runner: Any) -> int | None:

@@ -175,6 +175,11 @@ class Probe:
         self.spare: StepDraft | None = None
         """The last step's draft when that step joined a run of its copy batch (hooks.Run keeps its
         values): the next decode step reuses it, resetting only what a decode step's hooks set."""
+        self.steady: Any = None
+        """A run of decode-graph replays that the next step may go on by the short path
+        (hooks.Steady, `hooks._steady_forward`, D74); None when the next step takes the general one."""
+        self.steady_spare: Any = None
+        """The probe's one `hooks.Steady`, armed again after each general step that can be its first."""
         self._rids: list[str] | None = None
         self.switch = switch
         self._switch_seen: tuple[int, int] | None = None

@@ -646,3 +646,121 @@ def test_with_the_writer_thread_the_engine_finishes_no_batch_and_records_keep_th
         if i % 7 == 3:
             want.append(f"after step {i + 1}")
     assert order == want
+
+
+def _replays_and_turns(probe: Probe) -> int:
+    """Decode steps of one rank as SGLang 0.5.17 runs them with decode graphs (one ForwardMode
+    object), with every turn that ends a run of replays: a batch of copies filling up, eager steps
+    in between, the padded size, the captured width and the graph runner changing, other requests,
+    a replay without positions, M-RoPE positions, a forward that raised, a padded size that cannot
+    be read. Returns the number of steps."""
+    decode = Mode("DECODE")
+    gr = GraphRunner(bs=4)
+    runner = GraphedRunner(decode_cuda_graph_runner=gr)
+    mlp = Layer()
+    n = 0
+
+    def step(rids: list[str], kind: str = "replay", positions: Any = "1d") -> None:
+        nonlocal n
+        n += 1
+        if positions == "1d":
+            positions = torch.tensor([10 * n + k for k in range(len(rids))])
+        elif positions == "mrope":
+            positions = torch.tensor([[10 * n + k for k in range(len(rids))], [7] * len(rids), [8] * len(rids)])
+        fb = Batch(decode, torch.arange(len(rids)), positions, list(rids), len(rids))
+        if kind == "raise":
+            with pytest.raises(RuntimeError):
+                hooks.around_model_runner_forward(lambda r, b: (_ for _ in ()).throw(RuntimeError("boom")),
+                                                  runner, fb)
+            return
+        forward = _dcp_forward(0, mlp) if kind == "eager" else (lambda r, b: Output(can_run_graph=True))
+        hooks.around_model_runner_forward(forward, runner, fb)
+
+    ab, abc, abcd = ["a", "b"], ["a", "b", "c"], ["a", "b", "c", "d"]
+    for _ in range(hooks.COPY_EVERY + 4):
+        step(ab)
+    step(ab, "eager")
+    step(ab, "eager")
+    for _ in range(5):
+        step(ab)
+    gr.bs = 8
+    for _ in range(3):
+        step(ab)
+    gr.captured_req_width = 2
+    for _ in range(3):
+        step(ab)
+    runner.decode_cuda_graph_runner = gr = GraphRunner(bs=8)
+    for _ in range(3):
+        step(ab)
+    for _ in range(3):
+        step(abc)
+    step(abc, positions=None)
+    for _ in range(3):
+        step(abc)
+    for _ in range(6):  # other requests: a new run, whose positions are M-RoPE's from its first step
+        step(abcd, positions="mrope")
+    step(abcd, "raise")
+    for _ in range(3):
+        step(abc)
+    gr.bs = None  # type: ignore[assignment]
+    step(abc)
+    gr.bs = 8
+    for _ in range(3):
+        step(abc)
+    return n
+
+
+@pytest.mark.parametrize("timing", [False, True], ids=["untimed", "timed"])
+def test_replays_by_the_short_path_write_the_bytes_the_general_path_writes(
+        tmp_path: Path, monkeypatch: MP, timing: bool) -> None:
+    """D74: a replay that goes on the run of replays the last step went on takes the short path
+    (`hooks._steady_forward`); the rank file is the same, byte for byte, as when every step takes
+    the general one. The short path must actually carry most of the steps (or the test proves
+    nothing), and the timing probe counts every step once, whichever path it took."""
+    _fake_parallel_state(monkeypatch, 0)
+    general_ends: list[int] = []
+    end = hooks._end_step_body
+
+    def counted_end(*a: Any) -> None:
+        general_ends.append(1)
+        end(*a)
+
+    monkeypatch.setattr(hooks, "_end_step_body", counted_end)
+
+    def rank_file(short: bool) -> tuple[bytes, int, list[int]]:
+        clock = iter(range(10**6))
+        # 10 us a reading: no batch grows old enough for the engine to send it before it is full
+        p = Probe(tmp_path / ("short" if short else "general"), clock=lambda: next(clock) / 100_000,
+                  graph_flush_s=1e9)
+        p._start_writer = lambda: None  # type: ignore[method-assign]  # the engine's thread alone: one order
+        runtime.set_probe(p)
+        try:
+            with monkeypatch.context() as m:
+                if not short:
+                    m.setattr(hooks, "_arm_steady", lambda *a: None)
+                hooks.after_initialize_model_parallel(None)
+                p.cp_configured = False  # SGLang's CP module is loaded: the configuration is known
+                p.timing = timing
+                general_ends.clear()
+                steps = _replays_and_turns(p)
+                cost = list(p.cost)
+                assert p.flush(timeout=10.0)
+        finally:
+            runtime.set_probe(None)
+            p.close()
+        # a timing probe's cost notes hold clock readings: the rest must be the same bytes
+        text = b"".join(line for line in (p.out_dir / "rank0.jsonl").read_bytes().splitlines(keepends=True)
+                        if b'"message":"cost [' not in line)
+        return text, len(general_ends), [steps, *cost]
+
+    general, general_count, general_cost = rank_file(short=False)
+    short, short_count, short_cost = rank_file(short=True)
+    steps = general_cost[0]
+    assert general_count == steps - 1  # every step but the one that raised ends by the general path
+    assert short_count < steps / 3  # most end by the short one
+    assert short == general
+    recs = read_records(tmp_path / "short" / "rank0.jsonl")[0]
+    assert len([r for r in recs if isinstance(r, Step)]) == steps - 2  # not: the one that raised, no padded size
+    if timing:  # [steps, probe ns, counted steps, ...]: each step that returned counted once
+        assert general_cost[2] == short_cost[2] == steps - 1
+        assert short_cost[1] == short_cost[5] + short_cost[6] + short_cost[7]
