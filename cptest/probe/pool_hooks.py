@@ -107,18 +107,25 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
     busy = read = False
     try:
         try:
+            # The usual iteration of a decode first (3 in 4: no sample): a batch to run with requests
+            # in it is busy, and a busy iteration too soon after the last sample reads nothing more.
+            # The same rule as below (PoolSampler.too_soon), with fewer reads of SGLang's objects.
+            new = plan.batch_to_run
+            last = sampler.last_step
+            if (new is not None and last is not None and new.reqs
+                    and scheduler.forward_ct - last < sampler.every):
+                busy = True
+                return
             running_batch = plan.running_batch
             running = len(running_batch.reqs) if running_batch is not None else 0
-            new = plan.batch_to_run
             if new is not None and new is not running_batch:
                 running += len(new.reqs)
             waiting = len(scheduler.waiting_queue)
             step = int(scheduler.forward_ct)
             idle = running == 0 and waiting == 0
             busy = not idle
-            last = sampler.last_step  # PoolSampler.too_soon, inline (every scheduler iteration)
-            if not idle and last is not None and step - last < sampler.every:
-                return  # 3 iterations in 4 of a decode: no sample, whatever the pools say
+            if not idle and last is not None and step - last < sampler.every:  # PoolSampler.too_soon, inline
+                return  # too soon, whatever the pools say
             read = True
             alloc = scheduler.token_to_kv_pool_allocator
             total, free = int(alloc.size), int(alloc.available_size())
@@ -128,18 +135,26 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
                                            "no pool_sample evidence (capacity transitions is unknown)")
             return
         tree = getattr(scheduler, "tree_cache", None)
-        evictable = _size(tree.evictable_size()) if hasattr(tree, "evictable_size") else None
-        protected = _size(tree.protected_size()) if hasattr(tree, "protected_size") else None
+        size = getattr(tree, "evictable_size", None)
+        evictable = _size(size()) if size is not None else None
+        size = getattr(tree, "protected_size", None)
+        protected = _size(size()) if size is not None else None
         observer = getattr(scheduler, "pool_stats_observer", None)
         sched_total = getattr(observer, "max_total_num_tokens", None)
         if sched_total is not None:
             sched_total = int(sched_total)
-        if sampler.due(step, (total, free, evictable, protected, running, waiting, sched_total), idle):
+        figures = (total, free, evictable, protected, running, waiting, sched_total)
+        if figures != sampler.last:  # PoolSampler.due, inline: not too soon (it returned above if so)
+            sampler.last, sampler.last_step = figures, step
             # The record's figures and the clock; its JSON line is made without pydantic (as a step's
             # is, records.py) when it is written, with the copy batch it joins (D69): it reads back as
-            # the PoolSample that `PoolSampler.offer` would have made (D67).
-            probe.write(pool_sample_late(probe.rank_json, probe.clock(), step, total, free, evictable,
-                                         protected, running, waiting, sched_total, idle))
+            # the PoolSample that `PoolSampler.offer` would have made (D67). Into the batch being
+            # filled directly when there is one (what `Probe.write` does on this thread, two calls
+            # fewer); otherwise `Probe.write` decides.
+            record = pool_sample_late(probe.rank_json, probe.clock(), step, total, free, evictable,
+                                      protected, running, waiting, sched_total, idle)
+            if probe.copies is None or not probe.attach(probe, record):
+                probe.write(record)
     finally:
         if busy and t0:
             dt = time.perf_counter_ns() - t0
