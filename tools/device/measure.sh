@@ -20,7 +20,8 @@
 # FIDELITY_DEADLINE_S and CONTROL_DEADLINE_S (paired: start no pair of rounds after this many
 # seconds of that fidelity.py),
 # GRAPHS_P0=1 (p0 runs with decode CUDA graphs, SGLang's default, instead of eager: the probe's
-# cost under replay next to p1's eager). On a 1-GPU machine all three servers share GPU 0.
+# cost under replay next to p1's eager), GRAPHS_P1=1 (the same for p1: two servers under replay).
+# On a 1-GPU machine all three servers share GPU 0.
 # Run it as `COMMIT=<the commit, from here> bash tools/device/measure.sh`: the machine's copy of .git
 # may be stale, so its own `git rev-parse` named an older commit in the first three runs' manifests.
 # Returns $OUT/measure.log, windows.json, fidelity.json, probe-check.json (every probe line of p0/p1
@@ -81,9 +82,11 @@ say "launching p0 (GPU 0), p1 and f (GPU $G1; $NGPU GPU(s) here)"
 # a cohort of 64 x (128 + 7000) tokens must fit the pool whole: no retraction inside a window
 P0_GRAPHS=()  # the later flag wins: SGLang's default decode graphs on p0 (GRAPHS_P0=1)
 [ "${GRAPHS_P0:-0}" = 1 ] && P0_GRAPHS=(--cuda-graph-backend-decode full)
+P1_GRAPHS=()
+[ "${GRAPHS_P1:-0}" = 1 ] && P1_GRAPHS=(--cuda-graph-backend-decode full)
 if [ "${SKIP_WINDOWS:-0}" != 1 ]; then
   launch p0 0 31000 "${CPUSETS[0]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" "${P0_GRAPHS[@]}" --skip-tokenizer-init --max-total-tokens 524288
-  launch p1 "$G1" 31001 "${CPUSETS[1]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" --skip-tokenizer-init --max-total-tokens 524288
+  launch p1 "$G1" 31001 "${CPUSETS[1]}" .tiny-models/llama-kv1 1 "${COMMON[@]}" "${P1_GRAPHS[@]}" --skip-tokenizer-init --max-total-tokens 524288
 fi
 [ "${SKIP_FIDELITY:-0}" = 1 ] || launch f "$G1" 31002 "${CPUSETS[2]}" .tiny-models/llama-kv1-tok 0 "${COMMON[@]}" --disable-radix-cache --max-total-tokens 131072
 pinned() { python3 -c 'import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")}); os.execvp(sys.argv[2], sys.argv[2:])' "$@"; }
