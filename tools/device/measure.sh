@@ -9,7 +9,8 @@
 #    (CPTEST_PROBE_SWITCH), f (GPU 1) without the probe and with a word-level tokenizer
 #    (tiny_tokenizer.py) so that sglang.bench_serving can read its stream.
 # 3. probe_windows.py on p0 and p1 (opposite ABBA patterns), then fidelity.py on f.
-# Environment: COHORTS (9), WINDOW_S (1.5), ROUNDS (6), SKIP_FIDELITY=1 (windows only, no server f),
+# Environment: COHORTS (9), WINDOW_S (1.5), BLOCKS (3 a cohort), CONTROL_EVERY (3: every third block a
+# control; a cohort must outlast its blocks: under decode graphs 7000 steps take ~13 s), ROUNDS (6), SKIP_FIDELITY=1 (windows only, no server f),
 # SKIP_TESTS=1 (no GPU tests or benchmark: a second call on the same machine), SKIP_SCORING=1 (no
 # scoring_check.py against p0 at the end; p0 and p1 are stopped after the windows), SKIP_WINDOWS=1 (no p0/p1, no windows), KEEPALIVE_TOO=1 (a
 # second fidelity pass with cptest's client keeping connections alive), GC_VARIANT=1 (a third client
@@ -95,7 +96,8 @@ if [ "${SKIP_WINDOWS:-0}" != 1 ]; then
   say "probe windows on p0 and p1"
   pinned "${CPUSETS[3]}" python3 tools/device/probe_windows.py --out "$OUT" \
     --server "p0:31000:$WORK/switch-p0:$WORK/server-p0.log" --server "p1:31001:$WORK/switch-p1:$WORK/server-p1.log" \
-    --window-s "${WINDOW_S:-1.5}" --cohorts "${COHORTS:-9}" --blocks-per-cohort 3 2>&1 | tee -a "$LOG"
+    --window-s "${WINDOW_S:-1.5}" --cohorts "${COHORTS:-9}" --blocks-per-cohort "${BLOCKS:-3}" \
+    --control-every "${CONTROL_EVERY:-3}" 2>&1 | tee -a "$LOG"
   if [ "${SKIP_SCORING:-0}" = 1 ]; then
     # nothing else talks to p0 and p1: stopped, so that the fidelity pairs run on a machine like a
     # SKIP_WINDOWS call's (idle servers still poll on their cores) and the two can be pooled
