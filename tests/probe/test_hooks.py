@@ -666,7 +666,8 @@ def _replays_and_turns(probe: Probe) -> int:
         if positions == "1d":
             positions = torch.tensor([10 * n + k for k in range(len(rids))])
         elif positions == "mrope":
-            positions = torch.tensor([[10 * n + k for k in range(len(rids))], [7] * len(rids), [8] * len(rids)])
+            text = [10 * n + k for k in range(len(rids))]
+            positions = torch.tensor([text, [7] * len(rids), [8] * len(rids)])  # text, height, width
         fb = Batch(decode, torch.arange(len(rids)), positions, list(rids), len(rids))
         if kind == "raise":
             with pytest.raises(RuntimeError):
@@ -760,7 +761,8 @@ def test_replays_by_the_short_path_write_the_bytes_the_general_path_writes(
     assert short_count < steps / 3  # most end by the short one
     assert short == general
     recs = read_records(tmp_path / "short" / "rank0.jsonl")[0]
-    assert len([r for r in recs if isinstance(r, Step)]) == steps - 2  # not: the one that raised, no padded size
+    # every step but the one that raised and the replay without a readable padded size
+    assert len([r for r in recs if isinstance(r, Step)]) == steps - 2
     if timing:  # [steps, probe ns, counted steps, ...]: each step that returned counted once
         assert general_cost[2] == short_cost[2] == steps - 1
         assert short_cost[1] == short_cost[5] + short_cost[6] + short_cost[7]
