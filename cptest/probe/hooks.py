@@ -578,7 +578,7 @@ def around_model_runner_forward(original: Any, runner: Any, forward_batch: Any, 
         return _timed_forward(probe, original, runner, forward_batch, args, kwargs)
     steady = probe.steady
     if steady is not None:  # the last step was a replay that went on its run: this one may too (D74)
-        result = _steady_forward(probe, steady, original, runner, forward_batch, args, kwargs, None, 0)
+        result = _steady_forward(probe, steady, original, runner, forward_batch, args, kwargs, False, 0)
         if result is not _NOT_STEADY:
             return result
     # Begin and end are guarded inline (not through Probe.call): two calls fewer every step.
@@ -619,7 +619,7 @@ def _timed_forward(probe: Probe, original: Any, runner: Any, forward_batch: Any,
     t0 = t1 = clock()
     steady = probe.steady
     if steady is not None:
-        result = _steady_forward(probe, steady, original, runner, forward_batch, args, kwargs, probe.cost, t0)
+        result = _steady_forward(probe, steady, original, runner, forward_batch, args, kwargs, True, t0)
         if result is not _NOT_STEADY:
             return result
         # its checks, which sent the step on to the general path, fall in `ready` (t0 .. t1)
@@ -904,7 +904,7 @@ def _arm_steady(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> None:
 
 
 def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: Any, args: tuple[Any, ...],
-                    kwargs: dict[str, Any], cost: list[Any] | None, t0: int) -> Any:
+                    kwargs: dict[str, Any], timed: bool, t0: int) -> Any:
     """The short path of a decode step that goes on the run of replays the last step went on (D74):
     the record the general path makes (`_begin_step_body`, `_end_step_body`, `_join_run`), without
     the reads and writes that cannot change along such a run. Each is a few us on the engine's
@@ -914,7 +914,9 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
     made once. Returns `_NOT_STEADY` (no forward called) when the step is not the run's before the
     forward. After it, a step that does not go on the run (eager, another graph size or runner, the
     batch closed or sent, anything read differently) gets the draft filled as the general begin
-    fills it and the general end, which says what it finds. `cost`, `t0`: the timing probe's."""
+    fills it and the general end, which says what it finds. `timed`, `t0`: the timing probe's
+    (`_timed_forward`); the time is added to `Probe.cost` as it is at the step's end, as there, so
+    that a cost note written meanwhile by the writer thread does not take it."""
     try:
         pending = probe._pending  # Probe.run_ready, inline: finishing due goes by the general path
         fm = fb.forward_mode
@@ -930,7 +932,7 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
         return _NOT_STEADY
     probe.step_index = step = probe.step_index + 1
     draft = probe.current = st.draft  # for the inner hooks, if the forward runs eager after all
-    t2 = time.perf_counter_ns() if cost is not None else 0
+    t2 = time.perf_counter_ns() if timed else 0
     try:
         result = original(runner, fb, *args, **kwargs)
     except BaseException as e:
@@ -939,7 +941,7 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
             draft.step = step
         probe.guarded("forward_raised")(_forward_raised)(probe, e)
         raise
-    t3 = time.perf_counter_ns() if cost is not None else 0
+    t3 = time.perf_counter_ns() if timed else 0
     probe.current = None
     try:
         gr = runner.decode_cuda_graph_runner if getattr(result, "can_run_graph", False) else None
@@ -965,8 +967,8 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
             probe.steady = None
             probe.call("step_end", probe.error, "step_end", e)
         if pos is None:  # on the run
-            if cost is not None:
-                _count_cost(cost, t0, t0, t2, t3, time.perf_counter_ns())
+            if timed:
+                _count_cost(probe.cost, t0, t0, t2, t3, time.perf_counter_ns())
             return result
     # Not on the run: the step as the general begin would have opened it, and the general end
     # (which arms the short path again when the step goes on a run of replays).
@@ -978,8 +980,8 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
         _end_step_body(probe, runner, fb, result)
     except Exception as e:
         probe.call("step_end", probe.error, "step_end", e)
-    if cost is not None:
-        _count_cost(cost, t0, t0, t2, t3, time.perf_counter_ns())
+    if timed:
+        _count_cost(probe.cost, t0, t0, t2, t3, time.perf_counter_ns())
     return result
 
 
