@@ -949,37 +949,35 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
                and getattr(gr, "captured_req_width", 1) == st.width else None)
     except Exception:
         pos = None
+    done = False  # the step went on the run (or failed there, said): the general end must not record it
     if pos is not None:
         t = probe.clock()
         try:
             with probe.copy_lock:
                 batch, run = probe.copies, st.run
                 if batch is st.batch and batch.run_ is run:
+                    done = True
                     batch.parts.append(pos[0] if run.pos_2d else pos)
                     batch.steps += 1
                     run.rows.append((step, t, rows_in, st.bs, None, None, None, None))
                     st.totals[_REPLAY_DECODE] += 1  # Probe.count_graph, inline (one writer: this thread)
                     if batch.steps >= COPY_EVERY or not probe.writer_polls:
                         _close_if_due(probe, batch)  # full: the next step opens a batch by the general end
-                    pos = None
         except Exception as e:
-            pos = None
+            done = True
             probe.steady = None
             probe.call("step_end", probe.error, "step_end", e)
-        if pos is None:  # on the run
-            if timed:
-                _count_cost(probe.cost, t0, t0, t2, t3, time.perf_counter_ns())
-            return result
-    # Not on the run: the step as the general begin would have opened it, and the general end
-    # (which arms the short path again when the step goes on a run of replays).
-    try:
-        probe.steady = probe.spare = None
-        draft.step, draft.mode, draft.batch_size, draft.rows_in = step, "decode", st.bs, rows_in
-        draft.rids, draft.cp_configured, draft.graph_rows = st.rids, probe.cp_configured, None
-        probe.current = draft
-        _end_step_body(probe, runner, fb, result)
-    except Exception as e:
-        probe.call("step_end", probe.error, "step_end", e)
+    if not done:
+        # Not on the run: the step as the general begin would have opened it, and the general end
+        # (which arms the short path again when the step goes on a run of replays).
+        try:
+            probe.steady = probe.spare = None
+            draft.step, draft.mode, draft.batch_size, draft.rows_in = step, "decode", st.bs, rows_in
+            draft.rids, draft.cp_configured, draft.graph_rows = st.rids, probe.cp_configured, None
+            probe.current = draft
+            _end_step_body(probe, runner, fb, result)
+        except Exception as e:
+            probe.call("step_end", probe.error, "step_end", e)
     if timed:
         _count_cost(probe.cost, t0, t0, t2, t3, time.perf_counter_ns())
     return result

@@ -10,8 +10,8 @@
 #    (tiny_tokenizer.py) so that sglang.bench_serving can read its stream.
 # 3. probe_windows.py on p0 and p1 (opposite ABBA patterns), then fidelity.py on f.
 # Environment: COHORTS (9), WINDOW_S (1.5), BLOCKS (3 a cohort), CONTROL_EVERY (3: every third block a
-# control; a cohort must outlast its blocks: under decode graphs 7000 steps take ~13 s), ROUNDS (6), SKIP_FIDELITY=1 (windows only, no server f),
-# SKIP_TESTS=1 (no GPU tests or benchmark: a second call on the same machine), SKIP_SCORING=1 (no
+# control; a cohort must outlast its blocks: under decode graphs 7000 steps take ~13 s), ROUNDS (6),
+# SKIP_FIDELITY=1 (windows only, no server f), SKIP_TESTS=1 (no GPU tests or benchmark: a second call on the same machine), SKIP_SCORING=1 (no
 # scoring_check.py against p0 at the end; p0 and p1 are stopped after the windows), SKIP_WINDOWS=1 (no p0/p1, no windows), KEEPALIVE_TOO=1 (a
 # second fidelity pass with cptest's client keeping connections alive), GC_VARIANT=1 (a third client
 # each fidelity round: cptest's with Python's cyclic collector off), PAIRED=1 (fidelity.py --paired:
