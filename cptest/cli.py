@@ -120,6 +120,26 @@ unsafe_option = click.option(
     help="run scenarios declared `unsafe \"reason\"` (their env or flags load code or config)")
 
 
+def placement_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--rank-mem-fraction", type=click.FloatRange(0.0, 1.0, min_open=True), default=None,
+                      metavar="F", help="co-located: each rank's --mem-fraction-static (default: the "
+                      "scenario's mem_fraction divided by the ranks sharing a GPU)")(fn)
+    return click.option("--placement", "placement_mode", type=click.Choice(["auto", "physical", "colocated"]),
+                        default="auto", show_default=True,
+                        help="physical: one rank per GPU; colocated: every rank its own local node process, "
+                        "ranks sharing GPUs (docs/placement.md); auto: colocated when this machine has fewer "
+                        "GPUs than a server has ranks")(fn)
+
+
+def _gpus_here() -> int | None:
+    """How many GPUs this machine has (None: none can be read: no SGLang run here anyway)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    from cptest.run.gpu import gpu_totals_mib
+
+    return len(gpu_totals_mib()) or None
+
+
 def _run_options(baseline_cache: Path, no_baseline_cache: bool) -> Any:
     from cptest.run.baseline_cache import BaselineCache
     from cptest.run.runner import RunOptions
@@ -308,10 +328,15 @@ source (the reference engine's pods run cptest from it)."""
 @click.option("--source-claim", default=LWS_CLAIMS[2], show_default=True,
               help="lws: the PersistentVolumeClaim holding cptest's source (cptest/ at its root), which the "
                    "reference engine's pods run")
+@click.option("--placement", "placement_mode", type=click.Choice(["physical", "colocated"]),
+              default="physical", show_default=True,
+              help="colocated: the plan of every rank as its own local node process, ranks sharing GPUs "
+                   "(docs/placement.md)")
+@click.option("--gpus", default=None, metavar="IDS", help="physical GPUs for the servers, e.g. 2,3")
 @json_option
 @_guard
 def compile_(file: Path, target: str, image: str | None, models_claim: str, evidence_claim: str,
-             source_claim: str, as_json: bool) -> int:
+             source_claim: str, placement_mode: str, gpus: str | None, as_json: bool) -> int:
     """Print the plan of a scenario (argv, GPUs, environment, requests, faults, expectations, pins),
     or with --target lws its Kubernetes manifests."""
     from cptest.lang import parse_file
@@ -321,15 +346,22 @@ def compile_(file: Path, target: str, image: str | None, models_claim: str, evid
     if target != "lws" and (image is not None or claims != LWS_CLAIMS):
         raise click.UsageError("--image, --models-claim, --evidence-claim and --source-claim go with "
                                "--target lws")
-    p = plan(parse_file(file))
+    if target == "lws" and placement_mode == "colocated":
+        raise click.UsageError("--placement colocated is a plan for one machine; a LeaderWorkerSet places "
+                               "one rank per GPU")
+    place = _placement(gpus, None, None).model_copy(update={"mode": placement_mode})
+    p = plan(parse_file(file), placement=place)
     if target == "lws":
         return _compile_lws(p, image, claims, as_json)
     if as_json:
         click.echo(p.model_dump_json(indent=2))
         return 0
     for server in p.servers():
+        colo = server.colocation
+        where = (f", co-located: ranks on GPUs {colo.rank_gpus}, mem fraction {colo.mem_fraction} "
+                 f"({colo.mem_fraction_basis})" if colo else "")
         click.echo(f"{server.role}: {server.engine} {server.release}, world {server.world_size}, "
-                   f"eager {server.eager}")
+                   f"eager {server.eager}{where}")
         for node in server.nodes:
             click.echo(f"  node {node.node_rank} gpus {node.gpu_ids}: {' '.join(node.argv)}")
     w = p.workload
@@ -425,6 +457,7 @@ def schema(command_name: str | None, list_: bool, as_json: bool) -> int:
 @click.option("--cpus", default=None, metavar="IDS", help="pin every server process to these CPUs, e.g. 4-9")
 @click.option("--ports", default=None, metavar="MAIN,BASELINE",
               help="HTTP ports of the main and baseline server (default 30000,30100)")
+@placement_options
 @baseline_options
 @models_option
 @engine_python_option
@@ -432,7 +465,8 @@ def schema(command_name: str | None, list_: bool, as_json: bool) -> int:
 @json_option
 @_guard
 def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name: str | None,
-        gpus: str | None, cpus: str | None, ports: str | None, baseline_cache: Path, no_baseline_cache: bool,
+        gpus: str | None, cpus: str | None, ports: str | None, placement_mode: str,
+        rank_mem_fraction: float | None, baseline_cache: Path, no_baseline_cache: bool,
         models: Path | None, as_json: bool, allow_unsafe: bool = False,
         engine_python: str | None = None) -> int:
     """Plan, lint, launch, drive the workload, inject faults, gather evidence, check, archive."""
@@ -441,7 +475,8 @@ def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name
 
     gpu = shutil.which("nvidia-smi") is not None
     prepared = pipeline.prepare(file, engine=engine_name, gpu_present=gpu,
-                                placement=_placement(gpus, cpus, ports))
+                                placement=_placement(gpus, cpus, ports, rank_mem_fraction),
+                                placement_mode=placement_mode, gpus_here=_gpus_here())
     require_allowed(prepared.plan, allow_unsafe)
     pipeline.launcher_named(launcher, engine_python=engine_python)  # bad together (docker): exit 2 now
     for note in prepared.notes:
@@ -466,8 +501,10 @@ def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name
     return _outcome(outcome, as_json)
 
 
-def _placement(gpus: str | None, cpus: str | None, ports: str | None) -> Any:
-    """The `--gpus/--cpus/--ports` of `cptest run` as a plan Placement (bad values: exit 2)."""
+def _placement(gpus: str | None, cpus: str | None, ports: str | None,
+               rank_mem_fraction: float | None = None) -> Any:
+    """The `--gpus/--cpus/--ports/--rank-mem-fraction` of `cptest run` as a plan Placement (bad
+    values: exit 2); `--placement` is applied by `pipeline.prepare`."""
     from cptest.errors import ScenarioError
     from cptest.plan.model import Placement
     from cptest.suite.machine import parse_ids
@@ -478,7 +515,8 @@ def _placement(gpus: str | None, cpus: str | None, ports: str | None) -> Any:
             main_port, baseline_port = (int(x) for x in ports.split(","))
         return Placement(main_port=main_port, baseline_port=baseline_port,
                          gpus=parse_ids(gpus, "--gpus") if gpus else None,
-                         cpus=parse_ids(cpus, "--cpus") if cpus else None)
+                         cpus=parse_ids(cpus, "--cpus") if cpus else None,
+                         rank_mem_fraction=rank_mem_fraction)
     except (ValueError, CptestError) as e:
         msg = (e.problems[0].message if isinstance(e, CptestError)
                else f"--ports {ports!r}: expected two port numbers, MAIN,BASELINE")

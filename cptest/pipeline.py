@@ -30,7 +30,7 @@ from cptest.lang import parse_file
 from cptest.lang.validate import read_path
 from cptest.outline import Logger
 from cptest.plan import plan
-from cptest.plan.build import require_allowed
+from cptest.plan.build import EXPLICIT_MEM_FRACTION, require_allowed
 from cptest.plan.lint import Finding, lint
 from cptest.plan.model import Placement, Plan
 from cptest.run.launcher import Launcher
@@ -162,14 +162,24 @@ def parse_archived(archive: Path) -> Scenario:
     return resolve(read_doc(text, str(path)), os.path.abspath(archive), read=archived_reader(archive))
 
 
+PLACEMENT_CHOICES = ("auto", "physical", "colocated")
+"""`--placement`: `auto` co-locates an SGLang plan on a machine with fewer GPUs than its widest
+server has ranks (and says so), `physical` never does (such a plan is then `unknown
+(gpus_missing)`), `colocated` always does (docs/placement.md)."""
+
+
 def prepare(path: Path, *, engine: str | None = None, gpu_present: bool,
-            placement: Placement | None = None, archived: bool = False) -> Prepared:
+            placement: Placement | None = None, archived: bool = False,
+            placement_mode: str | None = None, gpus_here: int | None = None) -> Prepared:
     """Parse, choose the engine, plan and lint `path`. Raises ScenarioError/PlanError on bad input.
 
     With no GPU an `sglang` scenario runs on the CPU reference engine (`cptest.engines.reference.
     choose` says so in a note). Lint compares the scenario with its pinned SGLang release, so it has
     nothing to say about a reference run. `archived`: `path` is an archive's scenario.cps, parsed by
     `parse_archived` (its includes from the archive's `includes/` folder, never through a link).
+    `placement_mode` `auto` (`PLACEMENT_CHOICES`) decides between `placement`'s physical and
+    co-located form from `gpus_here`, the GPUs this machine has; any other mode replaces
+    `placement.mode`; None keeps `placement` as given. A co-located plan's first note says so.
     """
     if archived:
         text = store.read_file(path)
@@ -178,7 +188,20 @@ def prepare(path: Path, *, engine: str | None = None, gpu_present: bool,
         text = read_text(path)
         scenario = parse_file(path)
     choice = choose(scenario, engine, gpu_present=gpu_present)
-    planned = plan(choice.scenario, placement=placement)
+    place = placement or Placement()
+    notes = list(choice.notes)
+    if placement_mode in ("physical", "colocated"):
+        place = place.model_copy(update={"mode": placement_mode})
+    planned = plan(choice.scenario, placement=place)
+    if placement_mode == "auto" and place.mode == "physical" and choice.engine == "sglang":
+        have = len(place.gpus) if place.gpus is not None else gpus_here
+        widest = max(s.world_size // max(len(s.nodes), 1) for s in planned.servers())
+        if have is not None and widest > have:
+            planned = plan(choice.scenario, placement=place.model_copy(update={"mode": "colocated"}))
+            notes.insert(0, colocated_note(planned, f"this machine gives {have} GPU(s) and a server has "
+                                                    f"{widest} ranks"))
+    elif planned.placement == "colocated":
+        notes.insert(0, colocated_note(planned, "--placement colocated"))
     findings = tuple(lint(scenario)) if choice.engine == "sglang" else ()
     read = archived_reader(path.parent) if archived else read_path
     includes = {}
@@ -194,7 +217,19 @@ def prepare(path: Path, *, engine: str | None = None, gpu_present: bool,
         # qualification scenarios (`extends "../defaults/tiny.cps"`; results/_measure run16).
         if inc in texts:
             includes[_absolute_include(inc)] = texts[inc]
-    return Prepared(scenario, planned, choice.engine, choice.notes, findings, includes, text)
+    return Prepared(scenario, planned, choice.engine, tuple(notes), findings, includes, text)
+
+
+def colocated_note(planned: Plan, why: str) -> str:
+    """The line a co-located run starts with: why, where the ranks go, what it cannot show."""
+    colo = [s.colocation for s in planned.servers() if s.colocation is not None]
+    gpus = sorted({g for c in colo for g in c.rank_gpus})
+    most = max(c.ranks_per_gpu for c in colo)
+    where = (f"up to {most} on one GPU (GPU {', '.join(map(str, gpus))})" if planned.main.engine == "sglang"
+             else "on this machine's CPUs")
+    return (f"cptest: co-located placement ({why}): each rank runs as its own local node process, {where}, "
+            f"{colo[0].transport}; every verdict and report is labelled co-located and says nothing about "
+            "speed (docs/placement.md)")
 
 
 def _named_absolutely(texts: dict[str, str]) -> set[str]:
@@ -764,6 +799,14 @@ def _placement_of(archived: Plan) -> Placement:
     cpus = node.cpus
     if cpus and not set(cpus) <= set(os.sched_getaffinity(0)):
         cpus = None
+    colocated = [s.colocation for s in archived.servers() if s.colocation is not None]
+    if colocated:
+        # The GPUs the ranks were spread over, in the order the widest server took them.
+        widest = max(colocated, key=lambda c: len(c.rank_gpus))
+        gpus = list(dict.fromkeys(widest.rank_gpus))
+        explicit = widest.mem_fraction if widest.mem_fraction_basis == EXPLICIT_MEM_FRACTION else None
+        return Placement(main_port=node.port, baseline_port=base, gpus=gpus, cpus=cpus, mode="colocated",
+                         rank_mem_fraction=explicit)
     return Placement(main_port=node.port, baseline_port=base, gpus=list(node.gpu_ids) or None, cpus=cpus)
 
 

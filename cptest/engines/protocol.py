@@ -17,6 +17,20 @@ from cptest.engines.sglang.admission import Admission
 from cptest.scenario import Scenario, Serve
 from cptest.topology import Degrees
 
+RENDEZVOUS_PORT_OFFSET = 50
+"""Node 0 of a multi-node server hosts the torch.distributed rendezvous at its HTTP port + this."""
+NODE_PORT_STEP = 1
+"""A co-located server's node k listens on its server's port + k (SGLang's nodes other than 0 bind a
+health server on `--port`), below the rendezvous port."""
+MAX_COLOCATED_RANKS = 32
+"""Ranks of one co-located server: their ports stay below the rendezvous port (port + 50)."""
+
+
+def node_port(port: int, node_rank: int, colocated: bool) -> int:
+    """The HTTP port node `node_rank` of a server on `port` listens on: its own when co-located,
+    else the server's (nodes on separate hosts)."""
+    return port + NODE_PORT_STEP * node_rank if colocated else port
+
 
 @dataclass(frozen=True)
 class ServerLaunch:
@@ -31,6 +45,33 @@ class ServerLaunch:
     """Every CUDA-graph phase disabled: per-step evidence needs eager forwards (docs/decisions.md D8)."""
     forward_hooks: tuple[Mapping[str, object], ...] = ()
     """The probe's module hooks (`cptest.probe.forward_hooks`), for engines that load them."""
+    colocated_nodes: int = 0
+    """> 0: the server's ranks are co-located, one local node process each, this many in all: every
+    node runs `--nnodes` of it with its own `--port` (`port + NODE_PORT_STEP * k`) and the
+    placement's flags."""
+    mem_fraction: float | None = None
+    """Co-located: each rank's memory fraction, in place of the scenario's `mem_fraction`."""
+    extra_flags: tuple[str, ...] = ()
+    """Switches the placement adds (each at most once, whatever the scenario also passes)."""
+
+
+@dataclass(frozen=True)
+class ColocatedLaunch:
+    """What an engine needs to run several ranks of one server on one GPU, each rank its own local
+    node process (`cptest.plan.model.Colocation` records it in the plan)."""
+
+    env: Mapping[str, str]
+    """Added to every node's environment."""
+    host_id_var: str | None
+    """A variable that gets a distinct value on each node (NCCL_HOSTID: ranks on distinct "hosts"
+    may share a GPU), or None."""
+    flags: tuple[str, ...]
+    """Added to every node's argv."""
+    transport: str
+    """How the ranks' collectives travel, in words for the reader."""
+    takes_mem_fraction: bool
+    """The engine sizes its memory by a fraction of the GPU (`--mem-fraction-static`), which the
+    placement then divides among the ranks sharing a GPU."""
 
 
 class Engine(Protocol):
@@ -56,6 +97,10 @@ class Engine(Protocol):
 
     def admission(self, scenario: Scenario) -> Admission | None:
         """What the engine's release is known to do with this launch (None: nothing is known)."""
+        ...
+
+    def colocated(self) -> ColocatedLaunch:
+        """What co-located ranks of this engine need (`cptest.plan` applies it per node)."""
         ...
 
     def argv(self, launch: ServerLaunch, node_rank: int, nodes: int) -> list[str]:

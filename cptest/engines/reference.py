@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cptest.contracts.base import EngineFacts
-from cptest.engines.protocol import ServerLaunch
-from cptest.engines.sglang.engine import RENDEZVOUS_PORT_OFFSET
+from cptest.engines.protocol import RENDEZVOUS_PORT_OFFSET, ColocatedLaunch, ServerLaunch, node_port
 from cptest.reference.layout import unsupported
 from cptest.reference.server_args import TITLE_PREFIX, ReferenceConfig, build_argv
 from cptest.scenario import Scenario
@@ -57,10 +56,17 @@ class ReferenceEngine:
     def unexpressible(self, degrees: Degrees) -> list[str]:
         return unsupported(degrees)
 
+    def colocated(self) -> ColocatedLaunch:
+        # Its ranks run on CPU and talk over gloo on loopback whatever the placement: co-location is
+        # one node process per rank, nothing else.
+        return ColocatedLaunch(env={}, host_id_var=None, flags=(),
+                               transport="gloo over TCP on loopback (CPU)", takes_mem_fraction=False)
+
     def argv(self, launch: ServerLaunch, node_rank: int, nodes: int) -> list[str]:
         serve = launch.serve
+        port = node_port(launch.port, node_rank, launch.colocated_nodes > 0)
         return build_argv(ReferenceConfig(
-            model_path=launch.model_path, degrees=launch.degrees, host=launch.host, port=launch.port,
+            model_path=launch.model_path, degrees=launch.degrees, host=launch.host, port=port,
             page_size=serve.page_size or 1, max_total_tokens=serve.max_total_tokens,
             context_length=serve.context_length, node_rank=node_rank,
             # Node 0 hosts the rendezvous, where SGLang's does (a launcher may put node 0's address there).

@@ -7,8 +7,9 @@ read files cptest never archived (`flag "--config" "x.yaml"`), or undo what the 
 requires (`env "NCCL_NVLS_ENABLE" "1"`). `problems(...)` judges every entry against the table of the
 scenario's engine and release:
 
-- **machine**: the settings every engine process must have on the GPU machine (`MACHINE_ENV`) and
-  the ones cptest owns (`CUDA_VISIBLE_DEVICES`, from the plan's placement). Never overridable.
+- **machine**: the settings every engine process must have on the GPU machine (`MACHINE_ENV`), the
+  ones cptest owns (`CUDA_VISIBLE_DEVICES`, from the plan's placement) and the ones a co-located
+  placement sets (`PLACEMENT_ENV`). Never overridable.
 - **unsafe**: loads code, or reads or writes files or endpoints outside the scenario's archive.
   Rejected, unless the scenario declares `unsafe "reason"`; a run of such a scenario then also needs
   `cptest run --allow-unsafe` (the plan records the declaration and what it covers).
@@ -40,6 +41,15 @@ MANAGED_ENV: Mapping[str, str] = {
     "PYTHONUNBUFFERED": "cptest reads the engine's log as it is written",
 }
 """Variables cptest sets itself; a scenario cannot change them."""
+
+PLACEMENT_ENV: Mapping[str, str] = {
+    name: "the co-located placement sets it on every node (docs/placement.md: ranks sharing a GPU need "
+          "it, and the plan records it)"
+    for name in ("NCCL_HOSTID", "NCCL_SOCKET_IFNAME", "NCCL_NET", "NCCL_IB_DISABLE", "NCCL_P2P_DISABLE",
+                 "NCCL_SHM_DISABLE", "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK")
+}
+"""Variables a placement owns (an engine's `colocated()` may set only these; a test holds it to
+that); a scenario cannot set them, on either placement: the same scenario runs both ways."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +161,8 @@ def env_verdict(policy: Policy, name: str) -> Verdict | None:
                        escapable=False)
     if name in MANAGED_ENV:
         return Verdict(f"cptest sets {name}: {MANAGED_ENV[name]}", escapable=False)
+    if name in PLACEMENT_ENV:
+        return Verdict(f"cptest sets {name}: {PLACEMENT_ENV[name]}", escapable=False)
     if name.startswith("PYTHON"):
         return Verdict(f"{name} is read by the Python interpreter at start-up (PYTHONPATH, PYTHONSTARTUP: "
                        "code)", escapable=True)
@@ -179,5 +191,5 @@ def flag_verdict(policy: Policy, flag: str) -> Verdict | None:
     return None
 
 
-__all__ = ["MACHINE_ENV", "MANAGED_ENV", "POLICIES", "Policy", "Verdict", "env_verdict", "flag_verdict",
-           "policy_for"]
+__all__ = ["MACHINE_ENV", "MANAGED_ENV", "PLACEMENT_ENV", "POLICIES", "Policy", "Verdict", "env_verdict",
+           "flag_verdict", "policy_for"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from cptest.contracts import CONTRACTS, EngineFacts, PlanContext, resolve
 from cptest.contracts.generation import GenerationParams
 from cptest.contracts.graph_parity import GraphParityParams
 from cptest.engines import Engine, ServerLaunch, engine_for
+from cptest.engines.protocol import MAX_COLOCATED_RANKS, node_port
 from cptest.errors import PlanError, Problem, ProblemCollector
 from cptest.lang import safety
 from cptest.lang.safety import MACHINE_ENV
@@ -26,6 +28,7 @@ from cptest.lang.tables import DEFAULT_DEADLINE_S, MAX_PLAN_TOKENS
 from cptest.paths import MODELS, SCENARIO
 from cptest.plan import fill_drain
 from cptest.plan.model import (
+    Colocation,
     FaultPlan,
     LayoutContracts,
     ModelPin,
@@ -272,31 +275,49 @@ def _server(
     for why in engine.unexpressible(degrees):
         problems.add(topo.span or scenario.span, f"{role}: {why}")
     model_path = model_location(scenario)
+    colocation = None
+    # Co-located: every rank its own local node process (one rank needs no co-location).
+    launched = degrees
+    if place.mode == "colocated" and degrees.world_size > 1:
+        if degrees.world_size > MAX_COLOCATED_RANKS:
+            problems.add(topo.span or scenario.span,
+                         f"{role}: {degrees.world_size} ranks cannot be co-located",
+                         expected=f"at most {MAX_COLOCATED_RANKS} ranks, or --placement physical")
+            return None
+        launched = degrees.model_copy(update={"nodes": degrees.world_size})
+        colocation = _colocation(serve, engine, degrees.world_size, place)
     launch = ServerLaunch(
-        model_path=model_path, degrees=degrees, serve=serve, port=port, eager=eager_reason is not None,
+        model_path=model_path, degrees=launched, serve=serve, port=port, eager=eager_reason is not None,
         # Rows entering attention, the MLP and the logits are read by forward hooks on modules
         # (the plugin's method hooks cannot see module inputs); see cptest/probe/forward_hooks.py.
         forward_hooks=tuple(json.loads(probe_hooks_spec())),
+        colocated_nodes=launched.nodes if colocation else 0,
+        mem_fraction=colocation.mem_fraction if colocation else None,
+        extra_flags=tuple(colocation.flags) if colocation else (),
     )  # fmt: skip
-    env = {**serve.env, **ENGINE_ENV}
     per_node = max(degrees.world_size // max(degrees.nodes, 1), 1)
     gpu_ids = list(range(per_node))
-    if place.gpus is not None:
+    if place.gpus is not None and colocation is None:
         if len(place.gpus) < per_node:
             problems.add(topo.span or scenario.span,
                          f"{role}: needs {per_node} GPU(s) per node, the placement gives {place.gpus}")
             return None
         gpu_ids = list(place.gpus[:per_node])
     nodes = []
-    for n in range(degrees.nodes):
+    for n in range(launched.nodes):
         try:
-            argv = engine.argv(launch, n, degrees.nodes)
+            argv = engine.argv(launch, n, launched.nodes)
         except PlanError as e:
             for p in e.problems:
                 problems.add(p.span or _flag_span(serve, p.message) or serve.span or scenario.span,
                              p.message, hint=p.hint, expected=p.expected, found=p.found)
             return None
-        nodes.append(NodeLaunch(node_rank=n, gpu_ids=gpu_ids, env=env, argv=argv, port=port,
+        # The placement's variables come after the scenario's (which may not name them anyway,
+        # `cptest.lang.safety.PLACEMENT_ENV`) and before what every engine process must have.
+        env = ({**serve.env, **colocation.env, **colocation.node_env[n], **ENGINE_ENV} if colocation
+               else {**serve.env, **ENGINE_ENV})
+        nodes.append(NodeLaunch(node_rank=n, gpu_ids=[colocation.rank_gpus[n]] if colocation else gpu_ids,
+                                env=env, argv=argv, port=node_port(port, n, colocation is not None),
                                 image=scenario.engine.image, model_mount=model_path, cpus=place.cpus))
     return ServerPlan(
         role=role,  # type: ignore[arg-type]
@@ -306,12 +327,53 @@ def _server(
         base_url=f"http://127.0.0.1:{port}",
         world_size=degrees.world_size,
         topology=degrees,
-        # A layout that cannot be built (a scenario about a rejected launch) has no geometry.
-        geometry=titled_geometry(degrees, engine.title_prefix),
+        # A layout that cannot be built (a scenario about a rejected launch) has no geometry. Ranks
+        # of a co-located server sit on their own nodes (`RankGeometry.node` is the world rank).
+        geometry=titled_geometry(launched, engine.title_prefix),
         probe=True,
         eager=eager_reason is not None,
         process_title_prefix=engine.title_prefix,
+        colocation=colocation,
     )
+
+
+EXPLICIT_MEM_FRACTION = "stated explicitly (--rank-mem-fraction)"
+"""`Colocation.mem_fraction_basis` of a fraction the user gave: a rerun gives it again."""
+DEFAULT_MEM_FRACTION = 0.9
+"""What a co-located server's ranks divide when the scenario leaves `mem_fraction` to the engine:
+about what SGLang picks by itself on an 80+ GB GPU."""
+
+
+def rank_gpus(world: int, gpus: list[int] | None) -> list[int]:
+    """World rank -> physical GPU of a co-located server: contiguous blocks of ranks over `gpus`
+    (all on GPU 0 when None); with more GPUs than ranks, one rank per GPU."""
+    ids = gpus or [0]
+    k = min(len(ids), world)
+    return [ids[r * k // world] for r in range(world)]
+
+
+def _colocation(serve: Any, engine: Engine, world: int, place: Placement) -> Colocation:
+    """What co-locating `world` ranks adds: the rank->GPU map, the engine's environment and flags,
+    and each rank's memory fraction (`Placement.rank_mem_fraction`, else the scenario's divided by
+    the ranks that share a GPU)."""
+    recipe = engine.colocated()
+    gpus = rank_gpus(world, place.gpus)
+    sharing = max(Counter(gpus).values())
+    fraction, basis = None, "the engine takes no memory fraction"
+    if recipe.takes_mem_fraction:
+        if place.rank_mem_fraction is not None:
+            fraction, basis = place.rank_mem_fraction, EXPLICIT_MEM_FRACTION
+        else:
+            declared = serve.mem_fraction
+            whole = declared if declared is not None else DEFAULT_MEM_FRACTION
+            fraction = round(whole / sharing, 6)
+            said = (f"mem_fraction {whole:g}" if declared is not None
+                    else f"no mem_fraction (taken as {whole:g})")
+            basis = f"the scenario's {said} / {sharing} rank(s) per GPU"
+    node_env = [{recipe.host_id_var: f"cptest-node{n}"} if recipe.host_id_var else {} for n in range(world)]
+    return Colocation(rank_gpus=gpus, ranks_per_gpu=sharing, transport=recipe.transport, env=dict(recipe.env),
+                      node_env=node_env, flags=list(recipe.flags), mem_fraction=fraction,
+                      mem_fraction_basis=basis)
 
 
 def _flag_span(serve: Any, message: str) -> Any:
@@ -381,7 +443,7 @@ def _workload(scenario: Scenario, problems: ProblemCollector) -> WorkloadPlan | 
 def _faults(scenario: Scenario, main: ServerPlan | None, problems: ProblemCollector) -> list[FaultPlan]:
     out = []
     for i, f in enumerate(scenario.faults):
-        title = None
+        title, node = None, None
         if f.target == "rank" and f.rank is not None and main is not None:
             if f.rank >= main.world_size:
                 problems.add(f.where("rank"), f"rank {f.rank} does not exist (world size {main.world_size})",
@@ -389,8 +451,10 @@ def _faults(scenario: Scenario, main: ServerPlan | None, problems: ProblemCollec
                 continue
             if main.geometry:
                 title = main.geometry[f.rank].process_title
+            if main.colocated:
+                node = f.rank
         out.append(
-            FaultPlan(index=i, process_title=title,
+            FaultPlan(index=i, process_title=title, node=node,
                       **{k: getattr(f, k) for k in FaultSpec.model_fields})
         )
     return out

@@ -57,19 +57,66 @@ MAIN_PORT = 30000
 BASELINE_PORT = 30100
 
 
-class Placement(_Frozen):
-    """Where on this machine a plan's servers run: the HTTP ports, the physical GPUs and the CPUs.
+PlacementMode = Literal["physical", "colocated"]
+"""`physical`: one rank per GPU, a server's ranks in as many processes as it has nodes (SGLang's
+default). `colocated`: every rank of a multi-rank server is its own local node process, and ranks
+share GPUs (docs/placement.md says what that proves and what it cannot)."""
 
-    The default is what a lone `cptest run` uses (ports 30000/30100, GPUs 0..n-1, any CPU); a suite
-    that packs scenarios onto shared GPUs gives each its own (`cptest.suite`). The plan records the
-    result in every node (port, gpu_ids, cpus), so a rerun runs where the run did."""
+class Placement(_Frozen):
+    """Where on this machine a plan's servers run: the HTTP ports, the physical GPUs, the CPUs, and
+    whether ranks have a GPU each or share them.
+
+    The default is what a lone `cptest run` uses (ports 30000/30100, GPUs 0..n-1, any CPU, one rank
+    per GPU); a suite that packs scenarios onto shared GPUs gives each its own (`cptest.suite`). The
+    plan records the result in every node (port, gpu_ids, cpus) and, for co-located servers, the
+    rank->GPU map with everything co-location adds (`Colocation`), so a rerun runs where the run did."""
 
     main_port: int = Field(default=MAIN_PORT, ge=1, le=65535)
     baseline_port: int = Field(default=BASELINE_PORT, ge=1, le=65535)
     gpus: list[int] | None = None
-    """Physical GPU ids; a server of n GPUs per node takes the first n. None: 0..n-1."""
+    """Physical GPU ids; a server of n GPUs per node takes the first n. None: 0..n-1. Co-located:
+    the GPUs the ranks are spread over in contiguous blocks (None: all on GPU 0)."""
     cpus: list[int] | None = None
     """Host CPUs for every process of the servers; None: no pinning."""
+    mode: PlacementMode = "physical"
+    rank_mem_fraction: float | None = Field(default=None, gt=0.0, le=1.0)
+    """Co-located only: each rank's `--mem-fraction-static`, stated explicitly. None: the scenario's
+    `mem_fraction` divided by the most ranks sharing one GPU, so that the ranks of a GPU together
+    take what one rank would have taken alone."""
+
+
+class Colocation(_Frozen):
+    """How a co-located server's ranks share GPUs: each world rank is a local node process (SGLang's
+    `--nnodes N --node-rank k`), and what the placement adds to make that work. None of it can be
+    set from a scenario's `serve { env ... }` (`cptest.lang.safety.PLACEMENT_ENV`)."""
+
+    rank_gpus: list[int]
+    """World rank -> the physical GPU it runs on (node k runs world rank k)."""
+    ranks_per_gpu: int
+    """The most ranks sharing one GPU."""
+    transport: str
+    """How the ranks' collectives travel (the engine's words: NCCL over sockets on loopback)."""
+    env: dict[str, str]
+    """What the placement adds to every node's environment (each node's host id apart)."""
+    node_env: list[dict[str, str]]
+    """Per node: what differs between nodes (each its own host id, so that NCCL treats the ranks as
+    separate hosts and allows two on one GPU)."""
+    flags: list[str]
+    """What the placement adds to every node's argv (custom all-reduce off: it needs one process
+    per GPU and CUDA IPC between them)."""
+    mem_fraction: float | None
+    """Each rank's `--mem-fraction-static`; None where the engine takes no such flag."""
+    mem_fraction_basis: str
+    """How that figure was reached, for the reader: divided, or stated explicitly."""
+    cannot_judge: list[str] = Field(default_factory=lambda: list(COLOCATED_CANNOT_JUDGE))
+    """What evidence from co-located ranks says nothing about (docs/placement.md)."""
+
+
+COLOCATED_CANNOT_JUDGE = (
+    "speed: throughput and latency figures (ranks share one GPU's SMs, collectives go over sockets)",
+    "NVLink, custom all-reduce and symmetric-memory paths (turned off)",
+    "per-GPU memory accounting (device totals mix the ranks that share a GPU)",
+)
 
 
 class ServerPlan(_Frozen):
@@ -93,6 +140,12 @@ class ServerPlan(_Frozen):
     ready_timeout_s: float = 600.0
     shutdown_timeout_s: float = 60.0
     process_title_prefix: str = "sglang::scheduler"
+    colocation: Colocation | None = Field(default=None, exclude_if=lambda v: v is None)
+    """How the ranks share GPUs when the plan co-locates this server; None: one rank per GPU."""
+
+    @property
+    def colocated(self) -> bool:
+        return self.colocation is not None
 
 
 def _absent(value: object) -> bool:
@@ -181,6 +234,9 @@ class FaultPlan(FaultSpec):
     index: int
     process_title: str | None = None
     """Process title that identifies the rank (`sglang::scheduler_TP<r>`)."""
+    node: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The node process the rank runs in, when the server is co-located (node k runs world rank k):
+    the fault acts on that node's process tree only."""
 
 
 class ModelPin(ModelSource):
@@ -265,6 +321,11 @@ class Plan(_Frozen):
         if isinstance(data, dict) and data.get("plan_version") == 1:
             return upgrade_v1(data)  # archives made before the expectations were typed
         return data
+
+    @property
+    def placement(self) -> PlacementMode:
+        """`colocated` when any server's ranks share GPUs (the whole archive is then labelled so)."""
+        return "colocated" if any(s.colocated for s in self.servers()) else "physical"
 
     def servers(self) -> list[ServerPlan]:
         """The main server, then the baseline, the control and the eager twin where planned."""

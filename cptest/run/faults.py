@@ -89,10 +89,12 @@ class SignalFault:
     def __init__(self, handles: list[Handle]) -> None:
         self.handles = handles
 
-    def _all_pids(self) -> list[int]:
+    def _all_pids(self, node: int | None = None) -> list[int]:
+        """Pids of every node's tree, or of node `node`'s alone (a co-located rank's own process)."""
         out: list[int] = []
         for h in self.handles:
-            out.extend(p for p in h.pids() if p not in out)
+            if node is None or h.node.node_rank == node:
+                out.extend(p for p in h.pids() if p not in out)
         return out
 
     def target_pid(self, fault: FaultPlan) -> tuple[int | None, str | None, str]:
@@ -103,15 +105,18 @@ class SignalFault:
             return pid, process_title(pid) if pid else None, "" if pid else "the server has no main pid"
         if not fault.process_title:
             return None, None, f"fault {fault.index}: rank target without a process title in the plan"
-        pid = find_titled(self._all_pids(), fault.process_title)
+        pid = find_titled(self._all_pids(fault.node), fault.process_title)
         if pid is None:
-            return None, fault.process_title, f"no process titled {fault.process_title!r} in the tree"
+            tree = "the tree" if fault.node is None else f"node {fault.node}'s tree"
+            return None, fault.process_title, f"no process titled {fault.process_title!r} in {tree}"
         return pid, fault.process_title, ""
 
     def inject(self, fault: FaultPlan) -> dict[str, Any]:
         pid, title, error = self.target_pid(fault)
         detail: dict[str, Any] = {"index": fault.index, "action": fault.action, "target": fault.target,
                                   "rank": fault.rank, "pid": pid, "title": title}
+        if fault.node is not None:
+            detail["node"] = fault.node
         if pid is not None:
             try:
                 os.kill(pid, SIGNAL_OF[fault.action])

@@ -5,17 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cptest.contracts.base import EngineFacts
-from cptest.engines.protocol import ServerLaunch
+from cptest.engines.protocol import RENDEZVOUS_PORT_OFFSET, ColocatedLaunch, ServerLaunch, node_port
 from cptest.engines.sglang.admission import Admission, launch_config, predict
 from cptest.engines.sglang.argv import ServeConfig, build_argv
-from cptest.engines.sglang.releases import Release
+from cptest.engines.sglang.releases import COLOCATION_HOST_ID_VAR, COLOCATION_TRANSPORT, Release
 from cptest.scenario import Scenario
 from cptest.topology import Degrees
 
 TITLE_PREFIX = "sglang::scheduler"
 """0.5.17 `managers/scheduler.py:4843-4859`: `sglang::scheduler[_DP<d>][_PP<p>][_ATTN_CP<c>][_TP<r>]`."""
-RENDEZVOUS_PORT_OFFSET = 50
-"""Node 0 of a multi-node server hosts the torch.distributed rendezvous at its HTTP port + this."""
 
 CHECKED_LOG_LINES = {"kv_allocated": "kv_cache_allocated", "max_total_num_tokens": "max_total_num_tokens"}
 """The log surfaces the capacity contract compares (checker's name -> the release table's pattern)."""
@@ -58,14 +56,22 @@ class SGLangEngine:
     def unexpressible(self, degrees: Degrees) -> list[str]:
         return []  # every degree has a flag in every known release (`Release.spellings`)
 
+    def colocated(self) -> ColocatedLaunch:
+        return ColocatedLaunch(env=dict(self.table.colocation_env), host_id_var=COLOCATION_HOST_ID_VAR,
+                               flags=self.table.colocation_flags, transport=COLOCATION_TRANSPORT,
+                               takes_mem_fraction=True)
+
     def argv(self, launch: ServerLaunch, node_rank: int, nodes: int) -> list[str]:
         serve = launch.serve
         declared = {"decode": serve.cuda_graph_decode, "prefill": serve.cuda_graph_prefill}
+        # The placement's switches come first among the pass-through flags; the scenario's own copy
+        # of one (`flag "--disable-custom-all-reduce"`) is then not repeated.
+        passed = [f for f in serve.extra_flags if f[0] not in launch.extra_flags]
         cfg = ServeConfig(
             model_path=launch.model_path,
             degrees=launch.degrees,
             host=launch.host,
-            port=launch.port,
+            port=node_port(launch.port, node_rank, launch.colocated_nodes > 0),
             node_rank=node_rank,
             # Every node runs the same server with its own rank; node 0 hosts the rendezvous.
             dist_init_addr=f"{launch.host}:{launch.port + RENDEZVOUS_PORT_OFFSET}" if nodes > 1 else None,
@@ -75,13 +81,13 @@ class SGLangEngine:
             eager=launch.eager,
             page_size=serve.page_size,
             max_total_tokens=serve.max_total_tokens,
-            mem_fraction_static=serve.mem_fraction,
+            mem_fraction_static=launch.mem_fraction if launch.colocated_nodes else serve.mem_fraction,
             context_length=serve.context_length,
             sampling_backend=serve.sampling_backend,
             skip_tokenizer_init=serve.skip_tokenizer_init,
             forward_hooks=launch.forward_hooks,
             # Every value is passed on: build_argv refuses a count the flag cannot take.
-            extra=tuple((f[0], tuple(f[1:]) if len(f) > 2 else (f[1] if len(f) > 1 else None))
-                        for f in serve.extra_flags),
+            extra=tuple((flag, None) for flag in launch.extra_flags)
+            + tuple((f[0], tuple(f[1:]) if len(f) > 2 else (f[1] if len(f) > 1 else None)) for f in passed),
         )
         return build_argv(self.table, cfg)

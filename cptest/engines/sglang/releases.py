@@ -102,6 +102,11 @@ class Release:
     """Exit statuses of the launcher after one scheduler rank is killed (SIGQUIT path, then SIGKILL)."""
     graph_phases: Mapping[str, str]
     """Phase -> flag choosing its CUDA-graph backend; the values it accepts are in the flag table."""
+    colocation_env: Mapping[str, str] = field(default_factory=dict)
+    """What every node of a co-located server gets in its environment (ranks as local nodes on
+    shared GPUs: docs/placement.md), besides a host id of its own (`colocation_host_id_var`)."""
+    colocation_flags: tuple[str, ...] = ()
+    """What every node of a co-located server gets in its argv."""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @functools.cached_property
@@ -428,6 +433,23 @@ SUPPORT_0_5_17: dict[tuple[str, str, str], SupportEntry] = {
     ("*", "pcp+dcp", "*"): SupportEntry(_U, "server_args.py:3817-3847", "not rejected in 0.5.17"),
 }
 
+COLOCATION_ENV: Mapping[str, str] = {
+    # NCCL: every rank a separate host (each node's own NCCL_HOSTID, `COLOCATION_HOST_ID_VAR`), so
+    # that its init check lets two ranks share a GPU; sockets over loopback, and none of the
+    # transports that assume one process per GPU (peer-to-peer, shared memory, InfiniBand).
+    "NCCL_SOCKET_IFNAME": "lo",
+    "NCCL_NET": "Socket",
+    "NCCL_IB_DISABLE": "1",
+    "NCCL_P2P_DISABLE": "1",
+    "NCCL_SHM_DISABLE": "1",
+    # distributed/bootstrap.py:260-272: a rank that sees less free memory than 0.9 x the first one
+    # raises "The memory capacity is unbalanced"; ranks sharing a GPU always do. 0 makes it a warning.
+    "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "0",
+}
+"""Measured on one H200 with 0.5.17 (docs/placement.md): DCP2, DCP4 and PCP2 ran this way."""
+COLOCATION_HOST_ID_VAR = "NCCL_HOSTID"
+COLOCATION_TRANSPORT = "NCCL over sockets on loopback (no P2P, SHM, IB, custom all-reduce)"
+
 RELEASE_0_5_17 = Release(
     name="0.5.17",
     wheel="sglang-0.5.17-cp311-cp311-manylinux_2_34_x86_64.whl",
@@ -453,6 +475,8 @@ RELEASE_0_5_17 = Release(
     # (utils/watchdog.py:210-221, managers/tokenizer_manager.py:3753-3763).
     rank_kill_exit_statuses=frozenset({-9, 137}),
     graph_phases={"decode": "--cuda-graph-backend-decode", "prefill": "--cuda-graph-backend-prefill"},
+    colocation_env=COLOCATION_ENV,
+    colocation_flags=("--disable-custom-all-reduce",),
 )
 
 # ------------------------------------------------------------------------------------------ 0.5.23
@@ -576,6 +600,8 @@ RELEASE_0_5_23 = Release(
     sigterm_exit_statuses=frozenset({0, -9, 137}),
     rank_kill_exit_statuses=frozenset({-9, 137}),
     graph_phases=RELEASE_0_5_17.graph_phases,
+    colocation_env=COLOCATION_ENV,
+    colocation_flags=RELEASE_0_5_17.colocation_flags,
 )
 
 KNOWN_RELEASES: Mapping[str, Release] = {r.name: r for r in (RELEASE_0_5_17, RELEASE_0_5_23)}
