@@ -192,15 +192,20 @@ def prepare(path: Path, *, engine: str | None = None, gpu_present: bool,
     notes = list(choice.notes)
     if placement_mode in ("physical", "colocated"):
         place = place.model_copy(update={"mode": placement_mode})
-    planned = plan(choice.scenario, placement=place)
-    if placement_mode == "auto" and place.mode == "physical" and choice.engine == "sglang":
-        have = len(place.gpus) if place.gpus is not None else gpus_here
-        widest = max(s.world_size // max(len(s.nodes), 1) for s in planned.servers())
-        if have is not None and widest > have:
-            planned = plan(choice.scenario, placement=place.model_copy(update={"mode": "colocated"}))
+    auto = placement_mode == "auto" and place.mode == "physical" and choice.engine == "sglang"
+    have = len(place.gpus) if place.gpus is not None else gpus_here
+    if auto and have is not None:
+        # Planned co-located first: a physical plan of more GPUs than named is no plan at all.
+        planned = plan(choice.scenario, placement=place.model_copy(update={"mode": "colocated"}))
+        widest = max(s.topology.world_size // max(s.topology.nodes, 1) for s in planned.servers())
+        if widest > have:
             notes.insert(0, colocated_note(planned, f"this machine gives {have} GPU(s) and a server has "
-                                                    f"{widest} ranks"))
-    elif planned.placement == "colocated":
+                                                    f"{widest} ranks per node"))
+        else:
+            planned = plan(choice.scenario, placement=place)
+    else:
+        planned = plan(choice.scenario, placement=place)
+    if not auto and planned.placement == "colocated":
         notes.insert(0, colocated_note(planned, "--placement colocated"))
     findings = tuple(lint(scenario)) if choice.engine == "sglang" else ()
     read = archived_reader(path.parent) if archived else read_path

@@ -546,6 +546,11 @@ def _shutdown(sup: Supervisor, server: ServerPlan, owned: list[Owned], writer: R
     t_sig = time.monotonic()
     for o in owned:
         pid = o.handle.main_pid()
+        # A co-located server is one deployment of several local nodes: like an operator, cptest stops
+        # its head (node 0), whose shutdown request reaches every rank; the other nodes follow, or
+        # are killed at the timeout. Signalled too, they would die at once under their peers' feet.
+        if server.colocated and o.handle.node.node_rank != 0:
+            continue
         if o.handle.poll() is None and pid is not None:
             o.handle.send_signal(signal.SIGTERM)
             writer.write(Lifecycle(run=role, event="signal", detail={"sig": "SIGTERM", "pid": pid}))

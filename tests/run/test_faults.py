@@ -224,3 +224,33 @@ def test_a_missing_title_is_recorded_as_a_fault_that_hit_nothing(tmp_path: Path,
         assert handle.poll() is None
     finally:
         assert launcher.teardown(handle, grace_s=5).leftover_pids == []
+
+
+class TitledHandle:
+    """A node's handle as the injector sees it: its node and the pids of its tree."""
+
+    def __init__(self, node_rank: int, pids: list[int]) -> None:
+        self.node = fake_node(0).model_copy(update={"node_rank": node_rank})
+        self._pids = pids
+
+    def pids(self) -> list[int]:
+        return self._pids
+
+    def main_pid(self) -> int:
+        return self._pids[0]
+
+
+def test_a_colocated_rank_fault_looks_only_in_its_own_nodes_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two co-located servers' ranks may carry the same title on one host; so may a stray process.
+    titles = {101: "main0", 102: "sglang::scheduler_TP1", 201: "main1", 202: "sglang::scheduler_TP1"}
+    monkeypatch.setattr("cptest.run.faults.process_title", titles.get)
+    handles = [TitledHandle(0, [101, 102]), TitledHandle(1, [201, 202])]
+    fault = FaultPlan(index=0, action="kill", target="rank", rank=1, process_title="sglang::scheduler_TP1",
+                      node=1)
+    assert SignalFault(handles).target_pid(fault)[0] == 202  # type: ignore[arg-type]
+    lost = fault.model_copy(update={"node": 2})
+    pid, _, error = SignalFault(handles).target_pid(lost)  # type: ignore[arg-type]
+    assert pid is None and "node 2's tree" in error
+    # Without a node (one process tree per server), the first titled process anywhere is the target.
+    anywhere = fault.model_copy(update={"node": None})
+    assert SignalFault(handles).target_pid(anywhere)[0] == 102  # type: ignore[arg-type]
