@@ -30,8 +30,8 @@ def test_seven_tp2_servers_share_two_gpus_until_the_cpus_run_out() -> None:
     started = next_to_start(pool, [(f"s{i}", tp2(f"s{i}")) for i in range(8)])
     assert [k for k, _, _ in started] == [f"s{i}" for i in range(7)]  # 7 x 4 CPUs of 30
     ports = [g.placement.main_port for _, _, g in started]
-    assert len(set(ports)) == 7 and ports[0] == 30000
-    assert all(g.placement.baseline_port == g.placement.main_port + 1 for _, _, g in started)
+    assert ports == [30000 + 200 * k for k in range(7)]  # slot 0 is a lone run's 30000/30100
+    assert all(g.placement.baseline_port == g.placement.main_port + 100 for _, _, g in started)
     cpus = [c for _, _, g in started for c in g.cpus]
     assert len(cpus) == len(set(cpus)) == 28  # nobody shares a core
     assert all(g.gpus == (0, 1) for _, _, g in started)

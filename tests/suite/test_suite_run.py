@@ -77,7 +77,7 @@ def test_two_scenarios_share_the_machine_and_an_exclusive_one_runs_alone(tmp_pat
     a, b, x = by["a"], by["b"], by["x"]
     assert a.started < b.ended and b.started < a.ended, "a and b did not run at the same time"
     assert x.started >= max(a.ended, b.ended), "the exclusive scenario started beside others"
-    assert {a.granted.placement.main_port, b.granted.placement.main_port} == {30000, 30010}
+    assert {a.granted.placement.main_port, b.granted.placement.main_port} == {30000, 30200}
     assert {a.granted.cpus, b.granted.cpus} == {(0,), (1,)}
     for e in (a, b, x):
         archive = Path(e.archive)
