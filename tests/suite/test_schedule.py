@@ -9,6 +9,7 @@ import pytest
 from cptest.errors import RunError
 from cptest.lang import parse_file
 from cptest.plan import plan
+from cptest.plan.model import Placement
 from cptest.suite.demand import RUNTIME_MIB, Demand, demand_of
 from cptest.suite.machine import Machine, discover, parse_ids
 from cptest.suite.schedule import Pool, next_to_start
@@ -89,6 +90,44 @@ def test_demand_of_a_tiny_tp2_scenario_follows_the_pool_rule() -> None:
     # 65536 rows x (4 layers x K,V x 1 head x 64 x 2 bytes) = 64 MiB, plus weights, plus runtime
     assert RUNTIME_MIB + 64 <= d.gpu_mib <= RUNTIME_MIB + 64 + 64
     assert "pool 65536 rows x 1024 B = 64 MiB" in d.basis
+
+
+def demand(name: str, **placement: object) -> Demand:
+    scenario = parse_file(ROOT / "scenarios" / f"{name}.cps")
+    return demand_of(scenario, plan(scenario, placement=Placement(**placement)), H200)
+
+
+def test_colocated_ranks_share_one_gpu_and_each_holds_a_whole_server() -> None:
+    physical, colocated = demand("dcp2_llama_kv1"), demand("dcp2_llama_kv1", mode="colocated")
+    assert (physical.gpus, colocated.gpus) == (2, 1)
+    assert physical.cpus == colocated.cpus == 4  # a scheduler per rank, HTTP and detokenizer
+    # Each rank: its pool (64 MiB), half the weights, and its own runtime part (a CUDA context each).
+    assert colocated.gpu_mib == 2 * (64 + 5 + RUNTIME_MIB)
+    assert colocated.basis.startswith("2 co-located rank(s) per GPU x 4677 MiB each (pool 65536 rows")
+
+
+def test_four_colocated_ranks_hold_four_shares_of_the_gpu() -> None:
+    d = demand("dcp4_llama", mode="colocated")
+    # 131072 rows x (4 layers x K,V x 2 of 8 KV heads x 128 x 2 bytes) = 512 MiB; a quarter of the
+    # 1664 MiB of weights; four ranks on GPU 0.
+    assert (d.gpus, d.gpu_mib, d.cpus) == (1, 4 * (512 + 416 + RUNTIME_MIB), 6)
+
+
+def test_colocated_ranks_spread_over_two_gpus_count_the_ranks_of_the_fuller_one() -> None:
+    d = demand("dcp4_llama", mode="colocated", gpus=[0, 1])
+    assert (d.gpus, d.gpu_mib) == (2, 2 * (512 + 416 + RUNTIME_MIB))
+
+
+def test_a_colocated_rank_holds_no_more_than_its_own_memory_fraction() -> None:
+    d = demand("dcp4_llama", mode="colocated", rank_mem_fraction=0.001)
+    assert d.gpu_mib == 4 * (int(0.001 * H200) + RUNTIME_MIB)
+
+
+def test_several_physical_nodes_cannot_run_and_the_same_plan_colocated_can() -> None:
+    assert demand("tp4_dcp2_two_nodes_sglang").cannot_run == "2 nodes: a suite packs one host"
+    d = demand("tp4_dcp2_two_nodes_sglang", mode="colocated")
+    assert (d.cannot_run, d.gpus, d.cpus) == (None, 1, 6)
+    assert d.gpu_mib == 4 * (64 + 3 + RUNTIME_MIB)
 
 
 def test_a_reference_scenario_needs_no_gpu() -> None:
