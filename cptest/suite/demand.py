@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from cptest.plan.model import Plan, ServerPlan
+from cptest.plan.model import PlacementMode, Plan, ServerPlan
 from cptest.run.preflight import RUNTIME_MIB
 from cptest.scenario import Scenario
 
@@ -45,22 +45,28 @@ class Demand:
     """Why no placement on one host can run it (several physical nodes), or None."""
     basis: str = ""
     """How gpu_mib was estimated, for the suite record."""
+    placement: PlacementMode = "physical"
+    """How the plan places its ranks: `colocated` ranks share the GPUs granted (`Plan.placement`)."""
 
 
 def demand_of(scenario: Scenario, planned: Plan, gpu_total_mib: int) -> Demand:
+    """What `planned` needs of a machine whose GPUs have `gpu_total_mib` each, placed as it is planned
+    (`Plan.placement`): one host, or `Demand.cannot_run` saying why not."""
     servers = planned.servers()
+    mode = planned.placement
     spread = [s for s in servers if len(s.nodes) > 1 and not s.colocated]
     if spread:
         nodes = max(len(s.nodes) for s in spread)
         return Demand(planned.scenario, 0, 0, 0, scenario.exclusive,
-                      cannot_run=f"{nodes} nodes: a suite packs one host")
+                      cannot_run=f"{nodes} nodes: a suite packs one host", placement=mode)
     cpus = max(_cpus(s.engine, s.world_size) for s in servers)
     if planned.main.engine == "reference":
-        return Demand(planned.scenario, 0, 0, cpus, scenario.exclusive, basis="reference engine: no GPU")
+        return Demand(planned.scenario, 0, 0, cpus, scenario.exclusive, basis="reference engine: no GPU",
+                      placement=mode)
     needs = [_server_gpus(scenario, s, gpu_total_mib) for s in servers]
     fullest = max(needs, key=lambda n: n.mib)
     return Demand(planned.scenario, max(n.gpus for n in needs), fullest.mib, cpus, scenario.exclusive,
-                  basis=fullest.basis)
+                  basis=fullest.basis, placement=mode)
 
 
 def _cpus(engine: str, world: int) -> int:
