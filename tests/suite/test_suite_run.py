@@ -9,6 +9,7 @@ every verdict passed, and the suite record says so.
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 
 from cptest.errors import ScenarioError
 from cptest.evidence import ProcessSample, read_records
-from cptest.outline import Logger
+from cptest.outline import Logger, TerminalSink
 from cptest.suite.machine import Machine
 from cptest.suite.runner import run_suite, scenario_files
 from tests.reference.conftest import ensure_tiny_models
@@ -95,6 +96,33 @@ def test_two_scenarios_share_the_machine_and_an_exclusive_one_runs_alone(tmp_pat
     index = (done.folder / "index.html").read_text()  # every run's report.html, linked relatively
     assert all(f'href="../../{e.name}/{Path(e.archive).name}/report.html"' in index for e in (a, b, x))
     assert all((Path(e.archive) / "report.html").is_file() for e in (a, b, x))
+
+
+def test_two_colocated_scenarios_run_at_once_each_node_on_its_own_port(tmp_path: Path) -> None:
+    files = [write(tmp_path, "c1"), write(tmp_path, "c2")]
+    results, console = tmp_path / "results", io.StringIO()
+    # Ports far from a lone run's 30000/30100, which another run on this machine may hold.
+    done = run_suite(files, Machine({}, (0, 1), port_base=41000), results=results,
+                     log=Logger([TerminalSink(console, color=False)]), gpu_present=False,
+                     models=tmp_path / "models", placement_mode="colocated")
+    assert done.exit_code == 0, [(e.name, e.status, e.not_run) for e in done.entries]
+    assert console.getvalue().startswith("cptest: co-located placement for 2 of 2 scenario(s) "
+                                         "(--placement colocated): c1, c2;")
+    c1, c2 = done.entries
+    assert c1.started < c2.ended and c2.started < c1.ended, "c1 and c2 did not run at the same time"
+    for e, port in ((c1, 41000), (c2, 41200)):
+        assert e.status == "pass" and Path(e.archive).parent.parent == results
+        main = json.loads((Path(e.archive) / "plan.json").read_text())["main"]
+        assert main["colocation"]["rank_gpus"] == [0, 0]  # the reference engine's ranks: on CPU
+        assert [n["port"] for n in main["nodes"]] == [port, port + 1]
+        assert all(f"127.0.0.1:{port + 50}" in n["argv"] for n in main["nodes"])  # node 0's rendezvous
+        assert all(n["cpus"] == list(e.granted.cpus) for n in main["nodes"])
+    record = json.loads((done.folder / "suite.json").read_text())
+    assert [(s["demand"]["placement"], s["placement"]["mode"]) for s in record["scenarios"]] == \
+        [("colocated", "colocated")] * 2
+    summary = (done.folder / "summary.md").read_text()
+    assert "| co-located, no GPU, CPUs 0, ports 41000/41100 |" in summary
+    assert "| co-located, no GPU, CPUs 1, ports 41200/41300 |" in summary
 
 
 def test_a_scenario_without_its_weights_is_unknown_with_the_cause_and_the_others_run(tmp_path: Path) -> None:
