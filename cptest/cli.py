@@ -537,6 +537,7 @@ def _placement(gpus: str | None, cpus: str | None, ports: str | None,
 @click.option("--ignore-lint", is_flag=True, help="run scenarios even when lint finds a mismatch")
 @click.option("--engine", "engine_name", type=click.Choice(["sglang", "reference"]), default=None,
               help="override every scenario's engine")
+@placement_options
 @baseline_options
 @models_option
 @engine_python_option
@@ -544,11 +545,13 @@ def _placement(gpus: str | None, cpus: str | None, ports: str | None,
 @json_option
 @_guard
 def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | None, jobs: int | None,
-          launcher: str, ignore_lint: bool, engine_name: str | None, baseline_cache: Path,
-          no_baseline_cache: bool, models: Path | None, as_json: bool, allow_unsafe: bool = False,
+          launcher: str, ignore_lint: bool, engine_name: str | None, placement_mode: str,
+          rank_mem_fraction: float | None, baseline_cache: Path, no_baseline_cache: bool,
+          models: Path | None, as_json: bool, allow_unsafe: bool = False,
           engine_python: str | None = None) -> int:
     """Run many scenarios (files, or the .cps files of folders), concurrently where their servers fit
-    on this machine's GPUs, CPUs and ports; one summary; exit code of the worst verdict."""
+    on this machine's GPUs, CPUs and ports; one summary; exit code of the worst verdict. `--placement
+    auto` co-locates a scenario whose server has more ranks than the suite has GPUs."""
     import os
 
     from cptest.plan.build import require_allowed_files
@@ -570,7 +573,8 @@ def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | 
     done = run_suite(scenario_files(paths), machine, results=results, log=_log(as_json), engine=engine_name,
                      gpu_present=shutil.which("nvidia-smi") is not None, models=store_dir(models), jobs=jobs,
                      ignore_lint=ignore_lint, launcher=launcher,
-                     baseline_cache=None if no_baseline_cache else baseline_cache)
+                     baseline_cache=None if no_baseline_cache else baseline_cache,
+                     placement_mode=placement_mode, rank_mem_fraction=rank_mem_fraction)
     _emit(done.record | {"folder": str(done.folder)}, as_json, (done.folder / "summary.md").read_text())
     return done.exit_code
 

@@ -1,15 +1,17 @@
 """What one planned scenario needs of the machine while it runs.
 
 A scenario runs its servers one after the other (main, then baseline), so it holds the most any of
-them needs: GPUs (one node only: a suite packs one host), GPU memory per GPU, CPUs. Nothing is
-measured here; the figures come from the plan, the scenario's serve settings and the model.
+them needs: GPUs (one host: a suite cannot run a physical server of several nodes, while a
+co-located server's nodes are local processes), GPU memory per GPU, CPUs. Nothing is measured here;
+the figures come from the plan, the scenario's serve settings and the model.
 
 GPU memory of an SGLang server, per GPU (0.5.17, `mem_cache/kv_cache_configurator.py:1614-1657`):
 the KV pool gets the memory free after loading the weights, less (1 - mem_fraction) of what was free
 before loading, and `--max-total-tokens` caps it. So a capped server holds its weights, its pool
 (rows x bytes per row) and a runtime part (CUDA context, NCCL buffers, activations, kernels); an
 uncapped one holds up to mem_fraction of the GPU plus the runtime part. The runtime part is measured,
-not guessed: `RUNTIME_MIB`.
+not guessed: `RUNTIME_MIB`. A co-located server's ranks are each such a server on their own (their
+memory fraction the plan's `Colocation.mem_fraction`), so a GPU they share holds the sum of theirs.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
-from cptest.plan.model import Plan
+from cptest.plan.model import PlacementMode, Plan, ServerPlan
 from cptest.run.preflight import RUNTIME_MIB
 from cptest.scenario import Scenario
 
@@ -31,31 +34,39 @@ reserve as if it took that much."""
 class Demand:
     name: str
     gpus: int
-    """GPUs the largest server uses (all on this host)."""
+    """GPUs the largest server uses (all on this host; a co-located server's ranks share them)."""
     gpu_mib: int
-    """MiB that server may hold on each of its GPUs."""
+    """MiB that server may hold on each of its GPUs (co-located: the most ranks sharing one GPU,
+    each a whole process)."""
     cpus: int
     exclusive: str | None = None
     """Why it must run with nothing else on the machine (the scenario's `exclusive`), or None."""
     cannot_run: str | None = None
-    """Why no placement on one host can run it (several nodes), or None."""
+    """Why no placement on one host can run it (several physical nodes), or None."""
     basis: str = ""
     """How gpu_mib was estimated, for the suite record."""
+    placement: PlacementMode = "physical"
+    """How the plan places its ranks: `colocated` ranks share the GPUs granted (`Plan.placement`)."""
 
 
 def demand_of(scenario: Scenario, planned: Plan, gpu_total_mib: int) -> Demand:
+    """What `planned` needs of a machine whose GPUs have `gpu_total_mib` each, placed as it is planned
+    (`Plan.placement`): one host, or `Demand.cannot_run` saying why not."""
     servers = planned.servers()
-    if any(len(s.nodes) > 1 for s in servers):
-        nodes = max(len(s.nodes) for s in servers)
+    mode = planned.placement
+    spread = [s for s in servers if len(s.nodes) > 1 and not s.colocated]
+    if spread:
+        nodes = max(len(s.nodes) for s in spread)
         return Demand(planned.scenario, 0, 0, 0, scenario.exclusive,
-                      cannot_run=f"{nodes} nodes: a suite packs one host")
+                      cannot_run=f"{nodes} nodes: a suite packs one host", placement=mode)
     cpus = max(_cpus(s.engine, s.world_size) for s in servers)
     if planned.main.engine == "reference":
-        return Demand(planned.scenario, 0, 0, cpus, scenario.exclusive, basis="reference engine: no GPU")
-    gpus = max(len(s.nodes[0].gpu_ids) for s in servers)
-    mib, basis = max((_sglang_gpu_mib(scenario, s.topology.attn_tp, s.topology.tp * s.topology.pp,
-                                      gpu_total_mib) for s in servers), key=lambda x: x[0])
-    return Demand(planned.scenario, gpus, mib, cpus, scenario.exclusive, basis=basis)
+        return Demand(planned.scenario, 0, 0, cpus, scenario.exclusive, basis="reference engine: no GPU",
+                      placement=mode)
+    needs = [_server_gpus(scenario, s, gpu_total_mib) for s in servers]
+    fullest = max(needs, key=lambda n: n.mib)
+    return Demand(planned.scenario, max(n.gpus for n in needs), fullest.mib, cpus, scenario.exclusive,
+                  basis=fullest.basis, placement=mode)
 
 
 def _cpus(engine: str, world: int) -> int:
@@ -65,8 +76,34 @@ def _cpus(engine: str, world: int) -> int:
     return world + 2 if engine == "sglang" else 1
 
 
-def _sglang_gpu_mib(scenario: Scenario, attn_tp: int, shards: int, gpu_total_mib: int) -> tuple[int, str]:
-    fraction = scenario.serve.mem_fraction or DEFAULT_MEM_FRACTION
+class GpuNeed(NamedTuple):
+    gpus: int
+    mib: int
+    """On the fullest of them."""
+    basis: str
+
+
+def _server_gpus(scenario: Scenario, server: ServerPlan, gpu_total_mib: int) -> GpuNeed:
+    """GPUs an SGLang server uses, the MiB it may hold on the fullest of them, and how that was
+    reckoned. Co-located ranks are each a whole process (its own CUDA context, pool and weights
+    shard, sized by the rank's own memory fraction), so a GPU holds the sum over the ranks on it."""
+    t = server.topology
+    shards = t.tp * t.pp
+    colo = server.colocation
+    if colo is None:
+        mib, basis = _sglang_gpu_mib(scenario, t.attn_tp, shards, gpu_total_mib, scenario.serve.mem_fraction)
+        return GpuNeed(len(server.nodes[0].gpu_ids), mib, basis)
+    rank_mib, rank_basis = _sglang_gpu_mib(scenario, t.attn_tp, shards, gpu_total_mib, colo.mem_fraction)
+    sharing = colo.ranks_per_gpu
+    return GpuNeed(len(set(colo.rank_gpus)), sharing * rank_mib,
+                   f"{sharing} co-located rank(s) per GPU x {rank_mib} MiB each ({rank_basis})")
+
+
+def _sglang_gpu_mib(scenario: Scenario, attn_tp: int, shards: int, gpu_total_mib: int,
+                    mem_fraction: float | None) -> tuple[int, str]:
+    """What one SGLang process holds on its GPU when it runs with `mem_fraction` (None: the engine's
+    own choice, `DEFAULT_MEM_FRACTION`)."""
+    fraction = mem_fraction or DEFAULT_MEM_FRACTION
     budget = int(fraction * gpu_total_mib)
     weights = _weights_mib(scenario, shards)
     rows = scenario.serve.max_total_tokens

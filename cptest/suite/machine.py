@@ -8,12 +8,17 @@ from dataclasses import dataclass, field
 from cptest.errors import RunError
 
 PORT_BASE = 30000
-PORTS_PER_SCENARIO = 2
-"""A scenario's main and baseline server each get one HTTP port. SGLang 0.5.17 takes its other
-ports itself: nccl and the rendezvous from the OS (`get_free_port`), IPC through files; only DP
-attention derives one (HTTP port + 233, `ZMQ_TCP_PORT_DELTA`), which the port stride keeps clear."""
-PORT_STRIDE = 10
-"""Slot k's ports are PORT_BASE + PORT_STRIDE * k (main) and + 1 (baseline)."""
+PORT_BLOCK = 100
+"""The ports one server may hold, from its HTTP port up: a co-located server's node k listens on
+port + k (at most `MAX_COLOCATED_RANKS` of them) and node 0 hosts the rendezvous at port +
+`RENDEZVOUS_PORT_OFFSET` (50), both inside the block. A scenario's baseline, control and eager twin
+share the baseline port (they run one after the other), so a scenario holds two blocks."""
+SLOT_STRIDE = 2 * PORT_BLOCK
+"""Slot k's main port is PORT_BASE + SLOT_STRIDE * k, its baseline port main + PORT_BLOCK: slot 0 is
+a lone run's 30000/30100, and no port of one slot's servers is another slot's. SGLang 0.5.17 takes
+its other ports itself: nccl and the rendezvous of a one-node server from the OS (`get_free_port`),
+IPC through files; only DP attention derives one (HTTP port + 233, `ZMQ_TCP_PORT_DELTA`), which
+lands 33 above the next block's start: past its node ports, below its rendezvous."""
 CLIENT_CPUS = 2
 """CPUs left to cptest itself (the suite, each run's client and sampler threads): not given to servers."""
 
@@ -25,13 +30,14 @@ class Machine:
     cpus: tuple[int, ...]
     """Host CPUs the servers may be pinned to (the client CPUs already taken out)."""
     slots: int = 64
-    """How many port blocks there are (an upper bound on concurrent scenarios)."""
+    """How many port slots there are, two blocks each (an upper bound on concurrent scenarios)."""
     port_base: int = PORT_BASE
     client_cpus: tuple[int, ...] = field(default_factory=tuple)
 
     def ports(self, slot: int) -> tuple[int, int]:
-        main = self.port_base + PORT_STRIDE * slot
-        return main, main + 1
+        """Slot `slot`'s main and baseline HTTP ports (`SLOT_STRIDE`, `PORT_BLOCK`)."""
+        main = self.port_base + SLOT_STRIDE * slot
+        return main, main + PORT_BLOCK
 
     def describe(self) -> str:
         gpus = ", ".join(f"GPU {g} {m} MiB" for g, m in sorted(self.gpus.items())) or "no GPU"

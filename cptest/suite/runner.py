@@ -1,15 +1,18 @@
 """Run a suite: plan everything, then start each scenario as its own `cptest run` where it fits.
 
-Each scenario is a child `python -m cptest run FILE --json --gpus .. --cpus .. --ports ..` in its own
-session: its signal handling, teardown guarantees, reaper and archive are exactly a lone run's, and
-one scenario's crash cannot take another down. The suite only schedules, watches and summarises.
-SIGINT/SIGTERM to the suite send SIGTERM to every child (each then tears its engines down and still
-archives an `unknown` verdict), wait for them, and end with exit 3.
+Each scenario is a child `python -m cptest run FILE --json --placement .. --gpus .. --cpus .. --ports ..`
+in its own session: its signal handling, teardown guarantees, reaper and archive are exactly a lone
+run's, and one scenario's crash cannot take another down. The child plans what the suite planned:
+the placement the suite decided is passed explicitly, never left to the child's `auto`. The suite
+only schedules, watches and summarises. SIGINT/SIGTERM to the suite send SIGTERM to every child
+(each then tears its engines down and still archives an `unknown` verdict), wait for them, and end
+with exit 3.
 
 The suite's own record goes to `<results>/_suites/<UTC time>/` (a `_` folder: `cptest matrix`
 leaves it out, the archives themselves are under `<results>/<scenario>/`):
-    suite.json   the machine, per scenario its demand, placement, start and end, exit code,
-                 verdict and archive; wall time and GPU-seconds of the whole
+    suite.json   the machine, per scenario its demand (with its placement: physical or co-located),
+                 the ports, GPUs and CPUs granted, start and end, exit code, verdict and archive;
+                 wall time and GPU-seconds of the whole
     summary.md   the matrix of the suite's archives
     index.html   the same with a link to each scenario's report.html (`cptest report DIR --html`)
     runs/<name>.log, runs/<name>.json   each child's console and its `--json` verdict
@@ -103,17 +106,23 @@ def scenario_files(paths: Sequence[Path]) -> list[Path]:
 
 
 def plan_entries(files: list[Path], machine: Machine, *, engine: str | None, gpu_present: bool,
-                 pool: Pool, ignore_lint: bool = False) -> list[Entry]:
+                 pool: Pool, ignore_lint: bool = False, placement_mode: str = "auto",
+                 rank_mem_fraction: float | None = None) -> list[Entry]:
     """Parse and plan every file first: a suite with bad input launches nothing (every problem of
     every file is reported together, exit 2). A scenario that cannot run here (lint findings, an
-    SGLang plan without a GPU, more than the machine has) is kept with the reason, `not_run`."""
+    SGLang plan without a GPU, more than the machine has) is kept with the reason, `not_run`.
+    `placement_mode` is `cptest run`'s `--placement`; `auto` decides per scenario from the GPUs the
+    suite may use, and the decision is in each entry's `Demand.placement`."""
     from cptest import pipeline
+    from cptest.plan.model import Placement
 
     entries, problems = [], []
     smallest = min(machine.gpus.values(), default=0)
     for f in files:
         try:
-            prepared = pipeline.prepare(f, engine=engine, gpu_present=gpu_present)
+            prepared = pipeline.prepare(f, engine=engine, gpu_present=gpu_present,
+                                        placement=Placement(rank_mem_fraction=rank_mem_fraction),
+                                        placement_mode=placement_mode, gpus_here=len(machine.gpus) or None)
         except CptestError as e:
             problems.extend(e.problems)
             continue
@@ -129,12 +138,30 @@ def plan_entries(files: list[Path], machine: Machine, *, engine: str | None, gpu
     return entries
 
 
+def colocated_line(entries: list[Entry], placement_mode: str, gpus: int) -> str | None:
+    """The suite's first line when any scenario's ranks are co-located (issue 31: a run says so first),
+    else None."""
+    names = [e.name for e in entries if e.demand is not None and e.demand.placement == "colocated"]
+    if not names:
+        return None
+    why = ("--placement colocated" if placement_mode == "colocated"
+           else f"the suite has {gpus} GPU(s), fewer than their servers have ranks")
+    return (f"cptest: co-located placement for {len(names)} of {len(entries)} scenario(s) ({why}): "
+            f"{', '.join(names)}; each rank runs as its own local node process (an SGLang server's ranks "
+            "sharing GPUs), and their verdicts and reports are labelled co-located and say nothing about "
+            "speed (docs/placement.md)")
+
+
 def child_argv(entry: Entry, granted: Granted, *, results: Path, engine: str | None,
                ignore_lint: bool, launcher: str, baseline_cache: Path | None = None,
-               models: Path | None = None) -> list[str]:
+               models: Path | None = None, rank_mem_fraction: float | None = None) -> list[str]:
+    """The child `cptest run` of `entry` where it was granted: its placement mode is given
+    explicitly, so the child plans what the suite planned whatever GPUs it sees."""
     p = granted.placement
     argv = [sys.executable, "-m", "cptest", "run", str(entry.file), "--json", "--results", str(results),
-            "--ports", f"{p.main_port},{p.baseline_port}", "--launcher", launcher]
+            "--ports", f"{p.main_port},{p.baseline_port}", "--launcher", launcher, "--placement", p.mode]
+    if rank_mem_fraction is not None:
+        argv += ["--rank-mem-fraction", str(rank_mem_fraction)]
     if p.gpus:
         argv += ["--gpus", ",".join(map(str, p.gpus))]
     if p.cpus:
@@ -152,13 +179,18 @@ def child_argv(entry: Entry, granted: Granted, *, results: Path, engine: str | N
 def run_suite(files: list[Path], machine: Machine, *, results: Path, log: Logger, engine: str | None = None,
               gpu_present: bool, models: Path | None = None, jobs: int | None = None,
               ignore_lint: bool = False, launcher: str = "process", now: datetime | None = None,
-              baseline_cache: Path | None = None) -> SuiteResult:
+              baseline_cache: Path | None = None, placement_mode: str = "auto",
+              rank_mem_fraction: float | None = None) -> SuiteResult:
     pool = Pool(machine, jobs)
     entries = plan_entries(files, machine, engine=engine, gpu_present=gpu_present, pool=pool,
-                           ignore_lint=ignore_lint)
+                           ignore_lint=ignore_lint, placement_mode=placement_mode,
+                           rank_mem_fraction=rank_mem_fraction)
     stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
     folder = results / "_suites" / stamp
     (folder / "runs").mkdir(parents=True, exist_ok=True)
+    first = colocated_line(entries, placement_mode, len(machine.gpus))
+    if first:
+        log.info(first)
     log.info(f"suite of {len(entries)} scenario(s) on {machine.describe()}; record {folder}")
     for e in entries:
         if e.not_run:
@@ -182,7 +214,8 @@ def run_suite(files: list[Path], machine: Machine, *, results: Path, log: Logger
                 e = next(x for x in waiting if x.key == key)
                 waiting.remove(e)
                 _start(e, granted, folder, results=results, engine=engine, ignore_lint=ignore_lint,
-                       launcher=launcher, baseline_cache=baseline_cache, models=models)
+                       launcher=launcher, baseline_cache=baseline_cache, models=models,
+                       rank_mem_fraction=rank_mem_fraction)
                 running.append(e)
                 log.info(f"start {e.name}: {_where(granted)} "
                          f"({len(running)} running, {len(waiting)} waiting)")
@@ -225,7 +258,11 @@ def _where(g: Granted) -> str:
     p = g.placement
     gpus = f"GPU {','.join(map(str, g.gpus))}" if g.gpus else "no GPU"
     cpus = f"CPUs {_ranges(g.cpus)}" if g.cpus else "any CPU"
-    return f"{gpus}, {cpus}, ports {p.main_port}/{p.baseline_port}"
+    return f"{_mode_word(p.mode)}, {gpus}, {cpus}, ports {p.main_port}/{p.baseline_port}"
+
+
+def _mode_word(mode: str) -> str:
+    return "co-located" if mode == "colocated" else mode
 
 
 def _ranges(ids: Sequence[int]) -> str:
@@ -320,7 +357,8 @@ def _summary(entries: list[Entry], record: dict[str, Any]) -> str:
              "| scenario | verdict | exit | started (s) | duration (s) | placement | archive |",
              "|---|---|---|---|---|---|---|"]
     for e, r in zip(entries, record["scenarios"], strict=True):
-        where = _where(e.granted) if e.granted else (e.not_run or "")
+        mode = _mode_word(e.demand.placement) if e.demand else "not planned"
+        where = _where(e.granted) if e.granted else f"{mode}: {e.not_run or ''}"
         # `where` may be why it did not run: lint's or the planner's words, quoting the scenario.
         lines.append(f"| {md_inline(e.name)} | {(e.status or '?').upper()} | {e.exit_code} | "
                      f"{r['started_s']} | {r['duration_s']} | {md_inline(where)} | "

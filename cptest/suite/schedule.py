@@ -5,9 +5,11 @@ Rules, in order:
   While one waits at the head of the queue nothing else starts, so it is not starved.
 - Otherwise the queue is taken in order and any scenario that fits starts (later small ones fill
   the gaps an earlier large one leaves).
-- A scenario fits when it gets its own CPUs (`Demand.cpus`, never shared), a free port block, and
+- A scenario fits when it gets its own CPUs (`Demand.cpus`, never shared), a free port slot, and
   `Demand.gpus` GPUs that each have `Demand.gpu_mib` unreserved; among the GPUs that fit, the ones
-  with the fewest servers on them are taken (then the most memory left), to spread the work.
+  with the fewest servers on them are taken (then the most memory left), to spread the work. A
+  co-located scenario is packed the same way: its demand already counts every rank sharing a GPU,
+  and its placement says `colocated`, so its ranks go onto the GPUs granted.
 - `jobs` caps how many run at once (`--jobs 1`: one at a time, the way to measure what sharing saves).
 """
 
@@ -75,7 +77,7 @@ class Pool:
         cpus = tuple(self.free_cpus[:d.cpus])
         slot = self.free_slots[0]
         main, baseline = self.machine.ports(slot)
-        placement = Placement(main_port=main, baseline_port=baseline,
+        placement = Placement(main_port=main, baseline_port=baseline, mode=d.placement,
                               gpus=list(gpus) if d.gpus else None, cpus=list(cpus) if cpus else None)
         granted = Granted(placement, slot, gpus, cpus)
         for g in gpus:

@@ -9,6 +9,7 @@ every verdict passed, and the suite record says so.
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -18,13 +19,16 @@ import pytest
 
 from cptest.errors import ScenarioError
 from cptest.evidence import ProcessSample, read_records
-from cptest.outline import Logger
+from cptest.outline import Logger, TerminalSink
 from cptest.suite.machine import Machine
 from cptest.suite.runner import run_suite, scenario_files
 from tests.reference.conftest import ensure_tiny_models
 
 pytest.importorskip("torch")
 REPO = Path(__file__).resolve().parents[2]
+PORT_BASE = 41000
+"""Far from a lone run's 30000/30100, which another run on this machine may hold (its preflight
+would then refuse the suite's children: port_in_use)."""
 
 SCENARIO = """cptest 1
 scenario {name} {{
@@ -69,15 +73,15 @@ def write(folder: Path, name: str, exclusive: str = "") -> Path:
 def test_two_scenarios_share_the_machine_and_an_exclusive_one_runs_alone(tmp_path: Path) -> None:
     files = [write(tmp_path, "a"), write(tmp_path, "b"), write(tmp_path, "x", 'exclusive "times its steps"')]
     results = tmp_path / "results"
-    done = run_suite(files, Machine({}, (0, 1)), results=results, log=Logger([]), gpu_present=False,
-                     models=tmp_path / "models")
+    done = run_suite(files, Machine({}, (0, 1), port_base=PORT_BASE), results=results, log=Logger([]),
+                     gpu_present=False, models=tmp_path / "models")
     by = {e.name: e for e in done.entries}
     assert done.exit_code == 0, [(e.name, e.status, e.not_run) for e in done.entries]
     assert {e.status for e in done.entries} == {"pass"}
     a, b, x = by["a"], by["b"], by["x"]
     assert a.started < b.ended and b.started < a.ended, "a and b did not run at the same time"
     assert x.started >= max(a.ended, b.ended), "the exclusive scenario started beside others"
-    assert {a.granted.placement.main_port, b.granted.placement.main_port} == {30000, 30010}
+    assert {a.granted.placement.main_port, b.granted.placement.main_port} == {PORT_BASE, PORT_BASE + 200}
     assert {a.granted.cpus, b.granted.cpus} == {(0,), (1,)}
     for e in (a, b, x):
         archive = Path(e.archive)
@@ -97,6 +101,32 @@ def test_two_scenarios_share_the_machine_and_an_exclusive_one_runs_alone(tmp_pat
     assert all((Path(e.archive) / "report.html").is_file() for e in (a, b, x))
 
 
+def test_two_colocated_scenarios_run_at_once_each_node_on_its_own_port(tmp_path: Path) -> None:
+    files = [write(tmp_path, "c1"), write(tmp_path, "c2")]
+    results, console = tmp_path / "results", io.StringIO()
+    done = run_suite(files, Machine({}, (0, 1), port_base=PORT_BASE), results=results,
+                     log=Logger([TerminalSink(console, color=False)]), gpu_present=False,
+                     models=tmp_path / "models", placement_mode="colocated")
+    assert done.exit_code == 0, [(e.name, e.status, e.not_run) for e in done.entries]
+    assert console.getvalue().startswith("cptest: co-located placement for 2 of 2 scenario(s) "
+                                         "(--placement colocated): c1, c2;")
+    c1, c2 = done.entries
+    assert c1.started < c2.ended and c2.started < c1.ended, "c1 and c2 did not run at the same time"
+    for e, port in ((c1, PORT_BASE), (c2, PORT_BASE + 200)):
+        assert e.status == "pass" and Path(e.archive).parent.parent == results
+        main = json.loads((Path(e.archive) / "plan.json").read_text())["main"]
+        assert main["colocation"]["rank_gpus"] == [0, 0]  # the reference engine's ranks: on CPU
+        assert [n["port"] for n in main["nodes"]] == [port, port + 1]
+        assert all(f"127.0.0.1:{port + 50}" in n["argv"] for n in main["nodes"])  # node 0's rendezvous
+        assert all(n["cpus"] == list(e.granted.cpus) for n in main["nodes"])
+    record = json.loads((done.folder / "suite.json").read_text())
+    assert [(s["demand"]["placement"], s["placement"]["mode"]) for s in record["scenarios"]] == \
+        [("colocated", "colocated")] * 2
+    summary = (done.folder / "summary.md").read_text()
+    for cpu, port in ((0, PORT_BASE), (1, PORT_BASE + 200)):
+        assert f"| co-located, no GPU, CPUs {cpu}, ports {port}/{port + 100} |" in summary
+
+
 def test_a_scenario_without_its_weights_is_unknown_with_the_cause_and_the_others_run(tmp_path: Path) -> None:
     good = write(tmp_path, "good")
     lost = tmp_path / "lost.cps"
@@ -107,8 +137,8 @@ def test_a_scenario_without_its_weights_is_unknown_with_the_cause_and_the_others
         (ensure_tiny_models() / "llama-kv1" / "config.json").read_text())
     files = [good, lost]
     results = tmp_path / "results"
-    done = run_suite(files, Machine({}, (0, 1)), results=results, log=Logger([]), gpu_present=False,
-                     models=tmp_path / "models")
+    done = run_suite(files, Machine({}, (0, 1), port_base=PORT_BASE), results=results, log=Logger([]),
+                     gpu_present=False, models=tmp_path / "models")
     by = {e.name: e for e in done.entries}
     assert by["good"].status == "pass"
     assert by["lost"].status == "unknown" and by["lost"].archive is None
