@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from cptest.engines.protocol import RENDEZVOUS_PORT_OFFSET
 from cptest.errors import Problem, RunError
 from cptest.plan.model import Plan, ServerPlan
 from cptest.run.interpreter import ENV_VAR, EnginePython, same_release
@@ -197,19 +198,24 @@ def _model_remedy(d: Path) -> str:
 
 def _ports(server: ServerPlan) -> list[Cause]:
     causes = []
-    for node in server.nodes:
+    wanted = [(node.host, node.port, "port") for node in server.nodes]
+    if server.colocated:
+        # Its nodes meet at node 0's rendezvous, on this host too.
+        head = server.nodes[0]
+        wanted.append((head.host, head.port + RENDEZVOUS_PORT_OFFSET, "rendezvous port"))
+    for host, port, what in wanted:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             # SO_REUSEADDR as the engine's server sets it: a port left in TIME_WAIT by an earlier run
             # is free for it; a port something listens on is not.
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                s.bind((node.host, node.port))
+                s.bind((host, port))
             except OSError as e:
                 if e.errno != errno.EADDRINUSE:
                     raise
-                causes.append(Cause("port_in_use", f"{server.role} server's port {node.host}:{node.port} is "
+                causes.append(Cause("port_in_use", f"{server.role} server's {what} {host}:{port} is "
                                     "in use by another process",
-                                    f"stop it (`ss -ltnp | grep :{node.port}` names it) or give other ports: "
+                                    f"stop it (`ss -ltnp | grep :{port}` names it) or give other ports: "
                                     "--ports MAIN,BASELINE"))
     return causes
 

@@ -172,3 +172,17 @@ def test_a_colocated_archive_is_planned_again_exactly_as_it_ran() -> None:
         again = plan(parse_text(DCP2, "s.cps"), placement=pipeline._placement_of(archived))
         assert again == archived
         assert pipeline.plan_changes(archived, again) == []
+
+
+def test_a_colocated_servers_rendezvous_port_in_use_is_unknown_before_launch(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        base = busy - 50
+        p = planned(mode="colocated", main_port=base, baseline_port=base + 20000)
+        causes = [c for c in preflight(p, results=tmp_path, gpus=lambda: None) if c.code == "port_in_use"]
+    assert [c.message for c in causes] == [f"main server's rendezvous port 127.0.0.1:{busy} is in use by "
+                                           "another process"]
