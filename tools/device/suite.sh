@@ -3,13 +3,16 @@
 #
 # Like qualify.sh (same setup: c3, the wheels, cptest on PYTHONPATH, the tiny models), but the
 # scenarios go to one `cptest suite`, which packs them onto the machine's GPUs and CPUs (--jobs 1:
-# one at a time, the comparison). Bounded by SUITE_TIMEOUT_S (SIGTERM: every running scenario tears
-# down and archives `unknown`). Returns $OUT/results.tar.gz (results/<scenario>/<run>/ and
+# one at a time, the comparison). Bounded by SUITE_DEADLINE_S from the script's start, set-up included
+# (SIGTERM then: every running scenario tears down and archives `unknown`, and KILL_AFTER_S later the
+# rest is killed, so that the archives are packed inside the call's 600 s). `--placement colocated`
+# and the other `cptest suite` options pass through. Returns $OUT/results.tar.gz (results/<scenario>/<run>/ and
 # results/_suites/<time>/), $OUT/suite.log (the suite's console), $OUT/suite.json (its --json), and
 # $OUT/jit-caches.txt (cache sizes before and after).
 set -uo pipefail
 T0=$(date +%s)
-SUITE_TIMEOUT_S=${SUITE_TIMEOUT_S:-540}
+SUITE_DEADLINE_S=${SUITE_DEADLINE_S:-470}
+KILL_AFTER_S=${KILL_AFTER_S:-90}
 OUT=${OUT:-/tmp/suite-out}
 WORK=/tmp/qualify
 mkdir -p "$OUT" "$WORK"
@@ -26,7 +29,8 @@ pack() {
 trap pack EXIT
 source tools/device/cptest-env.sh
 { echo "before:"; caches; } > "$OUT/jit-caches.txt"
-say "cptest suite $*"
-timeout --signal=TERM --kill-after=150 "$SUITE_TIMEOUT_S" python3 -m cptest suite --json --results "$WORK/results" "$@" \
-  > "$OUT/suite.json" 2>> "$LOG"
+SUITE_TIMEOUT_S=$(( SUITE_DEADLINE_S - ($(date +%s) - T0) ))
+say "cptest suite $* (at most ${SUITE_TIMEOUT_S}s)"
+timeout --signal=TERM --kill-after="$KILL_AFTER_S" "$SUITE_TIMEOUT_S" python3 -m cptest suite --json \
+  --results "$WORK/results" "$@" > "$OUT/suite.json" 2>> "$LOG"
 say "suite exit $?"
