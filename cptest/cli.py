@@ -638,10 +638,12 @@ def _outcome(outcome: Any, as_json: bool) -> int:
 
 def _verdict_text(verdict: Any, out: Path) -> str:
     """The verdicts for a terminal: a reason may quote an engine's log line, whose control
-    characters are shown as text (`report.text.plain_text`), never sent to the terminal."""
+    characters are shown as text (`report.text.plain_text`), never sent to the terminal. A
+    co-located verdict says so on its first line: it judges semantics, never speed."""
     from cptest.report.text import plain_text
 
-    lines = [f"{verdict.scenario}: {verdict.status.upper()} (engine {verdict.engine})"]
+    placed = ", co-located" if verdict.placement == "colocated" else ""
+    lines = [f"{verdict.scenario}: {verdict.status.upper()} (engine {verdict.engine}{placed})"]
     for v in verdict.verdicts:
         tag = " [violation expected]" if v.expect_violation else ""
         lines.append(f"  {v.status:7} {v.checker}{tag}: {v.reason}")
