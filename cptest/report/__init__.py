@@ -18,6 +18,7 @@ import jinja2
 from markupsafe import Markup
 
 from cptest.plan.model import Plan
+from cptest.report import views
 from cptest.report.text import md_block, md_inline, xml_attr, xml_text
 from cptest.store import Layout, existing_file, require_plain
 from cptest.verdict import ScenarioVerdict, merge, read_verdict
@@ -78,9 +79,12 @@ def _load(source: Path | str | ScenarioVerdict, plan: Plan | None) -> tuple[Scen
 
 
 def render(source: Path | str | ScenarioVerdict, plan: Plan | None = None) -> str:
-    """report.md for an archive directory (reads verdict.json and plan.json) or a verdict and plan."""
+    """report.md for an archive directory (reads verdict.json and plan.json) or a verdict and plan.
+    A co-located archive says so near the top, with where its ranks ran and what that cannot judge."""
     verdict, plan = _load(source, plan)
-    return _env(False).get_template("report.md.j2").render(v=verdict, plan=plan)
+    placed = views.placement(plan)
+    return _env(False).get_template("report.md.j2").render(
+        v=verdict, plan=plan, placed=placed, colocated=verdict.placement == "colocated" or placed is not None)
 
 
 def render_junit(source: Path | str | ScenarioVerdict) -> str:

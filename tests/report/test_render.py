@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from cptest.report import render, render_junit, render_matrix
-from cptest.testing.archives import make_plan, server_plan
+from cptest.testing.archives import colocate, make_plan, server_plan
 from cptest.verdict import Verdict, scenario_verdict
 
 VERDICTS = [
@@ -29,6 +29,49 @@ def test_report_lists_every_verdict_with_its_reason_and_escapes_pipes() -> None:
 def test_reference_engine_report_says_it_does_not_qualify_sglang() -> None:
     md = render(scenario_verdict("x", "reference", "", VERDICTS[:1]))
     assert "never count as SGLang qualification" in md
+
+
+def test_a_colocated_report_states_where_its_ranks_ran_and_what_that_cannot_judge_near_the_top() -> None:
+    sv = scenario_verdict("dcp2", "sglang", "0.5.17", VERDICTS, placement="colocated")
+    md = render(sv, make_plan(colocate(server_plan(world=2, dcp=2))))
+    top = md[:md.index("## Verdicts")]
+    assert top.splitlines()[2].startswith("> Co-located: each rank ran as its own local node process")
+    assert "is not a speed measurement" in top.splitlines()[2]
+    assert "| placement | co-located (see Placement) |" in top
+    for row in ("| rank → GPU | rank 0: GPU 0; rank 1: GPU 0 |",
+                "| ranks per GPU | 2 |",
+                "| transport | NCCL over sockets on loopback (no P2P, SHM, IB, custom all-reduce) |",
+                "| environment added to every node | NCCL_SOCKET_IFNAME=lo, NCCL_NET=Socket, "
+                "NCCL_P2P_DISABLE=1 |",
+                "| environment added per node | node 0: NCCL_HOSTID=cptest-node0; "
+                "node 1: NCCL_HOSTID=cptest-node1 |",
+                "| flags added | --disable-custom-all-reduce |",
+                "| memory fraction of each rank | 0.25 (the scenario's mem_fraction 0.5 / 2 rank(s) "
+                "per GPU) |",
+                "- per-GPU memory accounting (device totals mix the ranks that share a GPU)"):
+        assert row in top, row
+
+
+def test_a_physical_report_says_nothing_of_placement() -> None:
+    sv = scenario_verdict("dcp2", "sglang", "0.5.17", VERDICTS)
+    md = render(sv, make_plan(server_plan(world=2, dcp=2)))
+    assert "co-located" not in md.lower() and "placement" not in md
+
+
+def test_a_colocated_verdict_without_a_plan_still_says_co_located() -> None:
+    md = render(scenario_verdict("dcp2", "sglang", "0.5.17", VERDICTS, placement="colocated"))
+    assert "| placement | co-located (see Placement) |" in md
+    assert "The plan is unreadable, so where the ranks ran is unknown." in md
+
+
+def test_junit_carries_the_placement_of_a_colocated_verdict_only() -> None:
+    def props(sv):
+        root = ET.fromstring(render_junit(sv))
+        return {p.get("name"): p.get("value") for p in root.findall("./testsuite/properties/property")}
+
+    assert props(scenario_verdict("d", "sglang", "0.5.17", VERDICTS, placement="colocated"))["placement"] == \
+        "colocated"
+    assert "placement" not in props(scenario_verdict("d", "sglang", "0.5.17", VERDICTS))
 
 
 def test_junit_has_one_testcase_per_checker_failure_and_error() -> None:
