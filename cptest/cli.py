@@ -751,8 +751,9 @@ def matrix(directories: tuple[Path, ...], support: bool, scenario_dir: Path, rel
                f"{', '.join(map(str, folders))}" + (f"; {', '.join(map(str, trial))} holds trial runs, "
                "not published evidence" if trial else "; trial runs are not read"), err=True)
     text = render_matrix(archives)
-    rows = [{"scenario": r["scenario"], "engine": r["engine"], "status": r["status"], "contracts": r["by"],
-             "archive": str(r["dir"]), "older": r["older"]} for r in matrix_rows(archives)[0]]
+    rows = [{"scenario": r["scenario"], "engine": r["engine"], "placement": r["placement"],
+             "status": r["status"], "contracts": r["by"], "archive": str(r["dir"]), "older": r["older"]}
+            for r in matrix_rows(archives)[0]]
     _emit({"published": [str(d) for d in folders], "rows": rows, "markdown": text}, as_json, text)
     return 0
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, RootModel, TypeAdapter
 
 from cptest.errors import Problem
 from cptest.plan.model import Plan
+from cptest.topology import PlacementMode
 from cptest.verdict import ScenarioVerdict
 
 
@@ -298,12 +299,14 @@ class ReportOut(_Out):
 class MatrixRowOut(_Out):
     scenario: str
     engine: str
+    placement: PlacementMode
+    """`colocated`: the ranks shared GPUs (semantics, never speed); such an archive has its own row."""
     status: str
     contracts: dict[str, str]
     """Each checker's status in this archive (`pass (no-go seen)` for a declared violation seen)."""
     archive: str
     older: int
-    """Older archives of the same scenario and engine under the folders read (not in the row)."""
+    """Older archives of the same scenario, engine and placement under the folders read (not in the row)."""
 
 
 class MatrixOut(_Out):
@@ -333,6 +336,8 @@ class SupportRuleOut(_Out):
 class SupportRunOut(_Out):
     archive: str
     scenario: str
+    placement: PlacementMode
+    """`colocated`: the run's ranks shared GPUs; the cell then says co-located beside its verdicts."""
     status: str
     contracts: dict[str, str]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from cptest.report import render, render_junit, render_matrix
+from cptest.report import matrix_rows, render, render_junit, render_matrix
 from cptest.testing.archives import colocate, make_plan, server_plan
 from cptest.verdict import Verdict, scenario_verdict
 
@@ -121,3 +121,25 @@ def test_matrix_keeps_the_newest_archive_per_scenario_and_shows_the_generation_f
     assert len([x for x in lines if x.startswith("| dcp2")]) == 1 and "†" not in "".join(lines)
     only_old = render_matrix(dirs[:1])
     assert "FAIL †" in only_old and "superseded by teacher-forced parity" in only_old
+
+
+def _archive(root: Path, scenario: str, stamp: str, placement: str = "physical") -> Path:
+    d = root / scenario / stamp
+    d.mkdir(parents=True)
+    v = scenario_verdict(scenario, "sglang", "0.5.17", VERDICTS[:1], placement=placement)  # type: ignore[arg-type]
+    (d / "verdict.json").write_text(v.to_json())
+    return d
+
+
+def test_a_colocated_archive_never_supersedes_nor_hides_a_physical_one(tmp_path: Path) -> None:
+    physical = _archive(tmp_path, "dcp2", "20260101T000000Z-aaaaaaaa")
+    newer_colocated = _archive(tmp_path, "dcp2", "20260102T000000Z-bbbbbbbb", "colocated")
+    older_colocated = _archive(tmp_path, "dcp2", "20251231T000000Z-cccccccc", "colocated")
+    lines = render_matrix([newer_colocated, physical, older_colocated]).splitlines()
+    assert lines[0] == "| scenario | engine | verdict | launch | archive | older |"
+    # The physical row reads as it did before placements existed; the co-located one says so.
+    assert lines[2] == "| dcp2 | sglang | **PASS** | PASS | 20260101T000000Z-aaaaaaaa | - |"
+    assert lines[3] == "| dcp2 | sglang, co-located | **PASS** | PASS | 20260102T000000Z-bbbbbbbb | 1 |"
+    assert len(lines) == 4
+    rows = matrix_rows([physical, newer_colocated])[0]
+    assert [(r["placement"], r["older"]) for r in rows] == [("physical", 0), ("colocated", 0)]
