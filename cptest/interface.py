@@ -249,6 +249,9 @@ class DiffOut(_Out):
     b: str
     scenario: str
     scenario_b: str
+    placement_a: PlacementMode
+    placement_b: PlacementMode
+    """When they differ, the speed and memory figures are entries of kind `not comparable`."""
     same: bool
     differences: int
     within: int
