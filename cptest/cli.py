@@ -642,10 +642,12 @@ def _outcome(outcome: Any, as_json: bool) -> int:
 
 def _verdict_text(verdict: Any, out: Path) -> str:
     """The verdicts for a terminal: a reason may quote an engine's log line, whose control
-    characters are shown as text (`report.text.plain_text`), never sent to the terminal."""
+    characters are shown as text (`report.text.plain_text`), never sent to the terminal. A
+    co-located verdict says so on its first line: it judges semantics, never speed."""
     from cptest.report.text import plain_text
 
-    lines = [f"{verdict.scenario}: {verdict.status.upper()} (engine {verdict.engine})"]
+    placed = ", co-located" if verdict.placement == "colocated" else ""
+    lines = [f"{verdict.scenario}: {verdict.status.upper()} (engine {verdict.engine}{placed})"]
     for v in verdict.verdicts:
         tag = " [violation expected]" if v.expect_violation else ""
         lines.append(f"  {v.status:7} {v.checker}{tag}: {v.reason}")
@@ -753,8 +755,9 @@ def matrix(directories: tuple[Path, ...], support: bool, scenario_dir: Path, rel
                f"{', '.join(map(str, folders))}" + (f"; {', '.join(map(str, trial))} holds trial runs, "
                "not published evidence" if trial else "; trial runs are not read"), err=True)
     text = render_matrix(archives)
-    rows = [{"scenario": r["scenario"], "engine": r["engine"], "status": r["status"], "contracts": r["by"],
-             "archive": str(r["dir"]), "older": r["older"]} for r in matrix_rows(archives)[0]]
+    rows = [{"scenario": r["scenario"], "engine": r["engine"], "placement": r["placement"],
+             "status": r["status"], "contracts": r["by"], "archive": str(r["dir"]), "older": r["older"]}
+            for r in matrix_rows(archives)[0]]
     _emit({"published": [str(d) for d in folders], "rows": rows, "markdown": text}, as_json, text)
     return 0
 

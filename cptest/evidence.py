@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from cptest.errors import EvidenceError, Problem, Span
-from cptest.topology import Degrees
+from cptest.topology import Degrees, PlacementMode
 
 SCHEMA_VERSION = 5
 """v5 (D59): `pool_sample` records (`PoolSample`); (D58) steps of CUDA-graph replays, marked by
@@ -590,6 +590,9 @@ class RoleEvidence:
     degrees: Degrees | None = None
     """Planned parallel degrees (the groups, where no rank reported them)."""
     engine: str = ""
+    placement: PlacementMode = "physical"
+    """`colocated`: the server's ranks shared GPUs, so a device's figures mix several ranks (and,
+    judged against a GPU's own total, say nothing about any one of them)."""
     ranks: dict[int, RankEvidence] = field(default_factory=dict)
     runner: RunnerEvidence | None = None
     """None when `runner.jsonl` is missing."""

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, RootModel, TypeAdapter
 
 from cptest.errors import Problem
 from cptest.plan.model import Plan
+from cptest.topology import PlacementMode
 from cptest.verdict import ScenarioVerdict
 
 
@@ -248,6 +249,9 @@ class DiffOut(_Out):
     b: str
     scenario: str
     scenario_b: str
+    placement_a: PlacementMode
+    placement_b: PlacementMode
+    """When they differ, the speed and memory figures are entries of kind `not comparable`."""
     same: bool
     differences: int
     within: int
@@ -298,12 +302,14 @@ class ReportOut(_Out):
 class MatrixRowOut(_Out):
     scenario: str
     engine: str
+    placement: PlacementMode
+    """`colocated`: the ranks shared GPUs (semantics, never speed); such an archive has its own row."""
     status: str
     contracts: dict[str, str]
     """Each checker's status in this archive (`pass (no-go seen)` for a declared violation seen)."""
     archive: str
     older: int
-    """Older archives of the same scenario and engine under the folders read (not in the row)."""
+    """Older archives of the same scenario, engine and placement under the folders read (not in the row)."""
 
 
 class MatrixOut(_Out):
@@ -333,6 +339,8 @@ class SupportRuleOut(_Out):
 class SupportRunOut(_Out):
     archive: str
     scenario: str
+    placement: PlacementMode
+    """`colocated`: the run's ranks shared GPUs; the cell then says co-located beside its verdicts."""
     status: str
     contracts: dict[str, str]
 

@@ -36,6 +36,12 @@ KvHeadsRule = Literal["attn_tp", "attn_tp_over_dcp"]
 
 CP_STRATEGIES = ("zigzag", "interleave")
 
+PlacementMode = Literal["physical", "colocated"]
+"""`physical`: one rank per GPU, a server's ranks in as many processes as it has nodes (SGLang's
+default). `colocated`: every rank of a multi-rank server is its own local node process, and ranks
+share GPUs (docs/placement.md says what that proves and what it cannot). Every stage that labels
+evidence (the plan, the evidence a checker reads, the verdict, the reports) uses this one type."""
+
 
 class Degrees(BaseModel):
     """The parallel degrees of one server: the one type for them, from the scenario to both engines' argv.

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cptest.errors import Problem, Span
+from cptest.topology import PlacementMode
 
 Status = Literal["pass", "fail", "unknown"]
 
@@ -49,7 +50,8 @@ class Verdict(BaseModel):
 
 class ScenarioVerdict(BaseModel):
     """All verdicts of one archive and their worst. `engine` is the label of the main server's engine:
-    a `reference` result never counts as SGLang evidence (`qualifies_sglang` is False)."""
+    a `reference` result never counts as SGLang evidence (`qualifies_sglang` is False). `placement`
+    is `colocated` when any server's ranks shared GPUs: such a verdict judges semantics, never speed."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     scenario: str
@@ -58,6 +60,9 @@ class ScenarioVerdict(BaseModel):
     status: Status
     verdicts: list[Verdict]
     counts: dict[str, int]
+    placement: PlacementMode = Field(default="physical", exclude_if=lambda v: v == "physical")
+    """Left out of verdict.json when physical, so that the verdicts of archives made before placements
+    existed are re-derived byte for byte (`cptest check`)."""
 
     @property
     def qualifies_sglang(self) -> bool:
@@ -126,7 +131,8 @@ def apply_expectation(raw: Verdict, expect_violation: bool, source: str) -> Verd
     )
 
 
-def scenario_verdict(scenario: str, engine: str, release: str, verdicts: list[Verdict]) -> ScenarioVerdict:
+def scenario_verdict(scenario: str, engine: str, release: str, verdicts: list[Verdict],
+                     placement: PlacementMode = "physical") -> ScenarioVerdict:
     counts = {s: 0 for s in SEVERITY}
     for v in verdicts:
         counts[v.status] += 1
@@ -137,6 +143,7 @@ def scenario_verdict(scenario: str, engine: str, release: str, verdicts: list[Ve
         status=merge([v.status for v in verdicts]),
         verdicts=verdicts,
         counts=counts,
+        placement=placement,
     )
 
 

@@ -425,3 +425,14 @@ def test_json_error_output_parses(tmp_path: Path):
     error = json.loads(done.stdout)
     assert error["error"] == "PlanError" and error["exit_code"] == 2
     assert error["problems"][0]["where"].startswith(f"{f}:3:")
+
+
+def test_the_verdict_text_of_a_colocated_run_says_so_on_its_first_line(tmp_path: Path):
+    from cptest.cli import _verdict_text
+    from cptest.verdict import Verdict, scenario_verdict
+
+    verdicts = [Verdict(checker="rows", status="pass", reason="ok")]
+    physical = scenario_verdict("dcp2", "sglang", "0.5.17", verdicts)
+    colocated = scenario_verdict("dcp2", "sglang", "0.5.17", verdicts, placement="colocated")
+    assert _verdict_text(physical, tmp_path).splitlines()[0] == "dcp2: PASS (engine sglang)"
+    assert _verdict_text(colocated, tmp_path).splitlines()[0] == "dcp2: PASS (engine sglang, co-located)"

@@ -6,7 +6,7 @@ Each expectation of the plan is judged by its contract's checker (`cptest.contra
 pass, and never hides the other verdicts. The scenario status is the worst of its checkers' (fail >
 unknown > pass); `ScenarioVerdict.exit_code` is what `cptest check` returns (0 pass, 1 fail, 3
 unknown). Results of the `reference` engine are labelled `engine: reference` and never count as
-SGLang evidence.
+SGLang evidence; results of co-located ranks are labelled `placement: colocated` (the plan's).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def check_loaded(archive: Archive, *, finished: bool = True) -> ScenarioVerdict:
             if v.checker in ABSENCE_BASED and v.status == "fail" else v
             for v in verdicts
         ] + [unknown("run", unfinished)]
-    return scenario_verdict(plan.scenario, plan.main.engine, plan.main.release, verdicts)
+    return scenario_verdict(plan.scenario, plan.main.engine, plan.main.release, verdicts, plan.placement)
 
 
 ABSENCE_BASED = frozenset({"serving", "shutdown", "log"})

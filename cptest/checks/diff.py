@@ -11,6 +11,10 @@ Evidence falls under one of three rules (docs/decisions.md D42):
   contract's relative tolerance. Outside: counted; inside: reported, not counted.
 - **measurement**: timings, throughput, memory: they vary from run to run by nature; reported
   beside the differences, never counted.
+- **not comparable**: the speed and per-GPU memory measurements of two archives of different
+  placements (one physical, one co-located): co-located ranks share GPUs and talk over sockets, so
+  such figures are not speed measurements (`Colocation.cannot_judge`). Reported with both
+  placements, never counted.
 
 Not compared: the rows each rank computed per step (PCP packs the batch, so the split of one
 request follows what else ran with it; the rows checker judges the rule and its status is compared),
@@ -39,9 +43,10 @@ from cptest.errors import CptestError, Problem
 from cptest.evidence import RankEvidence, RoleEvidence, RunnerEvidence, ranges_len, ranges_merge
 from cptest.plan.model import Plan
 from cptest.store import Layout, existing_file, read_file, read_manifest
+from cptest.topology import PlacementMode
 from cptest.verdict import ScenarioVerdict
 
-Kind = Literal["exact", "tolerance", "measurement"]
+Kind = Literal["exact", "tolerance", "measurement", "not comparable"]
 
 DEFAULT_LOGPROB_ULPS = 8
 """|Δlogprob| allowed, in float32 ulps of the values compared, when the plan declares no logprob
@@ -115,6 +120,8 @@ class DiffReport:
     scenario_b: str = ""
     tolerances: Tolerances = field(default_factory=Tolerances)
     entries: list[DiffEntry] = field(default_factory=list)
+    placement_a: PlacementMode = "physical"
+    placement_b: PlacementMode = "physical"
 
     @property
     def differences(self) -> list[DiffEntry]:
@@ -123,26 +130,43 @@ class DiffReport:
     @property
     def within(self) -> list[DiffEntry]:
         """Differences inside a tolerance (not measurements): reported, not counted."""
-        return [e for e in self.entries if e.within and e.kind != "measurement"]
+        return [e for e in self.entries if e.within and e.kind not in ("measurement", "not comparable")]
 
     @property
     def measurements(self) -> list[DiffEntry]:
         return [e for e in self.entries if e.kind == "measurement"]
 
     @property
+    def not_comparable(self) -> list[DiffEntry]:
+        """Speed and memory figures of archives of different placements: shown, never compared."""
+        return [e for e in self.entries if e.kind == "not comparable"]
+
+    @property
     def same(self) -> bool:
         return not self.differences
 
+    def placements(self) -> str:
+        """`a physical, b co-located`, `both co-located`, or "" when both are physical (the text of a
+        diff of physical archives reads as it always did)."""
+        a, b = (_placement_words(p) for p in (self.placement_a, self.placement_b))
+        if a == b:
+            return "" if self.placement_a == "physical" else f"both {a}"
+        return f"a {a}, b {b}"
+
     def as_json(self) -> dict[str, Any]:
         return {"a": str(self.a), "b": str(self.b), "scenario": self.scenario, "scenario_b": self.scenario_b,
+                "placement_a": self.placement_a, "placement_b": self.placement_b,
                 "same": self.same, "differences": len(self.differences), "within": len(self.within),
                 "tolerances": self.tolerances.as_json(),
                 "entries": [e.as_json() for e in self.entries]}  # fmt: skip
 
     def render(self) -> str:
         """A short table: one row per differing item (items of one subject and field grouped), then
-        one line for what is inside the tolerances and one per server for the measurements. No colour."""
+        one line for what is inside the tolerances and one per server for the measurements (or for
+        the figures that are not comparable across placements). No colour."""
         names = self.scenario if self.scenario == self.scenario_b else f"{self.scenario} vs {self.scenario_b}"
+        if self.placements():
+            names += f"; {self.placements()}"
         n = len(self.differences)
         if n == 0:
             lines = [f"{self.a} and {self.b} agree ({names}): no difference outside the declared tolerances"]
@@ -164,7 +188,17 @@ class DiffReport:
         for subject, es in by_subject.items():
             figs = ", ".join(f"{e.field} {_fmt(e.a, digits=4)} / {_fmt(e.b, digits=4)}" for e in es)
             lines.append(f"measured ({subject}, a / b; not compared): {figs}")
+        apart: dict[str, list[DiffEntry]] = defaultdict(list)
+        for e in self.not_comparable:
+            apart[e.subject].append(e)
+        for subject, es in apart.items():
+            figs = ", ".join(f"{e.field} {_fmt(e.a, digits=4)} / {_fmt(e.b, digits=4)}" for e in es)
+            lines.append(f"not comparable (co-located; {subject}, a / b; {self.placements()}): {figs}")
         return "\n".join(lines)
+
+
+def _placement_words(p: PlacementMode) -> str:
+    return "co-located" if p == "colocated" else p
 
 
 # ---------------------------------------------------------------- the diff
@@ -186,10 +220,12 @@ def diff(a: Path | str, b: Path | str, tolerances: dict[str, float] | None = Non
             hint="pass --other-scenario to compare their evidence anyway"))  # fmt: skip
     va, vb = _verdict(a), _verdict(b)
     tol = _tolerances(A.plan, B.plan, va, vb, tolerances or {})
-    rep = DiffReport(a=a, b=b, scenario=name_a, scenario_b=name_b, tolerances=tol)
+    rep = DiffReport(a=a, b=b, scenario=name_a, scenario_b=name_b, tolerances=tol,
+                     placement_a=A.plan.placement, placement_b=B.plan.placement)
+    same_placement = rep.placement_a == rep.placement_b
     for role in sorted(set(A.evidence.roles) | set(B.evidence.roles)):
         ra, rb = A.evidence.role(role), B.evidence.role(role)
-        rep.entries += _role(role, ra, rb, tol)
+        rep.entries += _role(role, ra, rb, tol, same_placement)
     rep.entries += _verdicts(va, vb)
     return rep
 
@@ -267,7 +303,8 @@ def _resolved_limit(v: ScenarioVerdict | None, bound: str, checker: str = "gener
 
 
 # ---------------------------------------------------------------- one server
-def _role(role: str, ra: RoleEvidence, rb: RoleEvidence, tol: Tolerances) -> list[DiffEntry]:
+def _role(role: str, ra: RoleEvidence, rb: RoleEvidence, tol: Tolerances,
+          same_placement: bool = True) -> list[DiffEntry]:
     out: list[DiffEntry] = []
     if sorted(ra.missing) != sorted(rb.missing):
         out.append(DiffEntry(role, None, "missing evidence", sorted(ra.missing), sorted(rb.missing), False,
@@ -277,7 +314,7 @@ def _role(role: str, ra: RoleEvidence, rb: RoleEvidence, tol: Tolerances) -> lis
     out += _scores(role, xa, xb, tol)
     for w in sorted(set(ra.ranks) | set(rb.ranks)):
         out += _rank(f"{role} rank {w}", ra.ranks.get(w), rb.ranks.get(w), tol)
-    out += _measurements(role, xa, xb)
+    out += _measurements(role, xa, xb, same_placement)
     return out
 
 
@@ -455,15 +492,22 @@ def _owned_summary(owned: Counter[tuple[tuple[int, int], ...]]) -> str:
     return f"{positions} pos. of {sum(owned.values())} requests"
 
 
-def _measurements(role: str, xa: RunnerEvidence, xb: RunnerEvidence) -> list[DiffEntry]:
-    """Timings, throughput and memory of one server: reported, never counted."""
+def _measurements(role: str, xa: RunnerEvidence, xb: RunnerEvidence,
+                  same_placement: bool = True) -> list[DiffEntry]:
+    """Timings, throughput and memory of one server: reported, never counted. Across placements the
+    speed and memory figures are not comparable at all, and say so."""
     out = []
     for name, get in _MEASURES:
         x, y = get(xa), get(xb)
         if x is None and y is None:
             continue
-        out.append(DiffEntry(role, None, name, x, y, True, "a measurement: varies from run to run",
-                             "measurement"))
+        if same_placement or name not in PLACEMENT_BOUND:
+            out.append(DiffEntry(role, None, name, x, y, True, "a measurement: varies from run to run",
+                                 "measurement"))
+        else:
+            out.append(DiffEntry(role, None, name, x, y, True, "not comparable (co-located): one archive's "
+                                 "ranks shared GPUs, so its figures are not speed or per-GPU memory "
+                                 "measurements", "not comparable"))
     return out
 
 
@@ -502,6 +546,13 @@ _MEASURES: tuple[tuple[str, Callable[[RunnerEvidence], float | None]], ...] = (
     ("gpu peak (MiB)", _gpu_peak),
     ("shutdown (s)", lambda x: _event_detail(x, "shutdown_done", "after_s")),
 )
+
+PLACEMENT_BOUND = frozenset({"ready (s)", "ttft p50 (s)", "tpot p50 (s)", "e2e p50 (s)", "output tok/s",
+                             "gpu peak (MiB)"})
+"""The measurements that co-location cannot judge (`Colocation.cannot_judge`): speed (startup,
+latency, throughput: ranks share one GPU's SMs, collectives go over sockets) and per-GPU memory
+(device totals mix the ranks of a GPU). How long shutdown takes is judged per node process either
+way, so it stays a measurement."""
 
 
 def _verdicts(va: ScenarioVerdict | None, vb: ScenarioVerdict | None) -> list[DiffEntry]:

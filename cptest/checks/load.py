@@ -4,7 +4,8 @@ Where the files are is `cptest.store.Layout`'s business; how a file is read is
 `cptest.evidence.read_records`'. A missing file is *recorded* as missing (checkers then say
 unknown); a malformed line is an `EvidenceError` naming file and line, except a truncated last line
 (a rank killed mid-write), which is dropped and counted. Each role's evidence also carries what the
-plan said about that server (world size, nodes, degrees, engine): what the checkers compare with.
+plan said about that server (world size, nodes, degrees, engine, placement): what the checkers
+compare with.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class Archive:
 def load_role(layout: Layout, server: ServerPlan) -> RoleEvidence:
     role = server.role
     ev = RoleEvidence(role=role, world_size=server.world_size, nodes=[n.node_rank for n in server.nodes],
-                      degrees=server.topology, engine=server.engine)
+                      degrees=server.topology, engine=server.engine,
+                      placement="colocated" if server.colocated else "physical")
     for world, path in layout.rank_files(role).items():
         existing_file(path)  # a folder named rank0.jsonl is an integrity error, not a traceback
         records, dropped = read_records(path)

@@ -13,8 +13,9 @@ as `foreign` otherwise: another run's engines on a shared machine are never this
 issue 14), and the GpuSamples. Where they attribute memory to processes (NVML), GPU
 memory is released when no process of this run holds any after shutdown: the judgement is the run's
 own, so runs may share GPUs. Otherwise the device total "after"/"final" is compared with "before",
-with a slack of 64 MiB per GPU (driver context noise). Each part is pass, fail or unknown on its
-own; the verdict is the worst.
+with a slack of 64 MiB per GPU (driver context noise), except for a co-located server: its ranks
+share GPUs, so a device total mixes them and the part is unknown (co-located) with the reason. Each
+part is pass, fail or unknown on its own; the verdict is the worst.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, Literal
 from pydantic import model_validator
 
 from cptest.contracts.base import Contract, Declared, Params, PlanContext, invalid
-from cptest.evidence import Evidence
+from cptest.evidence import Evidence, RoleEvidence, RunnerEvidence
 from cptest.values import describe
 from cptest.verdict import Status, Verdict, combine, unknown
 
@@ -147,27 +148,7 @@ def check(evidence: Evidence, p: ShutdownParams) -> Verdict:
             parts.append(("no_orphans", "pass", "no process of the tree left"))
 
     if p.gpu_memory_released:
-        before = [s for s in ev.gpu if s.phase == "before"]
-        after = [s for s in ev.gpu if s.phase in ("after", "final")]
-        if not before or not after:
-            if server.engine == "reference" and not any(s.used_mib for s in ev.gpu):
-                # The CPU reference engine allocates no GPU memory: nothing to return.
-                parts.append(("gpu_memory", "pass", "not applicable: the reference engine uses no GPU"))
-            else:
-                parts.append(("gpu_memory", "unknown", "no GPU memory samples before and after"))
-        elif after[-1].processes is not None:
-            parts.append(_own_gpu_memory(ev.gpu, after[-1], figures))
-        else:
-            b, a = before[0].used_mib, after[-1].used_mib
-            grew = {g: a[g] - b.get(g, 0) for g in sorted(a) if a[g] - b.get(g, 0) > GPU_SLACK_MIB}
-            figures["gpu_used_mib"] = {"before": b, "after": a}
-            if grew:
-                g = next(iter(grew))
-                parts.append(
-                    ("gpu_memory", "fail", f"GPU {g} still holds {grew[g]} MiB more than before launch")
-                )
-            else:
-                parts.append(("gpu_memory", "pass", f"GPU memory back within {GPU_SLACK_MIB} MiB of before"))
+        parts.append(_gpu_memory(server, ev, figures))
 
     accepted = p.exit_statuses
     if accepted is not None:
@@ -184,6 +165,32 @@ def check(evidence: Evidence, p: ShutdownParams) -> Verdict:
         else:
             parts.append(("exit_status", "pass", f"exit statuses {sorted(set(statuses.values()))} accepted"))
     return combine(NAME, parts, **figures)
+
+
+def _gpu_memory(server: RoleEvidence, ev: RunnerEvidence, figures: dict[str, Any]) -> tuple[str, Status, str]:
+    """The gpu_memory part: per process where the samples attribute memory to processes, else from
+    the device totals, which a co-located server cannot be judged by."""
+    before = [s for s in ev.gpu if s.phase == "before"]
+    after = [s for s in ev.gpu if s.phase in ("after", "final")]
+    if not before or not after:
+        if server.engine == "reference" and not any(s.used_mib for s in ev.gpu):
+            # The CPU reference engine allocates no GPU memory: nothing to return.
+            return ("gpu_memory", "pass", "not applicable: the reference engine uses no GPU")
+        return ("gpu_memory", "unknown", "no GPU memory samples before and after")
+    if after[-1].processes is not None:
+        return _own_gpu_memory(ev.gpu, after[-1], figures)
+    b, a = before[0].used_mib, after[-1].used_mib
+    figures["gpu_used_mib"] = {"before": b, "after": a}
+    if server.placement == "colocated":
+        # A device total mixes every rank on the GPU: it cannot say which rank reclaimed what, and
+        # a failure would not say whose memory stayed.
+        return ("gpu_memory", "unknown", "co-located: the ranks share GPUs and only device totals were "
+                "sampled, which mix them; per-process figures judge it (run where NVML works: nvidia-ml-py)")
+    grew = {g: a[g] - b.get(g, 0) for g in sorted(a) if a[g] - b.get(g, 0) > GPU_SLACK_MIB}
+    if grew:
+        g = next(iter(grew))
+        return ("gpu_memory", "fail", f"GPU {g} still holds {grew[g]} MiB more than before launch")
+    return ("gpu_memory", "pass", f"GPU memory back within {GPU_SLACK_MIB} MiB of before")
 
 
 def _own_gpu_memory(samples: list[Any], last: Any, figures: dict[str, Any]) -> tuple[str, Status, str]:

@@ -26,7 +26,7 @@ from cptest.lang.tables import DEFAULT_DEADLINE_S
 from cptest.paths import materialize
 from cptest.plan.upgrade import PLAN_VERSION, upgrade_v1
 from cptest.scenario import FaultSpec, ModelFacts, ModelSource, SyntheticGeometry
-from cptest.topology import Degrees, RankGeometry
+from cptest.topology import Degrees, PlacementMode, RankGeometry
 
 
 class _Frozen(BaseModel):
@@ -56,11 +56,6 @@ class NodeLaunch(_Frozen):
 MAIN_PORT = 30000
 BASELINE_PORT = 30100
 
-
-PlacementMode = Literal["physical", "colocated"]
-"""`physical`: one rank per GPU, a server's ranks in as many processes as it has nodes (SGLang's
-default). `colocated`: every rank of a multi-rank server is its own local node process, and ranks
-share GPUs (docs/placement.md says what that proves and what it cannot)."""
 
 class Placement(_Frozen):
     """Where on this machine a plan's servers run: the HTTP ports, the physical GPUs, the CPUs, and

@@ -18,6 +18,7 @@ import jinja2
 from markupsafe import Markup
 
 from cptest.plan.model import Plan
+from cptest.report import views
 from cptest.report.text import md_block, md_inline, xml_attr, xml_text
 from cptest.store import Layout, existing_file, require_plain
 from cptest.verdict import ScenarioVerdict, merge, read_verdict
@@ -78,9 +79,12 @@ def _load(source: Path | str | ScenarioVerdict, plan: Plan | None) -> tuple[Scen
 
 
 def render(source: Path | str | ScenarioVerdict, plan: Plan | None = None) -> str:
-    """report.md for an archive directory (reads verdict.json and plan.json) or a verdict and plan."""
+    """report.md for an archive directory (reads verdict.json and plan.json) or a verdict and plan.
+    A co-located archive says so near the top, with where its ranks ran and what that cannot judge."""
     verdict, plan = _load(source, plan)
-    return _env(False).get_template("report.md.j2").render(v=verdict, plan=plan)
+    placed = views.placement(plan)
+    return _env(False).get_template("report.md.j2").render(
+        v=verdict, plan=plan, placed=placed, colocated=verdict.placement == "colocated" or placed is not None)
 
 
 def render_junit(source: Path | str | ScenarioVerdict) -> str:
@@ -89,11 +93,13 @@ def render_junit(source: Path | str | ScenarioVerdict) -> str:
 
 
 def render_matrix(archives: Iterable[Path | str]) -> str:
-    """Markdown table: one row per scenario and engine, from its newest archive (archive names start
-    with their UTC time; older ones are counted in `older`, never mixed in), with per-checker
-    statuses. A generation cell shows the teacher-forced figures next to its status (main |Δlogprob|
-    p99 / the control's floor); one judged by the free-running contract of older plans is marked †
-    and explained under the table. An archive without verdict.json shows `not checked`."""
+    """Markdown table: one row per scenario, engine and placement, from its newest archive (archive
+    names start with their UTC time; older ones are counted in `older`, never mixed in), with
+    per-checker statuses. A co-located row says so in its engine cell (`sglang, co-located`): it
+    judges semantics, never speed, so it never stands in for a physical run or hides one. A
+    generation cell shows the teacher-forced figures next to its status (main |Δlogprob| p99 / the
+    control's floor); one judged by the free-running contract of older plans is marked † and
+    explained under the table. An archive without verdict.json shows `not checked`."""
     rows, checkers = matrix_rows(archives)
     legacy = any(r.get("legacy") for r in rows)
     return _env(False).get_template("matrix.md.j2").render(rows=rows, checkers=checkers, legacy=legacy,
@@ -101,17 +107,18 @@ def render_matrix(archives: Iterable[Path | str]) -> str:
 
 
 def matrix_rows(archives: Iterable[Path | str]) -> tuple[list[dict[str, Any]], list[str]]:
-    """The matrix's rows (newest archive per scenario and engine: `scenario`, `engine`, `status`,
-    `by` checker, `dir`, `older`, generation `notes`) and its checkers in order (`render_matrix`)."""
-    newest: dict[tuple[str, str], dict[str, Any]] = {}
-    older: dict[tuple[str, str], int] = {}
+    """The matrix's rows (newest archive per scenario, engine and placement: `scenario`, `engine`,
+    `placement`, `status`, `by` checker, `dir`, `older`, generation `notes`) and its checkers in
+    order (`render_matrix`). Physical rows come before co-located ones of the same scenario."""
+    newest: dict[tuple[str, str, str], dict[str, Any]] = {}
+    older: dict[tuple[str, str, str], int] = {}
     checkers: dict[str, None] = {}
     for a in archives:
         d = Path(a)
         p = Layout(d).verdict
         if not existing_file(p):  # a link or FIFO in its place: IntegrityError naming it
             row: dict[str, Any] = {"scenario": d.parent.name, "engine": "?", "status": "not checked",
-                                   "by": {}, "dir": d}
+                                   "placement": _planned_placement(d), "by": {}, "dir": d}
         else:
             v = read_verdict(p)
             by: dict[str, str] = {}
@@ -121,21 +128,39 @@ def matrix_rows(archives: Iterable[Path | str]) -> tuple[list[dict[str, Any]], l
                     # A declared no-go that was observed: a valid result, but not "the contract holds".
                     by[x.checker] = "pass (no-go seen)"
                 checkers.setdefault(x.checker, None)
-            row = {"scenario": v.scenario, "engine": v.engine, "status": v.status, "by": by, "dir": d}
+            row = {"scenario": v.scenario, "engine": v.engine, "placement": v.placement, "status": v.status,
+                   "by": by, "dir": d}
             gen = next((x for x in v.verdicts if x.checker == "generation"), None)
             if gen is not None:
                 note, row["legacy"] = _generation_note(gen.figures)
                 row["notes"] = {"generation": note}
-        key = (row["scenario"], row["engine"])
+        key = _matrix_key(row)
         if key in newest:
             older[key] = older.get(key, 0) + 1
             if row["dir"].name < newest[key]["dir"].name:
                 continue
         newest[key] = row
-    rows = sorted(newest.values(), key=lambda r: (r["scenario"], r["engine"]))
+    rows = sorted(newest.values(), key=lambda r: (r["scenario"], r["engine"], r["placement"] != "physical"))
     for r in rows:
-        r["older"] = older.get((r["scenario"], r["engine"]), 0)
+        r["older"] = older.get(_matrix_key(r), 0)
     return rows, list(checkers)
+
+
+def _matrix_key(row: dict[str, Any]) -> tuple[str, str, str]:
+    # A co-located archive never supersedes a physical one of its scenario, nor the other way round.
+    return (row["scenario"], row["engine"], row["placement"])
+
+
+def _planned_placement(archive: Path) -> str:
+    """The placement of an archive without a verdict, from its plan.json (physical when unreadable:
+    such a row says `not checked` anyway)."""
+    from cptest.checks.load import load_plan
+    from cptest.errors import CptestError
+
+    try:
+        return load_plan(archive).placement
+    except CptestError:
+        return "physical"
 
 
 def _generation_note(figures: dict[str, Any]) -> tuple[str, bool]:

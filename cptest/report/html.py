@@ -2,7 +2,8 @@
 
 `render_html(archive_dir, verdict=None, plan=None) -> str` reads the archive through the readers
 the checks use (`checks.load.load_archive`, `store.read_manifest`, `verdict.read_verdict`) and
-renders `templates/report.html.j2`: the verdicts with the scenario line each expectation came
+renders `templates/report.html.j2`: where a co-located archive's ranks ran and what that cannot
+judge (first, and beside its latencies), the verdicts with the scenario line each expectation came
 from, the K/V ownership map, rows per rank per step, capacity over the run, latencies, request
 outcomes against lifecycle events and faults, the environment and pins, the scenario itself.
 `render_suite_html(suite_dir) -> str` renders a suite's `suite.json` with a link to each
@@ -96,11 +97,13 @@ def render_html(source: Path | str, verdict: ScenarioVerdict | None = None, plan
                 build(s, role)
         return wrapped
 
+    placed = views.placement(plan)
+    colocated = placed is not None or (verdict is not None and verdict.placement == "colocated")
     sections = [
         _section("ownership", "K/V ownership map", needs_role(_ownership)),
         _section("rows", "Rows per rank per step", needs_role(_rows)),
         _section("capacity", "Capacity", needs_role(_capacity)),
-        _section("latency", "Latency", lambda s: _latency(s, archive, absent)),
+        _section("latency", "Latency", lambda s: _latency(s, archive, absent, colocated)),
         _section("outcomes", "Requests, lifecycle and faults",
                  needs_role(lambda s, r: _outcomes(s, r, plan))),
     ]
@@ -109,6 +112,7 @@ def render_html(source: Path | str, verdict: ScenarioVerdict | None = None, plan
         scenario_lines=scenario_text.splitlines() if scenario_text is not None else None,
         missing=[m for r in (archive.evidence.roles.values() if archive else ()) for m in r.missing],
         notes=_probe_notes(role), problem=problem, name=plan.scenario if plan else root.name,
+        placed=placed, colocated=colocated,
     )  # fmt: skip
 
 
@@ -180,7 +184,7 @@ def _capacity(s: Section, role: Any) -> None:
                        "had in use at its scheduler's iterations, in the logical token space (D59).")
 
 
-def _latency(s: Section, archive: Archive | None, absent: str | None) -> None:
+def _latency(s: Section, archive: Archive | None, absent: str | None, colocated: bool = False) -> None:
     from cptest.report import plots
 
     if archive is None:
@@ -190,6 +194,8 @@ def _latency(s: Section, archive: Archive | None, absent: str | None) -> None:
     if isinstance(lat, str):
         s.absent = lat
         return
+    if colocated:
+        s.notes.append(views.COLOCATED_TIMINGS)
     s.svgs.append(Markup(plots.latency(lat, "latency")))
     s.notes.append("Inter-token latency is each request's mean time per output token (tpot): the runner "
                    "records per-request figures, not every token's arrival.")

@@ -31,6 +31,7 @@ from cptest.errors import CptestError
 from cptest.report.text import md_inline
 from cptest.scenario import Scenario
 from cptest.store import Layout
+from cptest.topology import PlacementMode
 
 State = Literal["run", "ruled out", "not yet run"]
 
@@ -52,6 +53,9 @@ class ArchiveRun:
     status: str
     contracts: Mapping[str, str]
     """Checker -> status, as `cptest matrix` shows it (`pass (no-go seen)` for a declared violation seen)."""
+    placement: PlacementMode = "physical"
+    """`colocated`: its ranks shared GPUs. Such a run is a run of its own beside a physical one of the
+    same scenario, labelled where it is shown."""
 
 
 @dataclass(frozen=True)
@@ -193,8 +197,8 @@ def read_inputs(release: Release, scenario_dir: Path, results: Iterable[Path]
     """(scenarios by path, runs, what was skipped and why). Scenarios: every `*.cps` under
     `scenario_dir` but its `defaults/`, SGLang of `release` only (a reference scenario is no SGLang
     evidence); one that does not parse is skipped and named. Runs: the newest archive per scenario
-    under each results folder (`cptest matrix`'s rows), SGLang of `release`, classified by the
-    scenario.cps the archive holds."""
+    and placement under each results folder (`cptest matrix`'s rows), SGLang of `release`, classified
+    by the scenario.cps the archive holds."""
     from cptest.lang import parse_file
     from cptest.report import matrix_rows
     from cptest.store import archives_under
@@ -228,7 +232,8 @@ def read_inputs(release: Release, scenario_dir: Path, results: Iterable[Path]
                 continue
             if s.engine.release != release.name:
                 continue
-            runs.append((s, ArchiveRun(shown, row["scenario"], row["status"], dict(row["by"]))))
+            run = ArchiveRun(shown, row["scenario"], row["status"], dict(row["by"]), row["placement"])
+            runs.append((s, run))
     return scenarios, runs, skipped
 
 
@@ -249,7 +254,12 @@ def citation(text: str) -> str:
 def _verdicts(run: ArchiveRun) -> str:
     order = [c for c in CHECKER_ORDER if c in run.contracts] + sorted(set(run.contracts) - set(CHECKER_ORDER))
     shown = ", ".join(f"{c} {MARK.get(run.contracts[c], run.contracts[c])}" for c in order)
-    return f"**{MARK.get(run.status, run.status)}** ({shown})"
+    return f"{_placed(run, 'co-located: ')}**{MARK.get(run.status, run.status)}** ({shown})"
+
+
+def _placed(run: ArchiveRun, label: str) -> str:
+    """`label` for a co-located run, nothing for a physical one (whose cells read as they always did)."""
+    return label if run.placement == "colocated" else ""
 
 
 def _why(e: Entry) -> str:
@@ -264,9 +274,13 @@ def _why(e: Entry) -> str:
     return md_inline(e.note) if e.note else "not yet run"
 
 
+def _archives(e: Entry) -> str:
+    return "<br>".join(f"`{r.archive}`{_placed(r, ' (co-located)')}" for r in e.runs)
+
+
 def _source(e: Entry) -> str:
     if e.state == "run":
-        return "<br>".join(f"`{r.archive}`" for r in e.runs)
+        return _archives(e)
     if e.state == "ruled out":
         assert e.rule is not None
         out = f"`{citation(e.rule.citation)}`" if e.rule.citation else ""
@@ -324,7 +338,7 @@ def render_support(m: SupportMatrix, sources: Sequence[str] = ("scenarios/", "re
               "| scenario | topology | state | verdicts / why | archive / source |", "|---|---|---|---|---|"]
     for e in m.outside:
         names = sorted({r.scenario for r in e.runs} | {Path(p).stem for p in e.scenarios})
-        src = "<br>".join(f"`{r.archive}`" for r in e.runs) or "<br>".join(f"`{p}`" for p in e.scenarios)
+        src = _archives(e) or "<br>".join(f"`{p}`" for p in e.scenarios)
         lines.append(f"| {', '.join(names)} | {md_inline(e.where)} | {e.state} | {_why(e)} | {src or '-'} |")
     return "\n".join(lines) + "\n"
 
@@ -342,8 +356,8 @@ def as_json(m: SupportMatrix) -> dict[str, Any]:
                                        "provenance": r.provenance, "evidence": r.evidence}
         return {"state": e.state, "cell": cell, "where": e.where, "scenarios": list(e.scenarios),
                 "note": e.note, "rule": rule,
-                "runs": [{"archive": r.archive, "scenario": r.scenario, "status": r.status,
-                          "contracts": dict(r.contracts)} for r in e.runs]}
+                "runs": [{"archive": r.archive, "scenario": r.scenario, "placement": r.placement,
+                          "status": r.status, "contracts": dict(r.contracts)} for r in e.runs]}
 
     return {"release": m.release, "counts": m.counts(), "grid": [entry(e) for e in m.grid],
             "outside": [entry(e) for e in m.outside]}

@@ -1,5 +1,6 @@
-"""What the HTML report shows, drawn out of an archive's typed evidence: per-step rows, the K/V
-rows each rank holds over the run, latencies, request outcomes and lifecycle events.
+"""What the reports show, drawn out of an archive's typed evidence and plan: per-step rows, the K/V
+rows each rank holds over the run, latencies, request outcomes and lifecycle events, and where the
+ranks ran when they were co-located.
 
 Pure: reads the `Evidence` and `Plan` that `checks.load` built with `evidence.read_records` (never
 a file). Each view is either its data or a string saying plainly why the archive has none (a
@@ -15,6 +16,7 @@ from typing import Any
 
 from cptest.contracts.groups import groups
 from cptest.evidence import Evidence, RoleEvidence, ranges_len
+from cptest.plan.model import Plan
 
 ROLES = ("main", "baseline", "control", "eager")
 
@@ -228,3 +230,56 @@ def outcomes(ev: RoleEvidence) -> Outcomes | str:
     if not reqs and not events:
         return "no request or lifecycle record: the runner wrote nothing before it stopped"
     return Outcomes(reqs, events, sum(1 for e in events if e.event == "fault"))
+
+
+# ---------------------------------------------------------------- co-located placement
+COLOCATED_TIMINGS = ("Co-located: the ranks shared GPUs and their collectives went over sockets, so these "
+                     "figures are not speed measurements.")
+"""The note beside any throughput, latency or startup figure of a co-located archive."""
+
+
+@dataclass(frozen=True)
+class ColocatedServer:
+    """How one co-located server's ranks were placed, in words for a report."""
+
+    role: str
+    rank_gpus: list[tuple[int, int]]
+    """(world rank, physical GPU) for each rank."""
+    ranks_per_gpu: int
+    transport: str
+    env: list[str]
+    """`NAME=value` the placement added to every node's environment."""
+    node_env: list[str]
+    """`node k: NAME=value, ...` for what differs between nodes (each node's host id)."""
+    flags: list[str]
+    mem_fraction: str
+    """Each rank's memory fraction and its basis, e.g. `0.25 (the scenario's mem_fraction 0.5 / 2 ...)`."""
+
+
+@dataclass(frozen=True)
+class ColocatedPlacement:
+    servers: list[ColocatedServer]
+    cannot_judge: list[str]
+    """What evidence of co-located ranks says nothing about (every server's, once each)."""
+
+
+def placement(plan: Plan | None) -> ColocatedPlacement | None:
+    """The co-located servers of `plan` and what they cannot judge; None when every server (or the
+    plan, being unreadable) has one rank per GPU as far as the plan says."""
+    if plan is None:
+        return None
+    placed = [(s.role, s.colocation) for s in plan.servers() if s.colocation is not None]
+    if not placed:
+        return None
+    servers: list[ColocatedServer] = []
+    cannot: dict[str, None] = {}
+    for role, c in placed:
+        fraction = "none" if c.mem_fraction is None else f"{c.mem_fraction:g}"
+        servers.append(ColocatedServer(
+            role=role, rank_gpus=list(enumerate(c.rank_gpus)), ranks_per_gpu=c.ranks_per_gpu,
+            transport=c.transport, env=[f"{k}={v}" for k, v in c.env.items()],
+            node_env=[f"node {n}: " + ", ".join(f"{k}={v}" for k, v in e.items())
+                      for n, e in enumerate(c.node_env) if e],
+            flags=list(c.flags), mem_fraction=f"{fraction} ({c.mem_fraction_basis})"))
+        cannot.update(dict.fromkeys(c.cannot_judge))
+    return ColocatedPlacement(servers, list(cannot))

@@ -21,7 +21,16 @@ from cptest.contracts.groups import zigzag_blocks
 from cptest.engines.sglang.engine import SGLangEngine
 from cptest.engines.sglang.releases import get_release
 from cptest.evidence import RankId, Step, dump_record, ranges_from, ranges_merge
-from cptest.plan.model import ModelPin, NodeLaunch, Pins, Plan, PlannedRequest, ServerPlan, WorkloadPlan
+from cptest.plan.model import (
+    Colocation,
+    ModelPin,
+    NodeLaunch,
+    Pins,
+    Plan,
+    PlannedRequest,
+    ServerPlan,
+    WorkloadPlan,
+)
 from cptest.store import Layout
 from cptest.topology import Degrees, dcp_owner, titled_geometry
 
@@ -69,6 +78,31 @@ def server_plan(
         topology=degrees,
         geometry=titled_geometry(degrees),
     )
+
+
+def colocate(server: ServerPlan, *, gpus: list[int] | None = None, mem_fraction: float = 0.5) -> ServerPlan:
+    """`server` with its ranks co-located as the planner does it for SGLang: one local node process
+    per world rank on `gpus` (contiguous blocks; all on GPU 0 by default), NCCL over loopback
+    sockets, custom all-reduce off, the scenario's `mem_fraction` divided among the ranks of a GPU."""
+    world = server.world_size
+    ids = gpus or [0]
+    rank_gpus = [ids[r * len(ids) // world] for r in range(world)]
+    sharing = max(rank_gpus.count(g) for g in rank_gpus)
+    colocation = Colocation(
+        rank_gpus=rank_gpus,
+        ranks_per_gpu=sharing,
+        transport="NCCL over sockets on loopback (no P2P, SHM, IB, custom all-reduce)",
+        env={"NCCL_SOCKET_IFNAME": "lo", "NCCL_NET": "Socket", "NCCL_P2P_DISABLE": "1"},
+        node_env=[{"NCCL_HOSTID": f"cptest-node{n}"} for n in range(world)],
+        flags=["--disable-custom-all-reduce"],
+        mem_fraction=round(mem_fraction / sharing, 6),
+        mem_fraction_basis=f"the scenario's mem_fraction {mem_fraction:g} / {sharing} rank(s) per GPU",
+    )
+    nodes = [NodeLaunch(node_rank=k, gpu_ids=[rank_gpus[k]], env={}, argv=["python3", "-m", "sglang"],
+                        port=30000 + k) for k in range(world)]
+    launched = server.topology.model_copy(update={"nodes": world})
+    return server.model_copy(update={"colocation": colocation, "nodes": nodes,
+                                     "geometry": titled_geometry(launched)})
 
 
 def make_plan(

@@ -14,7 +14,7 @@ from cptest.checks import check, check_loaded, guarded, load_archive
 from cptest.contracts import CONTRACTS, CapacityParams, Expectation, LaunchParams, ServingParams
 from cptest.errors import EvidenceError
 from cptest.evidence import Lifecycle
-from cptest.testing.archives import SGLANG_0_5_17, make_plan, server_plan, write_archive
+from cptest.testing.archives import SGLANG_0_5_17, colocate, make_plan, server_plan, write_archive
 
 
 def _archive(tmp_path: Path, expectations: list[Expectation], engine: str = "sglang"):
@@ -80,6 +80,16 @@ def test_scenario_verdict_is_the_worst_and_counts_each_status(tmp_path: Path) ->
 def test_reference_engine_results_are_labelled_and_do_not_qualify_sglang(tmp_path: Path) -> None:
     sv = check_loaded(_archive(tmp_path, [], engine="reference"))
     assert sv.engine == "reference" and not sv.qualifies_sglang
+
+
+def test_a_colocated_archive_is_labelled_colocated_and_a_physical_one_is_not(tmp_path: Path) -> None:
+    finished = [Lifecycle(event="ready", detail={"after_s": 1.0}), Lifecycle(event="shutdown_done")]
+    for name, main in (("physical", server_plan(world=2, dcp=2)),
+                       ("colocated", colocate(server_plan(world=2, dcp=2)))):
+        write_archive(tmp_path / name, make_plan(main, [LaunchParams()]), runner={"main": finished})
+        sv = check(tmp_path / name)
+        assert sv.placement == name
+        assert ('"placement": "colocated"' in sv.to_json()) == (name == "colocated")
 
 
 def test_verdict_json_is_reproduced_exactly_from_the_evidence(tmp_path: Path) -> None:

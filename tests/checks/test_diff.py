@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 
-from cptest.checks.diff import DiffRefused, diff
+from cptest.checks.diff import PLACEMENT_BOUND, DiffRefused, diff
 from cptest.contracts.parity import f32_ulp
+from cptest.plan.model import Plan
+from cptest.testing.archives import colocate
 from tests.reference.conftest import free_port
 from tests.test_store import finished_run
 
@@ -339,3 +341,50 @@ def test_more_than_one_trailing_position_is_a_difference(runs: tuple[Path, Path]
     _one_more_at_the_end(b, tmp_path / "c", extra=3)
     rep = diff(a, tmp_path / "c")
     assert [e.what for e in rep.differences] == ["main rank 0 kv_written"]
+
+
+# ------------------------------------------------------------------------------ placements
+def _timed(ttft: float) -> Callable[[dict[str, Any]], None]:
+    def edit(rec: dict[str, Any]) -> None:
+        rec.update(ttft_s=ttft, tpot_s=ttft / 10, e2e_s=ttft * 2, sent_at=0.0)
+    return edit
+
+
+def _colocated(archive: Path) -> Path:
+    """`archive` with its main server's ranks co-located in plan.json (the diff reads the placement
+    from the plan)."""
+    path = archive / "plan.json"
+    plan = Plan.model_validate_json(path.read_text())
+    path.write_text(plan.model_copy(update={"main": colocate(plan.main)}).model_dump_json(indent=2))
+    return archive
+
+
+def test_speed_and_memory_across_placements_are_not_comparable_and_both_placements_are_named(
+        tmp_path: Path) -> None:
+    base = finished_run(tmp_path, "base")
+    a = altered(base, tmp_path / "a", request_0=_timed(0.1))
+    b = _colocated(altered(base, tmp_path / "b", request_0=_timed(3.0)))
+    rep = diff(a, b)
+    assert rep.same and (rep.placement_a, rep.placement_b) == ("physical", "colocated")
+    assert [e.field for e in rep.not_comparable] == ["ready (s)", "ttft p50 (s)", "tpot p50 (s)",
+                                                     "e2e p50 (s)", "output tok/s"]
+    assert all(e.within and e.why.startswith("not comparable (co-located)") for e in rep.not_comparable)
+    assert not any(e.field in PLACEMENT_BOUND for e in rep.measurements)
+    text = rep.render().splitlines()
+    assert text[0] == (f"{a} and {b} agree (synthetic; a physical, b co-located): no difference outside the "
+                       "declared tolerances")
+    assert text[1].startswith("not comparable (co-located; main, a / b; a physical, b co-located): "
+                              "ready (s) 1 / 1, ttft p50 (s) 0.1 / 3,")
+    out = rep.as_json()
+    assert (out["placement_a"], out["placement_b"]) == ("physical", "colocated")
+    assert {e["kind"] for e in out["entries"]} == {"not comparable"}
+
+
+def test_two_colocated_archives_keep_their_timings_as_measurements(tmp_path: Path) -> None:
+    base = finished_run(tmp_path, "base")
+    a = _colocated(altered(base, tmp_path / "a", request_0=_timed(0.1)))
+    b = _colocated(altered(base, tmp_path / "b", request_0=_timed(0.2)))
+    rep = diff(a, b)
+    assert rep.not_comparable == [] and "ttft p50 (s)" in [e.field for e in rep.measurements]
+    assert rep.render().splitlines()[0].endswith("agree (synthetic; both co-located): no difference outside "
+                                                 "the declared tolerances")

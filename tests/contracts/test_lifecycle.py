@@ -7,7 +7,8 @@ from pathlib import Path
 from cptest.checks import check_loaded, load_archive
 from cptest.contracts import Expectation, GraphParams, LaunchParams, LogParams, ServingParams, ShutdownParams
 from cptest.evidence import GpuProcessUse, GpuSample, Graph, Lifecycle, ProcessSample, RequestResult, Step
-from cptest.testing.archives import make_plan, rank_id, server_plan, write_archive
+from cptest.plan.model import ServerPlan
+from cptest.testing.archives import colocate, make_plan, rank_id, server_plan, write_archive
 from cptest.verdict import Verdict
 
 
@@ -20,8 +21,9 @@ def _one(
     logs=None,
     world: int = 1,
     requests: int = 2,
+    main: ServerPlan | None = None,
 ) -> Verdict:
-    plan = make_plan(server_plan(world=world), [expect], requests=requests)
+    plan = make_plan(main or server_plan(world=world), [expect], requests=requests)
     events = {r.event for r in runner if isinstance(r, Lifecycle)}
     if not events & {"interrupted", "shutdown_done", "launch_failed"}:
         runner = [*runner, Lifecycle(event="shutdown_done", detail={"all_exited": True})]  # a finished run
@@ -279,3 +281,34 @@ def test_a_foreign_stray_is_not_this_runs_orphan(tmp_path: Path) -> None:
     assert _one(tmp_path, SHUTDOWN, runner).figures["parts"]["no_orphans"] == "pass"
     runner[4] = ProcessSample(phase="final", procs=[{**stray, "scope": "host"}])
     assert _one(tmp_path / "b", SHUTDOWN, runner).figures["parts"]["no_orphans"] == "fail"
+
+
+# Co-located ranks share a GPU: a device total mixes them, per-process figures do not.
+def _colocated_runner(*gpu: GpuSample) -> list:
+    exits = [Lifecycle(event="exited", detail={"node": n, "status": -9, "after_s_since_signal": 2.0})
+             for n in (0, 1)]
+    return [gpu[0], CLEAN[1], *exits, *CLEAN[3:5], *gpu[1:]]
+
+
+def test_a_colocated_servers_device_totals_leave_gpu_memory_unknown_co_located(tmp_path: Path) -> None:
+    runner = _colocated_runner(GpuSample(phase="before", used_mib={"0": 500}),
+                               GpuSample(phase="after", used_mib={"0": 540}))
+    v = _one(tmp_path, SHUTDOWN, runner, main=colocate(server_plan(world=2, dcp=2)))
+    assert v.status == "unknown"
+    assert v.figures["parts"] == {"within": "pass", "no_orphans": "pass", "gpu_memory": "unknown",
+                                  "exit_status": "pass"}
+    assert v.reason.startswith("gpu_memory: co-located: the ranks share GPUs and only device totals")
+    # The same evidence from a physical server is judged by the totals.
+    physical = _one(tmp_path / "physical", SHUTDOWN, runner, main=server_plan(world=2, dcp=2, nodes=2))
+    assert physical.figures["parts"]["gpu_memory"] == "pass"
+
+
+def test_a_colocated_servers_memory_is_still_judged_per_process(tmp_path: Path) -> None:
+    main = colocate(server_plan(world=2, dcp=2))
+    released = _colocated_runner(_gpu("before", 600, (900, 500, False)),
+                                 _gpu("after", 600, (900, 500, False)))
+    assert _one(tmp_path, SHUTDOWN, released, main=main).figures["parts"]["gpu_memory"] == "pass"
+    held = _colocated_runner(_gpu("before", 600, (900, 500, False)),
+                             _gpu("after", 1800, (900, 500, False), (11, 1200, True)))
+    v = _one(tmp_path / "held", SHUTDOWN, held, main=main)
+    assert v.status == "fail" and v.reason.startswith("gpu_memory: pid 11 of this run still holds 1200 MiB")

@@ -19,7 +19,7 @@ from cptest.pipeline import check_archive, finish_archive
 from cptest.report.html import render_html, render_suite_html
 from cptest.report.ownership import DOUBLE, HOLE, matrix, ownership
 from cptest.store import Layout, verify
-from cptest.testing.archives import dcp_steps, make_plan, rank_id, server_plan, write_archive
+from cptest.testing.archives import colocate, dcp_steps, make_plan, rank_id, server_plan, write_archive
 from cptest.verdict import Verdict, scenario_verdict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,10 +34,13 @@ def _tags(html: str, name: str) -> int:
 
 
 def dcp2_archive(d: Path, *, rid: str = "cptest-main-0", hole: bool = False, double: bool = False,
-                 reason: str = "ready", error: str = "", note: str | None = None) -> Path:
+                 reason: str = "ready", error: str = "", note: str | None = None,
+                 colocated: bool = False) -> Path:
     """A DCP2 archive of one request (prompt 8, 4 decode steps) with a verdict and a scenario; a
-    `hole` drops rank 1's write of position 3, a `double` makes rank 0 write position 1 too."""
-    plan = make_plan(server_plan(world=2, dcp=2), [
+    `hole` drops rank 1's write of position 3, a `double` makes rank 0 write position 1 too;
+    `colocated`: both ranks were co-located on GPU 0."""
+    main = colocate(server_plan(world=2, dcp=2)) if colocated else server_plan(world=2, dcp=2)
+    plan = make_plan(main, [
         LaunchParams(accepted=True, source="s.cps:3:5"),
         RowsParams(mode="dcp_owner", dcp=2, source="s.cps:4:5"),
     ], requests=1, prompt_len=8)  # fmt: skip
@@ -67,7 +70,7 @@ def dcp2_archive(d: Path, *, rid: str = "cptest-main-0", hole: bool = False, dou
     verdict = scenario_verdict("synthetic", "sglang", "0.5.17", [
         Verdict(checker="launch", status="pass", reason=reason, source="s.cps:3:5"),
         Verdict(checker="rows", status="fail", reason="hole", source="s.cps:4:5", figures={"x": reason}),
-    ])  # fmt: skip
+    ], placement=plan.placement)  # fmt: skip
     (d / "verdict.json").write_text(verdict.to_json())
     return d
 
@@ -160,6 +163,22 @@ def test_a_run_without_step_records_has_no_rows_but_its_latencies(tmp_path: Path
     assert html.count("no Step records from any rank") == 2  # ownership and rows
     assert "No timeline: no rank recorded a K/V write" in html
     assert _tags(html, "svg") == 2  # latency and outcomes
+
+
+def test_a_colocated_report_states_its_placement_first_and_labels_its_latencies(tmp_path: Path) -> None:
+    html = render_html(dcp2_archive(tmp_path / "a", colocated=True))
+    assert html.index('id="colocated"') < html.index('id="placement"') < html.index('id="verdicts"')
+    placement = html[html.index('<section id="placement">'):html.index('<section id="verdicts">')]
+    for shown in ("rank 0: GPU 0<br>rank 1: GPU 0", "<th>ranks per GPU</th><td class=\"num\">2</td>",
+                  "NCCL over sockets on loopback", "NCCL_SOCKET_IFNAME=lo",
+                  "node 1: NCCL_HOSTID=cptest-node1", "--disable-custom-all-reduce",
+                  "0.25 (the scenario&#39;s mem_fraction 0.5 / 2 rank(s) per GPU)",
+                  "<li>speed: throughput and latency figures"):
+        assert shown in placement, shown
+    latency = html[html.index('<section id="latency"'):html.index('<section id="outcomes"')]
+    assert "these figures are not speed measurements" in latency
+    physical = render_html(dcp2_archive(tmp_path / "b"))
+    assert 'id="placement"' not in physical and "not speed measurements" not in physical
 
 
 def test_unreadable_evidence_is_shown_not_raised(tmp_path: Path) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from cptest.report import render, render_junit, render_matrix
-from cptest.testing.archives import make_plan, server_plan
+from cptest.report import matrix_rows, render, render_junit, render_matrix
+from cptest.testing.archives import colocate, make_plan, server_plan
 from cptest.verdict import Verdict, scenario_verdict
 
 VERDICTS = [
@@ -29,6 +29,49 @@ def test_report_lists_every_verdict_with_its_reason_and_escapes_pipes() -> None:
 def test_reference_engine_report_says_it_does_not_qualify_sglang() -> None:
     md = render(scenario_verdict("x", "reference", "", VERDICTS[:1]))
     assert "never count as SGLang qualification" in md
+
+
+def test_a_colocated_report_states_where_its_ranks_ran_and_what_that_cannot_judge_near_the_top() -> None:
+    sv = scenario_verdict("dcp2", "sglang", "0.5.17", VERDICTS, placement="colocated")
+    md = render(sv, make_plan(colocate(server_plan(world=2, dcp=2))))
+    top = md[:md.index("## Verdicts")]
+    assert top.splitlines()[2].startswith("> Co-located: each rank ran as its own local node process")
+    assert "is not a speed measurement" in top.splitlines()[2]
+    assert "| placement | co-located (see Placement) |" in top
+    for row in ("| rank → GPU | rank 0: GPU 0; rank 1: GPU 0 |",
+                "| ranks per GPU | 2 |",
+                "| transport | NCCL over sockets on loopback (no P2P, SHM, IB, custom all-reduce) |",
+                "| environment added to every node | NCCL_SOCKET_IFNAME=lo, NCCL_NET=Socket, "
+                "NCCL_P2P_DISABLE=1 |",
+                "| environment added per node | node 0: NCCL_HOSTID=cptest-node0; "
+                "node 1: NCCL_HOSTID=cptest-node1 |",
+                "| flags added | --disable-custom-all-reduce |",
+                "| memory fraction of each rank | 0.25 (the scenario's mem_fraction 0.5 / 2 rank(s) "
+                "per GPU) |",
+                "- per-GPU memory accounting (device totals mix the ranks that share a GPU)"):
+        assert row in top, row
+
+
+def test_a_physical_report_says_nothing_of_placement() -> None:
+    sv = scenario_verdict("dcp2", "sglang", "0.5.17", VERDICTS)
+    md = render(sv, make_plan(server_plan(world=2, dcp=2)))
+    assert "co-located" not in md.lower() and "placement" not in md
+
+
+def test_a_colocated_verdict_without_a_plan_still_says_co_located() -> None:
+    md = render(scenario_verdict("dcp2", "sglang", "0.5.17", VERDICTS, placement="colocated"))
+    assert "| placement | co-located (see Placement) |" in md
+    assert "The plan is unreadable, so where the ranks ran is unknown." in md
+
+
+def test_junit_carries_the_placement_of_a_colocated_verdict_only() -> None:
+    def props(sv):
+        root = ET.fromstring(render_junit(sv))
+        return {p.get("name"): p.get("value") for p in root.findall("./testsuite/properties/property")}
+
+    assert props(scenario_verdict("d", "sglang", "0.5.17", VERDICTS, placement="colocated"))["placement"] == \
+        "colocated"
+    assert "placement" not in props(scenario_verdict("d", "sglang", "0.5.17", VERDICTS))
 
 
 def test_junit_has_one_testcase_per_checker_failure_and_error() -> None:
@@ -78,3 +121,25 @@ def test_matrix_keeps_the_newest_archive_per_scenario_and_shows_the_generation_f
     assert len([x for x in lines if x.startswith("| dcp2")]) == 1 and "†" not in "".join(lines)
     only_old = render_matrix(dirs[:1])
     assert "FAIL †" in only_old and "superseded by teacher-forced parity" in only_old
+
+
+def _archive(root: Path, scenario: str, stamp: str, placement: str = "physical") -> Path:
+    d = root / scenario / stamp
+    d.mkdir(parents=True)
+    v = scenario_verdict(scenario, "sglang", "0.5.17", VERDICTS[:1], placement=placement)  # type: ignore[arg-type]
+    (d / "verdict.json").write_text(v.to_json())
+    return d
+
+
+def test_a_colocated_archive_never_supersedes_nor_hides_a_physical_one(tmp_path: Path) -> None:
+    physical = _archive(tmp_path, "dcp2", "20260101T000000Z-aaaaaaaa")
+    newer_colocated = _archive(tmp_path, "dcp2", "20260102T000000Z-bbbbbbbb", "colocated")
+    older_colocated = _archive(tmp_path, "dcp2", "20251231T000000Z-cccccccc", "colocated")
+    lines = render_matrix([newer_colocated, physical, older_colocated]).splitlines()
+    assert lines[0] == "| scenario | engine | verdict | launch | archive | older |"
+    # The physical row reads as it did before placements existed; the co-located one says so.
+    assert lines[2] == "| dcp2 | sglang | **PASS** | PASS | 20260101T000000Z-aaaaaaaa | - |"
+    assert lines[3] == "| dcp2 | sglang, co-located | **PASS** | PASS | 20260102T000000Z-bbbbbbbb | 1 |"
+    assert len(lines) == 4
+    rows = matrix_rows([physical, newer_colocated])[0]
+    assert [(r["placement"], r["older"]) for r in rows] == [("physical", 0), ("colocated", 0)]

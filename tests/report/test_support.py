@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -186,3 +188,36 @@ def test_the_first_matching_rule_wins_so_the_intrinsic_reason_comes_before_the_m
     got = ruled_out(RELEASE, Cell("qwen3-moe", "kv<=tp/dcp", "pcp2-zigzag", "fa3", "eager"))
     assert got is not None and got.code == "fa3_kernels_absent"
     assert ruled_out(RELEASE, Cell("mla", "latent", "dcp2", "flashinfer", "graph")) is None
+
+
+def test_a_colocated_run_is_labelled_in_its_cell_beside_a_physical_run_of_the_same_scenario():
+    s = _scenario("dcp2_llama_kv1")
+    colocated = ArchiveRun("results/dcp2_llama_kv1/21000101T000000Z-c0c0c0c0", "dcp2_llama_kv1", "pass",
+                           {"launch": "pass", "rows": "pass"}, placement="colocated")
+    m = support_matrix(RELEASE, {}, [(s, RUN), (s, colocated)])
+    row = _row(render_support(m), "Llama", "`kv<=tp/dcp`", "dcp2", "triton", "eager")
+    assert ("| run | **FAIL** (launch PASS, rows PASS, capacity FAIL, generation PASS); "
+            "co-located: **PASS** (launch PASS, rows PASS) |") in row
+    assert row.endswith("| `results/dcp2_llama_kv1/20990101T000000Z-feedface`<br>"
+                        "`results/dcp2_llama_kv1/21000101T000000Z-c0c0c0c0` (co-located) |")
+
+
+def test_the_newest_archive_is_read_per_scenario_and_placement(tmp_path: Path):
+    # A newer co-located archive does not push the physical one out of the matrix, nor the reverse.
+    committed = next((ROOT / "results" / "dcp2_llama_kv1").iterdir())
+    results = tmp_path / "results"
+    for stamp, placement in (("20990101T000000Z-aaaaaaaa", "physical"),
+                             ("20990102T000000Z-bbbbbbbb", "colocated"),
+                             ("20990103T000000Z-cccccccc", "physical")):
+        d = results / "dcp2_llama_kv1" / stamp
+        d.mkdir(parents=True)
+        shutil.copy(committed / "scenario.cps", d / "scenario.cps")
+        shutil.copytree(committed / "defaults", d / "defaults")
+        verdict = json.loads((committed / "verdict.json").read_text())
+        (d / "verdict.json").write_text(json.dumps(verdict | ({"placement": placement}
+                                                             if placement == "colocated" else {})))
+    _, runs, skipped = read_inputs(RELEASE, ROOT / "scenarios", [results])
+    assert skipped == []
+    assert sorted((r.archive, r.placement) for _, r in runs) == [
+        ("results/dcp2_llama_kv1/20990102T000000Z-bbbbbbbb", "colocated"),
+        ("results/dcp2_llama_kv1/20990103T000000Z-cccccccc", "physical")]
