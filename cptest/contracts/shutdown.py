@@ -154,6 +154,11 @@ def check(evidence: Evidence, p: ShutdownParams) -> Verdict:
     if accepted is not None:
         statuses = {n: d.get("status") for n, d in exited.items()}
         figures["exit_statuses"] = {str(k): v for k, v in sorted(statuses.items())}
+        if server.placement == "colocated":
+            # The declared statuses are the server's, one process tree of a single-node server; a
+            # co-located server's other nodes are local stand-ins for its ranks, which end however a
+            # follower node ends (their statuses stay in the figures). Its head is the server.
+            statuses = {n: s for n, s in statuses.items() if n == 0}
         bad = {n: s for n, s in statuses.items() if s not in accepted}
         if not statuses:
             parts.append(("exit_status", "unknown", "no exit status recorded"))

@@ -312,3 +312,18 @@ def test_a_colocated_servers_memory_is_still_judged_per_process(tmp_path: Path) 
                              _gpu("after", 1800, (900, 500, False), (11, 1200, True)))
     v = _one(tmp_path / "held", SHUTDOWN, held, main=main)
     assert v.status == "fail" and v.reason.startswith("gpu_memory: pid 11 of this run still holds 1200 MiB")
+
+
+def test_a_colocated_servers_exit_status_is_its_head_nodes(tmp_path: Path) -> None:
+    # Node 1 is a local follower node: it ends with 0 after its head's shutdown request, where the
+    # single-node server would be one tree; the declared statuses judge the head.
+    runner = _colocated_runner(_gpu("before", 600), _gpu("after", 600))
+    runner[3] = Lifecycle(event="exited", detail={"node": 1, "status": 1, "after_s_since_signal": 2.5})
+    main = colocate(server_plan(world=2, dcp=2))
+    v = _one(tmp_path, SHUTDOWN, runner, main=main)
+    assert v.figures["parts"]["exit_status"] == "pass" and v.figures["exit_statuses"] == {"0": -9, "1": 1}
+    # A physical server of two nodes is judged on both.
+    physical = _one(tmp_path / "physical", SHUTDOWN, runner, main=server_plan(world=2, dcp=2, nodes=2))
+    assert physical.figures["parts"]["exit_status"] == "fail"
+    runner[2] = Lifecycle(event="exited", detail={"node": 0, "status": 1, "after_s_since_signal": 2.0})
+    assert _one(tmp_path / "head", SHUTDOWN, runner, main=main).figures["parts"]["exit_status"] == "fail"
