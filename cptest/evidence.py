@@ -597,7 +597,12 @@ class RoleEvidence:
     runner: RunnerEvidence | None = None
     """None when `runner.jsonl` is missing."""
     logs: dict[int, str] = field(default_factory=dict)
-    """Node rank -> the engine's stdout+stderr."""
+    """Node rank -> the engine's stdout+stderr (of a co-located follower node, up to the line where
+    its ranks had ended: `follower_tails`)."""
+    follower_tails: dict[int, int] = field(default_factory=dict)
+    """Co-located only: node rank -> how many lines its log has after its ranks ended, set apart from
+    `logs`. What a follower node's own launcher does then is the placement's (a single-node server has
+    no such process), not the ranks' behaviour (docs/placement.md)."""
     missing: list[str] = field(default_factory=list)
     """Archive-relative paths that should exist and do not."""
     planned: bool = True

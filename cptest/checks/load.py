@@ -48,13 +48,48 @@ def load_role(layout: Layout, server: ServerPlan) -> RoleEvidence:
         ev.runner = RunnerEvidence.of(*read_records(runner))
     else:
         ev.missing.append(layout.relative(runner))
+    ended = _follower_ranks_ended(server)
     for node in ev.nodes:
         p = layout.node_log(role, node)
         if existing_file(p):
-            ev.logs[node] = p.read_bytes().decode("utf-8", errors="replace")
+            text = p.read_bytes().decode("utf-8", errors="replace")
+            if ended is not None and node != 0:
+                text, tail = split_follower_log(text, ended)
+                if tail:
+                    ev.follower_tails[node] = tail
+            ev.logs[node] = text
         else:
             ev.missing.append(layout.relative(p))
     return ev
+
+
+def _follower_ranks_ended(server: ServerPlan) -> str | None:
+    """The engine's follower line, for a co-located server; None otherwise (or for an engine or
+    release cptest has no table of: its logs are then judged whole)."""
+    if not server.colocated:
+        return None
+    from cptest.engines import engine_for
+    from cptest.errors import PlanError
+
+    try:
+        return engine_for(server.engine, server.release).colocated().follower_ranks_ended
+    except PlanError:
+        return None
+
+
+def split_follower_log(text: str, ended: str) -> tuple[str, int]:
+    """A follower node's log up to the end of the first line matching `ended`, and how many lines
+    come after it (0, the whole log kept, where no line matches)."""
+    import re
+
+    m = re.search(ended, text)
+    if m is None:
+        return text, 0
+    cut = text.find("\n", m.end())
+    if cut < 0:
+        return text, 0
+    tail = text[cut + 1:]
+    return text[: cut + 1], len(tail.splitlines())
 
 
 def load_plan(root: Path) -> Plan:

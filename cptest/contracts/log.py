@@ -66,11 +66,23 @@ def check(evidence: Evidence, p: LogParams) -> Verdict:
             return failed(
                 NAME, f"{pattern!r} should be absent but {where} has: {line}", file=where, line=line
             )
+    apart = _set_apart(ev.follower_tails)
     if missing:
         return unknown(NAME, f"{pattern!r} not found, and {', '.join(missing)} is missing", missing=missing)
     if present:
-        return failed(NAME, f"{pattern!r} not found in any log of {role}")
-    return passed(NAME, f"{pattern!r} absent from every log of {role}")
+        return failed(NAME, f"{pattern!r} not found in any log of {role}{apart}")
+    return passed(NAME, f"{pattern!r} absent from every log of {role}{apart}",
+                  **({"follower_lines_not_judged": {str(k): v for k, v in sorted(ev.follower_tails.items())}}
+                     if ev.follower_tails else {}))
+
+
+def _set_apart(tails: dict[int, int]) -> str:
+    """What of a co-located server's logs was not searched, for the reason."""
+    if not tails:
+        return ""
+    which = ", ".join(f"node {k}'s last {n} line(s)" for k, n in sorted(tails.items()))
+    return (f" (not searched: {which}, written by the follower node's own launcher after its ranks had "
+            "ended: the co-located placement's, not the server's; docs/placement.md)")
 
 
 CONTRACT = Contract(NAME, LogExpect, LogParams, resolve, check, repeatable=True)

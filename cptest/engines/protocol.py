@@ -72,6 +72,9 @@ class ColocatedLaunch:
     takes_mem_fraction: bool
     """The engine sizes its memory by a fraction of the GPU (`--mem-fraction-static`), which the
     placement then divides among the ranks sharing a GPU."""
+    follower_ranks_ended: str | None = None
+    """A regular expression of the log line a follower node (any but node 0) prints once its ranks
+    have ended; None where the engine's follower does nothing after them."""
 
 
 class Engine(Protocol):

@@ -129,3 +129,21 @@ def test_checks_import_no_clock_processes_or_network() -> None:
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert not {m for m in names if m.split(".")[0] in banned or m.startswith("cptest.run")}, path.name
+
+
+def test_a_colocated_followers_log_is_judged_up_to_where_its_ranks_ended() -> None:
+    from cptest.checks.load import split_follower_log
+    from cptest.engines import engine_for
+
+    ended = engine_for("sglang", "0.5.17").colocated().follower_ranks_ended
+    assert ended is not None
+    log = ("[t] Registered forward hook\n"
+           "[t] Scheduler or DataParallelController 10177 terminated with 0\n"
+           "[t] ERROR:    Traceback (most recent call last):\n"
+           "AttributeError: 'NoneType' object has no attribute 'server_args'\n")
+    kept, tail = split_follower_log(log, ended)
+    assert kept.endswith("terminated with 0\n") and "Traceback" not in kept and tail == 2
+    # A follower whose ranks never ended (killed, or still running) is judged whole.
+    running = log.replace("terminated", "ran")
+    assert split_follower_log(running, ended) == (running, 0)
+    assert engine_for("reference", "builtin").colocated().follower_ranks_ended is None

@@ -327,3 +327,23 @@ def test_a_colocated_servers_exit_status_is_its_head_nodes(tmp_path: Path) -> No
     assert physical.figures["parts"]["exit_status"] == "fail"
     runner[2] = Lifecycle(event="exited", detail={"node": 0, "status": 1, "after_s_since_signal": 2.0})
     assert _one(tmp_path / "head", SHUTDOWN, runner, main=main).figures["parts"]["exit_status"] == "fail"
+
+
+FOLLOWER = ("[t] Scheduler or DataParallelController 77 terminated with 0\n"
+            "[t] ERROR:    Traceback (most recent call last):\n"
+            "AttributeError: 'NoneType' object has no attribute 'server_args'\n")
+
+
+def test_a_colocated_followers_launcher_after_its_ranks_ended_is_not_the_servers_log(tmp_path: Path) -> None:
+    absent = LogParams(pattern="Traceback", present=False)
+    logs = {"main-node0.log": "[t] ready\n", "main-node1.log": "[t] loading\n" + FOLLOWER}
+    v = _one(tmp_path, absent, CLEAN, logs=logs, main=colocate(server_plan(world=2, dcp=2)))
+    assert v.status == "pass" and "not searched: node 1's last 2 line(s)" in v.reason
+    assert v.figures["follower_lines_not_judged"] == {"1": 2}
+    # Physical nodes are the server's own: the same log fails.
+    physical = _one(tmp_path / "p", absent, CLEAN, logs=logs, main=server_plan(world=2, dcp=2, nodes=2))
+    assert physical.status == "fail" and "main-node1.log" in physical.reason
+    # Before its ranks ended, a follower's traceback is the server's.
+    early = {**logs, "main-node1.log": "[t] Traceback (most recent call last):\n" + FOLLOWER}
+    colocated = colocate(server_plan(world=2, dcp=2))
+    assert _one(tmp_path / "e", absent, CLEAN, logs=early, main=colocated).status == "fail"

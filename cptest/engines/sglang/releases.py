@@ -107,6 +107,9 @@ class Release:
     shared GPUs: docs/placement.md), besides a host id of its own (`colocation_host_id_var`)."""
     colocation_flags: tuple[str, ...] = ()
     """What every node of a co-located server gets in its argv."""
+    follower_ranks_ended: str | None = None
+    """A regular expression of the line a node other than 0 prints when its scheduler process has
+    ended: what follows in its log is its launcher's, after its ranks (docs/placement.md)."""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @functools.cached_property
@@ -477,6 +480,10 @@ RELEASE_0_5_17 = Release(
     graph_phases={"decode": "--cuda-graph-backend-decode", "prefill": "--cuda-graph-backend-prefill"},
     colocation_env=COLOCATION_ENV,
     colocation_flags=("--disable-custom-all-reduce",),
+    # entrypoints/engine.py:920-926 (block_until_scheduler_exits). After it, 0.5.17's follower goes on
+    # into http_server.launch_server with no tokenizer manager and logs an AttributeError traceback
+    # from the app's lifespan (seen on every co-located follower at shutdown).
+    follower_ranks_ended=r"Scheduler or DataParallelController \d+ terminated with -?\d+",
 )
 
 # ------------------------------------------------------------------------------------------ 0.5.23
@@ -602,6 +609,7 @@ RELEASE_0_5_23 = Release(
     graph_phases=RELEASE_0_5_17.graph_phases,
     colocation_env=COLOCATION_ENV,
     colocation_flags=RELEASE_0_5_17.colocation_flags,
+    follower_ranks_ended=RELEASE_0_5_17.follower_ranks_ended,
 )
 
 KNOWN_RELEASES: Mapping[str, Release] = {r.name: r for r in (RELEASE_0_5_17, RELEASE_0_5_23)}
