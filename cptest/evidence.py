@@ -485,7 +485,9 @@ def read_records(path: Path) -> tuple[list[Record], int]:
     `json.loads` alone and still the whole schema; only a line that fails goes through
     `parse_record` again, for its message.
     """
-    text = path.read_text(encoding="utf-8", errors="replace")
+    from cptest.store import read_bytes  # the same layer: a packed file is read as it was written
+
+    text = read_bytes(path).decode("utf-8", errors="replace")
     lines = text.split("\n")
     while lines and not lines[-1].strip():
         lines.pop()

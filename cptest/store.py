@@ -20,6 +20,9 @@ results/<scenario>/<UTC YYYYmmddTHHMMSSZ>-<first 8 hex of the scenario sha256>/
   logs/cptest-crash.txt      only when cptest itself crashed during the run: its traceback
   verdict.json, report.md, report.html, junit.xml   written last (report.html since D48)
 ```
+At `finish`, every evidence file (`*.jsonl`) and engine log of `PACK_FROM_BYTES` or more is stored
+xz-compressed as `<name>.xz` (docs/decisions.md D77): cptest reads either form through
+`existing_file` and `read_bytes`, and the manifest hashes the files as stored.
 
 Phases (Jepsen's store): `begin` writes the scenario, the plan and a first manifest before anything
 runs; evidence is appended as it arrives; `finish` writes the verdict, the report and the final
@@ -35,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import lzma
 import os
 import re
 import shutil
@@ -60,12 +64,21 @@ REPORT_HTML = "report.html"
 JUNIT = "junit.xml"
 RUNNER_FILE = "runner.jsonl"
 
-_RANK_FILE = re.compile(r"^rank(\d+)\.jsonl$")
+_RANK_FILE = re.compile(r"^rank(\d+)\.jsonl(?:\.xz)?$")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 """What a scenario name must look like to become a folder of the results: one path component,
 never `.`, `..`, a separator or a hidden name."""
+
+PACKED = ".xz"
+"""The suffix of an archive file stored xz-compressed (`pack_large_files`)."""
+PACK_FROM_BYTES = 64 << 10
+"""Evidence files and engine logs this large or larger are stored packed: they are most of an
+archive's bytes and shrink 6 to 20 times, and every GPU call sends the published archives along."""
+MAX_UNPACKED_BYTES = 4 << 30
+"""A packed file that would unpack to more than this is refused (an IntegrityError), never read:
+no archive cptest writes comes near it, and a crafted one must not exhaust memory."""
 
 INCLUDES = "includes"
 """The folder of an archive that holds its scenario's `extends` files (docs/decisions.md D45)."""
@@ -132,7 +145,7 @@ def _at(path: Path, message: str, hint: str | None = None) -> IntegrityError:
     return IntegrityError(Problem(Span(str(path), 1, 1), message, hint=hint))
 
 
-def existing_file(path: Path) -> bool:
+def _regular(path: Path) -> bool:
     """Whether `path` is a regular file: False when nothing is there; IntegrityError (exit 3) when
     something else is (a folder, a link, a FIFO)."""
     try:
@@ -147,19 +160,84 @@ def existing_file(path: Path) -> bool:
     return True
 
 
-def read_bytes(path: Path) -> bytes:
-    """The bytes of an archive's file, never through a link and never blocking on a FIFO: anything
-    but a regular file is an IntegrityError (exit 3) naming it. For the engine's logs, whose bytes
-    are the engine's and need not be UTF-8; cptest's own files are read with `read_file`."""
-    if not existing_file(path):
-        raise _at(path, f"{path.name} is missing",
-                  hint="is this an archive directory (results/<scenario>/<time>-<hash>/)?")
+def packed(path: Path) -> Path:
+    """Where `path` lies when it is stored packed (`<name>.xz`)."""
+    return path.with_name(path.name + PACKED)
+
+
+def existing_file(path: Path) -> bool:
+    """Whether the archive holds `path` as a regular file, as it is or packed: False when neither is
+    there; IntegrityError (exit 3) when something else is (a folder, a link, a FIFO) or both are."""
+    plain = _regular(path)
+    twin = not path.name.endswith(PACKED) and _regular(packed(path))
+    if plain and twin:
+        raise _at(path, f"{path.name} is stored both as it is and packed ({packed(path).name})",
+                  hint="an archive holds each file once; restore it from a copy you trust")
+    return plain or twin
+
+
+def _raw(path: Path) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as f:
             return f.read()
     except OSError as e:
         raise _at(path, f"cannot read {path.name}: {e.strerror}") from None
+
+
+def read_bytes(path: Path) -> bytes:
+    """The bytes of an archive's file, unpacked where it is stored packed, never through a link and
+    never blocking on a FIFO: anything but a regular file is an IntegrityError (exit 3) naming it,
+    as is a packed file that is not xz or unpacks past `MAX_UNPACKED_BYTES`. For the engine's logs,
+    whose bytes are the engine's and need not be UTF-8; cptest's own files are read with `read_file`."""
+    if not existing_file(path):
+        raise _at(path, f"{path.name} is missing",
+                  hint="is this an archive directory (results/<scenario>/<time>-<hash>/)?")
+    if _regular(path):
+        return _raw(path)
+    twin = packed(path)
+    unpacker = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+    try:
+        data = unpacker.decompress(_raw(twin), max_length=MAX_UNPACKED_BYTES + 1)
+    except lzma.LZMAError as e:
+        raise _at(twin, f"{twin.name} is not an xz file cptest wrote ({e})") from None
+    if len(data) > MAX_UNPACKED_BYTES or not unpacker.eof:
+        raise _at(twin, f"{twin.name} unpacks to more than {MAX_UNPACKED_BYTES >> 20} MiB or is cut short; "
+                  "not read")
+    return data
+
+
+def packable(rel: str) -> bool:
+    """Whether the archive file at POSIX path `rel` is of the kinds `pack_large_files` packs: the
+    evidence (`evidence/**/*.jsonl`) and the engine's logs (`logs/*.log`)."""
+    parts = rel.split("/")
+    return ((parts[0] == "evidence" and rel.endswith(".jsonl"))
+            or (parts[0] == "logs" and len(parts) == 2 and rel.endswith(".log")))
+
+
+def pack_large_files(root: Path) -> list[str]:
+    """Store every `packable` file of `PACK_FROM_BYTES` or more as `<name>.xz` (written beside it,
+    then the original removed), and return their paths. Never through a link: an archive holding
+    one is refused first by `finish`."""
+    done = []
+    for dirpath, _, filenames in os.walk(root, followlinks=False):
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            rel = path.relative_to(root).as_posix()
+            if not packable(rel) or not _regular(path) or path.stat().st_size < PACK_FROM_BYTES:
+                continue
+            tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(lzma.compress(_raw(path), format=lzma.FORMAT_XZ, preset=6))
+                os.replace(tmp, packed(path))
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            path.unlink()
+            done.append(rel)
+    return done
 
 
 def read_file(path: Path) -> str:
@@ -277,9 +355,11 @@ class Layout:
         launcher that names its nodes (Slurm), the one `logs/<role>-node<k>-<name>.log` (reads the
         directory; the plain name when neither is there)."""
         plain = self.log(role, node)
-        if plain.exists() or not self.logs_dir.is_dir():
+        if plain.exists() or packed(plain).exists() or not self.logs_dir.is_dir():
             return plain
-        named = sorted(self.logs_dir.glob(f"{role}-node{node}-*.log"))
+        named = sorted({p.with_name(p.name.removesuffix(PACKED))
+                        for pattern in ("*.log", "*.log" + PACKED)
+                        for p in self.logs_dir.glob(f"{role}-node{node}-{pattern}")})
         named = [p for p in named if valid_name(p.name[len(f"{role}-node{node}-"):-len(".log")])]
         return named[0] if len(named) == 1 else plain
 
@@ -305,6 +385,7 @@ class Layout:
                 if not m:
                     continue
                 world = int(m.group(1))
+                f = f.with_name(rank_file_name(world))  # the file as cptest names it, packed or not
                 if world in out:
                     raise _at(f, f"rank {world} has two probe files: {self.relative(out[world])} and "
                               f"{self.relative(f)}", hint="an archive holds one file per rank")
@@ -563,6 +644,7 @@ def finish(
     Every file is written atomically and never through a link; an archive holding a link, a FIFO or
     another special file is refused first (IntegrityError, exit 3)."""
     require_plain(layout.root)
+    pack_large_files(layout.root)
     write_file(layout.root, layout.verdict, verdict_json)
     write_file(layout.root, layout.report, report_md)
     if report_html is not None:

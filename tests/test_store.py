@@ -215,3 +215,70 @@ def test_archives_under_a_folder_leave_out_side_runs_unless_asked_for_by_name(tm
     assert [p.relative_to(tmp_path).as_posix() for p in archives_under(tmp_path)] == [
         "a/20260101T000000Z-aa", "b/20260101T000000Z-bb"]
     assert [p.name for p in archives_under(tmp_path / "_side")] == ["20260101T000000Z-cc"]
+
+
+# ---------------------------------------------------------------- packed evidence (D77)
+def big_run(tmp_path: Path) -> Path:
+    """A finished archive whose rank file, runner file and log are over the packing size."""
+    plan = make_plan(server_plan(), EXPECT)
+    d = tmp_path / "big"
+    begun(d, plan)
+    reqs = [_req(i, [1, 2], [-0.1, -0.2]) for i in range(600)]
+    write_jsonl(d / "evidence/main/runner.jsonl", [Lifecycle(event="ready", detail={"after_s": 1.0}), *reqs])
+    pools = [KvPool(rank=rank_id(0), rows=100 + i) for i in range(800)]
+    capacity = Capacity(rank=rank_id(0), max_total_num_tokens=100)
+    write_jsonl(d / "evidence/main/rank0.jsonl", [*pools, capacity])
+    (d / "logs/main-node0.log").write_text("".join(f"[t] line {i} of the engine\n" for i in range(4000)))
+    (d / "logs/main-node1.log").write_text("short\n")
+    finish_archive(d, check(d, require_finished=False), plan)
+    return d
+
+
+def test_large_evidence_and_logs_are_stored_packed_and_read_as_written(tmp_path: Path) -> None:
+    from cptest.checks.load import load_archive
+    from cptest.store import PACK_FROM_BYTES, existing_file, read_bytes
+
+    d = big_run(tmp_path)
+    files = set(json.loads((d / "manifest.json").read_text())["files"])
+    assert {"evidence/main/runner.jsonl.xz", "evidence/main/rank0.jsonl.xz", "logs/main-node0.log.xz",
+            "logs/main-node1.log", "plan.json", "verdict.json"} <= files
+    assert not (d / "evidence/main/rank0.jsonl").exists() and verify(d) == []
+    assert (d / "evidence/main/rank0.jsonl.xz").stat().st_size < PACK_FROM_BYTES
+    layout = Layout(d)
+    assert layout.rank_files("main") == {0: d / "evidence/main/rank0.jsonl"}
+    assert existing_file(layout.runner_file("main")) and existing_file(layout.node_log("main", 0))
+    assert read_bytes(layout.node_log("main", 0)).decode().splitlines()[3999] == "[t] line 3999 of the engine"
+    loaded = load_archive(d)
+    assert len(loaded.evidence.role("main").runner.requests) == 600
+    assert len(loaded.evidence.role("main").ranks[0].kv_pools) == 800
+    # The verdict re-derives byte for byte from the packed evidence.
+    assert check(d).to_json() == (d / "verdict.json").read_text()
+
+
+def test_a_file_stored_twice_a_damaged_pack_and_a_pack_too_large_are_integrity_errors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cptest import store
+
+    d = big_run(tmp_path)
+    rank0 = d / "evidence/main/rank0.jsonl"
+    rank0.write_text("{}\n")
+    with pytest.raises(IntegrityError, match="stored both as it is and packed"):
+        store.read_bytes(rank0)
+    rank0.unlink()
+    monkeypatch.setattr(store, "MAX_UNPACKED_BYTES", 1000)
+    with pytest.raises(IntegrityError, match="unpacks to more than"):
+        store.read_bytes(rank0)
+    monkeypatch.undo()
+    (d / "evidence/main/rank0.jsonl.xz").write_bytes(b"not xz at all")
+    with pytest.raises(IntegrityError, match="is not an xz file"):
+        store.read_bytes(rank0)
+    assert any("rank0.jsonl.xz changed" in p.message for p in verify(d))
+
+
+def test_only_evidence_and_engine_logs_are_packed() -> None:
+    from cptest.store import packable
+
+    assert packable("evidence/main/rank0.jsonl") and packable("evidence/cptest.jsonl")
+    assert packable("evidence/main/n2/rank3.jsonl") and packable("logs/main-node0.log")
+    assert not packable("plan.json") and not packable("report.html") and not packable("logs/x/y.log")
+    assert not packable("includes/defaults/tiny.cps")

@@ -19,7 +19,7 @@ from cptest.contracts import CONTRACTS
 from cptest.errors import EvidenceError, Problem, Span, did_you_mean
 from cptest.evidence import Evidence, RankEvidence, RoleEvidence, RunnerEvidence, read_records
 from cptest.plan.model import Plan, ServerPlan
-from cptest.store import Layout, existing_file, read_file, require_plain
+from cptest.store import Layout, existing_file, read_bytes, read_file, require_plain
 
 
 @dataclass
@@ -52,7 +52,7 @@ def load_role(layout: Layout, server: ServerPlan) -> RoleEvidence:
     for node in ev.nodes:
         p = layout.node_log(role, node)
         if existing_file(p):
-            text = p.read_bytes().decode("utf-8", errors="replace")
+            text = read_bytes(p).decode("utf-8", errors="replace")
             if ended is not None and node != 0:
                 text, tail = split_follower_log(text, ended)
                 if tail:

@@ -61,7 +61,7 @@ from cptest.run.launcher import ExitInfo, Launcher
 from cptest.run.process import Interrupted
 from cptest.run.scoring import Sequence, score, sequences_from
 from cptest.run.supervisor import Owned, Supervisor, gpu_settled
-from cptest.store import Layout
+from cptest.store import Layout, existing_file
 
 Role = Literal["main", "baseline", "control", "eager"]
 
@@ -270,7 +270,7 @@ def _baseline_sequences(layout: Layout, plan: Plan) -> list[Sequence]:
     """What every server scores: the baseline's answers, read back from its runner file (a run or a
     cache copy alike)."""
     path = layout.runner_file("baseline")
-    if not path.exists():
+    if not existing_file(path):  # a cached baseline's copy may come from a finished, packed archive
         return []
     records, _ = read_records(path)
     return sequences_from((r for r in records if isinstance(r, RequestResult)), plan.workload)
