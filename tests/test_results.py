@@ -99,7 +99,12 @@ def test_archived_plan_is_a_valid_plan_for_the_gpus_it_ran_on(directory: Path):
     p = Plan.model_validate_json((directory / "plan.json").read_text())
     gpus = _json(directory / "manifest.json")["environment"]["gpus"]
     assert p.scenario == directory.parent.name
-    assert max(s.world_size for s in filter(None, (p.main, p.baseline))) <= len(gpus)
+    # Every GPU a node was given was on the machine; a physical server had a GPU per rank of a node,
+    # a co-located one shared them (docs/placement.md).
+    assert {g for s in p.servers() for n in s.nodes for g in n.gpu_ids} <= set(range(len(gpus)))
+    for s in p.servers():
+        assert s.colocated or s.world_size // len(s.nodes) <= len(gpus)
+        assert not s.colocated or len(s.nodes) == s.world_size
 
 
 # ------------------------------------------------------------------------------ README table

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from cptest.engines.protocol import MAX_COLOCATED_RANKS
 from cptest.engines.sglang.cells import (
     ARCHITECTURES,
     Cell,
@@ -30,13 +31,13 @@ from cptest.engines.sglang.releases import Release
 from cptest.errors import CptestError
 from cptest.report.text import md_inline
 from cptest.scenario import Scenario
-from cptest.store import Layout
 from cptest.topology import PlacementMode
 
 State = Literal["run", "ruled out", "not yet run"]
 
-LENT_GPUS = 2
-"""The most GPUs the device machine lends (one or two H200s of one host; docs of the device tool)."""
+LENT_GPUS = 1
+"""The GPUs the device machine lends: one H200. Every rank of a scenario runs on it co-located
+(docs/placement.md), up to `MAX_COLOCATED_RANKS` ranks a server."""
 
 GAPS: Mapping[str, str] = {}
 """Family -> why a not-yet-run cell of it has no scenario (a gap of cptest, not of SGLang). Empty since
@@ -104,7 +105,7 @@ def locate(scenario: Scenario) -> Cell | Outside:
     t = scenario.topology
     gpus = t.gpus or t.tp * t.pp
     words = Outside(_topology_words(scenario), gpus, t.nodes)
-    if gpus > LENT_GPUS or t.nodes > 1:
+    if t.nodes > 1:
         return words
     family = ARCHITECTURES.get(scenario.model.facts.architecture)
     backend = scenario.serve.attention_backend
@@ -182,13 +183,14 @@ def _outside(name: str, where: Outside, runs: list[ArchiveRun], paths: list[str]
     if runs:
         return Entry("run", where=where.words, runs=tuple(sorted(runs, key=lambda r: r.archive)),
                      scenarios=tuple(paths))
-    if where.gpus > LENT_GPUS or where.nodes > 1:
+    if where.gpus > MAX_COLOCATED_RANKS:
         # Not SGLang's source: the machine's. Said as a rule so that the cell carries its reason.
-        nodes = f" on {where.nodes} nodes" if where.nodes > 1 else ""
-        rule = RuledOut("more_gpus_than_lent", f"needs {where.gpus} GPUs{nodes}; the GPU machine lends 1 or "
-                        f"{LENT_GPUS} H200s of one host", "", "observed", "")
+        rule = RuledOut("more_ranks_than_colocated", f"needs {where.gpus} ranks; the GPU machine lends "
+                        f"{LENT_GPUS} H200 and a server co-locates at most {MAX_COLOCATED_RANKS} ranks on it",
+                        "", "observed", "")
         return Entry("ruled out", where=where.words, rule=rule, scenarios=tuple(paths))
-    return Entry("not yet run", where=where.words, scenarios=tuple(paths))
+    note = "" if where.gpus <= LENT_GPUS else f"runs co-located: {where.gpus} ranks on the lent GPU"
+    return Entry("not yet run", where=where.words, scenarios=tuple(paths), note=note)
 
 
 # ------------------------------------------------------------------------------ reading the folders
@@ -199,6 +201,7 @@ def read_inputs(release: Release, scenario_dir: Path, results: Iterable[Path]
     evidence); one that does not parse is skipped and named. Runs: the newest archive per scenario
     and placement under each results folder (`cptest matrix`'s rows), SGLang of `release`, classified
     by the scenario.cps the archive holds."""
+    from cptest.checks.archived import parse_archived
     from cptest.lang import parse_file
     from cptest.report import matrix_rows
     from cptest.store import archives_under
@@ -226,7 +229,7 @@ def read_inputs(release: Release, scenario_dir: Path, results: Iterable[Path]
             d: Path = row["dir"]
             shown = (Path(folder.name) / d.relative_to(folder)).as_posix()
             try:
-                s = parse_file(Layout(d).scenario)
+                s = parse_archived(d)  # its includes as the run stored them (D45)
             except CptestError as e:
                 skipped.append(f"{shown}: its scenario.cps does not parse ({e})")
                 continue
@@ -302,8 +305,9 @@ def render_support(m: SupportMatrix, sources: Sequence[str] = ("scenarios/", "re
         "do not edit by hand: `tests/report/test_support.py` fails when this file is stale "
         "(docs/decisions.md D61).",
         "",
-        f"The grid: model family x KV-head regime x mode x attention backend x decode, on TP 2 over the "
-        f"{LENT_GPUS} GPUs the machine lends (tiny synthetic weights with each family's head geometry). "
+        "The grid: model family x KV-head regime x mode x attention backend x decode, on TP 2 (tiny "
+        "synthetic weights with each family's head geometry). The machine lends one H200: a run there "
+        "co-locates its ranks (docs/placement.md), and its cell says so. "
         "Each cell is **run** (the newest published archive of a scenario in the cell: its verdict and "
         "each contract's), **ruled out** (the rule, observed or inferred, and the SGLang source lines "
         "that rule it out here; paths in the release's wheel) or **not yet run** (the scenario that would "

@@ -162,12 +162,16 @@ def test_where_a_scenario_falls():
     assert isinstance(locate(_scenario("pcp_dcp_rejected")), Outside)  # PCP with DCP: no grid mode
 
 
-def test_a_scenario_needing_more_gpus_than_the_machine_lends_is_ruled_out_by_the_machine():
+def test_a_scenario_of_more_ranks_than_gpus_runs_co_located_and_only_beyond_that_is_ruled_out():
     path = "scenarios/tp8_dcp2_qwen3_30b_geometry.cps"
     m = support_matrix(RELEASE, {path: _scenario("tp8_dcp2_qwen3_30b_geometry")}, [])
     (e,) = m.outside
-    assert e.state == "ruled out" and e.rule is not None and e.rule.code == "more_gpus_than_lent"
-    assert "needs 8 GPUs" in e.rule.reason and e.scenarios == (path,)
+    assert e.state == "not yet run" and e.rule is None and e.scenarios == (path,)
+    assert e.note == "runs co-located: 8 ranks on the lent GPU"
+    wide = _scenario("tp8_dcp2_qwen3_30b_geometry")
+    wide = wide.model_copy(update={"topology": wide.topology.model_copy(update={"gpus": 64, "tp": 64})})
+    (e,) = support_matrix(RELEASE, {path: wide}, []).outside
+    assert e.state == "ruled out" and e.rule is not None and e.rule.code == "more_ranks_than_colocated"
 
 
 def test_a_rule_reuses_the_release_table_where_it_has_one_and_otherwise_cites_its_own_lines():
