@@ -114,7 +114,7 @@ def test_every_no_go_names_an_archive_and_every_combination_that_proceeds_names_
 
 def test_a_wrong_claim_would_be_caught():
     # The check can fail: a claim the evidence contradicts differs from what check recomputes.
-    archive = ROOT / "results/dcp2_llama_kv1/20261130T052809Z-d41830fb"
+    archive = ROOT / "results/dcp2_llama_kv1_eager/20261203T081109Z-3938cb53"
     got = statuses(archive)
     assert got["capacity"] == "FAIL" and got["rows"] == "PASS"
     assert ARCHIVE.findall(f"`archive {archive.relative_to(ROOT)}: capacity = PASS`") == [

@@ -107,7 +107,7 @@ def test_a_fault_report_is_byte_for_byte_the_same_twice_and_shows_the_fault() ->
     assert first == second
     assert "Planned faults" in first and '"after_requests": 8' in first
     assert "Request outcomes: error 24, ok 8." in first
-    assert "RemoteProtocolError" in first
+    assert "ClientPayloadError" in first  # the in-flight requests of the killed server
 
 
 def test_holes_and_double_writes_are_counted_and_coloured(tmp_path: Path) -> None:
