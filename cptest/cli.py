@@ -860,7 +860,8 @@ def publish(directory: Path, results: Path, as_json: bool) -> int:
     _emit({"source": str(directory), "archive": str(done.archive), "scenario": done.verdict.scenario,
            "run": done.archive.name, "status": done.verdict.status, "already_published": done.already},
           as_json, f"{what}: {directory} -> {done.archive} ({done.verdict.scenario}: "
-          f"{done.verdict.status.upper()}, engine {done.verdict.engine}; verified and checked)")
+          f"{done.verdict.status.upper()}, engine {done.verdict.engine}"
+          f"{', co-located' if done.verdict.placement == 'colocated' else ''}; verified and checked)")
     return 0
 
 
