@@ -182,19 +182,20 @@ class DiffReport:
             what = ", ".join(f"{k} {f}" for f, k in sorted(by_field.items()))
             worst = max(self.within, key=lambda e: e.kind == "tolerance")
             lines.append(f"within tolerances, not counted: {what} (e.g. {worst.what}: {worst.why})")
-        by_subject: dict[str, list[DiffEntry]] = defaultdict(list)
-        for e in self.measurements:
-            by_subject[e.subject].append(e)
-        for subject, es in by_subject.items():
-            figs = ", ".join(f"{e.field} {_fmt(e.a, digits=4)} / {_fmt(e.b, digits=4)}" for e in es)
+        for subject, figs in _figures_by_subject(self.measurements):
             lines.append(f"measured ({subject}, a / b; not compared): {figs}")
-        apart: dict[str, list[DiffEntry]] = defaultdict(list)
-        for e in self.not_comparable:
-            apart[e.subject].append(e)
-        for subject, es in apart.items():
-            figs = ", ".join(f"{e.field} {_fmt(e.a, digits=4)} / {_fmt(e.b, digits=4)}" for e in es)
+        for subject, figs in _figures_by_subject(self.not_comparable):
             lines.append(f"not comparable (co-located; {subject}, a / b; {self.placements()}): {figs}")
         return "\n".join(lines)
+
+
+def _figures_by_subject(entries: list[DiffEntry]) -> list[tuple[str, str]]:
+    """Per subject (a server), its entries' `field a / b` figures, in the order first seen."""
+    by_subject: dict[str, list[DiffEntry]] = defaultdict(list)
+    for e in entries:
+        by_subject[e.subject].append(e)
+    return [(subject, ", ".join(f"{e.field} {_fmt(e.a, digits=4)} / {_fmt(e.b, digits=4)}" for e in es))
+            for subject, es in by_subject.items()]
 
 
 def _placement_words(p: PlacementMode) -> str:
