@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cptest import checks, paths, report, store
-from cptest.checks.archived import (  # noqa: F401 - the pipeline's names for them since D45
+from cptest.checks.archived import (  # noqa: F401 - callers name them through the pipeline
     ABS,
     OWN_NAMES,
     UP,

@@ -21,7 +21,7 @@ results/<scenario>/<UTC YYYYmmddTHHMMSSZ>-<first 8 hex of the scenario sha256>/
   verdict.json, report.md, report.html, junit.xml   written last (report.html since D48)
 ```
 At `finish`, every evidence file (`*.jsonl`) and engine log of `PACK_FROM_BYTES` or more is stored
-xz-compressed as `<name>.xz` (docs/decisions.md D77): cptest reads either form through
+xz-compressed as `<name>.xz`: cptest reads either form through
 `existing_file` and `read_bytes`, and the manifest hashes the files as stored.
 
 Phases (Jepsen's store): `begin` writes the scenario, the plan and a first manifest before anything

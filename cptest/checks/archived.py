@@ -1,5 +1,5 @@
 """An archive's scenario as the run read it: its `extends` files come from the archive's own
-`includes/` folder, never from wherever the checkout is now (docs/decisions.md D45). Where the run
+`includes/` folder, never from wherever the checkout is now. Where the run
 stores them (`include_name`) and how a check, a rerun or a report reads them back (`parse_archived`)
 are one module, so the two cannot drift."""
 

@@ -229,7 +229,7 @@ def read_inputs(release: Release, scenario_dir: Path, results: Iterable[Path]
             d: Path = row["dir"]
             shown = (Path(folder.name) / d.relative_to(folder)).as_posix()
             try:
-                s = parse_archived(d)  # its includes as the run stored them (D45)
+                s = parse_archived(d)  # its includes as the run stored them
             except CptestError as e:
                 skipped.append(f"{shown}: its scenario.cps does not parse ({e})")
                 continue
