@@ -23,7 +23,7 @@ def include_name(include: Path, scenario_file: Path) -> str:
     the scenario's folder with each `..` spelled `@up` (`defaults/tiny.cps` ->
     `includes/defaults/tiny.cps`, `../common/x.cps` -> `includes/@up/common/x.cps`). An include can
     therefore never alias one of cptest's own files (`logs/main-node0.log`, `scenario.cps`), and
-    `archived_reader` finds it again by the path the archived scenario names (docs/decisions.md D45)."""
+    `archived_reader` finds it again by the path the archived scenario names."""
     rel = os.path.relpath(os.path.abspath(include), os.path.dirname(os.path.abspath(scenario_file)))
     return _stored_include(rel)
 
@@ -69,7 +69,7 @@ def archived_reader(archive: Path) -> Callable[[str], str]:
         if parts and parts[0] != "..":
             if parts[0] in OWN_NAMES:
                 raise FileNotFoundError(f"{rel} is one of cptest's own files, never an include")
-            if store.existing_file(archive / rel):  # an archive made before D45
+            if store.existing_file(archive / rel):  # an archive made before includes had their own folder
                 return store.read_file(archive / rel)
             raise FileNotFoundError(f"not in the archive: {rel}")
         if os.path.basename(path) != "config.json":  # the only file outside an archive it may name
