@@ -137,7 +137,8 @@ def prepare(path: Path, *, engine: str | None = None, gpu_present: bool,
     else:
         planned = plan(choice.scenario, placement=place)
     if not auto and planned.placement == "colocated":
-        notes.insert(0, colocated_note(planned, "--placement colocated"))
+        why = "--placement colocated" if placement_mode == "colocated" else "the placement it was given"
+        notes.insert(0, colocated_note(planned, why))
     findings = tuple(lint(scenario)) if choice.engine == "sglang" else ()
     read = archived_reader(path.parent) if archived else read_path
     includes = {}
