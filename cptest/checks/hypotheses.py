@@ -95,7 +95,9 @@ def judge(root: Path) -> Judged:
             skipped.append((where, "not finished"))
             continue
         release = KNOWN_RELEASES[plan.main.release]
-        admission = plan.admission or _predicted(archive, release)
+        # Today's table is what is tested: the prediction the plan recorded is the table of the day
+        # of the run, kept only for an archived scenario that no longer parses.
+        admission = _predicted(archive, release) or plan.admission
         if admission is None:
             skipped.append((where, "no admission in the plan and the archived scenario does not parse here"))
             continue
@@ -118,11 +120,12 @@ def judge(root: Path) -> Judged:
 
 
 def _predicted(archive: Path, release: Release) -> Admission | None:
-    """What the release's table says about the archived scenario (plans before admission was kept)."""
-    from cptest.lang import parse_file
+    """What the release's table says today about the archived scenario, read with the includes the
+    run stored; None when it does not parse."""
+    from cptest.checks.archived import parse_archived
 
     try:
-        return predict(release, launch_config(parse_file(Layout(archive).scenario)))
+        return predict(release, launch_config(parse_archived(archive)))
     except CptestError:
         return None
 

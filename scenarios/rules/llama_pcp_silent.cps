@@ -4,11 +4,11 @@
 # the K rows Llama computes (max(1, 1 // tp 2) = 1 head) fit the pool row (max(1, 1 // attn_tp 1) =
 # 1), so the observed crash of rule llama_pcp (2 KV heads, results/pcp2_zigzag_llama_kv2) does not
 # apply and the server is expected to serve.
-# Run as a user would launch it (no SGLANG_ENABLE_CP_V2): the rule's predicate does not ask for it,
-# and forcing CP-v2 crashed triton's KV-cache write at the first CP extend on this machine
-# (results/_smoke, case b2), which would leave generation unknown. Note: Llama is not a CP-v2 model
-# class (layers/cp/utils.py:42-52), so 0.5.17 may never split here; `rows split zigzag` (expected to
-# hold if the rule's mechanism is what runs) shows whether it did, and explains a generation pass.
+# 0.5.17 splits prefill only for its CP-v2 classes (layers/cp/utils.py:42-52), not Llama: launched as
+# a user would, nothing is split and the output is TP2's (results/pcp2_zigzag_llama_kv1), so the rule
+# can apply only with the split forced, SGLANG_ENABLE_CP_V2=1. Forcing it crashed triton's KV-cache
+# write at the first CP extend on dense Qwen3 (results/_smoke, case b2); the same here would leave
+# generation unknown. `rows split zigzag` shows whether the split ran.
 # Judged by `generation` (plan.lint.CONTRADICTS), on its raw verdict (before `violated` is applied),
 # teacher-forced against the TP2 baseline with the TP1 control as noise floor:
 # - confirmed: generation fails (|dlogprob| p99 above 4 x the control's, or free-running outputs
@@ -35,6 +35,9 @@ scenario llama_pcp_silent {
     tp 2
     attn_cp 2
     cp_strategy zigzag
+  }
+  serve {
+    env "SGLANG_ENABLE_CP_V2" "1"
   }
   baseline {
     tp 2

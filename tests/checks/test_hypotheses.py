@@ -14,7 +14,8 @@ from pathlib import Path
 from cptest.checks.hypotheses import judge
 
 ROOT = Path(__file__).resolve().parents[2]
-KV4 = ROOT / "results" / "dcp2_llama_kv4" / "20261130T053844Z-f0f7ac74"
+KV4 = ROOT / "results" / "dcp2_llama_kv4" / "20261203T081109Z-733943a0"
+PCP_NO_OP = ROOT / "results" / "pcp2_zigzag_llama_kv1" / "20261203T081917Z-e9c6fc26"
 LLAMA_PCP = ROOT / "results" / "pcp2_zigzag_llama_kv2" / "20261130T054143Z-22901f56"
 
 
@@ -33,6 +34,15 @@ def test_the_committed_archives_confirm_what_they_showed(tmp_path: Path) -> None
     assert judged["0.5.17", "zigzag_short_prompt"].status == "untested"  # type: ignore[attr-defined]
     # 0.5.17's archives say nothing about 0.5.23
     assert judged["0.5.23", "llama_pcp"].seen == []  # type: ignore[attr-defined]
+
+
+def test_rules_about_a_split_do_not_apply_where_the_release_never_splits(tmp_path: Path) -> None:
+    # Llama's PCP on 0.5.17 is accepted and splits nothing (a CP-v2 class gate): its correct output
+    # tests no rule about split attention, and the table's prediction says so today.
+    shutil.copytree(PCP_NO_OP, tmp_path / PCP_NO_OP.parent.name / PCP_NO_OP.name)
+    judged = rules(tmp_path)
+    for code in ("llama_pcp_silent", "interleave_no_attention"):
+        assert judged["0.5.17", code].seen == []  # type: ignore[attr-defined]
 
 
 def test_an_archive_where_the_contract_held_refutes_the_rule_and_lint_exits_1(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ Used by `cptest lint` and by `plan` to compare a scenario's `expect launch ...` 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,6 +44,12 @@ class LaunchConfig:
     attention_backend: str | None = None
     platform: str = "cuda"
     min_prompt_len: int | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    """The scenario's `serve { env }` (a release may read one: `Release.pcp_force_env`)."""
+    pcp_splits: bool = True
+    """Whether the release's prefill CP splits rows for this architecture at all (`predict` sets it
+    from `Release.pcp_model_classes`): where it does not, the rules about what a split gets wrong
+    cannot apply."""
 
     @property
     def attn_tp(self) -> int:
@@ -51,7 +57,7 @@ class LaunchConfig:
 
     def values(self) -> dict[str, object]:
         """Every field by name, the degrees' among them: what rule messages are formatted with."""
-        out: dict[str, object] = {k: v for k, v in vars(self).items() if k != "degrees"}
+        out: dict[str, object] = {k: v for k, v in vars(self).items() if k not in ("degrees", "env")}
         return {**self.degrees.model_dump(), **out}
 
 
@@ -88,6 +94,7 @@ def launch_config(scenario: Scenario) -> LaunchConfig:
         heads=facts.heads, kv_heads=facts.kv_heads, is_mla=facts.is_mla,
         attention_backend=scenario.serve.attention_backend,
         min_prompt_len=scenario.workload.prompt_tokens.bounds()[0],
+        env=tuple(sorted(scenario.serve.env.items())),
     )  # fmt: skip
 
 
@@ -118,12 +125,15 @@ CONDITIONS: tuple[tuple[str, Predicate], ...] = (
         "interleave_short_batch",
         lambda c: _pcp(c, "interleave") and _shorter(c, c.degrees.attn_cp),
     ),
-    ("interleave_no_attention", lambda c: _pcp(c, "interleave") and c.architecture not in DSA_ARCHITECTURES),
+    (
+        "interleave_no_attention",
+        lambda c: _pcp(c, "interleave") and c.pcp_splits and c.architecture not in DSA_ARCHITECTURES,
+    ),
     # Observed on 0.5.17: with DCP the PCP split never activates (results/pcp_dcp_rejected), and
     # it crashes only when the KV heads Llama computes per rank (full-TP shard) differ from what
     # the attention-TP-sized pool row holds (results/pcp2_zigzag_llama_kv2).
     ("llama_pcp", lambda c: _llama_pcp(c) and _kv_row_mismatch(c)),
-    ("llama_pcp_silent", lambda c: _llama_pcp(c) and not _kv_row_mismatch(c)),
+    ("llama_pcp_silent", lambda c: _llama_pcp(c) and c.pcp_splits and not _kv_row_mismatch(c)),
     (
         "mha_dcp_kv_not_replicated",
         lambda c: (
@@ -183,10 +193,19 @@ def _render(rule: Rule, cfg: LaunchConfig) -> str:
     return f"{situation.format(**values)}: {rule.note}" if situation else rule.note
 
 
+def pcp_splits(release: Release, cfg: LaunchConfig) -> bool:
+    """Whether `release` splits prefill rows for `cfg`'s architecture: every one where the release
+    names no classes, else those it names, or any when the scenario forces it (`pcp_force_env=1`)."""
+    classes = release.pcp_model_classes
+    forced = release.pcp_force_env is not None and dict(cfg.env).get(release.pcp_force_env) == "1"
+    return classes is None or cfg.architecture in classes or forced
+
+
 def predict(release: Release, cfg: LaunchConfig) -> Admission:
     """What `release` does with `cfg`: the first rejecting rule (in SGLang's order), else accepted,
     with a warning for every silent or inferred problem that applies. Never raises for a config."""
     warnings: list[AdmissionWarning] = []
+    cfg = replace(cfg, pcp_splits=pcp_splits(release, cfg))
     for code, cond in CONDITIONS:
         rule = release.rules.get(code)
         if rule is None or not cond(cfg):

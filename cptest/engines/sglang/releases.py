@@ -107,6 +107,11 @@ class Release:
     shared GPUs: docs/placement.md), besides a host id of its own (`colocation_host_id_var`)."""
     colocation_flags: tuple[str, ...] = ()
     """What every node of a co-located server gets in its argv."""
+    pcp_model_classes: frozenset[str] | None = None
+    """The architectures whose prefill CP actually splits rows without being forced; None: every
+    architecture. For any other, the PCP flags are accepted and nothing is split."""
+    pcp_force_env: str | None = None
+    """The variable that turns the split on for every architecture (`=1`), where there is one."""
     follower_ranks_ended: str | None = None
     """A regular expression of the line a node other than 0 prints when its scheduler process has
     ended: what follows in its log is its launcher's, after its ranks (docs/placement.md)."""
@@ -180,10 +185,10 @@ RULES_0_5_17: dict[str, Rule] = {
         None,
         "server_args.py:3817-3847",
         note="0.5.17 does not reject --enable-prefill-cp with --dcp-size > 1 (confirmed with its own "
-        "ServerArgs.from_cli_args; 0.5.23 does). On 2 x H200 it launched and served, and no extend step was "
-        "split: results/pcp_dcp_rejected/20261130T053718Z-a67d18b6.",
+        "ServerArgs.from_cli_args; 0.5.23 does). It launched and served on 2 x H200 and on one H200 with "
+        "the ranks co-located: results/pcp_dcp_rejected/20261203T082951Z-f1696101.",
         provenance="observed",
-        evidence="results/pcp_dcp_rejected/20261130T053718Z-a67d18b6; " + PARSER_TEST,
+        evidence="results/pcp_dcp_rejected/20261203T082951Z-f1696101; " + PARSER_TEST,
     ),
     "dcp_at_least_1_worker": Rule(
         "dcp_at_least_1_worker",
@@ -283,7 +288,7 @@ RULES_0_5_17: dict[str, Rule] = {
         "KV heads, i.e. kv_heads <= tp/dcp. No check on CUDA (wrong output: observed with 4 KV heads at "
         "tp 2 dcp 2, generation against the TP2 baseline below the 0.5 floor)",
         provenance="observed",
-        evidence="results/dcp2_llama_kv4/20261130T053844Z-f0f7ac74",
+        evidence="results/dcp2_llama_kv4/20261203T081109Z-733943a0",
     ),
     "dcp_backend_without_dcp_path": Rule(
         "dcp_backend_without_dcp_path",
@@ -436,6 +441,13 @@ SUPPORT_0_5_17: dict[tuple[str, str, str], SupportEntry] = {
     ("*", "pcp+dcp", "*"): SupportEntry(_U, "server_args.py:3817-3847", "not rejected in 0.5.17"),
 }
 
+CP_V2_DEFAULT_MODEL_CLASSES_0_5_17 = frozenset({
+    "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "GptOssForCausalLM", "MiMoV2FlashForCausalLM",
+    "MiMoV2ForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM",
+})
+"""0.5.17 `layers/cp/utils.py:42-52`: prefill CP runs (CP v2) only for these classes unless
+SGLANG_ENABLE_CP_V2=1 (`environ.py:314`, `layers/cp/utils.py:131-142`)."""
+
 COLOCATION_ENV: Mapping[str, str] = {
     # NCCL: every rank a separate host (each node's own NCCL_HOSTID, `COLOCATION_HOST_ID_VAR`), so
     # that its init check lets two ranks share a GPU; sockets over loopback, and none of the
@@ -480,6 +492,8 @@ RELEASE_0_5_17 = Release(
     graph_phases={"decode": "--cuda-graph-backend-decode", "prefill": "--cuda-graph-backend-prefill"},
     colocation_env=COLOCATION_ENV,
     colocation_flags=("--disable-custom-all-reduce",),
+    pcp_model_classes=CP_V2_DEFAULT_MODEL_CLASSES_0_5_17,
+    pcp_force_env="SGLANG_ENABLE_CP_V2",
     # entrypoints/engine.py:920-926 (block_until_scheduler_exits). After it, 0.5.17's follower goes on
     # into http_server.launch_server with no tokenizer manager and logs an AttributeError traceback
     # from the app's lifespan (seen on every co-located follower at shutdown).
