@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from cptest.testing.archives import archived_text
 from tests.reference.conftest import ensure_tiny_models
 
 pytest.importorskip("torch")
@@ -58,7 +59,7 @@ def run_colocated(name: str, tmp_path: Path) -> tuple[dict[str, Any], Path]:
 
 def runner_events(archive: Path, event: str) -> list[dict[str, Any]]:
     out = []
-    for line in (archive / "evidence" / "main" / "runner.jsonl").read_text().splitlines():
+    for line in archived_text(archive / "evidence" / "main" / "runner.jsonl").splitlines():
         rec = json.loads(line)
         if rec.get("kind") == "lifecycle" and rec.get("event") == event:
             out.append(rec["detail"])

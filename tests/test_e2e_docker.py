@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from cptest.testing.archives import archived_text
+
 REPO = Path(__file__).resolve().parents[1]
 LOCK = REPO / "images" / "lock.json"
 ENGINE_DIR = Path(os.environ.get("CPTEST_ENGINE_DIR", "/tmp/cptest-engine"))
@@ -137,9 +139,9 @@ def test_a_reference_scenario_runs_end_to_end_in_a_container_and_the_archive_rec
     assert (plan["pins"]["image"], plan["pins"]["image_digest"]) == (ref, digest)
     assert all(n["image"] == ref for n in plan["main"]["nodes"])
     # It ran in the container's pid namespace: the engine's own pid is not the host pid the runner saw.
-    log = (archive / "logs" / "main-node0.log").read_text()
+    log = archived_text(archive / "logs" / "main-node0.log")
     inside = int(re.search(r"cptest reference engine .* pid (\d+)", log).group(1))
-    runner = (archive / "evidence" / "main" / "runner.jsonl").read_text()
+    runner = archived_text(archive / "evidence" / "main" / "runner.jsonl")
     samples = [json.loads(line) for line in runner.splitlines()]
     host = {p["pid"] for s in samples if s.get("kind") == "processes" for p in s["procs"]
             if p.get("scope") == "tree" and p["title"] == "cptest-ref::server"}

@@ -27,6 +27,8 @@ from typing import Any
 import psutil
 import pytest
 
+from cptest.store import existing_file
+from cptest.testing.archives import archived_text
 from tests.reference.conftest import ensure_tiny_models
 
 pytest.importorskip("torch")
@@ -89,8 +91,10 @@ def _verdict(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 def _tree_pids(archive: Path) -> set[int]:
     """Every pid the runner saw in the engine trees of this run (its ProcessSample records)."""
     pids: set[int] = set()
-    for f in (archive / "evidence").glob("*/runner.jsonl"):
-        for line in f.read_text().splitlines():
+    for role in (archive / "evidence").iterdir():
+        if not role.is_dir() or not existing_file(role / "runner.jsonl"):
+            continue
+        for line in archived_text(role / "runner.jsonl").splitlines():
             rec = json.loads(line) if line.strip().startswith("{") else {}
             if rec.get("kind") == "processes":
                 pids |= {int(p["pid"]) for p in rec["procs"] if p.get("scope", "tree") == "tree"}
@@ -144,7 +148,7 @@ def test_a_second_run_reuses_the_kept_baseline_and_reaches_the_same_verdicts(tmp
             str(tmp_path / "results"), "--baseline-cache", str(cache), "--json"]
     runs = [_verdict(_cptest(*argv)) for _ in range(2)]
     first, second = (Path(v["archive"]) for v in runs)
-    records = [[json.loads(line) for line in (a / "evidence/main/runner.jsonl").read_text().splitlines()]
+    records = [[json.loads(line) for line in archived_text(a / "evidence/main/runner.jsonl").splitlines()]
                for a in (first, second)]
     events = [[r["event"] for r in rs if r.get("kind") == "lifecycle"] for rs in records]
     assert "baseline_cached" in events[0] and "baseline_reused" not in events[0]
@@ -153,8 +157,8 @@ def test_a_second_run_reuses_the_kept_baseline_and_reaches_the_same_verdicts(tmp
         [(x["checker"], x["status"]) for x in runs[1]["verdicts"]]
     _assert_passes(runs[1])
     # The archive that reused a baseline holds that baseline's evidence and is re-checkable alone.
-    assert (second / "evidence" / "baseline" / "runner.jsonl").read_bytes() == \
-        (first / "evidence" / "baseline" / "runner.jsonl").read_bytes()
+    assert archived_text(second / "evidence" / "baseline" / "runner.jsonl") == \
+        archived_text(first / "evidence" / "baseline" / "runner.jsonl")
     check = _cptest("check", str(second), "--json")
     assert check.returncode == 0, check.stdout + check.stderr
 

@@ -122,7 +122,7 @@ def test_the_command_says_what_it_did_and_matrix_then_reads_it(tmp_path: Path):
     assert done.stdout.startswith(f"published: {source} -> {target} (pcp_dcp_rejected: PASS")
     assert "verified and checked" in done.stdout
     matrix = cptest("matrix", results)
-    assert matrix.returncode == 0 and "| pcp_dcp_rejected | sglang | **PASS**" in matrix.stdout
+    assert matrix.returncode == 0 and "| pcp_dcp_rejected | sglang, co-located | **PASS**" in matrix.stdout
     assert f"1 archive(s) of published evidence under {results}" in matrix.stderr
     trial = cptest("matrix", "--json", source.parent.parent)
     assert trial.returncode == 0 and json.loads(trial.stdout)["rows"][0]["archive"] == str(source)

@@ -265,3 +265,10 @@ def write_archive(
     for name, value in (extra or {}).items():
         (dir / name).write_text(json.dumps(value) if not isinstance(value, str) else value, encoding="utf-8")
     return dir
+
+
+def archived_text(path: Path) -> str:
+    """The text of an archive's file as cptest reads it: packed (`<name>.xz`) or not."""
+    from cptest.store import read_bytes
+
+    return read_bytes(path).decode("utf-8", errors="replace")
