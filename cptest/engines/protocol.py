@@ -45,10 +45,9 @@ class ServerLaunch:
     """Every CUDA-graph phase disabled: per-step evidence needs eager forwards (docs/decisions.md D8)."""
     forward_hooks: tuple[Mapping[str, object], ...] = ()
     """The probe's module hooks (`cptest.probe.forward_hooks`), for engines that load them."""
-    colocated_nodes: int = 0
-    """> 0: the server's ranks are co-located, one local node process each, this many in all: every
-    node runs `--nnodes` of it with its own `--port` (`port + NODE_PORT_STEP * k`) and the
-    placement's flags."""
+    colocated: bool = False
+    """The server's ranks are co-located, one local node process each (`degrees.nodes` of them):
+    every node gets its own `--port` (`port + NODE_PORT_STEP * k`) and the placement's flags."""
     mem_fraction: float | None = None
     """Co-located: each rank's memory fraction, in place of the scenario's `mem_fraction`."""
     extra_flags: tuple[str, ...] = ()

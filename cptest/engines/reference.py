@@ -64,7 +64,7 @@ class ReferenceEngine:
 
     def argv(self, launch: ServerLaunch, node_rank: int, nodes: int) -> list[str]:
         serve = launch.serve
-        port = node_port(launch.port, node_rank, launch.colocated_nodes > 0)
+        port = node_port(launch.port, node_rank, launch.colocated)
         return build_argv(ReferenceConfig(
             model_path=launch.model_path, degrees=launch.degrees, host=launch.host, port=port,
             page_size=serve.page_size or 1, max_total_tokens=serve.max_total_tokens,

@@ -291,7 +291,7 @@ def _server(
         # Rows entering attention, the MLP and the logits are read by forward hooks on modules
         # (the plugin's method hooks cannot see module inputs); see cptest/probe/forward_hooks.py.
         forward_hooks=tuple(json.loads(probe_hooks_spec())),
-        colocated_nodes=launched.nodes if colocation else 0,
+        colocated=colocation is not None,
         mem_fraction=colocation.mem_fraction if colocation else None,
         extra_flags=tuple(colocation.flags) if colocation else (),
     )  # fmt: skip
@@ -340,8 +340,8 @@ def _server(
 EXPLICIT_MEM_FRACTION = "stated explicitly (--rank-mem-fraction)"
 """`Colocation.mem_fraction_basis` of a fraction the user gave: a rerun gives it again."""
 DEFAULT_MEM_FRACTION = 0.9
-"""What a co-located server's ranks divide when the scenario leaves `mem_fraction` to the engine:
-about what SGLang picks by itself on an 80+ GB GPU."""
+"""About what SGLang picks for --mem-fraction-static by itself on an 80+ GB GPU: what a co-located
+server's ranks divide, and what a suite reserves, when the scenario leaves `mem_fraction` to it."""
 
 
 def rank_gpus(world: int, gpus: list[int] | None) -> list[int]:

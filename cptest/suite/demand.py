@@ -21,13 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from cptest.plan.build import DEFAULT_MEM_FRACTION
 from cptest.plan.model import PlacementMode, Plan, ServerPlan
 from cptest.run.preflight import RUNTIME_MIB
 from cptest.scenario import Scenario
-
-DEFAULT_MEM_FRACTION = 0.9
-"""When a scenario leaves --mem-fraction-static to SGLang (it picks about this on an 80+ GB GPU):
-reserve as if it took that much."""
 
 
 @dataclass(frozen=True)

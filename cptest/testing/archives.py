@@ -84,9 +84,10 @@ def colocate(server: ServerPlan, *, gpus: list[int] | None = None, mem_fraction:
     """`server` with its ranks co-located as the planner does it for SGLang: one local node process
     per world rank on `gpus` (contiguous blocks; all on GPU 0 by default), NCCL over loopback
     sockets, custom all-reduce off, the scenario's `mem_fraction` divided among the ranks of a GPU."""
+    from cptest.plan.build import rank_gpus as planned_rank_gpus
+
     world = server.world_size
-    ids = gpus or [0]
-    rank_gpus = [ids[r * len(ids) // world] for r in range(world)]
+    rank_gpus = planned_rank_gpus(world, gpus)
     sharing = max(rank_gpus.count(g) for g in rank_gpus)
     colocation = Colocation(
         rank_gpus=rank_gpus,

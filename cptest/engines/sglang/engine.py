@@ -71,7 +71,7 @@ class SGLangEngine:
             model_path=launch.model_path,
             degrees=launch.degrees,
             host=launch.host,
-            port=node_port(launch.port, node_rank, launch.colocated_nodes > 0),
+            port=node_port(launch.port, node_rank, launch.colocated),
             node_rank=node_rank,
             # Every node runs the same server with its own rank; node 0 hosts the rendezvous.
             dist_init_addr=f"{launch.host}:{launch.port + RENDEZVOUS_PORT_OFFSET}" if nodes > 1 else None,
@@ -81,7 +81,7 @@ class SGLangEngine:
             eager=launch.eager,
             page_size=serve.page_size,
             max_total_tokens=serve.max_total_tokens,
-            mem_fraction_static=launch.mem_fraction if launch.colocated_nodes else serve.mem_fraction,
+            mem_fraction_static=launch.mem_fraction if launch.colocated else serve.mem_fraction,
             context_length=serve.context_length,
             sampling_backend=serve.sampling_backend,
             skip_tokenizer_init=serve.skip_tokenizer_init,
