@@ -22,16 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cptest import checks, paths, report, store
-from cptest.checks.archived import (  # noqa: F401 - callers name them through the pipeline
-    ABS,
-    OWN_NAMES,
-    UP,
-    _absolute_include,
-    _stored_include,
-    archived_reader,
-    include_name,
-    parse_archived,
-)
+from cptest.checks.archived import _absolute_include, archived_reader, include_name, parse_archived
 from cptest.checks.diff import DiffReport, diff
 from cptest.engines.reference import choose
 from cptest.errors import CptestError, PlanError, Problem, RunError, ScenarioError, Span
