@@ -32,7 +32,7 @@ scenario pcp2_zigzag_llama_kv2 {
     tp 2
   }
   expect {
-    violated launch accepted because "Llama's K (full-TP head shard) does not fit the attention-TP pool row: the scheduler dies at the first prefill (results/pcp2_zigzag_llama_kv2/20261130T054143Z-22901f56)"
+    violated launch accepted because "Llama's K (full-TP head shard) does not fit the attention-TP pool row: the scheduler dies at the first prefill (docs/sglang.md §3.2)"
     rows split zigzag
     # Teacher-forced against the measured noise floor (docs/language.md "Generation parity"): the
     # control is the baseline's model at another TP degree; free-running by vLLM's top-k rule.
