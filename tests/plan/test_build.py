@@ -2,7 +2,7 @@
 
 Every scenario in scenarios/ has its plan pinned under tests/golden/plan/<stem>.json, so a change in
 argv, environment, workload or expectations shows up as a reviewable diff. Regenerate with
-`CPTEST_UPDATE_GOLDEN=1 python -m pytest tests/test_plan.py`.
+`CPTEST_UPDATE_GOLDEN=1 python -m pytest tests/plan/test_build.py`.
 
 Two normalisations keep the golden files portable and small: the repository's absolute path is
 written `$REPO/`, and each request's token ids are replaced by their length and sha256 (the same hash
