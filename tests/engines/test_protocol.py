@@ -16,8 +16,9 @@ from cptest.scenario import Serve
 from cptest.topology import Degrees
 
 ROOT = Path(__file__).resolve().parents[2]
-DCP2_LOG = next((ROOT / "results" / "dcp2_llama_kv1").glob("*/logs/main-node0.log"))
-"""A real SGLang 0.5.17 log (TP2 + DCP2), committed evidence."""
+DCP2_LOGS = sorted(next((ROOT / "results" / "dcp2_llama_kv1").glob("*/logs")).glob("main-node*.log"))
+"""Real SGLang 0.5.17 logs (TP2 + DCP2, one per co-located node: TP rank k logs on node k), committed
+evidence."""
 
 
 def launch(**degrees: int) -> ServerLaunch:
@@ -34,10 +35,10 @@ def test_the_engine_a_scenario_names_is_the_one_the_plan_gets():
 
 def test_sglang_capacity_log_patterns_read_the_lines_of_a_real_0_5_17_log():
     patterns = engine_for("sglang", "0.5.17").facts().log_patterns
-    text = DCP2_LOG.read_text()
-    kv = [m.groupdict() for m in re.finditer(patterns["kv_allocated"], text, re.MULTILINE)]
+    texts = [log.read_text() for log in DCP2_LOGS]
+    kv = [m.groupdict() for text in texts for m in re.finditer(patterns["kv_allocated"], text, re.MULTILINE)]
     assert [(m["tp"], m["tokens"]) for m in kv] == [("0", "65536"), ("1", "65536")]
-    [total] = re.finditer(patterns["max_total_num_tokens"], text, re.MULTILINE)
+    [total] = (m for text in texts for m in re.finditer(patterns["max_total_num_tokens"], text, re.MULTILINE))
     assert total["tokens"] == "65536" and total["tp"] == "0"
 
 

@@ -89,8 +89,8 @@ def test_the_real_dcp2_report_has_every_section_a_row_per_verdict_and_its_source
         assert v["source"] in dcp2_html
     assert _tags(dcp2_html, "svg") == 5  # ownership, rows, capacity, latency, outcomes
     assert "could not be drawn" not in dcp2_html and 'class="absent"' not in dcp2_html
-    assert "18065" in dcp2_html  # positions written per rank 9042 + 9023, as the rows checker counted
-    assert "rank 0: 9042; rank 1: 9023" in dcp2_html
+    assert "38283" in dcp2_html  # positions written per rank 19158 + 19125, as the rows checker counted
+    assert "rank 0: 19158; rank 1: 19125" in dcp2_html
 
 
 def test_a_report_fetches_nothing_and_runs_nothing(dcp2_html: str) -> None:

@@ -216,8 +216,9 @@ def test_the_newest_archive_is_read_per_scenario_and_placement(tmp_path: Path):
         d = results / "dcp2_llama_kv1" / stamp
         d.mkdir(parents=True)
         shutil.copy(committed / "scenario.cps", d / "scenario.cps")
-        shutil.copytree(committed / "defaults", d / "defaults")
-        verdict = json.loads((committed / "verdict.json").read_text())
+        shutil.copytree(committed / "includes", d / "includes")
+        verdict = {k: v for k, v in json.loads((committed / "verdict.json").read_text()).items()
+                   if k != "placement"}
         (d / "verdict.json").write_text(json.dumps(verdict | ({"placement": placement}
                                                              if placement == "colocated" else {})))
     _, runs, skipped = read_inputs(RELEASE, ROOT / "scenarios", [results])

@@ -141,7 +141,7 @@ CELL_RULES_0_5_17: tuple[CellRule, ...] = (
         families=_set("qwen3"), modes=_set("pcp2-zigzag"),
         citation="layers/cp/utils.py:42-52, 131-142; server_args.py:6287-6302; environ.py:314; "
         "model_executor/runner/eager_runner.py:251-268",
-        provenance="observed", evidence="results/pcp2_zigzag_qwen3_kv2/20261130T054301Z-c5e13c25",
+        provenance="observed", evidence="results/pcp2_zigzag_qwen3_kv2/20261203T120203Z-7d85d6be",
     ),
     CellRule(
         "pcp_backend_without_cp_path",
