@@ -178,6 +178,18 @@ def env_verdict(policy: Policy, name: str) -> Verdict | None:
     return Verdict(f"{name} {why}", escapable=True)
 
 
+# argparse's own test (`_negative_number_matcher`): a value that starts with "-" and is not one of
+# these is read as an option by SGLang's parser, whatever flag it follows.
+_NEGATIVE_NUMBER = re.compile(r"-\d+|-\d*\.\d+")
+
+
+def option_like(value: str) -> bool:
+    """True when SGLang's parser would read `value` as an option rather than as a flag's value:
+    `flag "--cuda-graph-bs" "1" "--trust-remote-code"` would set `--trust-remote-code` behind every
+    table here. Needs no release table, so the language stage refuses it in every scenario."""
+    return value.startswith("-") and value != "-" and not _NEGATIVE_NUMBER.fullmatch(value)
+
+
 def flag_verdict(policy: Policy, flag: str) -> Verdict | None:
     """None when the scenario may pass `flag` through; else why not (always escapable: the plan's
     flag table refuses flags cptest manages itself)."""
@@ -192,4 +204,4 @@ def flag_verdict(policy: Policy, flag: str) -> Verdict | None:
 
 
 __all__ = ["MACHINE_ENV", "MANAGED_ENV", "PLACEMENT_ENV", "POLICIES", "Policy", "Verdict", "env_verdict",
-           "flag_verdict", "policy_for"]
+           "flag_verdict", "option_like", "policy_for"]
