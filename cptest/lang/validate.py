@@ -840,7 +840,7 @@ def _serve(v: _Values, engine: Engine | None, unsafe: str | None) -> Serve:
         elif name in env:
             v.p.add(s.span, f"duplicate env {name!r}")
         else:
-            judge(s, safety.env_verdict(policy, name))
+            judge(s, safety.env_verdict(policy, name, value))
         env[name] = value
         spans[f"env:{name}"] = s.span
     declared = v.stmt("", "unsafe")

@@ -201,8 +201,8 @@ def _unsafe(scenario: Scenario, problems: ProblemCollector) -> UnsafeDeclaration
             covers.append(f"flag {f[0]}")
             if scenario.unsafe is None:
                 problems.add(serve.where(f"flag:{i}"), f"unsafe: {verdict.reason}")
-    for name in serve.env:
-        verdict = safety.env_verdict(policy, name)
+    for name, value in serve.env.items():
+        verdict = safety.env_verdict(policy, name, value)
         if verdict is not None:
             covers.append(f"env {name}")
             if scenario.unsafe is None or not verdict.escapable:

@@ -138,3 +138,58 @@ def test_argv_refuses_a_smuggled_option_of_a_scenario_built_in_code(release: str
     cfg = serve_config("/m", extra=(("--cuda-graph-bs-decode", ("1", "--trust-remote-code")),))
     with pytest.raises(PlanError, match="'--trust-remote-code' would be read as an option"):
         build_argv(KNOWN_RELEASES[release], cfg)
+
+
+# ------------------------------------------------------------------------------------ environment
+# Each reproduced in issue 32: allowed by a prefix (SGLANG_*, TRITON_*, TORCH_*, FLASHINFER_*), each
+# loads code, writes outside the archive or weakens deserialisation; then variants of each class.
+UNSAFE_ENV = [
+    ("SGLANG_EXTERNAL_MODEL_PACKAGE", "mypkg", "names a package the engine imports"),
+    ("SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE", "mypkg", "names a package the engine imports"),
+    ("TRITON_CACHE_MANAGER", "evil:Manager", "names a class the engine imports"),
+    ("TRITON_REMOTE_CACHE_BACKEND", "evil:Backend", "cache backend"),
+    ("TRITON_CACHE_BACKEND", "redis", "cache backend"),
+    ("FLASHINFER_WORKSPACE_BASE", "/tmp/ws", "names a directory the engine writes"),
+    ("FLASHINFER_WORKSPACE_BASE", "ws", "names a directory the engine writes"),
+    ("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1", "unpickles checkpoints"),
+    ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0", "unpickles checkpoints"),
+    ("SGLANG_USE_PICKLE_IPC", "1", "unpickle what it receives"),
+    ("TORCH_LOGS_OUT", "/tmp/torch.log", "names a file the engine writes"),
+    ("TORCH_LOGS_OUT", "torch.log", "names a file the engine writes"),
+    ("SGLANG_REGISTER_FFI_REFERENCE_CLASS", "x", "names a class the engine imports"),
+    ("SGLANG_S3_ENDPOINT_URL", "http://x", "another host"),
+    ("SGLANG_GRPC_ENDPOINT", "x:1", "another host"),
+    ("SGLANG_TEST_SCRIPTED_RUNTIME_SYS_PATH_ENTRY", "x", "import path"),
+    # Names the deny patterns miss: the value gives them away.
+    ("SGLANG_SOME_NEW_SETTING", "/etc/passwd", "names a file or directory"),
+    ("TORCH_TRACE", "trace/out", "names a file or directory"),
+    ("NCCL_DEBUG", "~root", "names a file or directory"),
+    ("SGLANG_X", "..\\\\x", "names a file or directory"),
+    ("TORCH_COMPILE_BACKEND", "evil.backends:compile", "names a module or class the engine would import"),
+    ("SGLANG_FORCE_FUSED_OP_BACKEND", "evil.mod", "names a module or class the engine would import"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "value", "why"), UNSAFE_ENV)
+def test_an_env_that_loads_code_writes_files_or_unpickles_is_unsafe(name: str, value: str, why: str) -> None:
+    (found,) = problems(scenario(f'    env "{name}" "{value}"'))
+    assert found.startswith("s.cps:7:5: unsafe: ") and why in found, found
+
+
+@pytest.mark.parametrize(("name", "value", "why"), UNSAFE_ENV)
+def test_a_plan_of_a_scenario_built_in_code_refuses_the_same_env(name: str, value: str, why: str) -> None:
+    s = parse_text(scenario('    env "SGLANG_ENABLE_CP_V2" "1"'), "s.cps", base_dir="/nonexistent")
+    s = s.model_copy(update={"serve": s.serve.model_copy(update={"env": {name: value}})})
+    with pytest.raises(PlanError, match="unsafe: "):
+        plan(s)
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("SGLANG_ENABLE_CP_V2", "1"), ("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,COLL"),
+    ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"), ("TORCH_COMPILE_BACKEND", "inductor"),
+    ("SGLANG_BACKUP_PORT_BASE", "40000"), ("TORCH_LOGS", "+dynamo,recompiles"),
+    ("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "1"), ("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "0"),
+])  # fmt: skip
+def test_an_env_of_words_and_numbers_passes(name: str, value: str) -> None:
+    s = parse_text(scenario(f'    env "{name}" "{value}"'), "s.cps", base_dir="/nonexistent")
+    assert s.unsafe is None and plan(s).unsafe is None
