@@ -185,11 +185,16 @@ def validate(files: tuple[Path, ...], as_json: bool) -> int:
     from cptest.errors import ScenarioError
     from cptest.interface import problem_json
     from cptest.lang import parse_file
+    from cptest.plan.flags import flag_problems
 
     results, code = [], 0
     for f in files:
         try:
-            parse_file(f)
+            # The release's flag table judges each pass-through flag's values; the language stage
+            # knows no release.
+            bad_flags = flag_problems(parse_file(f))
+            if bad_flags:
+                raise ScenarioError(bad_flags, sources={str(f): _read(f)})
             results.append({"file": str(f), "ok": True, "problems": []})
             if not as_json:
                 click.echo(f"ok  {f}")

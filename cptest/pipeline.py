@@ -31,6 +31,7 @@ from cptest.lang.validate import read_path
 from cptest.outline import Logger
 from cptest.plan import plan
 from cptest.plan.build import EXPLICIT_MEM_FRACTION, require_allowed
+from cptest.plan.flags import flag_problems
 from cptest.plan.lint import Finding, lint
 from cptest.plan.model import Placement, Plan
 from cptest.run.launcher import Launcher
@@ -109,6 +110,11 @@ def prepare(path: Path, *, engine: str | None = None, gpu_present: bool,
     else:
         text = read_text(path)
         scenario = parse_file(path)
+    # The flags are judged against the release the scenario names, even where the reference engine
+    # stands in for it and passes none: the same file is refused on every machine.
+    bad_flags = flag_problems(scenario)
+    if bad_flags:
+        raise PlanError(bad_flags)
     choice = choose(scenario, engine, gpu_present=gpu_present)
     place = placement or Placement()
     notes = list(choice.notes)

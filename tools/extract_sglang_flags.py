@@ -4,8 +4,9 @@
 Contract: the table is what SGLang's own argparse builds (`ServerArgs.add_cli_args(parser)`), read
 from a Python interpreter where that release's wheel is importable (a scratch venv; the wheel needs
 torch and a handful of light dependencies to import `sglang.srt.server_args`, no GPU). Each flag
-records its option strings, destination, arity, choices, default (when JSON-able), whether it is a
-deprecated alias, and the `path:line` of its declaration in the wheel. The output also records the
+records its option strings, destination, arity, the type of one value (from argparse's `type=`,
+`VALUE_TYPES`), choices, default (when JSON-able), whether it is a deprecated alias, and the
+`path:line` of its declaration in the wheel. The output also records the
 wheel's sha256 and how it was extracted, so a reviewer can regenerate and diff it.
 
 When the release cannot be imported (missing heavy deps), `--method ast` reads the source instead:
@@ -67,9 +68,13 @@ for a in parser._actions:
         "dest": a.dest,
         "action": type(a).__name__,
         "nargs": nargs,
-        "choices": [jsonable(c) for c in a.choices] if a.choices is not None else None,
+        # A set's order changes with the hash seed: sorted, so that a regenerated table diffs clean.
+        "choices": None if a.choices is None else [jsonable(c) for c in (
+            sorted(a.choices, key=str) if isinstance(a.choices, (set, frozenset)) else a.choices)],
         "default": jsonable(a.default),
         "required": bool(a.required),
+        "type": None if a.type is None else
+                f"{getattr(a.type, '__module__', '')}.{getattr(a.type, '__qualname__', repr(a.type))}",
     })
 print(json.dumps({"sglang_file": sglang.__file__, "version": getattr(sglang, "__version__", None),
                   "actions": out}))
@@ -121,6 +126,31 @@ def locate(sources: dict[str, str], dest: str, options: list[str], literal_first
 
     first, second = (by_literal, by_field) if literal_first else (by_field, by_literal)
     return first() or second()
+
+
+VALUE_TYPES: dict[str, str] = {
+    # argparse `type=` (module.qualname) -> the value type cptest checks a scenario's value against
+    # (cptest/engines/sglang/flag_values.py). A converter not listed here is written as its own
+    # name, which no checker knows: the table test then fails until someone reads it and maps it.
+    "builtins.str": "str",
+    "builtins.int": "int",
+    "builtins.float": "float",
+    "json.loads": "json",
+    "sglang.srt.utils.common.json_list_type": "json",
+    "sglang.srt.utils.common.nullable_str": "str",
+    "sglang.srt.utils.common.human_readable_int": "size",
+    "sglang.srt.model_executor.cuda_graph_config.parse_cuda_graph_config_arg": "json-object",
+    "sglang.srt.model_executor.cuda_graph_config.parse_cuda_graph_backend_arg": "str",
+}
+
+
+def value_type(arity: str, raw: str | None) -> str | None:
+    """What one value of the flag must be: None for a switch; argparse's default converter is str."""
+    if arity == "flag":
+        return None
+    if raw is None:
+        return "str"
+    return VALUE_TYPES.get(raw, raw)
 
 
 def kind_of(action: str, nargs: Any) -> str:
@@ -196,11 +226,13 @@ def build_table(
         if a["dest"] == "help":
             continue
         primary = a["options"][0]
+        arity = kind_of(a["action"], a["nargs"])
         entry = {
             "dest": a["dest"],
             "aliases": a["options"][1:],
-            "arity": kind_of(a["action"], a["nargs"]),
+            "arity": arity,
             "nargs": a["nargs"],
+            "type": value_type(arity, a.get("type")),
             "choices": a["choices"],
             "default": a["default"],
             "deprecated": "Deprecated" in a["action"],

@@ -14,6 +14,23 @@ scenario's engine and release:
   Rejected, unless the scenario declares `unsafe "reason"`; a run of such a scenario then also needs
   `cptest run --allow-unsafe` (the plan records the declaration and what it covers).
 
+The environment table, and why it is shaped so. A variable is judged by its name, then its value:
+1. names cptest or the machine owns, then the interpreter's and the dynamic linker's (`PYTHON*`,
+   `LD_*`): code before any of SGLang's own runs;
+2. `env_deny`, patterns over names with the reason each is unsafe, checked before the allow
+   prefixes: a variable that names code to import (a module, package, plugin, class, cache
+   manager or backend), a file or directory (read, written, or holding compiled kernels), a command
+   or another host, or that weakens deserialisation (`torch.load` of full pickles, pickled IPC);
+3. `env_allow`, the prefixes of the libraries a CP run tunes (`SGLANG_*`, `NCCL_*`, `TORCH_*`, ...);
+   any other name is unsafe: a table of what is known to be harmless cannot list every library;
+4. the value: the prefixes admit values that are words, numbers and lists (`1`, `INFO`,
+   `INIT,COLL`, `expandable_segments:True`), never a path (`/`, `\\`, a leading `~`: a file
+   outside the run's tree), and, for a name that picks an implementation (`CODE_NAME_SUFFIXES`),
+   never a module path (`pkg.mod`, `pkg.mod:Class`). A variable the deny patterns miss therefore
+   still cannot point the engine at a file or a module through an allowed prefix.
+Every refusal but the machine's and cptest's own is escapable by `unsafe "reason"`: a scenario may
+need one, and then says so, and whoever runs it says `--allow-unsafe`.
+
 The tables live here, in the language stage, because `cptest validate` must refuse these entries
 with their position and the language stage sits below the engines (docs/architecture.md §2); the
 engines read them from here (`cptest.engines.sglang.argv` refuses an unsafe flag a plan was not
@@ -93,6 +110,28 @@ POLICY_0_5_17 = Policy(
         "*_CONFIG*": "points the engine at a config",
         "*_LIB*": "names libraries the engine loads",
         "*_SO": "names a shared object the engine loads",
+        "*SYS_PATH*": "adds to the engine's import path",
+        # Names that import code by name.
+        "*PACKAGE*": f"names a package the engine imports ({_CODE}: SGLANG_EXTERNAL_MODEL_PACKAGE)",
+        "*_MANAGER": f"names a class the engine imports ({_CODE}: TRITON_CACHE_MANAGER=module:Class)",
+        "*REMOTE_CACHE*": f"names a cache backend class the engine imports and a host it talks to ({_CODE})",
+        "*CACHE_BACKEND*": f"names a cache backend the engine imports ({_CODE})",
+        "*_CLASS": f"names a class the engine imports ({_CODE})",
+        "*_CLS": f"names a class the engine imports ({_CODE})",
+        "*_CMD": "names a command the engine runs",
+        "*_COMMAND": "names a command the engine runs",
+        # Files the engine writes or compiles into.
+        "*_OUT": f"names a file the engine writes ({_WRITES}: TORCH_LOGS_OUT)",
+        "*WORKSPACE_BASE": f"names a directory the engine writes and loads compiled kernels from ({_WRITES})",
+        # Deserialisation: a full pickle runs code when it is loaded.
+        "*WEIGHTS_ONLY*": "changes how torch.load unpickles checkpoints "
+                          "(TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD lets a checkpoint's pickle run code)",
+        "*PICKLE*": "makes the engine unpickle what it receives (a pickle runs code when it is loaded)",
+        "*TRUST_REMOTE*": f"{_CODE}: Python files shipped with the model",
+        # Other hosts.
+        "*_URL": _NET,
+        "*_URI": _NET,
+        "*_ENDPOINT": _NET,
     },
     flag_deny={
         # Code (sglang 0.5.17 server_args.py: each is a documented loader of user code).
@@ -154,8 +193,25 @@ class Verdict:
     escapable: bool
 
 
-def env_verdict(policy: Policy, name: str) -> Verdict | None:
-    """None when the scenario may set `name`; else why not."""
+CODE_NAME_SUFFIXES = ("_BACKEND", "_IMPL", "_FACTORY", "_LOADER", "_HANDLER", "_PROVIDER", "_FN", "_FUNC",
+                      "_CALLBACK", "_BASE")
+"""Name endings of variables that pick an implementation or a location by name: their value is a
+word (`triton`, `fa3`, a number), never a module path that something would import."""
+
+_MODULE_VALUE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(:[A-Za-z_][\w.]*)?|[A-Za-z_]\w*:[A-Za-z_][\w.]*")
+
+
+def env_value_problem(name: str, value: str) -> str | None:
+    """Why an allowed variable may not have `value`; None when it may (step 4 of the table above)."""
+    if "/" in value or "\\" in value or value.startswith("~"):
+        return f"{name}={value!r} names a file or directory, outside the run's archive"
+    if name.endswith(CODE_NAME_SUFFIXES) and _MODULE_VALUE.fullmatch(value.strip()):
+        return f"{name}={value!r} names a module or class the engine would import ({_CODE})"
+    return None
+
+
+def env_verdict(policy: Policy, name: str, value: str | None = None) -> Verdict | None:
+    """None when the scenario may set `name` (to `value`, when given); else why not."""
     if name in MACHINE_ENV:
         return Verdict(f"the GPU machine requires {name}={MACHINE_ENV[name]} of every engine process",
                        escapable=False)
@@ -173,9 +229,22 @@ def env_verdict(policy: Policy, name: str) -> Verdict | None:
         if fnmatch.fnmatchcase(name, pattern):
             return Verdict(f"{name} {why}", escapable=True)
     if any(fnmatch.fnmatchcase(name, p) for p in policy.env_allow):
-        return None
+        problem = None if value is None else env_value_problem(name, value)
+        return None if problem is None else Verdict(problem, escapable=True)
     why = "is not in the release's allow table (" + ", ".join(policy.env_allow[:6]) + ", ...)"
     return Verdict(f"{name} {why}", escapable=True)
+
+
+# argparse's own test (`_negative_number_matcher`): a value that starts with "-" and is not one of
+# these is read as an option by SGLang's parser, whatever flag it follows.
+_NEGATIVE_NUMBER = re.compile(r"-\d+|-\d*\.\d+")
+
+
+def option_like(value: str) -> bool:
+    """True when SGLang's parser would read `value` as an option rather than as a flag's value:
+    `flag "--cuda-graph-bs" "1" "--trust-remote-code"` would set `--trust-remote-code` behind every
+    table here. Needs no release table, so the language stage refuses it in every scenario."""
+    return value.startswith("-") and value != "-" and not _NEGATIVE_NUMBER.fullmatch(value)
 
 
 def flag_verdict(policy: Policy, flag: str) -> Verdict | None:
@@ -191,5 +260,5 @@ def flag_verdict(policy: Policy, flag: str) -> Verdict | None:
     return None
 
 
-__all__ = ["MACHINE_ENV", "MANAGED_ENV", "PLACEMENT_ENV", "POLICIES", "Policy", "Verdict", "env_verdict",
-           "flag_verdict", "policy_for"]
+__all__ = ["MACHINE_ENV", "MANAGED_ENV", "PLACEMENT_ENV", "POLICIES", "Policy", "Verdict",
+           "env_value_problem", "env_verdict", "flag_verdict", "option_like", "policy_for"]

@@ -279,7 +279,10 @@ class _Build:
 
     def flag(self, meta: Any, c: list[Token]) -> Stmt:
         span = _span(self.f, meta)
-        return Stmt("serve", "flag", tuple(unquote(str(t)) for t in c), span, span)
+        # Each part's position: a problem with one value (a smuggled option, a wrong type) is
+        # reported at that value ("0" is the flag's name).
+        parts = {str(k): _tok_span(self.f, t) for k, t in enumerate(c)}
+        return Stmt("serve", "flag", tuple(unquote(str(t)) for t in c), span, span, parts)
 
     # -- top-level statements
     def env(self, meta: Any, c: list[Token]) -> Stmt:

@@ -7,8 +7,10 @@ Contract:
   (sorted by position); nothing else escapes.
 - It reads files (the extends targets and `config.json`) only through `read`, so tests can give it
   an in-memory file system.  It never touches the network, the clock or processes.
-- It does not know SGLang releases or flag tables: unknown releases and pass-through flags are the
-  plan/lint stage's business.
+- It does not know SGLang releases or flag tables: unknown releases and the arity and type of a
+  pass-through flag's values are the plan stage's business (`cptest.plan.flags`, which `cptest
+  validate` runs too). What needs no table is checked here: a flag value that would be read as an
+  option, and the safety tables of `cptest.lang.safety`.
 """
 
 from __future__ import annotations
@@ -819,8 +821,17 @@ def _serve(v: _Values, engine: Engine | None, unsafe: str | None) -> Serve:
             v.p.add(s.span, f"flag {s.value[0]!r} must start with --", expected='flag "--name" ["value"]')
         else:
             judge(s, safety.flag_verdict(policy, s.value[0]))
+        # Never escapable: a value read as an option sets a flag no table judged (the gate above
+        # sees only the statement's first word), and a scenario that wants a flag writes its own.
+        for k, value in enumerate(s.value[1:], 1):
+            if safety.option_like(value):
+                v.p.add(s.parts.get(str(k), s.span),
+                        f"flag {s.value[0]}: the value {value!r} would be read as an option, not as a value",
+                        expected="a value that does not start with - (a negative number does)",
+                        hint="each flag is a statement of its own")
         flags.append(list(s.value))
         spans[f"flag:{i}"] = s.span
+        spans.update({f"flag:{i}:{k}": span for k, span in s.parts.items()})
     env: dict[str, str] = {}
     for s in v.many.get(("serve", "env"), []):
         name, value = s.value
@@ -829,7 +840,7 @@ def _serve(v: _Values, engine: Engine | None, unsafe: str | None) -> Serve:
         elif name in env:
             v.p.add(s.span, f"duplicate env {name!r}")
         else:
-            judge(s, safety.env_verdict(policy, name))
+            judge(s, safety.env_verdict(policy, name, value))
         env[name] = value
         spans[f"env:{name}"] = s.span
     declared = v.stmt("", "unsafe")

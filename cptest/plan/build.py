@@ -27,6 +27,7 @@ from cptest.lang.safety import MACHINE_ENV
 from cptest.lang.tables import DEFAULT_DEADLINE_S, MAX_PLAN_TOKENS
 from cptest.paths import MODELS, SCENARIO
 from cptest.plan import fill_drain
+from cptest.plan.flags import flag_problems
 from cptest.plan.model import (
     Colocation,
     FaultPlan,
@@ -100,6 +101,13 @@ def plan(scenario: Scenario, *, placement: Placement | None = None) -> Plan:
         raise
     eager_reason = _needs_eager(scenario)
     unsafe = _unsafe(scenario, problems)
+    # Bad flags first, at the value they are about; the servers' argv would repeat each at the
+    # statement.
+    flagged = flag_problems(scenario)
+    for p in flagged:
+        problems.add(p.span, p.message)
+    if flagged:
+        problems.raise_if_any(PlanError)
     main = _server(scenario, engine, scenario.topology, "main", place, eager_reason, problems)
     baseline = None
     if scenario.baseline is not None:
@@ -193,8 +201,8 @@ def _unsafe(scenario: Scenario, problems: ProblemCollector) -> UnsafeDeclaration
             covers.append(f"flag {f[0]}")
             if scenario.unsafe is None:
                 problems.add(serve.where(f"flag:{i}"), f"unsafe: {verdict.reason}")
-    for name in serve.env:
-        verdict = safety.env_verdict(policy, name)
+    for name, value in serve.env.items():
+        verdict = safety.env_verdict(policy, name, value)
         if verdict is not None:
             covers.append(f"env {name}")
             if scenario.unsafe is None or not verdict.escapable:

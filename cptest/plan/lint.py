@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 
 from cptest.contracts import Declared
 from cptest.engines.sglang.admission import Admission, launch_config, predict
-from cptest.engines.sglang.argv import passthrough_problems
 from cptest.engines.sglang.releases import Provenance, Rule, get_release
 from cptest.errors import PlanError, Problem, Span
+from cptest.plan.flags import flag_problems
 from cptest.scenario import Scenario
 
 # Which expectation a silent-wrongness warning contradicts when that expectation is declared to
@@ -68,9 +68,7 @@ def lint(scenario: Scenario) -> list[Finding]:
     except PlanError as e:  # positioned at the engine statement, as `plan` does
         raise PlanError([Problem(scenario.engine.where("release"), p.message, hint=p.hint)
                          for p in e.problems]) from None
-    bad = [Problem(scenario.serve.where(f"flag:{i}"), m)
-           for i, f in enumerate(scenario.serve.extra_flags)
-           for m in passthrough_problems(release, f[0], tuple(f[1:]))]
+    bad = flag_problems(scenario)
     if bad:  # bad input, as `compile` says: exit 2 at the flag, not a finding
         raise PlanError(bad)
     admission = predict(release, launch_config(scenario))

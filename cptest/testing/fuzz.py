@@ -4,7 +4,8 @@ one function that runs an input through validate, fmt, lint and compile.
 `run_stages(path, text)` is what `cptest validate`, `fmt`, `lint` and `compile` do with a file, in
 process: the only exceptions they may raise are `CptestError`s (a message and exit 2), anything else
 is a crash. `scenarios()` draws scenario texts shaped like the grammar (statements of every block,
-values of every kind, limits and their neighbours, unsafe env and flags, huge integers) so that most
+values of every kind, limits and their neighbours, unsafe env and flags, options smuggled in as flag
+values, env values that are paths or module paths, huge integers) so that most
 inputs get past the parser; `mutate(data, rng)` damages the bytes of the suite's files.
 benchmarks/fuzz.py runs both at scale; tests/lang/test_fuzz_bench.py runs a slice of it in CI.
 """
@@ -88,10 +89,26 @@ VALUES = st.one_of(
 
 FLAGS = ["--log-level", "--max-running-requests", "--disable-radix-cache", "--config", "--trust-remote-code",
          "--custom-weight-loader", "--enable-custom-logit-processor", "--tokenizer-path", "--tp-size",
-         "--nope", "--lora-paths", "-x", "--chunked-prefill-size"]  # fmt: skip
+         "--nope", "--lora-paths", "-x", "--chunked-prefill-size", "--cuda-graph-bs", "--watchdog-timeout",
+         "--max-prefill-tokens", "--preferred-sampling-params", "--schedule-policy",
+         "--cuda-graph-config"]  # fmt: skip
+# Flag values: options smuggled in as values, negative numbers (values to argparse), and values of
+# each type of the flag tables, right and wrong.
+FLAG_VALUES = st.one_of(STRINGS, st.sampled_from([
+    "--trust-remote-code", "--forward-hooks", "--config=x.yaml", "--host", "-c", "-tp", "-1e5", "--",
+    "-1", "-.5", "-", "1", "four", "1.5", "{}", "[1]", "{bad", "8k", "2.5Mi", "lpm", "FCFS",
+]))  # fmt: skip
 ENVS = ["SGLANG_ENABLE_CP_V2", "PYTHONPATH", "LD_PRELOAD", "NCCL_NVLS_ENABLE", "NCCL_DEBUG",
         "NCCL_NET_PLUGIN", "CUDA_VISIBLE_DEVICES", "HOME", "TORCH_EXTENSIONS_DIR", "1BAD",
-        "OMP_NUM_THREADS"]  # fmt: skip
+        "OMP_NUM_THREADS", "SGLANG_EXTERNAL_MODEL_PACKAGE", "TRITON_CACHE_MANAGER",
+        "TRITON_REMOTE_CACHE_BACKEND", "FLASHINFER_WORKSPACE_BASE", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD",
+        "TORCH_LOGS_OUT", "SGLANG_USE_PICKLE_IPC", "TORCH_COMPILE_BACKEND", "SGLANG_S3_ENDPOINT_URL",
+        "PYTORCH_CUDA_ALLOC_CONF"]  # fmt: skip
+# Environment values: paths and module paths (refused through any allowed prefix) beside plain ones.
+ENV_VALUES = st.one_of(STRINGS, st.sampled_from([
+    "/etc/passwd", "~root", "a\\b", "trace/out", "evil.mod:Cls", "evil.mod", "mod:Cls", "1", "INFO",
+    "INIT,COLL", "expandable_segments:True", "inductor",
+]))  # fmt: skip
 EXPECTS = [
     "launch accepted", 'launch rejected matching {s}', "rows replicated", "rows kv_owner position % {i}",
     "rows split {w} ffn {w}", "capacity logical == {i} * physical within {f}",
@@ -224,9 +241,9 @@ def _chaos(draw: st.DrawFn) -> str:
         return draw(_block("workload", keys, _WORKLOAD))
     if what == "serve":
         items = [f"flag {_quote(draw(st.sampled_from(FLAGS)))}"
-                 + "".join(f" {_quote(x)}" for x in draw(st.lists(STRINGS, max_size=2)))
+                 + "".join(f" {_quote(x)}" for x in draw(st.lists(FLAG_VALUES, max_size=3)))
                  for _ in range(draw(st.integers(0, 3)))]
-        items += [f"env {_quote(draw(st.sampled_from(ENVS)))} {_quote(draw(STRINGS))}"
+        items += [f"env {_quote(draw(st.sampled_from(ENVS)))} {_quote(draw(ENV_VALUES))}"
                   for _ in range(draw(st.integers(0, 3)))]
         items += [f"{k} {draw(VALUES)}" for k in draw(st.lists(st.sampled_from(BLOCK_KEYS["serve"][:9]),
                                                                 max_size=3))]
@@ -256,6 +273,8 @@ INTERESTING = [
     b"{", b"}", b"(", b")", b'"', b"\\", b"#", b"\n", b"\x00", b"\xff", b"\xc3", b"-", b"99999", b"9" * 5000,
     b"1e999", b" 2h", b' extends "/dev/zero" ', b'unsafe "x" ', b"deadline 9999999h ",
     b'env "PYTHONPATH" "/tmp" ', b'flag "--config" "a" "b" ', b'log absent "(x+x+)+y" ',
+    b'flag "--cuda-graph-bs" "1" "--trust-remote-code" ', b'env "TORCH_LOGS_OUT" "/tmp/x" ',
+    b'env "TRITON_CACHE_MANAGER" "m:C" ',
     b"requests 1000000000 ", b"vocab 99999999999 ", b"(" * 200, b"uniform(1, 1048577)",
 ]  # fmt: skip
 

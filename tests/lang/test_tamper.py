@@ -55,10 +55,10 @@ def test_a_tamper_input_is_exit_2_at_its_position(tmp_path: Path, name: str, com
     assert re.search(r"t\.cps:\d+:\d+: ", result.output)
 
 
-def test_extra_flag_values_are_refused_by_lint_and_compile_at_the_flag(tmp_path: Path) -> None:
+def test_extra_flag_values_are_refused_by_validate_lint_and_compile_at_the_value(tmp_path: Path) -> None:
     f = tmp_path / "t.cps"
     f.write_text(scenario('flag "--max-running-requests" "4" "5"'))
-    for command in ("lint", "compile"):
+    for command in ("validate", "lint", "compile"):
         result = CliRunner().invoke(main, [command, str(f)])
-        expected = "t.cps:6:11: --max-running-requests: takes exactly one value (found 2)"
+        expected = "t.cps:6:45: --max-running-requests: takes exactly one value (found 2)"
         assert result.exit_code == 2 and expected in result.output, result.output

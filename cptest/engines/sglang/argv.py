@@ -12,8 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cptest.engines.sglang.flag_values import value_problem
 from cptest.engines.sglang.releases import Release
 from cptest.errors import PlanError, Problem, did_you_mean, one_of
+from cptest.lang.safety import option_like
 from cptest.topology import Degrees
 
 LAUNCHER = ("python3", "-m", "sglang.launch_server")
@@ -157,34 +159,48 @@ def build_argv(release: Release, cfg: ServeConfig) -> list[str]:
     return out
 
 
-def passthrough_problems(release: Release, flag: str, values: tuple[str, ...]) -> list[str]:
-    """What is wrong with passing `flag values...` through to `release` (unknown flag, a flag cptest
-    manages, a count of values the flag cannot take); empty when nothing is. Lint reports these at the
-    `flag` statement, so that `cptest lint` refuses what `compile` would."""
-    problems: list[str] = []
-    _passthrough_ok(release, flag, values, problems)
-    return problems
+@dataclass(frozen=True)
+class FlagProblem:
+    """What is wrong with one pass-through flag, and which part of its statement to point at."""
+
+    part: int
+    """0: the flag itself (unknown, managed, too few values); k: its k-th value."""
+    message: str
 
 
-def _passthrough_ok(release: Release, flag: str, values: tuple[str, ...], problems: list[str]) -> bool:
-    """False (with a problem added) for an unknown flag, wrong arity, or a flag the topology owns."""
-    before = len(problems)
+def passthrough_problems(release: Release, flag: str, values: tuple[str, ...]) -> list[FlagProblem]:
+    """What is wrong with passing `flag values...` through to `release`: an unknown flag, a flag
+    cptest manages, a value SGLang's parser would read as an option, a count of values the flag
+    cannot take, a value not of the flag's type or choices. Empty when nothing is. Validate, lint and
+    plan report these at the part of the `flag` statement they name."""
     entry = release.flags.get(flag)
     if entry is None:
         guess = did_you_mean(flag, release.flags)
         hint = f"; did you mean {guess}?" if guess else ""
-        problems.append(f"{flag}: SGLang {release.name} has no such flag{hint}")
-        return False
+        return [FlagProblem(0, f"{flag}: SGLang {release.name} has no such flag{hint}")]
     if entry["dest"] in MANAGED_DESTS:
-        problems.append(f"{flag}: cptest sets it from the scenario's topology/serve block")
-        return False
+        return [FlagProblem(0, f"{flag}: cptest sets it from the scenario's topology/serve block")]
+    smuggled = [FlagProblem(k, f"{flag}: the value {v!r} would be read as an option, not as a value "
+                               "(give each flag its own flag statement)")
+                for k, v in enumerate(values, 1) if option_like(v)]
+    if smuggled:
+        return smuggled
     arity, n = entry["arity"], len(values)
     if arity == "flag" and n:
-        problems.append(f"{flag}: is a switch and takes no value (found {', '.join(map(repr, values))})")
-    elif arity == "value" and n != 1:
-        problems.append(f"{flag}: takes exactly one value (found {n})" if n else f"{flag}: takes a value")
-    elif arity == "optional" and n > 1:
-        problems.append(f"{flag}: takes at most one value (found {n})")
-    elif arity == "list" and entry["nargs"] == "+" and not n:
-        problems.append(f"{flag}: takes one or more values")
-    return len(problems) == before
+        found = ", ".join(map(repr, values))
+        return [FlagProblem(1, f"{flag}: is a switch and takes no value (found {found})")]
+    if arity == "value" and n != 1:
+        return [FlagProblem(2, f"{flag}: takes exactly one value (found {n})") if n
+                else FlagProblem(0, f"{flag}: takes a value")]
+    if arity == "optional" and n > 1:
+        return [FlagProblem(2, f"{flag}: takes at most one value (found {n})")]
+    if arity == "list" and entry["nargs"] == "+" and not n:
+        return [FlagProblem(0, f"{flag}: takes one or more values")]
+    return [FlagProblem(k, m) for k, v in enumerate(values, 1) if (m := value_problem(flag, entry, v))]
+
+
+def _passthrough_ok(release: Release, flag: str, values: tuple[str, ...], problems: list[str]) -> bool:
+    """False (with the problems added) when `passthrough_problems` finds any."""
+    found = passthrough_problems(release, flag, values)
+    problems.extend(p.message for p in found)
+    return not found
