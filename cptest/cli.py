@@ -663,21 +663,28 @@ def _verdict_text(verdict: Any, out: Path) -> str:
 # ------------------------------------------------------------------------------ archives
 @main.command()
 @click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
-@click.option("--write", is_flag=True, help="rewrite verdict.json, report.md and the manifest")
+@click.option("--write", is_flag=True,
+              help="write the verdicts as a re-analysis beside the sealed archive (analyses/<UTC time>/, "
+                   "never over the seal; the archive must match its seal); finish an archive that was "
+                   "never finished")
 @json_option
 @_guard
 @_archive_guard
 def check(directory: Path, write: bool, as_json: bool) -> int:
-    """Recompute verdicts from an archive's evidence alone (no GPU); compare with verdict.json. The
-    plan is first compiled again from the archived scenario: a plan.json that differs from it is an
-    integrity failure (exit 3), as is a link, FIFO or folder where a file belongs."""
-    from cptest import pipeline, store
+    """Recompute verdicts from an archive's evidence alone (no GPU); compare with the verdict it holds
+    (its newest re-analysis's, else verdict.json). The plan is first compiled again from the
+    archived scenario: a plan.json that differs from it (expectations, argv, environment, serve
+    options) is an integrity failure (exit 3), as is a link, FIFO or folder where a file belongs."""
+    from cptest import pipeline
 
-    done = pipeline.check_archive(directory, write=write, integrity=True)
+    done = pipeline.check_archive(directory, write=write, integrity=True, now=datetime.now(UTC))
     _emit(json.loads(done.verdict.to_json()) | {"archive": str(directory), "differs": bool(done.differs)},
           as_json, _verdict_text(done.verdict, directory))
     if done.differs:
-        click.echo(f"cptest: the recomputed verdict differs from {store.Layout(directory).verdict}", err=True)
+        click.echo(f"cptest: the recomputed verdict differs from {done.against}", err=True)
+    if done.analysis is not None:
+        click.echo(f"cptest: re-analysis written beside the seal: {done.analysis} (the seal, the evidence "
+                   "and the original verdict.json are unchanged)", err=True)
     return done.exit_code
 
 
@@ -687,19 +694,22 @@ def check(directory: Path, write: bool, as_json: bool) -> int:
 @_guard
 @_archive_guard
 def verify(directory: Path, as_json: bool) -> int:
-    """Check the sha256 of every archived file against the manifest."""
-    from cptest import store
+    """Check the sha256 of every archived file against the seal (manifest.json), and each
+    re-analysis beside it (analyses/) against its own manifest, the seal it names and the chain."""
+    from cptest import analyses
     from cptest.errors import render_problem
     from cptest.interface import problem_json
 
-    problems = store.verify(directory)
+    problems = analyses.verify_archive(directory)
     if as_json:
         _emit({"archive": str(directory), "ok": not problems,
                "problems": [problem_json(p) for p in problems]}, True, "")
     for p in problems:
         click.echo(render_problem(p, None), err=True)
     if not problems and not as_json:
-        click.echo(f"ok  {directory}: every file matches the manifest")
+        count = len(analyses.listed(directory))
+        beside = f"; {count} re-analysis(es) beside it, each naming this seal" if count else ""
+        click.echo(f"ok  {directory}: every file matches the seal{beside}")
     return 3 if problems else 0
 
 
@@ -759,12 +769,31 @@ def matrix(directories: tuple[Path, ...], support: bool, scenario_dir: Path, rel
     click.echo(f"cptest matrix: {len(archives)} archive(s) of published evidence under "
                f"{', '.join(map(str, folders))}" + (f"; {', '.join(map(str, trial))} holds trial runs, "
                "not published evidence" if trial else "; trial runs are not read"), err=True)
-    text = render_matrix(archives)
+    judged = _matrix_judge()
+    text = render_matrix(archives, judged)
     rows = [{"scenario": r["scenario"], "engine": r["engine"], "placement": r["placement"],
-             "status": r["status"], "contracts": r["by"], "archive": str(r["dir"]), "older": r["older"]}
-            for r in matrix_rows(archives)[0]]
+             "status": r["status"], "contracts": r["by"], "archive": str(r["dir"]), "older": r["older"],
+             "analysis": r.get("analysis")}
+            for r in matrix_rows(archives, judged)[0]]
     _emit({"published": [str(d) for d in folders], "rows": rows, "markdown": text}, as_json, text)
     return 0
+
+
+def _matrix_judge() -> Callable[[Path], tuple[Any, str | None] | None]:
+    """How the matrix reads an archive: `pipeline.judge`'s recomputed verdict and its re-analysis
+    label (an archive that does not match its seal, or whose held verdict is not what its evidence
+    gives, stops the matrix: exit 3); None (`not checked`) for an archive never finished, which
+    has neither a seal nor a verdict.json."""
+    from cptest import pipeline, store
+
+    def judged(d: Path) -> tuple[Any, str | None] | None:
+        layout = store.Layout(d)
+        if not store.existing_file(layout.verdict) and not store.is_finished(layout):
+            return None
+        done = pipeline.judge(d)
+        return done.verdict, done.label
+
+    return judged
 
 
 def _support_matrix(folders: tuple[Path, ...], scenario_dir: Path, release: str, output: Path | None,
@@ -775,7 +804,7 @@ def _support_matrix(folders: tuple[Path, ...], scenario_dir: Path, release: str,
     from cptest.report.support import read_inputs, render_support, support_matrix
 
     rel = get_release(release)
-    scenarios, runs, skipped = read_inputs(rel, scenario_dir, [Path(d) for d in folders])
+    scenarios, runs, skipped = read_inputs(rel, scenario_dir, [Path(d) for d in folders], _matrix_judge())
     m = support_matrix(rel, scenarios, runs)
     # Folders by name only: the document is the same from any working folder (the staleness test).
     text = render_support(m, sources=(f"{scenario_dir.resolve().name}/",
@@ -829,17 +858,29 @@ def startup(directories: tuple[Path, ...], as_json: bool) -> int:
 @_guard
 @_archive_guard
 def report(directory: Path, as_html: bool, output: Path | None, as_json: bool) -> int:
-    """Print an archive's report (recomputed from its evidence); `--html` for the page with plots
-    (docs/reports.md)."""
-    if as_html:
-        from cptest.report.html import render_html, render_suite_html
+    """Print an archive's report, its verdicts recomputed from its evidence; `--html` for the page
+    with plots (docs/reports.md). The archive is judged first as `publish` judges it: one that does
+    not match its seal, whose plan is not what its scenario plans, or whose held verdict is not
+    what its evidence gives is refused (exit 3). A re-analysis beside the seal is said on stderr."""
+    from cptest import pipeline
 
-        suite = (directory / "suite.json").is_file() and not (directory / "plan.json").exists()
-        text = render_suite_html(directory) if suite else render_html(directory)
+    suite = (directory / "suite.json").is_file() and not (directory / "plan.json").exists()
+    if as_html and suite:
+        from cptest.report.html import render_suite_html
+
+        text = render_suite_html(directory)
     else:
-        from cptest.report import render
+        judged = pipeline.judge(directory)
+        if judged.label is not None:
+            click.echo(f"cptest: {directory}: the verdicts of its {judged.label}", err=True)
+        if as_html:
+            from cptest.report.html import render_html
 
-        text = render(directory)
+            text = render_html(directory, judged.verdict, judged.plan)
+        else:
+            from cptest.report import render
+
+            text = render(judged.verdict, judged.plan)
     if output is not None:
         output.write_text(text, encoding="utf-8")
     _emit({"archive": str(directory), "html" if as_html else "markdown": text,

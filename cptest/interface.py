@@ -310,6 +310,9 @@ class MatrixRowOut(_Out):
     archive: str
     older: int
     """Older archives of the same scenario, engine and placement under the folders read (not in the row)."""
+    analysis: str | None = None
+    """`re-analysis <UTC time> of seal <sha256[:12]>` when the row's verdict is that of a re-analysis
+    beside the archive's seal; None: the seal's own verdict."""
 
 
 class MatrixOut(_Out):

@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cptest import checks, paths, report, store
+from cptest import analyses, checks, paths, report, store
 from cptest.checks.archived import _absolute_include, archived_reader, include_name, parse_archived
 from cptest.checks.diff import DiffReport, diff
 from cptest.engines.reference import choose
@@ -36,7 +36,7 @@ from cptest.plan.lint import Finding, lint
 from cptest.plan.model import Placement, Plan
 from cptest.run.launcher import Launcher
 from cptest.scenario import Scenario
-from cptest.verdict import ScenarioVerdict
+from cptest.verdict import ScenarioVerdict, read_verdict
 
 
 @dataclass(frozen=True)
@@ -403,37 +403,129 @@ def finish_archive(root: Path, verdict: ScenarioVerdict, planned: Plan | None = 
 class Recheck:
     verdict: ScenarioVerdict
     differs: bool
-    """The stored verdict.json is not what the evidence gives now."""
+    """The verdict the archive holds now (`against`) is not what the evidence gives."""
+    against: Path | None = None
+    """The verdict.json compared with: the newest re-analysis's, else the seal's own."""
+    analysis: Path | None = None
+    """The re-analysis `check --write` wrote beside the seal, if it wrote one."""
 
     @property
     def exit_code(self) -> int:
         return max(self.verdict.exit_code, 1) if self.differs else self.verdict.exit_code
 
 
-def check_archive(root: Path, *, write: bool = False, integrity: bool = True) -> Recheck:
-    """Recompute an archive's verdicts from its evidence alone; with `write`, finish the archive with
-    them (an explicit act, so the archive need not have been finished before).
+def check_archive(root: Path, *, write: bool = False, integrity: bool = True,
+                  now: datetime | None = None) -> Recheck:
+    """Recompute an archive's verdicts from its evidence alone and compare them with the verdict it
+    holds now (the newest re-analysis's verdict.json, else the seal's own).
+
+    `write` on a sealed archive (its manifest is finished) writes a re-analysis beside the seal
+    (`reanalyse`, named by `now`), never over it; the archive must match its seal first. `write` on
+    an archive that was never finished (cptest stopped before its last phase) finishes it: the
+    seal's first writing, refused when a file the first manifest lists (scenario, includes, plan)
+    changed since, or when the archive has no manifest at all (cptest began no archive there).
 
     With `integrity` (the default, and what `cptest check` does) the plan is first compiled again
-    from the archived scenario.cps and its includes, and a plan.json whose expectations, servers,
-    faults or workload size differ from it is refused: IntegrityError (exit 3) naming each
-    difference (`integrity_problems`). `integrity=False` is for archives built from a hand-made plan
-    with no real scenario behind it (tests, synthetic fixtures): a library caller judging an archive
-    it was given gets the same check as the CLI unless it says otherwise (D56).
+    from the archived scenario.cps and its includes, and a plan.json that differs from it in what
+    judges or runs (`integrity_problems`) is refused: IntegrityError (exit 3) naming each
+    difference. `integrity=False` is for archives built from a hand-made plan with no real scenario
+    behind it (tests, synthetic fixtures): a library caller judging an archive it was given gets
+    the same check as the CLI unless it says otherwise (D56).
     Either way an archive holding a link, a FIFO or a folder where a file belongs is an
     IntegrityError, and nothing is read or written through a link."""
+    from datetime import UTC
+
     store.require_plain(root)
+    layout = store.Layout(root)
+    sealed = store.is_finished(layout)
+    if write and sealed:
+        _require_seal(root)
+    if write and not sealed and not store.existing_file(layout.manifest):
+        raise store.IntegrityError(Problem(Span(str(layout.manifest), 1, 1), "archive has no manifest.json: "
+                                           "cptest began no archive here, so there is nothing to finish; "
+                                           "nothing written"))
     if integrity:
         problems = integrity_problems(root)
         if problems:
             raise store.IntegrityError(problems)
     verdict = checks.check(root, require_finished=not write)
-    layout = store.Layout(root)
+    if write and sealed:
+        return Recheck(verdict, False, analysis=reanalyse(root, verdict, now or datetime.now(UTC)))
     if write:
         finish_archive(root, verdict)
-        return Recheck(verdict, False)
-    differs = store.existing_file(layout.verdict) and store.read_file(layout.verdict) != verdict.to_json()
-    return Recheck(verdict, differs)
+        return Recheck(verdict, False, against=layout.verdict)
+    current = analyses.current_verdict_file(root)
+    differs = store.existing_file(current) and store.read_file(current) != verdict.to_json()
+    return Recheck(verdict, differs, against=current)
+
+
+def _require_seal(root: Path) -> None:
+    """IntegrityError naming every file that does not match the archive's seal or its analyses."""
+    problems = analyses.verify_archive(root)
+    if problems:
+        raise store.IntegrityError(problems)
+
+
+def reanalyse(root: Path, verdict: ScenarioVerdict, now: datetime) -> Path:
+    """Write `verdict` of the sealed archive at `root` as a re-analysis beside its seal
+    (`analyses.write`): verdict.json, report.md, report.html and junit.xml rendered as `finish_archive`
+    renders them, under `analyses/<UTC time>/` with a manifest naming the seal. Returns its folder."""
+    from cptest import __version__
+    from cptest.report.html import render_html  # matplotlib: imported only when an analysis is written
+
+    planned = checks.load_plan(root)
+    files = {store.VERDICT: verdict.to_json(), store.REPORT: report.render(verdict, planned),
+             store.REPORT_HTML: render_html(root, verdict, planned),
+             store.JUNIT: report.render_junit(verdict)}
+    return analyses.write(root, files, now=now, cptest_version=__version__)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A sealed archive judged before anything it says is shown or published (`judge`)."""
+
+    verdict: ScenarioVerdict
+    """Recomputed from the evidence; equal to the verdict the archive holds now."""
+    plan: Plan
+    seal: str
+    """The sha256 of the archive's manifest.json."""
+    analysis: Path | None
+    """The newest re-analysis beside the seal, whose verdict this is; None: the seal's own."""
+
+    @property
+    def label(self) -> str | None:
+        """`re-analysis <name> of seal <sha256[:12]>`, or None for the seal's own verdict."""
+        if self.analysis is None:
+            return None
+        return f"re-analysis {self.analysis.name} of seal {self.seal[:12]}"
+
+
+def judge(root: Path) -> Judged:
+    """What `verify`, `publish`, `matrix` and `report` ask of an archive before they show or copy
+    anything of it: every file matches the seal and every re-analysis its own manifest, the seal
+    it names and the chain (`analyses.verify_archive`); the plan is what the archived scenario plans
+    (`integrity_problems`: argv, environment and serve included); and the verdict the archive holds
+    now (the newest re-analysis's, else the seal's) is what the evidence gives when judged again.
+    Anything else is an IntegrityError (exit 3) naming the file."""
+    store.require_plain(root)
+    _require_seal(root)
+    problems = integrity_problems(root)
+    if problems:
+        raise store.IntegrityError(problems)
+    verdict = checks.check(root)
+    current = analyses.current_verdict_file(root)
+    if store.read_file(current) != verdict.to_json():
+        rel = current.relative_to(root).as_posix()
+        try:
+            held = read_verdict(current).status
+        except CptestError:
+            held = "unreadable"
+        raise store.IntegrityError(Problem(
+            Span(str(current), 1, 1), f"{rel} is not what the evidence gives (recomputed: {verdict.status}, "
+            f"archived: {held})", hint=f"`cptest check {root}` shows both; `cptest check --write {root}` "
+            "writes a re-analysis beside the seal"))  # fmt: skip
+    seal = store.seal_sha256(store.Layout(root))
+    return Judged(verdict, checks.load_plan(root), seal, analyses.newest(root))
 
 
 class PublishRefused(CptestError):
@@ -453,23 +545,15 @@ class Published:
 def publish(source: Path, results: Path) -> Published:
     """Put a trial run's archive into the published evidence: `results/<scenario>/<run>`.
 
-    The archive must pass what `cptest verify` and `cptest check` ask (every file matches the
-    manifest, which is finished; the plan is what the archived scenario compiles to; the verdict is
-    what the evidence gives): anything else is an IntegrityError (exit 3) and nothing is written.
+    The archive must pass `judge` (every file matches the seal, which is finished, and every
+    re-analysis its own manifest; the plan is what the archived scenario compiles to; the verdict
+    it holds now is what the evidence gives): anything else is an IntegrityError (exit 3) and
+    nothing is written.
     The copy is checked again before it is renamed into place (`store.copy_archive`), so what lands
     in the results is what was checked. Never overwrites: another archive of that name is
     PublishRefused (exit 2)."""
     def judged(root: Path) -> ScenarioVerdict:
-        problems = store.verify(root)
-        if problems:
-            raise store.IntegrityError(problems)
-        done = check_archive(root, integrity=True)
-        if done.differs:
-            where = Span(str(store.Layout(root).verdict), 1, 1)
-            raise store.IntegrityError(Problem(where, "verdict.json is not what the evidence gives "
-                                               f"(recomputed: {done.verdict.status})",
-                                               hint=f"`cptest check {source}` shows both"))
-        return done.verdict
+        return judge(root).verdict
 
     verdict = judged(source)
     manifest = store.read_file(store.Layout(source).manifest)
@@ -533,10 +617,13 @@ def _servers_core(plan: Plan) -> list[dict[str, Any]]:
 def integrity_problems(archive: Path) -> list[Problem]:
     """What the archive's plan.json says that its scenario.cps, compiled again, does not: the
     scenario's name, each expectation (kind and parameters, `expectation_core`), the servers
-    (roles, engines, releases, sizes, degrees), the faults and the number of requests. What
-    legitimately differs between the run and now is left out: placement (ports, GPUs, CPUs), the
-    image digest and model hash pinned at run time, cptest's version, and a workload generated by
-    an older cptest (its prompts). A scenario that no longer parses or plans is a problem too."""
+    (roles, engines, releases, sizes, degrees), what each node executes (argv, environment, image,
+    model mount, GPUs, host: `_executed`) and the serve options that are not argv (`_serve_core`),
+    the faults, the workload (`_workload_core`) and the layout contracts. What legitimately differs
+    between the run and now is left out: the CPUs a machine without them leaves unpinned, the
+    image digest and model hash pinned at run time, cptest's version, where each expectation was
+    written, and what an older planner wrote differently (`LEGACY_PLANNER`). A scenario that no
+    longer parses or plans is a problem too."""
     layout = store.Layout(archive)
     archived = checks.load_plan(archive)
     hint = "plan.json or scenario.cps was edited after the run: restore the archive from a copy you trust"
@@ -573,7 +660,84 @@ def integrity_problems(archive: Path) -> list[Problem]:
     counts = [len(p.workload.requests) for p in (archived, planned)]
     if counts[0] != counts[1]:
         bad(f"plan.json plans {counts[0]} requests, scenario.cps {counts[1]}")
+    legacy = _planned_before_d43(archived)
+    if _servers_core(archived) == _servers_core(planned):  # else named above; nodes cannot be paired
+        old, new = _launch_core(archived, legacy=legacy), _launch_core(planned, legacy=legacy)
+        for role in old:
+            for k, (a, b) in enumerate(zip(old[role]["nodes"], new[role]["nodes"], strict=True)):
+                for key in (key for key in a if a[key] != b[key]):
+                    bad(f"{role} node {k} {key} differs from what scenario.cps plans", b[key], a[key])
+            was, now = old[role]["serve"], new[role]["serve"]
+            for key in (key for key in was if was[key] != now[key]):
+                bad(f"the {role} server's {key} differs from what scenario.cps plans", now[key], was[key])
+    if counts[0] == counts[1]:
+        ours_w, theirs_w = _workload_core(archived, legacy=legacy), _workload_core(planned, legacy=legacy)
+        for key in (key for key in ours_w if ours_w[key] != theirs_w[key]):
+            bad(f"plan.json's workload {key} differs from what scenario.cps plans",
+                theirs_w[key], ours_w[key])
+    for key in ("contracts", "model_facts", "deadline_s", "unsafe"):
+        a, b = (getattr(p, key) for p in (archived, planned))
+        if a != b:
+            bad(f"plan.json's {key} differs from what scenario.cps plans",
+                None if b is None else b.model_dump(mode="json") if hasattr(b, "model_dump") else b,
+                None if a is None else a.model_dump(mode="json") if hasattr(a, "model_dump") else a)
     return out
+
+
+LEGACY_PLANNER = (("--cuda-graph-backend-prefill", "disabled"),)
+"""Flag pairs a planner before D43 put into argv that this one leaves to the engine. An archive of
+that planner (its plan names the model by an absolute path) may hold them where the re-plan does
+not; each only disables something. Every other argv difference is tampering or a planner change
+to list here, with the archives it keeps valid."""
+
+
+def _planned_before_d43(plan: Plan) -> bool:
+    """Whether a planner before D43 made `plan`: every model mount is an absolute path."""
+    mounts = [n.model_mount for s in plan.servers() for n in s.nodes if n.model_mount]
+    return bool(mounts) and all(os.path.isabs(m) for m in mounts)
+
+
+def _without_legacy_flags(argv: list[str]) -> list[str]:
+    out, i = [], 0
+    while i < len(argv):
+        if tuple(argv[i:i + 2]) in LEGACY_PLANNER:
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
+def _launch_core(plan: Plan, *, legacy: bool) -> dict[str, dict[str, Any]]:
+    """By role: what each node executes (`_executed`) and the serve options of the server that are
+    not argv. A plan of the planner before D43 (`legacy`) is read without `LEGACY_PLANNER`'s flags
+    and without the `eager` label, which that planner set whenever decode graphs were off."""
+    executed = _executed(plan, legacy_model=legacy)
+    out = {}
+    for s in plan.servers():
+        nodes = executed[s.role]
+        if legacy:
+            nodes = [n | {"argv": _without_legacy_flags(n["argv"])} for n in nodes]
+        out[s.role] = {"nodes": nodes, "serve": _serve_core(s, legacy=legacy)}
+    return out
+
+
+def _serve_core(server: Any, *, legacy: bool) -> dict[str, Any]:
+    core = {"ready_timeout_s": server.ready_timeout_s, "shutdown_timeout_s": server.shutdown_timeout_s,
+            "process_title_prefix": server.process_title_prefix, "probe": server.probe,
+            "geometry": [g.model_dump(mode="json") for g in server.geometry],
+            "colocation": server.colocation.model_dump(mode="json") if server.colocation else None}
+    return core if legacy else core | {"eager": server.eager}
+
+
+def _workload_core(plan: Plan, *, legacy: bool) -> dict[str, Any]:
+    """The workload as it decides what is sent: every field but the prompts' text where an older
+    planner generated it (`legacy`), whose prompts differ from this one's."""
+    w = plan.workload.model_dump(mode="json")
+    requests = w.pop("requests")
+    if legacy:
+        requests = [{k: v for k, v in r.items() if k != "prompt"} for r in requests]
+    return w | {"requests": requests}
 
 
 FAILED = "integrity check failed"

@@ -19,6 +19,9 @@ results/<scenario>/<UTC YYYYmmddTHHMMSSZ>-<first 8 hex of the scenario sha256>/
                              (`<role>-node<k>-<name>.log` from a launcher that names nodes: Slurm)
   logs/cptest-crash.txt      only when cptest itself crashed during the run: its traceback
   verdict.json, report.md, report.html, junit.xml   written last (report.html since D48)
+  analyses/<UTC YYYYmmddTHHMMSSZ>/   re-analyses written later beside the seal (`cptest.analyses`):
+                             verdict.json, report.md, report.html, junit.xml and a manifest.json
+                             naming the sha256 of the seal they judged (docs/architecture.md)
 ```
 At `finish`, every evidence file (`*.jsonl`) and engine log of `PACK_FROM_BYTES` or more is stored
 xz-compressed as `<name>.xz`: cptest reads either form through
@@ -26,8 +29,10 @@ xz-compressed as `<name>.xz`: cptest reads either form through
 
 Phases (Jepsen's store): `begin` writes the scenario, the plan and a first manifest before anything
 runs; evidence is appended as it arrives; `finish` writes the verdict, the report and the final
-manifest with the sha256 of every other file. A crash in between keeps the evidence, and
-`cptest check DIR` redoes only the last phase.
+manifest with the sha256 of every other file: the seal. A crash in between keeps the evidence, and
+`cptest check --write DIR` redoes only the last phase. A finished manifest is never written again
+(`finish` refuses): a later judgment of the same evidence goes beside it, under `analyses/`, which
+the seal does not cover and which is verified by its own manifests.
 
 Depends on nothing of cptest above `errors`: it stores the texts and JSON values it is given (the
 pipeline renders them), so it can never judge or render anything itself.
@@ -79,6 +84,9 @@ archive's bytes and shrink 6 to 20 times, and every GPU call sends the published
 MAX_UNPACKED_BYTES = 4 << 30
 """A packed file that would unpack to more than this is refused (an IntegrityError), never read:
 no archive cptest writes comes near it, and a crafted one must not exhaust memory."""
+
+ANALYSES = "analyses"
+"""The folder of an archive that holds its re-analyses (`cptest.analyses`): outside the seal."""
 
 INCLUDES = "includes"
 """The folder of an archive that holds its scenario's `extends` files (docs/decisions.md D45)."""
@@ -403,12 +411,15 @@ def archives_under(root: Path, *, side_runs: bool = False) -> list[Path]:
     """Every archive (a folder with verdict.json) under `root`, sorted, leaving out side runs unless
     `side_runs`: a folder whose name starts with `_` below `root` holds raw runs kept as evidence,
     not published archives (docs/decisions.md D14). `root` itself may be such a folder. A hidden
-    folder below `root` is never an archive: `.claims`, and the copy `publish` is still writing."""
+    folder below `root` is never an archive: `.claims`, and the copy `publish` is still writing;
+    nor is a re-analysis (`<archive>/analyses/<time>/`), which belongs to the archive beside it."""
     out = []
     for verdict in root.rglob(VERDICT):
         archive = verdict.parent
         parts = archive.relative_to(root).parts
         if any(part.startswith(".") for part in parts):
+            continue
+        if len(parts) >= 2 and parts[-2] == ANALYSES and (archive.parent.parent / PLAN).exists():
             continue
         if side_runs or not any(part.startswith("_") for part in parts):
             out.append(archive)
@@ -551,16 +562,29 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def file_hashes(root: Path) -> dict[str, str]:
+def file_hashes(root: Path, *, beside_seal: bool = True) -> dict[str, str]:
     """sha256 of every regular file under `root` except the manifest, by POSIX relative path, sorted.
-    Links are not followed (`foreign_entries` names them)."""
+    With `beside_seal` (an archive's root) the `analyses/` folder is left out: re-analyses are
+    written after the seal, and each is covered by its own manifest. Links are not followed
+    (`foreign_entries` names them)."""
     out = {}
-    for dirpath, _, filenames in os.walk(root, followlinks=False):
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        if beside_seal and Path(dirpath) == root and ANALYSES in dirnames:
+            dirnames.remove(ANALYSES)
         for name in filenames:
             p = Path(dirpath) / name
             if stat.S_ISREG(p.lstat().st_mode) and not (p.parent == root and p.name == MANIFEST):
                 out[p.relative_to(root).as_posix()] = sha256_file(p)
     return dict(sorted(out.items()))
+
+
+def seal_sha256(layout: Layout) -> str:
+    """The sha256 of the archive's manifest.json as stored: what a re-analysis names as the seal it
+    judged. IntegrityError when there is none or something other than a regular file stands there."""
+    if not existing_file(layout.manifest):
+        raise _at(layout.manifest, "archive has no manifest.json: there is no seal to name",
+                  hint="was the run interrupted before `begin`?")
+    return hashlib.sha256(_raw(layout.manifest)).hexdigest()
 
 
 def read_manifest(layout: Layout) -> dict[str, Any] | None:
@@ -642,8 +666,14 @@ def finish(
     archive), and so are the pins
     when the first manifest has them (the run adds what it measured, such as the model's tree hash).
     Every file is written atomically and never through a link; an archive holding a link, a FIFO or
-    another special file is refused first (IntegrityError, exit 3)."""
+    another special file is refused first (IntegrityError, exit 3).
+
+    A sealed archive keeps its seal: one whose manifest is already `finished` is refused, as is one
+    whose files listed by the first manifest (the scenario, its includes, the plan) changed since
+    `begin` (IntegrityError naming each); nothing is written then. A later judgment of a sealed
+    archive is a re-analysis beside it (`cptest.analyses`)."""
     require_plain(layout.root)
+    _require_unsealed(layout)
     pack_large_files(layout.root)
     write_file(layout.root, layout.verdict, verdict_json)
     write_file(layout.root, layout.report, report_md)
@@ -657,10 +687,43 @@ def finish(
     return _write_manifest(layout, "finished", scenario, pins, environment or {})
 
 
+def _require_unsealed(layout: Layout) -> None:
+    """Raise IntegrityError when the archive is sealed already, or when a file its first manifest
+    lists is missing or changed: finishing must never cover an edit made after `begin`."""
+    begun = read_manifest(layout)
+    if begun is None:
+        if existing_file(layout.manifest):
+            raise _at(layout.manifest, "manifest.json is not a manifest cptest wrote; nothing written")
+        return
+    if begun.get("phase") == "finished":
+        raise _at(layout.manifest, "the archive is sealed (manifest.json is finished): its seal is never "
+                  "written again; nothing written",
+                  hint="`cptest check --write DIR` writes a re-analysis beside the seal, under analyses/")
+    listed = begun.get("files")
+    if not isinstance(listed, dict):
+        raise _at(layout.manifest, "malformed manifest: `files` must map each archived file to its sha256")
+    problems = []
+    for name, digest in sorted(listed.items()):
+        path = layout.root / name
+        if not isinstance(digest, str) or Path(name).is_absolute() or ".." in Path(name).parts:
+            problems.append(Problem(Span(str(layout.manifest), 1, 1), f"manifest lists {name!r}, which is "
+                                    "no file of the archive"))
+        elif not _regular(path):
+            problems.append(Problem(Span(str(path), 1, 1), f"{name} is listed in the first manifest but "
+                                    "missing; nothing written"))
+        elif sha256_file(path) != digest:
+            problems.append(Problem(Span(str(path), 1, 1), f"{name} changed since the run began; nothing "
+                                    "written", expected=digest[:16], found=sha256_file(path)[:16]))
+    if problems:
+        raise IntegrityError(problems)
+
+
 def verify(root: Path) -> list[Problem]:
-    """Problems with the archive at `root` against its manifest: a missing, changed or extra file,
-    a link, FIFO or other special file anywhere in it, a manifest that is not a regular file of
-    JSON with a `files` table of sha256 by relative path. Never raises for what the archive holds."""
+    """Problems with the archive at `root` against its seal (its manifest): a missing, changed or
+    extra file, a link, FIFO or other special file anywhere in it, a manifest that is not a regular
+    file of JSON with a `files` table of sha256 by relative path. The `analyses/` folder is not
+    the seal's: `cptest.analyses.verify_archive` checks it too. Never raises for what the archive
+    holds."""
     layout = Layout(root)
     mpath = layout.manifest
     if not root.is_dir():

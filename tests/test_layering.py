@@ -23,7 +23,7 @@ PACKAGE = Path(cptest.__file__).resolve().parent
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("cptest", "cptest.errors", "cptest.outline", "cptest.retry", "cptest.values", "cptest.node")),
     ("topology", ("cptest.topology",)),
-    ("evidence", ("cptest.evidence", "cptest.store", "cptest.verdict")),
+    ("evidence", ("cptest.evidence", "cptest.store", "cptest.analyses", "cptest.verdict")),
     ("contracts", ("cptest.contracts",)),
     ("scenario", ("cptest.scenario",)),
     ("lang", ("cptest.lang",)),

@@ -70,10 +70,12 @@ def test_check_archive_says_when_the_stored_verdict_differs(tmp_path: Path) -> N
     run(fake_plan(), out)
     (out / "verdict.json").write_text("{}\n")
     recheck = pipeline.check_archive(out, integrity=False)
-    assert recheck.differs and recheck.exit_code == 1
-    # --write re-finishes it from the evidence.
-    assert not pipeline.check_archive(out, write=True, integrity=False).differs
-    assert not pipeline.check_archive(out, integrity=False).differs and store.verify(out) == []
+    assert recheck.differs and recheck.exit_code == 1 and recheck.against == out / "verdict.json"
+    # --write never re-seals an edited archive: it is refused, and nothing is written.
+    with pytest.raises(store.IntegrityError, match="verdict.json changed since the run"):
+        pipeline.check_archive(out, write=True, integrity=False)
+    assert not (out / "analyses").exists() and (out / "verdict.json").read_text() == "{}\n"
+    assert [p.message for p in store.verify(out)] == ["verdict.json changed since the run"]
 
 
 def test_check_archive_checks_integrity_unless_told_not_to(tmp_path: Path) -> None:

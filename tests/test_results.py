@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from cptest import checks, store
+from cptest import analyses, checks, pipeline
 from cptest.plan.model import Plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +62,15 @@ def test_rechecking_the_evidence_reproduces_verdict_json_byte_for_byte(directory
 
 @pytest.mark.parametrize("directory", ARCHIVES, ids=_id)
 def test_every_archived_file_matches_the_manifest(directory: Path):
-    assert [p.message for p in store.verify(directory)] == []
+    assert [p.message for p in analyses.verify_archive(directory)] == []
+
+
+@pytest.mark.parametrize("directory", ARCHIVES, ids=_id)
+def test_every_archive_passes_what_publish_matrix_and_report_ask(directory: Path):
+    # The seal, the plan's re-plan from the archived scenario (argv, env and serve included) and
+    # the held verdict (a re-analysis's where one is beside the seal) recomputed from the evidence.
+    judged = pipeline.judge(directory)
+    assert judged.verdict.to_json() == analyses.current_verdict_file(directory).read_text()
 
 
 @pytest.mark.parametrize("directory", SGLANG_ARCHIVES, ids=_id)

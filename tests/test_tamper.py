@@ -125,9 +125,58 @@ def edit_plan(fn: Callable[[dict[str, Any]], Any], *, forge: bool = False) -> Ca
 
 
 def refinish(d: Path) -> None:
+    """What a forger with cptest's library does: cptest never re-seals a finished archive, so the
+    forger first hand-writes the manifest back to an empty first phase, then finishes it."""
     from cptest import checks, pipeline
 
+    m = json.loads((d / "manifest.json").read_text())
+    (d / "manifest.json").write_text(json.dumps(m | {"phase": "begun", "files": {}}))
     pipeline.finish_archive(d, checks.check(d, require_finished=False))
+
+
+def rehash(d: Path, tmp: Path | None = None) -> None:
+    """A hand rehash: the manifest's `files` table recomputed over whatever the archive holds now,
+    its verdict left as it is."""
+    from cptest import store
+
+    m = json.loads((d / "manifest.json").read_text())
+    (d / "manifest.json").write_text(json.dumps(m | {"files": store.file_hashes(d)}))
+
+
+def flip_verdict(d: Path, tmp: Path) -> None:
+    """verdict.json edited from FAIL to PASS, every verdict of it passing."""
+    v = json.loads((d / "verdict.json").read_text())
+    v["status"] = "pass"
+    for x in v["verdicts"]:
+        x["status"] = "pass"
+    (d / "verdict.json").write_text(json.dumps(v))
+
+
+def check_write(d: Path, tmp: Path) -> None:
+    """`cptest check --write` run by the forger after an edit (its refusal is the next command's
+    business: nothing it wrote may make the edit pass)."""
+    cptest("check", "--write", d)
+
+
+FORGED = "analyses/29991231T235959Z"
+
+
+def forged_analysis(d: Path, tmp: Path) -> None:
+    """A re-analysis beside the seal written by hand, consistent with itself and naming the seal,
+    whose verdict is PASS: its hashes verify, its verdict is not what the evidence gives."""
+    import hashlib
+
+    from cptest import store
+
+    a = d / FORGED
+    a.mkdir(parents=True)
+    shutil.copy2(d / "verdict.json", a / "verdict.json")
+    flip_verdict(a, tmp)
+    (a / "manifest.json").write_text(json.dumps({
+        "analysis_version": 1, "created": "2999-12-31T23:59:59Z", "cptest_version": "0.1.0",
+        "seal": {"file": "manifest.json",
+                 "sha256": hashlib.sha256((d / "manifest.json").read_bytes()).hexdigest()},
+        "previous": None, "files": store.file_hashes(a, beside_seal=False)}))
 
 
 def node(plan: dict[str, Any], k: int = 0) -> dict[str, Any]:
@@ -256,6 +305,8 @@ REPORT = ("report", "{a}")
 MATRIX = ("matrix", "{results}")
 DIFF = ("diff", "{ok}", "{a}")
 STARTUP = ("startup", "{a}")
+CHECK_WRITE = ("check", "--write", "{a}")
+PUBLISH = ("publish", "{a}", "--results", "{rerun}")
 
 
 def append(rel: str, text: str) -> Callable[[Path, Path], None]:
@@ -264,6 +315,27 @@ def append(rel: str, text: str) -> Callable[[Path, Path], None]:
             f.write(text)
 
     return edit
+
+
+def rehashed(fn: Callable[[dict[str, Any]], Any]) -> Callable[[Path, Path], None]:
+    """Edit plan.json, then rehash the manifest by hand: `verify` passes, only the re-plan can tell."""
+    return both(edit_plan(fn), rehash)
+
+
+def add_flag(plan: dict[str, Any]) -> None:
+    node(plan)["argv"].append("--enable-foo")
+
+
+def add_env(plan: dict[str, Any]) -> None:
+    node(plan)["env"]["CPTEST_X"] = "1"
+
+
+def absolute_model_and_flag(plan: dict[str, Any]) -> None:
+    # Looks like an archive of the planner before D43 (absolute model mounts), whose listed flags
+    # are tolerated: any other flag still differs.
+    for n in plan["main"]["nodes"]:
+        n["model_mount"] = "/abs/model"
+    add_flag(plan)
 
 
 def fifo_argument(d: Path, tmp: Path) -> None:
@@ -519,16 +591,17 @@ CASES = [
         replace_file("verdict.json", '{"scenario": 1}'),
         REPORT,
         3,
-        r"verdict.json is not a scenario verdict",
+        r"verdict.json changed since the run",
     ),
     Case("report-verdict-fifo", fifo("verdict.json"), REPORT, 3, r"verdict.json is a FIFO"),
-    Case("report-plan-malformed", replace_file("plan.json", "{}"), REPORT, 3, r"bad plan"),
+    Case("report-plan-malformed", replace_file("plan.json", "{}"), REPORT, 3,
+         r"plan.json changed since the run"),
     Case(
         "matrix-verdict-malformed",
         replace_file("verdict.json", "[]"),
         MATRIX,
         3,
-        r"verdict.json is not a scenario verdict",
+        r"verdict.json changed since the run",
     ),
     Case("matrix-verdict-fifo", fifo("verdict.json"), MATRIX, 3, r"verdict.json is a FIFO"),
     Case("diff-plan-malformed", replace_file("plan.json", "{not json"), DIFF, 3, r"bad plan"),
@@ -554,6 +627,58 @@ CASES = [
     Case("startup-log-stamp-no-date",
          append("logs/main-node0.log", "[2026-13-45 25:61:00 TP0] Load weight end\n"), STARTUP, 3,
          r"main-node0.log:\d+: the time stamp '2026-13-45 25:61:00' is no date"),
+    # 7. Laundering (issue 32): a sealed archive keeps its seal; a FAIL never becomes a PASS.
+    Case("check-write-after-verdict-flipped", flip_verdict, CHECK_WRITE, 3,
+         r"verdict.json changed since the run"),
+    Case("verify-after-verdict-flipped-and-check-write", both(flip_verdict, check_write), VERIFY, 3,
+         r"verdict.json changed since the run"),
+    Case("publish-after-verdict-flipped-and-check-write", both(flip_verdict, check_write), PUBLISH, 3,
+         r"verdict.json changed since the run"),
+    Case("matrix-after-verdict-flipped-and-check-write", both(flip_verdict, check_write), MATRIX, 3,
+         r"verdict.json changed since the run"),
+    Case("report-after-verdict-flipped-and-check-write", both(flip_verdict, check_write), REPORT, 3,
+         r"verdict.json changed since the run"),
+    Case("check-write-after-evidence-edited", edit_text("evidence/main/runner.jsonl", "shutdown_done", "x"),
+         CHECK_WRITE, 3, r"evidence/main/runner.jsonl changed since the run"),
+    Case("publish-after-evidence-edited-and-check-write",
+         both(edit_text("evidence/main/runner.jsonl", "shutdown_done", "x"), check_write), PUBLISH, 3,
+         r"evidence/main/runner.jsonl changed since the run"),
+    Case("check-write-phase-set-back-to-begun",
+         both(edit_manifest(lambda m: m.update(phase="begun")), flip_verdict), CHECK_WRITE, 3,
+         r"verdict.json changed since the run began"),
+    Case("check-write-manifest-removed", lambda d, t: (d / "manifest.json").unlink(), CHECK_WRITE, 3,
+         r"archive has no manifest.json"),
+    Case("matrix-forged-analysis-pass", forged_analysis, MATRIX, 3,
+         r"analyses/29991231T235959Z/verdict.json is not what the evidence gives \(recomputed: fail, "
+         r"archived: pass\)"),
+    Case("report-forged-analysis-pass", forged_analysis, REPORT, 3,
+         r"analyses/29991231T235959Z/verdict.json is not what the evidence gives"),
+    Case("publish-forged-analysis-pass", forged_analysis, PUBLISH, 3,
+         r"analyses/29991231T235959Z/verdict.json is not what the evidence gives"),
+    Case("verify-analysis-of-another-seal",
+         both(forged_analysis, edit_text(f"{FORGED}/manifest.json", '"sha256": "', '"sha256": "0')),
+         VERIFY, 3, r"names another seal than this archive's manifest.json"),
+    Case("verify-analysis-file-added", both(forged_analysis, lambda d, t: (d / FORGED / "x").touch()),
+         VERIFY, 3, r"analyses/29991231T235959Z/x is not in its manifest"),
+    Case("verify-analyses-stray-entry", lambda d, t: (d / "analyses/notes").mkdir(parents=True), VERIFY, 3,
+         r"analyses/notes is not a re-analysis cptest wrote"),
+    # 8. argv, env and serve are covered: a rehashed plan.json cannot change what the scenario plans.
+    Case("check-argv-rehashed", rehashed(add_flag), CHECK, 3,
+         r"integrity check failed: main node 0 argv differs from what scenario.cps plans"),
+    Case("check-env-rehashed", rehashed(add_env), CHECK, 3,
+         r"integrity check failed: main node 0 env differs from what scenario.cps plans"),
+    Case("check-serve-timeout-rehashed", rehashed(lambda p: p["main"].update(shutdown_timeout_s=1.0)),
+         CHECK, 3,
+         r"integrity check failed: the main server's shutdown_timeout_s differs"),
+    Case("check-serve-eager-rehashed", rehashed(lambda p: p["main"].update(eager=True)), CHECK, 3,
+         r"integrity check failed: the main server's eager differs"),
+    Case("check-workload-rehashed", rehashed(lambda p: p["workload"]["requests"][0].update(max_new_tokens=1)),
+         CHECK, 3, r"integrity check failed: plan.json's workload requests differs"),
+    Case("check-legacy-looking-argv-rehashed", rehashed(absolute_model_and_flag), CHECK, 3,
+         r"main node 0 argv differs from what scenario.cps plans"),
+    Case("matrix-argv-rehashed", rehashed(add_flag), MATRIX, 3, r"main node 0 argv differs from what"),
+    Case("report-env-rehashed", rehashed(add_env), REPORT, 3, r"main node 0 env differs from what"),
+    Case("publish-argv-rehashed", rehashed(add_flag), PUBLISH, 3, r"main node 0 argv differs from what"),
     Case("startup-fifo-argument", fifo_argument, STARTUP, 2, r"not a folder"),
     Case("startup-no-such-directory", lambda d, t: None, ("startup", "{a}/missing"), 2, r"does not exist"),
     Case("check-not-a-directory", lambda d, t: None, ("check", "{a}/plan.json"), 2, r"is a file"),
@@ -616,7 +741,7 @@ def test_the_library_checks_integrity_by_default(made: Made, tmp_path: Path) -> 
 
 def test_hostile_log_text_stays_text_in_report_md_and_junit_xml(made: Made, tmp_path: Path) -> None:
     # An engine log line is untrusted: the defaults' `log absent "Traceback"` quotes it in its reason.
-    # After `check --write`, junit.xml parses and carries it as written (what XML 1.0 forbids shown
+    # Finished with it, junit.xml parses and carries it as written (what XML 1.0 forbids shown
     # as \xNN), and report.md rendered as markdown keeps its tables and shows the line as text.
     import xml.etree.ElementTree as ET
 
@@ -627,7 +752,8 @@ def test_hostile_log_text_stays_text_in_report_md_and_junit_xml(made: Made, tmp_
     line = ("Traceback | a | b |`code` <script>alert(1)</script> ]]><![CDATA[ \x1b[31m\x00"
             "\r# heading\x0b| fake | row |\u2028- item")
     append("logs/main-node0.log", line + "\n")(a, tmp_path)
-    done = cptest("check", "--write", a)
+    refinish(a)  # as if the engine had printed it: cptest itself never re-seals an edited archive
+    done = cptest("check", a)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert cptest("verify", a).returncode == 0
     verdicts = json.loads((a / "verdict.json").read_text())["verdicts"]
@@ -696,3 +822,58 @@ def test_an_accepted_plan_change_still_runs_only_what_this_cptest_plans(made: Ma
     (new,) = (tmp_path / "rerun" / NAME).iterdir()
     assert cptest("check", new).returncode == 1 and cptest("verify", new).returncode == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["archive", "rerun"]
+
+
+def test_check_write_analyses_beside_the_seal_and_the_matrix_says_so(made: Made, tmp_path: Path) -> None:
+    # The seal, the evidence and the original verdict.json stay byte for byte; each re-analysis has
+    # its own manifest naming the seal and the one before it; verify, matrix, report and publish
+    # accept it and the matrix names the re-analysis and the seal it checked.
+    from cptest import analyses, store
+
+    results = tmp_path / "results"
+    a = results / NAME / made.archive.name
+    shutil.copytree(made.archive, a)
+    before = store.file_hashes(a) | {"manifest.json": store.sha256_file(a / "manifest.json")}
+    first = cptest("check", "--write", a)
+    second = cptest("check", "--write", a)
+    assert first.returncode == second.returncode == 1, first.stderr[-3000:]  # the evidence FAILs
+    assert "re-analysis written beside the seal" in first.stderr
+    assert store.file_hashes(a) | {"manifest.json": store.sha256_file(a / "manifest.json")} == before
+    older, newer = analyses.listed(a)
+    seal = store.seal_sha256(store.Layout(a))
+    m1, m2 = (json.loads((x / "manifest.json").read_text()) for x in (older, newer))
+    assert m1["seal"]["sha256"] == m2["seal"]["sha256"] == seal and m1["previous"] is None
+    link = {"analysis": f"analyses/{older.name}", "sha256": store.sha256_file(older / "manifest.json")}
+    assert m2["previous"] == link
+    assert (newer / "verdict.json").read_text() == (a / "verdict.json").read_text()
+    assert cptest("verify", a).returncode == 0
+    shown = cptest("matrix", "--json", results)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    (row,) = json.loads(shown.stdout)["rows"]
+    assert row["status"] == "fail" and row["analysis"] == f"re-analysis {newer.name} of seal {seal[:12]}"
+    assert f"re-analysis {newer.name} of seal {seal[:12]}" in cptest("report", a).stderr
+    assert cptest("publish", a, "--results", tmp_path / "published").returncode == 0
+    # Deleting the older analysis breaks the chain; editing the newer one is named.
+    shutil.rmtree(older)
+    broken = cptest("verify", a)
+    assert broken.returncode == 3 and "breaks the chain of analyses" in broken.stderr
+
+
+def test_a_flipped_verdict_stays_refused_after_check_write(made: Made, tmp_path: Path) -> None:
+    # The reproduction of issue 32: FAIL edited into PASS, then `check --write`, then verify and
+    # publish. Nothing is written, and every command that shows or copies the verdict refuses it.
+    a = tmp_path / "results" / NAME / made.archive.name
+    shutil.copytree(made.archive, a)
+    flip_verdict(a, tmp_path)
+    done = cptest("check", "--write", a)
+    assert done.returncode == 3 and "verdict.json changed since the run" in done.stderr
+    assert not (a / "analyses").exists()
+    assert (a / "manifest.json").read_bytes() == (made.archive / "manifest.json").read_bytes()
+    for args in (("verify", a), ("publish", a, "--results", tmp_path / "pub"), ("matrix", a.parent.parent),
+                 ("report", a)):
+        refused = cptest(*args)
+        assert refused.returncode == 3 and "verdict.json changed since the run" in refused.stderr, args
+    assert not (tmp_path / "pub" / NAME).exists()
+    # `check` still judges the evidence: FAIL, and says the held verdict differs.
+    rechecked = cptest("check", a)
+    assert rechecked.returncode == 1 and "FAIL" in rechecked.stdout and "differs" in rechecked.stderr

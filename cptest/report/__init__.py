@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,13 @@ from cptest.report.text import md_block, md_inline, xml_attr, xml_text
 from cptest.store import Layout, existing_file, require_plain
 from cptest.verdict import ScenarioVerdict, merge, read_verdict
 
-__all__ = ["render", "render_junit", "render_matrix"]
+__all__ = ["Judge", "render", "render_junit", "render_matrix"]
+
+Judge = Callable[[Path], "tuple[ScenarioVerdict, str | None] | None"]
+"""How the matrix reads an archive's verdict: the verdict and, for a re-analysis beside the seal, a
+label naming it and the seal; None for an archive that holds no verdict (`not checked`). The CLI
+gives `pipeline.judge`, which recomputes the verdict from the evidence and refuses a tampered
+archive; without one, verdict.json is read as it is (a library caller's own archives)."""
 
 STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "UNKNOWN"}
 
@@ -92,35 +98,39 @@ def render_junit(source: Path | str | ScenarioVerdict) -> str:
     return _env(True, xml=True).get_template("junit.xml.j2").render(v=verdict)
 
 
-def render_matrix(archives: Iterable[Path | str]) -> str:
+def render_matrix(archives: Iterable[Path | str], judged: Judge | None = None) -> str:
     """Markdown table: one row per scenario, engine and placement, from its newest archive (archive
     names start with their UTC time; older ones are counted in `older`, never mixed in), with
     per-checker statuses. A co-located row says so in its engine cell (`sglang, co-located`): it
     judges semantics, never speed, so it never stands in for a physical run or hides one. A
     generation cell shows the teacher-forced figures next to its status (main |Δlogprob| p99 / the
     control's floor); one judged by the free-running contract of older plans is marked † and
-    explained under the table. An archive without verdict.json shows `not checked`."""
-    rows, checkers = matrix_rows(archives)
+    explained under the table. An archive without verdict.json shows `not checked`. A row whose
+    verdict is a re-analysis beside the seal says so in its archive cell, naming the seal."""
+    rows, checkers = matrix_rows(archives, judged)
     legacy = any(r.get("legacy") for r in rows)
     return _env(False).get_template("matrix.md.j2").render(rows=rows, checkers=checkers, legacy=legacy,
                                                             superseded=any(r["older"] for r in rows))
 
 
-def matrix_rows(archives: Iterable[Path | str]) -> tuple[list[dict[str, Any]], list[str]]:
+def matrix_rows(archives: Iterable[Path | str], judged: Judge | None = None
+                ) -> tuple[list[dict[str, Any]], list[str]]:
     """The matrix's rows (newest archive per scenario, engine and placement: `scenario`, `engine`,
-    `placement`, `status`, `by` checker, `dir`, `older`, generation `notes`) and its checkers in
-    order (`render_matrix`). Physical rows come before co-located ones of the same scenario."""
+    `placement`, `status`, `by` checker, `dir`, `older`, generation `notes`, and `analysis`, the
+    label of a re-analysis whose verdict the row shows) and its checkers in order
+    (`render_matrix`). Each verdict is `judged`'s (see `Judge`). Physical rows come before
+    co-located ones of the same scenario."""
     newest: dict[tuple[str, str, str], dict[str, Any]] = {}
     older: dict[tuple[str, str, str], int] = {}
     checkers: dict[str, None] = {}
     for a in archives:
         d = Path(a)
-        p = Layout(d).verdict
-        if not existing_file(p):  # a link or FIFO in its place: IntegrityError naming it
+        found = (judged or _as_archived)(d)
+        if found is None:
             row: dict[str, Any] = {"scenario": d.parent.name, "engine": "?", "status": "not checked",
-                                   "placement": _planned_placement(d), "by": {}, "dir": d}
+                                   "placement": _planned_placement(d), "by": {}, "dir": d, "analysis": None}
         else:
-            v = read_verdict(p)
+            v, label = found
             by: dict[str, str] = {}
             for x in v.verdicts:
                 by[x.checker] = x.status if x.checker not in by else _worse(by[x.checker], x.status)
@@ -129,7 +139,7 @@ def matrix_rows(archives: Iterable[Path | str]) -> tuple[list[dict[str, Any]], l
                     by[x.checker] = "pass (no-go seen)"
                 checkers.setdefault(x.checker, None)
             row = {"scenario": v.scenario, "engine": v.engine, "placement": v.placement, "status": v.status,
-                   "by": by, "dir": d}
+                   "by": by, "dir": d, "analysis": label}
             gen = next((x for x in v.verdicts if x.checker == "generation"), None)
             if gen is not None:
                 note, row["legacy"] = _generation_note(gen.figures)
@@ -144,6 +154,13 @@ def matrix_rows(archives: Iterable[Path | str]) -> tuple[list[dict[str, Any]], l
     for r in rows:
         r["older"] = older.get(_matrix_key(r), 0)
     return rows, list(checkers)
+
+
+def _as_archived(d: Path) -> tuple[ScenarioVerdict, str | None] | None:
+    """verdict.json as it is, None when there is none (a link or FIFO in its place: IntegrityError
+    naming it)."""
+    p = Layout(d).verdict
+    return (read_verdict(p), None) if existing_file(p) else None
 
 
 def _matrix_key(row: dict[str, Any]) -> tuple[str, str, str]:

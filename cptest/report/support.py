@@ -29,6 +29,7 @@ from cptest.engines.sglang.cells import (
 )
 from cptest.engines.sglang.releases import Release
 from cptest.errors import CptestError
+from cptest.report import Judge
 from cptest.report.text import md_inline
 from cptest.scenario import Scenario
 from cptest.topology import PlacementMode
@@ -194,13 +195,15 @@ def _outside(name: str, where: Outside, runs: list[ArchiveRun], paths: list[str]
 
 
 # ------------------------------------------------------------------------------ reading the folders
-def read_inputs(release: Release, scenario_dir: Path, results: Iterable[Path]
+def read_inputs(release: Release, scenario_dir: Path, results: Iterable[Path],
+                judged: Judge | None = None
                 ) -> tuple[dict[str, Scenario], list[tuple[Scenario, ArchiveRun]], list[str]]:
     """(scenarios by path, runs, what was skipped and why). Scenarios: every `*.cps` under
     `scenario_dir` but its `defaults/`, SGLang of `release` only (a reference scenario is no SGLang
     evidence); one that does not parse is skipped and named. Runs: the newest archive per scenario
     and placement under each results folder (`cptest matrix`'s rows), SGLang of `release`, classified
-    by the scenario.cps the archive holds."""
+    by the scenario.cps the archive holds; `judged` reads each archive's verdict as `matrix_rows`
+    does."""
     from cptest.checks.archived import parse_archived
     from cptest.lang import parse_file
     from cptest.report import matrix_rows
@@ -223,7 +226,7 @@ def read_inputs(release: Release, scenario_dir: Path, results: Iterable[Path]
     runs: list[tuple[Scenario, ArchiveRun]] = []
     for folder in results:
         archives = archives_under(folder)
-        for row in matrix_rows(archives)[0]:
+        for row in matrix_rows(archives, judged)[0]:
             if row["engine"] != "sglang":
                 continue
             d: Path = row["dir"]

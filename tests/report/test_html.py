@@ -222,8 +222,23 @@ def test_finishing_an_archive_writes_report_html_that_verify_covers_and_check_wr
     assert [p.message for p in verify(d)] == ["report.html changed since the run"]
 
 
-def test_cli_report_html_prints_or_writes_the_page(tmp_path: Path) -> None:
+def test_cli_report_refuses_an_archive_that_has_no_seal(tmp_path: Path) -> None:
+    # A synthetic archive has no manifest.json: nothing says its evidence is what a run wrote.
     d = dcp2_archive(tmp_path / "a")
+    for args in (["report", str(d)], ["report", str(d), "--html"]):
+        done = CliRunner().invoke(main, args)
+        assert done.exit_code == 3 and "archive has no manifest.json" in done.output, done.output
+
+
+def test_cli_report_html_prints_or_writes_the_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The wiring only: the synthetic archive stands in for a sealed one that `judge` accepted.
+    from cptest import pipeline
+    from cptest.checks import load_plan
+    from cptest.verdict import read_verdict
+
+    d = dcp2_archive(tmp_path / "a")
+    monkeypatch.setattr(pipeline, "judge", lambda root: pipeline.Judged(
+        read_verdict(root / "verdict.json"), load_plan(root), "0" * 64, None))
     printed = CliRunner().invoke(main, ["report", str(d), "--html"])
     assert printed.exit_code == 0 and printed.output.startswith("<!DOCTYPE html>")
     out = tmp_path / "r.html"
