@@ -20,36 +20,22 @@ from click.testing import CliRunner
 from cptest.cli import main
 from cptest.engines.sglang.argv import build_argv
 from cptest.engines.sglang.releases import KNOWN_RELEASES
-from cptest.errors import PlanError, ScenarioError
+from cptest.errors import PlanError
 from cptest.lang import parse_text
 from cptest.lang.safety import option_like
 from cptest.plan import plan
 from tests.engines.sglang.configs import serve_config
+from tests.lang.test_safety import problems
+from tests.lang.test_safety import scenario as safety_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = '    flag "--cuda-graph-bs" "1" '
 """The statement's text up to the smuggled value: that value starts at column len(PREFIX) + 1."""
 
 
-def scenario(serve: str, *, unsafe: str | None = None, release: str = "0.5.17") -> str:
-    return f"""cptest 1
-scenario s {{
-  engine sglang "{release}"
-  model synthetic llama {{ layers 1 hidden 64 heads 8 kv_heads 1 head_dim 16 vocab 256 intermediate 128 }}
-  topology {{ gpus 1 tp 1 }}
-  serve {{
-{serve}
-  }}
-  workload {{ requests 2 concurrency 1 prompt_tokens 8 output_tokens 4 }}
-  {f'unsafe "{unsafe}"' if unsafe else ""}
-}}
-"""
-
-
-def problems(text: str) -> list[str]:
-    with pytest.raises(ScenarioError) as e:
-        parse_text(text, "s.cps", base_dir="/nonexistent")
-    return [f"{p.span}: {p.message}" for p in e.value.problems]
+def scenario(serve: str, *, unsafe: str | None = None) -> str:
+    # `serve` comes with its own indentation, so that PREFIX's columns are the file's.
+    return safety_scenario(serve.removeprefix("    "), unsafe=unsafe)
 
 
 SMUGGLED = [
