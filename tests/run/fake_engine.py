@@ -178,16 +178,19 @@ def main() -> None:
         time.sleep(0.2)
         print(f"ValueError: {args.reject}", file=sys.stderr, flush=True)
         sys.exit(1)
-    for r in range(args.ranks):
-        e.schedulers.append(subprocess.Popen([sys.executable, __file__, "--scheduler", str(r)]))
-    if args.orphan:
-        spawn_orphan()
-    threading.Thread(target=e.watch_schedulers, daemon=True).start()
+    # The SIGTERM disposition comes before the children: a test sees the whole tree and may signal
+    # it at once, and a SIGTERM before the handler would end the head with -15 instead of a drain.
+    # (Under --ignore-sigterm the children inherit SIG_IGN through exec: that tree ends by SIGKILL.)
     stop = threading.Event()
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for r in range(args.ranks):
+        e.schedulers.append(subprocess.Popen([sys.executable, __file__, "--scheduler", str(r)]))
+    if args.orphan:
+        spawn_orphan()
+    threading.Thread(target=e.watch_schedulers, daemon=True).start()
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
