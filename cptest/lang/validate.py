@@ -30,6 +30,7 @@ from cptest.contracts.graph import MODES as GRAPH_MODES
 from cptest.errors import ProblemCollector, ScenarioError, Span, did_you_mean, one_of
 from cptest.lang import safety
 from cptest.lang import tables as T
+from cptest.lang.includes import include_problem, scenario_roots
 from cptest.lang.syntax import BLOCK, Doc, Stmt, read_doc
 from cptest.scenario import (
     Baseline,
@@ -56,6 +57,9 @@ Reader = Callable[[str], str]
 """Reads a file's text by path; raises OSError (or UnicodeDecodeError) when it cannot."""
 
 
+_PSEUDO = ("/proc/", "/sys/", "/dev/")
+
+
 def read_path(path: str) -> str:
     """A scenario file's text: a regular file of at most `MAX_SCENARIO_BYTES` (never `/dev/zero`, a
     FIFO or a huge file: reading one would never end or exhaust memory). Raises OSError naming why."""
@@ -65,6 +69,10 @@ def read_path(path: str) -> str:
     with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
+        if os.path.realpath(path).startswith(_PSEUDO):
+            # procfs and sysfs files stat as regular files but are the kernel's live state
+            # (/proc/self/environ is the process environment): never a scenario.
+            raise OSError(errno.EINVAL, "a kernel pseudo-file, not a regular file")
         data = fh.read(T.MAX_SCENARIO_BYTES + 1)
     if len(data) > T.MAX_SCENARIO_BYTES:
         raise OSError(errno.EFBIG, f"larger than {T.MAX_SCENARIO_BYTES:,} bytes")
@@ -77,8 +85,10 @@ def read_path(path: str) -> str:
 class _Chain:
     """The files of one scenario: their texts (for carets) and directories (for relative paths)."""
 
-    def __init__(self, read: Reader, probe_dir: Callable[[str], bool]):
+    def __init__(self, read: Reader, probe_dir: Callable[[str], bool], roots: tuple[str, ...]):
         self.read = read
+        self.roots = roots
+        """Where extends targets may lie (`cptest.lang.includes`)."""
         self.is_dir = probe_dir
         self.sources: dict[str, str] = {}
         self.dirs: dict[str, str] = {}
@@ -129,6 +139,11 @@ def _load_chain(doc: Doc, chain: _Chain, base_dir: str, stack: list[str]) -> lis
     if path in stack:
         cycle = " -> ".join(os.path.basename(x) for x in [*stack[stack.index(path) :], path])
         chain.problems.add(stmt.span, f"extends cycle: {cycle}")
+        chain.broken = True
+        return own
+    refused = include_problem(str(stmt.value), path, chain.roots)
+    if refused is not None:
+        chain.problems.add(stmt.span, refused[0], hint=refused[1])
         chain.broken = True
         return own
     try:
@@ -375,7 +390,7 @@ def resolve(
     is_dir: Callable[[str], bool] = os.path.isdir,
 ) -> Scenario:
     """Check `doc` (and what it extends) and build the Scenario. Raises ScenarioError only."""
-    chain = _Chain(read, is_dir)
+    chain = _Chain(read, is_dir, scenario_roots(base_dir))
     p = chain.problems
     if doc.kind != "scenario":
         p.add(
