@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from cptest.contracts import CONTRACTS, Declared
 from cptest.contracts.graph import MODES as GRAPH_MODES
 from cptest.errors import ProblemCollector, ScenarioError, Span, did_you_mean, one_of
-from cptest.lang import safety
+from cptest.lang import model_ids, safety
 from cptest.lang import tables as T
 from cptest.lang.includes import include_problem, scenario_roots
 from cptest.lang.syntax import BLOCK, Doc, Stmt, read_doc
@@ -567,6 +567,8 @@ def _model(v: _Values, where: Span, chain: _Chain) -> Model | None:
     if "sha256" in s.value and kind == "synthetic":
         v.p.add(s.parts["sha256"], "'sha256' pins a checkpoint on disk; synthetic weights are made by cptest",
                 hint="their sha256 is recorded in the manifest of each run")
+    if "sha256" in s.value and (why := model_ids.sha256_problem(s.value["sha256"])) is not None:
+        v.p.add(s.parts["sha256"], why, expected='sha256 "<64 hex digits>"')
     fields: dict[str, Any] = {"kind": kind}
     spans: dict[str, Span] = {}
     if kind != "synthetic" and gspans:
@@ -657,8 +659,13 @@ def _model(v: _Values, where: Span, chain: _Chain) -> Model | None:
         )
     elif kind == "hub":
         fields["id"] = arg
+        if (why := model_ids.hub_id_problem(arg)) is not None:
+            v.p.add(s.span, why, expected='model hub "org/name" (no path, no "..", no "~")',
+                    hint="a checkpoint on disk is `model local`, inside the scenario tree or the model store")
         if "revision" not in s.value:
             v.p.add(s.span, "a hub model needs a pinned revision", expected='revision "<commit>"')
+        elif (why := model_ids.revision_problem(s.value["revision"])) is not None:
+            v.p.add(s.parts["revision"], why, expected='revision "<commit hash or tag>"')
         fields["revision"] = s.value.get("revision")
         fields["sha256"] = s.value.get("sha256")
         if not has_facts:
