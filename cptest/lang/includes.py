@@ -5,7 +5,8 @@ of the machine that runs it (`extends "/proc/self/environ"`, `extends "/etc/pass
 `extends` target is a `.cps` file whose real path (symlinks followed) lies inside the scenario
 tree: the folder of the scenario file cptest was given, or the committed `scenarios/` folder of the
 checkout cptest runs from (its shared defaults are trusted as cptest's own code is). A target
-elsewhere is refused before it is opened, and the refusal names the path, never its content.
+elsewhere is refused before it is opened, and the refusal names the path, never its content. For
+the same reason a local model's `config.json` is read only inside the tree (`outside_tree`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ def within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def outside_tree(path: str, roots: tuple[str, ...]) -> bool:
+    """True when `path`'s real path lies in none of the scenario tree's `roots`."""
+    real = os.path.realpath(path)
+    return not any(within(real, r) for r in roots)
+
+
 def include_problem(written: str, path: str, roots: tuple[str, ...]) -> tuple[str, str] | None:
     """Why `extends "<written>"` (resolved to `path`) may not be read, as (message, hint), or None."""
     if written.startswith("~"):
@@ -40,7 +47,7 @@ def include_problem(written: str, path: str, roots: tuple[str, ...]) -> tuple[st
         return (f"extends {written!r}: not a scenario file (a {SUFFIX} file is expected)",
                 "extends names a defaults file of the scenario tree")
     real = os.path.realpath(path)
-    if not any(within(real, r) for r in roots):
+    if outside_tree(path, roots):
         where = f" (it resolves to {real})" if real != os.path.normpath(path) else ""
         return (f"extends {written!r} lies outside the scenario tree{where}; it was not read",
                 f"copy the file into {roots[0]} and extend it from there")

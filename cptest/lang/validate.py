@@ -30,7 +30,7 @@ from cptest.contracts.graph import MODES as GRAPH_MODES
 from cptest.errors import ProblemCollector, ScenarioError, Span, did_you_mean, one_of
 from cptest.lang import model_ids, safety
 from cptest.lang import tables as T
-from cptest.lang.includes import include_problem, scenario_roots
+from cptest.lang.includes import include_problem, outside_tree, scenario_roots
 from cptest.lang.syntax import BLOCK, Doc, Stmt, read_doc
 from cptest.scenario import (
     Baseline,
@@ -748,12 +748,16 @@ def _local_facts(
     chain: _Chain,
 ) -> ModelFacts | None:
     config_path = os.path.join(path, "config.json")
-    if not chain.is_dir(path):
+    if not chain.is_dir(path) or outside_tree(path, chain.roots):
+        # Outside the scenario tree config.json is not read: its values would be quoted in the
+        # problems below. The run finds the checkpoint in the model store or refuses it (preflight).
         if has_facts:
             return _declared_facts(v, declared, s.span)
         v.p.add(
             s.span,
-            f"model directory {path!r} does not exist and no facts block declares the model",
+            f"model directory {path!r} "
+            + ("lies outside the scenario tree" if chain.is_dir(path) else "does not exist")
+            + " and no facts block declares the model",
             hint="generate it (make-tiny-models) or add facts { ... }",
         )
         return None

@@ -98,3 +98,17 @@ def test_the_checkouts_committed_defaults_may_be_extended_from_anywhere(tmp_path
     f = tmp_path / "s.cps"
     f.write_text(scenario(str(ROOT / "scenarios" / "defaults" / "tiny.cps")))
     assert parse_file(f).includes == [str(ROOT / "scenarios" / "defaults" / "tiny.cps")]
+
+
+def test_a_local_models_config_outside_the_tree_is_not_read(tmp_path: Path, outside: Path) -> None:
+    (outside.parent / "config.json").write_text(f'{{"num_hidden_layers": "{SECRET}"}}')
+    f = tmp_path / "tree" / "s.cps"
+    text = scenario(str(ROOT / "scenarios" / "defaults" / "tiny.cps"))
+    synthetic = text[text.index("model synthetic"):text.index("}", text.index("model synthetic")) + 1]
+    f.write_text(text.replace(synthetic, 'model local "../elsewhere"'))
+    with pytest.raises(ScenarioError) as e:
+        parse_file(f)
+    (problem,) = e.value.problems
+    assert "lies outside the scenario tree and no facts block declares the model" in problem.message
+    assert SECRET not in str(e.value.problems)
+    assert SECRET not in "".join(e.value.sources.values())
