@@ -388,9 +388,14 @@ def resolve(
     *,
     read: Reader = read_path,
     is_dir: Callable[[str], bool] = os.path.isdir,
+    tree: tuple[str, ...] | None = None,
 ) -> Scenario:
-    """Check `doc` (and what it extends) and build the Scenario. Raises ScenarioError only."""
-    chain = _Chain(read, is_dir, scenario_roots(base_dir))
+    """Check `doc` (and what it extends) and build the Scenario. Raises ScenarioError only.
+
+    `tree` is where extends targets and a local model's config.json may lie (real paths), by
+    default the scenario tree of `base_dir` (`cptest.lang.includes.scenario_roots`); a `read` that
+    confines reads itself (an archive's) may widen it."""
+    chain = _Chain(read, is_dir, tree if tree is not None else scenario_roots(base_dir))
     p = chain.problems
     if doc.kind != "scenario":
         p.add(
