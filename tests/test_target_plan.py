@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from cptest.analyses import current_verdict_file
 from cptest.lang import parse_file
 from cptest.pipeline import check_archive
 from cptest.verdict import merge
@@ -59,12 +60,13 @@ def by_checker(verdicts: list[dict[str, object]]) -> dict[str, str]:
 
 def statuses(archive: Path) -> dict[str, str]:
     """The statuses `cptest check` recomputes from the archive's evidence (each checker's, and
-    `verdict`, the scenario's), which must be those its verdict.json holds: a re-judging that flips
+    `verdict`, the scenario's), which must be those its current verdict holds (verdict.json, or the
+    newest re-analysis `cptest check --write` put beside the seal): a re-judging that flips
     a status is caught here; figures a newer checker adds are not statuses. Raises IntegrityError for
     a plan the archived scenario does not compile to, as `cptest check` exits 3."""
     recheck = check_archive(archive)
     fresh = json.loads(recheck.verdict.to_json())
-    stored = json.loads((archive / "verdict.json").read_text(encoding="utf-8"))
+    stored = json.loads(current_verdict_file(archive).read_text(encoding="utf-8"))
     got = {**by_checker(fresh["verdicts"]), "verdict": MARK[fresh["status"]]}
     kept = {**by_checker(stored["verdicts"]), "verdict": MARK[stored["status"]]}
     assert got == kept, f"{archive}: cptest check gives {got}, verdict.json holds {kept}"

@@ -460,8 +460,12 @@ def _pcp_split(ev: RoleEvidence, cp: int, strategy: str, ffn: str | None) -> Ver
     if n_steps == 0 and not violations:
         return unknown(NAME, f"no extend Step records from the ATTN_CP groups of {role}")
     if n_steps == fallback_by_rule and not violations:
-        violations.append({"what": f"none of {n_steps} extend step(s) was split: each held an extend "
-                                   f"shorter than {need_per_extend} tokens, so SGLang fell back to no split"})
+        # SGLang did what its rule says for every step seen; whether it splits a long extend was
+        # never put to the test (a workload of short prompts, or a server that died first).
+        return unknown(NAME, f"no extend step could be split: each of {n_steps} held an extend shorter "
+                             f"than {need_per_extend} tokens, where SGLang's rule is no split; the split "
+                             "was never exercised", fallback_by_rule=fallback_by_rule, steps=n_steps,
+                       cp=cp, strategy=strategy)
     figures = {
         "mode": "pcp_split",
         "fallback_by_rule": fallback_by_rule,
