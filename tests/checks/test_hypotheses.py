@@ -16,7 +16,7 @@ from cptest.checks.hypotheses import judge
 ROOT = Path(__file__).resolve().parents[2]
 KV4 = ROOT / "results" / "dcp2_llama_kv4" / "20261203T081109Z-733943a0"
 PCP_NO_OP = ROOT / "results" / "pcp2_zigzag_llama_kv1" / "20261203T081917Z-e9c6fc26"
-LLAMA_PCP = ROOT / "results" / "pcp2_zigzag_llama_kv2" / "20261130T054143Z-22901f56"
+LLAMA_PCP = ROOT / "results" / "pcp2_zigzag_llama_kv2" / "20261203T143850Z-3d162b6e"
 
 
 def rules(root: Path) -> dict[tuple[str, str], object]:

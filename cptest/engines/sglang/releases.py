@@ -264,9 +264,10 @@ RULES_0_5_17: dict[str, Rule] = {
         "models/llama.py:158-166; mem_cache/memory_pool.py:159",
         note="Llama shards KV heads over the full TP group while the pool holds the attention-TP "
         "shard, so the first extend's K does not fit the pool row and the scheduler dies. Observed "
-        "on 2 x H200: results/pcp2_zigzag_llama_kv2/20261130T054143Z-22901f56 (tp 2, attn_cp 2).",
+        "on one H200 with co-located ranks (tp 2, attn_cp 2), as on 2 x H200 before: "
+        "results/pcp2_zigzag_llama_kv2/20261203T143850Z-3d162b6e.",
         provenance="observed",
-        evidence="results/pcp2_zigzag_llama_kv2/20261130T054143Z-22901f56",
+        evidence="results/pcp2_zigzag_llama_kv2/20261203T143850Z-3d162b6e",
     ),
     "llama_pcp_silent": Rule(
         "llama_pcp_silent",
