@@ -769,7 +769,7 @@ def matrix(directories: tuple[Path, ...], support: bool, scenario_dir: Path, rel
     click.echo(f"cptest matrix: {len(archives)} archive(s) of published evidence under "
                f"{', '.join(map(str, folders))}" + (f"; {', '.join(map(str, trial))} holds trial runs, "
                "not published evidence" if trial else "; trial runs are not read"), err=True)
-    judged = _matrix_judge()
+    judged = matrix_judge()
     text = render_matrix(archives, judged)
     rows = [{"scenario": r["scenario"], "engine": r["engine"], "placement": r["placement"],
              "status": r["status"], "contracts": r["by"], "archive": str(r["dir"]), "older": r["older"],
@@ -779,7 +779,7 @@ def matrix(directories: tuple[Path, ...], support: bool, scenario_dir: Path, rel
     return 0
 
 
-def _matrix_judge() -> Callable[[Path], tuple[Any, str | None] | None]:
+def matrix_judge() -> Callable[[Path], tuple[Any, str | None] | None]:
     """How the matrix reads an archive: `pipeline.judge`'s recomputed verdict and its re-analysis
     label (an archive that does not match its seal, or whose held verdict is not what its evidence
     gives, stops the matrix: exit 3); None (`not checked`) for an archive never finished, which
@@ -804,7 +804,7 @@ def _support_matrix(folders: tuple[Path, ...], scenario_dir: Path, release: str,
     from cptest.report.support import read_inputs, render_support, support_matrix
 
     rel = get_release(release)
-    scenarios, runs, skipped = read_inputs(rel, scenario_dir, [Path(d) for d in folders], _matrix_judge())
+    scenarios, runs, skipped = read_inputs(rel, scenario_dir, [Path(d) for d in folders], matrix_judge())
     m = support_matrix(rel, scenarios, runs)
     # Folders by name only: the document is the same from any working folder (the staleness test).
     text = render_support(m, sources=(f"{scenario_dir.resolve().name}/",

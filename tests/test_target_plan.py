@@ -105,7 +105,7 @@ def test_every_no_go_names_an_archive_and_every_combination_that_proceeds_names_
     assert no_go and proceeds
     for title, block in no_go.items():
         assert claims(block), f"no-go {title!r} cites no archive"
-        blocker = r": blocked by (the model|the mode|the KV-head regime|SGLang's reporting)"
+        blocker = r": blocked by (the model|the mode|the backend|the KV-head regime|SGLang's reporting)"
         assert re.search(blocker, title), title
     for title, block in proceeds.items():
         assert requirements(block), f"{title!r} proceeds without a requirement scenario"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cptest.cli import matrix_judge
 from cptest.engines.sglang.cells import CELL_RULES, Cell, cells, ruled_out
 from cptest.engines.sglang.releases import get_release
 from cptest.lang import parse_file
@@ -52,9 +53,10 @@ RUN = ArchiveRun("results/dcp2_llama_kv1/20990101T000000Z-feedface", "dcp2_llama
 
 # ------------------------------------------------------------------------------ the committed document
 def test_the_committed_support_matrix_is_what_cptest_generates_now(monkeypatch: pytest.MonkeyPatch):
-    # As `cptest matrix --support -o docs/support-matrix.md` from the checkout writes it.
+    # As `cptest matrix --support -o docs/support-matrix.md` from the checkout writes it, each archive
+    # read as the command reads it (its newest re-analysis where `cptest check --write` made one).
     monkeypatch.chdir(ROOT)
-    scenarios, runs, skipped = read_inputs(RELEASE, Path("scenarios"), [Path("results")])
+    scenarios, runs, skipped = read_inputs(RELEASE, Path("scenarios"), [Path("results")], matrix_judge())
     assert skipped == []
     fresh = render_support(support_matrix(RELEASE, scenarios, runs))
     assert DOC.read_text(encoding="utf-8") == fresh, (
@@ -123,29 +125,34 @@ def test_a_run_is_shown_even_where_a_rule_rules_the_cell_out_and_the_rule_is_nam
 
 
 def test_a_cell_nobody_ran_names_the_scenario_that_would_run_it_or_why_none_can():
-    s = _scenario("dcp2_mla")
-    m = support_matrix(RELEASE, {"scenarios/dcp2_mla.cps": s}, [])
-    e = next(e for e in m.grid if e.cell == Cell("mla", "latent", "dcp2", "triton", "eager"))
-    assert (e.state, e.scenarios) == ("not yet run", ("scenarios/dcp2_mla.cps",))
+    s = parse_file(ROOT / "scenarios" / "qualification" / "dcp2_mla_flashinfer_eager.cps")
+    m = support_matrix(RELEASE, {"scenarios/qualification/dcp2_mla_flashinfer_eager.cps": s}, [])
+    e = next(e for e in m.grid if e.cell == Cell("mla", "latent", "dcp2", "flashinfer", "eager"))
+    assert e.state == "not yet run"
+    assert e.scenarios == ("scenarios/qualification/dcp2_mla_flashinfer_eager.cps",)
     # Without a scenario the cell says so and where one belongs.
-    moe = next(e for e in m.grid if e.cell == Cell("qwen3-moe", "kv<=tp/dcp", "dcp2", "triton", "eager"))
-    assert moe.state == "not yet run" and moe.scenarios == () and "write one under scenarios/qualification" \
-        in moe.note
+    qwen3 = next(e for e in m.grid if e.cell == Cell("qwen3", "kv<=tp/dcp", "dcp2", "triton", "eager"))
+    assert qwen3.state == "not yet run" and qwen3.scenarios == ()
+    assert "write one under scenarios/qualification" in qwen3.note
 
 
-def test_the_qwen3_moe_cells_name_their_scenarios_and_no_cell_lacks_one(monkeypatch: pytest.MonkeyPatch):
-    # cptest writes synthetic Qwen3-MoE weights (D64): the two DCP cells that no rule rules out name
-    # their qualification scenarios, and no cell of the grid is left without a scenario.
+def test_the_qwen3_moe_cells_are_run_and_name_the_rule_their_runs_showed(monkeypatch: pytest.MonkeyPatch):
+    # cptest writes synthetic Qwen3-MoE weights (D64). Both DCP cells were run, and the rule that their
+    # runs made observed (K/V written inside RoPE, past DCP's owner mask) is named beside them; the PCP
+    # cell was run too, under its inferred rule. No cell of the grid is left without a scenario.
     monkeypatch.chdir(ROOT)
-    m = support_matrix(RELEASE, *read_inputs(RELEASE, Path("scenarios"), [Path("results")])[:2])
+    scenarios, runs, _ = read_inputs(RELEASE, Path("scenarios"), [Path("results")], matrix_judge())
+    m = support_matrix(RELEASE, scenarios, runs)
     for decode in ("eager", "graph"):
         e = next(e for e in m.grid if e.cell == Cell("qwen3-moe", "kv<=tp/dcp", "dcp2", "triton", decode))
-        assert (e.state, e.scenarios) == ("not yet run",
-                                          (f"scenarios/qualification/dcp2_qwen3_moe_kv1_{decode}.cps",))
+        assert e.state == "run" and e.rule is not None and e.rule.code == "dcp_fused_rope_kv_write"
+        assert e.rule.provenance == "observed"
+        assert [r.scenario for r in e.runs] == [f"dcp2_qwen3_moe_kv1_{decode}"]
+        assert e.runs[0].contracts["generation"] == "fail"
     pcp = parse_file(ROOT / "scenarios" / "qualification" / "pcp2_zigzag_qwen3_moe_kv1.cps")
     assert locate(pcp) == Cell("qwen3-moe", "kv<=tp/dcp", "pcp2-zigzag", "triton", "eager")
     e = next(e for e in m.grid if e.cell == locate(pcp))
-    assert e.state == "ruled out" and e.rule is not None and e.rule.code == "pcp_backend_without_cp_path"
+    assert e.state == "run" and e.rule is not None and e.rule.code == "pcp_backend_without_cp_path"
     assert m.counts()["no scenario"] == 0
 
 

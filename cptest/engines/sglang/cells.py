@@ -157,6 +157,19 @@ CELL_RULES_0_5_17: tuple[CellRule, ...] = (
         families=_MHA, modes=_set("dcp2"), regimes=_set("kv>tp/dcp"), rule="mha_dcp_kv_not_replicated",
     ),
     CellRule(
+        "mla_dcp_triton_decode",
+        "triton's DCP decode is MHA code: on an MLA layer its decode kernel's shape assertion fails at the "
+        "first decode and the scheduler dies",
+        families=_set("mla"), modes=_set("dcp2"), backends=_set("triton"), rule="mla_dcp_triton_decode",
+    ),
+    CellRule(
+        "dcp_fused_rope_kv_write",
+        "Qwen3-MoE writes K/V inside its RoPE kernel, which on CUDA ignores DCP's owner mask and physical "
+        "slots: decode reads a pool written at the wrong slots",
+        families=_set("qwen3-moe"), modes=_set("dcp2"), backends=_set("triton"),
+        rule="dcp_fused_rope_kv_write",
+    ),
+    CellRule(
         "dcp_backend_without_dcp_path",
         "among MHA backends only triton has DCP code in 0.5.17 (owner-masked writes, Q all-gather, LSE "
         "merge); flashinfer and fa3 get widened slots and no DCP path",
@@ -182,8 +195,7 @@ CELL_RULES_0_5_17: tuple[CellRule, ...] = (
         "checked by a run on the machine)",
     ),
 )
-"""0.5.17's rules, first match first. MLA DCP on triton is not ruled out: that triton's DCP path is
-MHA-only is what `scenarios/dcp2_mla.cps` declares and a run must show."""
+"""0.5.17's rules, first match first."""
 
 CELL_RULES: Mapping[str, tuple[CellRule, ...]] = {"0.5.17": CELL_RULES_0_5_17}
 """Release -> its cell rules. Only the release of the lent machine's bundle has a table."""

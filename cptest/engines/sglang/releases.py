@@ -291,6 +291,35 @@ RULES_0_5_17: dict[str, Rule] = {
         provenance="observed",
         evidence="results/dcp2_llama_kv4/20261203T081109Z-733943a0",
     ),
+    "mla_dcp_triton_decode": Rule(
+        "mla_dcp_triton_decode",
+        "runtime",
+        "AssertionError",
+        "assert q.shape[0] <= kv_indptr.shape[0] - 1 (first decode: DCP's Q all-gather on an MLA layer)",
+        "layers/attention/triton_backend.py:1797-1830; sglang/kernels/ops/attention/decode_attention.py:992",
+        note="triton's DCP decode gathers Q over the group and calls the MHA decode kernel; on an MLA "
+        "layer the kernel's shape assertion fails at the first decode (eager: the first served decode; "
+        "CUDA-graph decode: during capture) and the scheduler dies. Observed at tp 2 dcp 2 on the tiny "
+        "DeepSeek-style model (kv_lora 64, rope 16) in both decodes",
+        provenance="observed",
+        evidence="results/dcp2_mla/20261203T144442Z-d95b93bd",
+    ),
+    "dcp_fused_rope_kv_write": Rule(
+        "dcp_fused_rope_kv_write",
+        "silent",
+        None,
+        None,
+        "models/utils.py:284-305; model_executor/forward_batch_info.py:961-968; "
+        "models/qwen3_moe.py:637-649, 680-693; layers/attention/triton_backend.py:1217-1245",
+        note="A model that writes K/V inside its RoPE kernel (Qwen3-MoE, GPT-OSS, Bailing-MoE) does so "
+        "whenever the batch has no dcp_kv_mask, and only HIP sets one: on CUDA every rank writes every "
+        "token at its logical slot, not its owner's physical slot (out_cache_loc // dcp) through the "
+        "masked store, and attention skips its own store. Prefill attends the fresh K/V and scores "
+        "right; decode reads the pool and diverges at its first token. Observed at tp 2 dcp 2 with 1 "
+        "KV head, eager and graph decode; the probe, which watches the pool's store, sees no K/V write",
+        provenance="observed",
+        evidence="results/dcp2_qwen3_moe_kv1_eager/20261203T143851Z-a58f99bb",
+    ),
     "dcp_backend_without_dcp_path": Rule(
         "dcp_backend_without_dcp_path",
         "silent",
