@@ -461,7 +461,8 @@ def schema(command_name: str | None, list_: bool, as_json: bool) -> int:
               help="physical GPUs for the servers, e.g. 2,3 (default 0..n-1)")
 @click.option("--cpus", default=None, metavar="IDS", help="pin every server process to these CPUs, e.g. 4-9")
 @click.option("--ports", default=None, metavar="MAIN,BASELINE",
-              help="HTTP ports of the main and baseline server (default 30000,30100)")
+              help="HTTP ports of the main and baseline server (default: the first port slot from "
+              "30000,30100 that no other cptest process holds, claimed for the run)")
 @placement_options
 @baseline_options
 @models_option
@@ -475,6 +476,25 @@ def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name
         models: Path | None, as_json: bool, allow_unsafe: bool = False,
         engine_python: str | None = None) -> int:
     """Plan, lint, launch, drive the workload, inject faults, gather evidence, check, archive."""
+    from cptest.run import port_claims
+
+    # Without --ports the run claims a port slot host-wide (a Slurm run's servers listen on other
+    # hosts): two runs at once never pick the same ports, and the claim ends with this process.
+    claim = port_claims.claim_slot() if ports is None and launcher != "slurm" else None
+    try:
+        return _run(file, results, launcher, ignore_lint, engine_name, gpus, cpus,
+                    ports if claim is None else f"{claim.main},{claim.baseline}", placement_mode,
+                    rank_mem_fraction, baseline_cache, no_baseline_cache, models, as_json, allow_unsafe,
+                    engine_python)
+    finally:
+        if claim is not None:
+            claim.release()
+
+
+def _run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name: str | None,
+         gpus: str | None, cpus: str | None, ports: str | None, placement_mode: str,
+         rank_mem_fraction: float | None, baseline_cache: Path, no_baseline_cache: bool,
+         models: Path | None, as_json: bool, allow_unsafe: bool, engine_python: str | None) -> int:
     from cptest import pipeline
     from cptest.plan.build import require_allowed
 
@@ -573,8 +593,10 @@ def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | 
 
         pipeline.launcher_named(launcher, engine_python=engine_python)  # bad together (docker): exit 2
         os.environ[ENV_VAR] = os.path.abspath(engine_python) if os.sep in engine_python else engine_python
+    from cptest.run.port_claims import port_base
+
     machine = discover(gpus=parse_ids(gpus, "--gpus") if gpus else None,
-                       cpus=parse_ids(cpus, "--cpus") if cpus else None)
+                       cpus=parse_ids(cpus, "--cpus") if cpus else None, port_base=port_base())
     done = run_suite(scenario_files(paths), machine, results=results, log=_log(as_json), engine=engine_name,
                      gpu_present=shutil.which("nvidia-smi") is not None, models=store_dir(models), jobs=jobs,
                      ignore_lint=ignore_lint, launcher=launcher,

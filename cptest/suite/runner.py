@@ -181,7 +181,9 @@ def run_suite(files: list[Path], machine: Machine, *, results: Path, log: Logger
               ignore_lint: bool = False, launcher: str = "process", now: datetime | None = None,
               baseline_cache: Path | None = None, placement_mode: str = "auto",
               rank_mem_fraction: float | None = None) -> SuiteResult:
-    pool = Pool(machine, jobs)
+    from cptest.run.port_claims import try_claim
+
+    pool = Pool(machine, jobs, claim=try_claim)
     entries = plan_entries(files, machine, engine=engine, gpu_present=gpu_present, pool=pool,
                            ignore_lint=ignore_lint, placement_mode=placement_mode,
                            rank_mem_fraction=rank_mem_fraction)
@@ -241,6 +243,9 @@ def run_suite(files: list[Path], machine: Machine, *, results: Path, log: Logger
         for s, h in previous.items():
             signal.signal(s, h)
         _stop([e for e in running if e.proc is not None and e.proc.poll() is None], folder)
+        for hold in pool.held.values():  # the servers are down: their port slots go back
+            hold.release()
+        pool.held.clear()
     wall = time.monotonic() - t0
     code = _worst(entries)
     if stopping:

@@ -11,15 +11,23 @@ Rules, in order:
   co-located scenario is packed the same way: its demand already counts every rank sharing a GPU,
   and its placement says `colocated`, so its ranks go onto the GPUs granted.
 - `jobs` caps how many run at once (`--jobs 1`: one at a time, the way to measure what sharing saves).
+- With `claim` (the suite passes `cptest.run.port_claims.try_claim`), a slot is taken only once it is
+  claimed host-wide: a slot another cptest process holds, or whose ports are in use, is passed over.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from cptest.plan.model import Placement
 from cptest.suite.demand import Demand
 from cptest.suite.machine import Machine
+
+
+class HeldSlot(Protocol):
+    def release(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -34,11 +42,14 @@ class Granted:
 class Pool:
     machine: Machine
     jobs: int | None = None
+    claim: Callable[[int, int], HeldSlot | None] | None = None
+    """(main port, baseline port) -> the slot's host-wide claim, or None when it is not to be had."""
     free_mib: dict[int, int] = field(init=False)
     load: dict[int, int] = field(init=False)
     free_cpus: list[int] = field(init=False)
     free_slots: list[int] = field(init=False)
     running: dict[str, tuple[Demand, Granted]] = field(default_factory=dict)
+    held: dict[str, HeldSlot] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.free_mib = dict(self.machine.gpus)
@@ -75,7 +86,12 @@ class Pool:
             return None
         gpus = tuple(sorted(sorted(fits, key=lambda g: (self.load[g], -self.free_mib[g], g))[:d.gpus]))
         cpus = tuple(self.free_cpus[:d.cpus])
-        slot = self.free_slots[0]
+        taken = self._take_slot()
+        if taken is None:
+            return None
+        slot, hold = taken
+        if hold is not None:
+            self.held[key] = hold
         main, baseline = self.machine.ports(slot)
         placement = Placement(main_port=main, baseline_port=baseline, mode=d.placement,
                               gpus=list(gpus) if d.gpus else None, cpus=list(cpus) if cpus else None)
@@ -88,8 +104,21 @@ class Pool:
         self.running[key] = (d, granted)
         return granted
 
+    def _take_slot(self) -> tuple[int, HeldSlot | None] | None:
+        """The first free slot (claimed host-wide when `claim` is set), or None."""
+        if self.claim is None:
+            return (self.free_slots[0], None) if self.free_slots else None
+        for slot in self.free_slots:
+            hold = self.claim(*self.machine.ports(slot))
+            if hold is not None:
+                return slot, hold
+        return None
+
     def release(self, key: str) -> None:
         d, granted = self.running.pop(key)
+        hold = self.held.pop(key, None)
+        if hold is not None:
+            hold.release()
         for g in granted.gpus:
             self.free_mib[g] += d.gpu_mib
             self.load[g] -= 1

@@ -1,7 +1,8 @@
 """Four runs of one scenario at once on one host, reference engine (issue 14, "Mix concurrent runs"):
 each is judged on its own server's evidence, all pass, on distinct ports, into distinct archives.
 
-Each run is a `cptest run --ports` of its own (as the suite starts them, D26). What makes each
+Each run is a `cptest run` of its own: once with `--ports` (as the suite starts them, D26), once
+without, each claiming a port slot host-wide (cptest/run/port_claims.py). What makes each
 verdict its own: readiness counted only the listener of the run's own tree (`ready` names it, and
 it is the pid the run launched), and the shutdown contract's `no_orphans` counted only processes of
 the run's own sessions: the other runs' engines, alive beside it, are `foreign` in its samples.
@@ -9,14 +10,20 @@ the run's own sessions: the other runs' engines, alive beside it, are `foreign` 
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from cptest.evidence import Lifecycle, ProcessSample, read_records
 from cptest.run.models import make_named
+from cptest.run.port_claims import BASE_ENV, CLAIMS_ENV, ports_free
+from cptest.suite.machine import PORT_BLOCK, SLOT_STRIDE
 
 from conftest import free_port  # isort: skip
 
@@ -61,24 +68,39 @@ scenario concurrent_tiny {
 """
 
 
-def test_four_concurrent_runs_of_one_scenario_each_pass_on_their_own_server(tmp_path: Path) -> None:
+def _free_base(slots: int) -> int:
+    """A first port from which `slots` slots have nothing listening (far from a lone run's 30000)."""
+    for base in range(40000, 60000, 1000):
+        if all(ports_free(base + SLOT_STRIDE * k, base + SLOT_STRIDE * k + PORT_BLOCK) for k in range(slots)):
+            return base
+    raise AssertionError("no free range of port slots on this host")
+
+
+@pytest.mark.parametrize("ports", ["given", "claimed"])
+def test_four_concurrent_runs_of_one_scenario_each_pass_on_their_own_server(tmp_path: Path,
+                                                                           ports: str) -> None:
     scenario = tmp_path / "concurrent_tiny.cps"
     scenario.write_text(SCENARIO)
     models = tmp_path / "models"
     make_named("llama-kv1", models)  # once, before the runs: they share the store
-    ports = []
-    while len(ports) < 2 * RUNS:
-        p = free_port()
-        if p not in ports:
-            ports.append(p)
+    env = dict(os.environ)
+    chosen: list[int] = []
+    if ports == "given":
+        while len(chosen) < 2 * RUNS:
+            p = free_port()
+            if p not in chosen:
+                chosen.append(p)
+    else:  # no --ports: each run claims a slot in a claims folder of this test's own
+        base = _free_base(RUNS)
+        env.update({CLAIMS_ENV: str(tmp_path / "claims"), BASE_ENV: str(base)})
     runs = []
     t0 = time.monotonic()
     for k in range(RUNS):
-        argv = [sys.executable, "-m", "cptest", "run", str(scenario), "--ports",
-                f"{ports[2 * k]},{ports[2 * k + 1]}", "--results", str(tmp_path / "results"),
-                "--models", str(models), "--no-baseline-cache", "--json"]
+        given = ["--ports", f"{chosen[2 * k]},{chosen[2 * k + 1]}"] if chosen else []
+        argv = [sys.executable, "-m", "cptest", "run", str(scenario), *given, "--results",
+                str(tmp_path / "results"), "--models", str(models), "--no-baseline-cache", "--json"]
         runs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     cwd=ROOT))
+                                     cwd=ROOT, env=env))
     outs = []
     for r in runs:
         out, err = r.communicate(timeout=175)
@@ -105,3 +127,12 @@ def test_four_concurrent_runs_of_one_scenario_each_pass_on_their_own_server(tmp_
         final = [s for s in records if isinstance(s, ProcessSample) and s.phase == "after"][-1]
         assert [p for p in final.procs if p.get("scope") == "host"] == []
     assert len({port for port, _ in served}) == RUNS and len({pid for _, pid in served}) == RUNS
+    if ports == "claimed":  # each on a slot of its own from the base up, every claim let go at the end
+        mains = sorted(port for port, _ in served)
+        assert all(p >= base and (p - base) % SLOT_STRIDE == 0 for p in mains), mains
+        for p in mains:
+            fd = os.open(tmp_path / "claims" / f"slot-{p}.lock", os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if a run still held it
+            finally:
+                os.close(fd)
