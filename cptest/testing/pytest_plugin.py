@@ -77,7 +77,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--cptest-models", default=None, metavar="DIR",
                     help="the model store (default $CPTEST_MODELS, else .cptest/models in the checkout)")
     group.addoption("--cptest-ports", default=None, metavar="MAIN,BASELINE",
-                    help="HTTP ports of the main and baseline servers (default 30000,30100)")
+                    help="HTTP ports of the main and baseline servers (default: a free port slot "
+                         "from 30000,30100, claimed for the run as `cptest run` does)")
     group.addoption("--cptest-ignore-lint", action="store_true", default=False,
                     help="run scenarios even when lint finds what the release was observed to do")
     group.addoption("--cptest-allow-unsafe", action="store_true", default=False,
@@ -270,16 +271,42 @@ def _run(node: ScenarioFile) -> RunResult:
     """`cptest run FILE`, through the pipeline: plan, lint, preflight, run, check, archive."""
     from cptest import pipeline
     from cptest.errors import CptestError, PlanError
-    from cptest.outline import Logger, TerminalSink
-    from cptest.plan.build import require_allowed
-    from cptest.run.baseline_cache import BaselineCache
-    from cptest.run.runner import RunOptions
+    from cptest.plan.model import Placement
+    from cptest.run.port_claims import claim_slot
 
     config = node.config
     gpu = shutil.which("nvidia-smi") is not None
     prepared = node.prepared(gpu_present=gpu)
     if isinstance(prepared, Exception):
         return RunResult(bad_input=prepared)
+    if config.getoption("cptest_ports"):
+        return _run_prepared(node, prepared, gpu)
+    # As `cptest run` without --ports: a port slot claimed host-wide for this run, so that two test
+    # sessions on one host never pick the same ports.
+    try:
+        claim = claim_slot()
+    except CptestError as e:
+        return RunResult(not_run=f"not run: {_one_line(e)}")
+    try:
+        placed = pipeline.prepare(node.shown_path(), engine=config.getoption("cptest_engine"),
+                                  gpu_present=gpu,
+                                  placement=Placement(main_port=claim.main, baseline_port=claim.baseline))
+        return _run_prepared(node, placed, gpu)
+    except (CptestError, PlanError) as e:
+        return RunResult(bad_input=e)
+    finally:
+        claim.release()
+
+
+def _run_prepared(node: ScenarioFile, prepared: Prepared, gpu: bool) -> RunResult:
+    from cptest import pipeline
+    from cptest.errors import CptestError, PlanError
+    from cptest.outline import Logger, TerminalSink
+    from cptest.plan.build import require_allowed
+    from cptest.run.baseline_cache import BaselineCache
+    from cptest.run.runner import RunOptions
+
+    config = node.config
     try:
         require_allowed(prepared.plan, config.getoption("cptest_allow_unsafe"))
     except PlanError as e:
