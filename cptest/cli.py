@@ -891,6 +891,13 @@ def report(directory: Path, as_html: bool, output: Path | None, as_json: bool) -
         from cptest.report.html import render_suite_html
 
         text = render_suite_html(directory)
+    elif suite:  # a suite folder's report is the summary the suite wrote; each archive has its own
+        from cptest.errors import EvidenceError
+
+        summary = directory / "summary.md"
+        if not summary.is_file():
+            raise EvidenceError(f"{summary}: the suite folder has no summary.md (the suite was cut short?)")
+        text = summary.read_text(encoding="utf-8")
     else:
         judged = pipeline.judge(directory)
         if judged.label is not None:

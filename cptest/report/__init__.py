@@ -67,8 +67,27 @@ def _env(autoescape: bool, xml: bool = False) -> jinja2.Environment:
     env.filters["md"] = md_block
     env.filters["xattr"] = xml_attr
     env.filters["figures"] = _figures
+    env.filters["model_words"] = model_words
     env.globals["mark"] = STATUS_MARK
     return env
+
+
+def model_words(pin: Any) -> str:
+    """A plan's model in a line: its path or hub id (and revision), or, for weights cptest writes
+    itself, the architecture and the geometry that decides them."""
+    g = getattr(pin, "synthetic", None)
+    if g is not None:
+        heads = f"{g.heads} heads, {g.kv_heads} KV head{'s' if g.kv_heads != 1 else ''}"
+        parts = [f"{g.layers} layers", f"hidden {g.hidden}", heads]
+        if g.kv_lora_rank is not None:
+            parts.append(f"kv_lora {g.kv_lora_rank}, rope {g.qk_rope_head_dim}")
+        elif g.head_dim is not None:
+            parts.append(f"head_dim {g.head_dim}")
+        extra = {k: v for k, v in g.model_dump().items() if k in ("experts", "experts_per_tok") and v}
+        parts += [f"{k} {v}" for k, v in extra.items()]
+        return f"synthetic {pin.architecture} ({', '.join(parts)}, vocab {g.vocab}, seed {g.seed})"
+    where = pin.path or pin.id or ""
+    return f"{where}@{pin.revision}" if pin.id and pin.revision else where
 
 
 def _load(source: Path | str | ScenarioVerdict, plan: Plan | None) -> tuple[ScenarioVerdict, Plan | None]:

@@ -272,4 +272,10 @@ def test_the_suite_index_links_each_scenarios_report_where_it_is_found(tmp_path:
     assert _tags(html, "script") == 0 and "&lt;script&gt;" in html
     via_cli = CliRunner().invoke(main, ["report", str(suite), "--html"])
     assert via_cli.exit_code == 0 and 'id="suite-table"' in via_cli.output
+    # Without --html a suite folder's report is the summary the suite wrote, not an archive's error.
+    missing = CliRunner().invoke(main, ["report", str(suite)])
+    assert missing.exit_code == 3 and "has no summary.md" in missing.output
+    (suite / "summary.md").write_text("# suite 20260101T000000Z: 1 pass, 1 fail, 2 unknown\n")
+    summary = CliRunner().invoke(main, ["report", str(suite)])
+    assert summary.exit_code == 0 and summary.output.startswith("# suite 20260101T000000Z: 1 pass")
     shutil.rmtree(plain)

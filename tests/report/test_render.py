@@ -143,3 +143,17 @@ def test_a_colocated_archive_never_supersedes_nor_hides_a_physical_one(tmp_path:
     assert len(lines) == 4
     rows = matrix_rows([physical, newer_colocated])[0]
     assert [(r["placement"], r["older"]) for r in rows] == [("physical", 0), ("colocated", 0)]
+
+
+def test_the_model_row_names_a_synthetic_model_by_its_architecture_and_geometry() -> None:
+    # A model cptest writes itself has no path or hub id: its row was blank.
+    from cptest.checks.load import load_plan
+
+    root = Path(__file__).resolve().parents[2] / "results"
+    sv = scenario_verdict("dcp2", "sglang", "0.5.17", VERDICTS)
+    moe = load_plan(root / "dcp2_qwen3_moe_kv1_eager" / "20261203T143851Z-a58f99bb")
+    assert ("| model | synthetic Qwen3MoeForCausalLM (4 layers, hidden 256, 8 heads, 1 KV head, head_dim 64, "
+            "experts 8, experts_per_tok 2, vocab 4096, seed 7) |") in render(sv, moe)
+    mla = load_plan(root / "dcp2_mla_flashinfer_eager" / "20261203T144851Z-99d48183")
+    assert ("| model | synthetic DeepseekV3ForCausalLM (4 layers, hidden 256, 8 heads, 8 KV heads, "
+            "kv_lora 512, rope 64, vocab 4096, seed 4321) |") in render(sv, mla)
