@@ -477,11 +477,18 @@ def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name
         engine_python: str | None = None) -> int:
     """Plan, lint, launch, drive the workload, inject faults, gather evidence, check, archive."""
     from cptest.run import port_claims
+    from cptest.run.process import install_signal_handlers
 
-    # Without --ports the run claims a port slot host-wide (a Slurm run's servers listen on other
-    # hosts): two runs at once never pick the same ports, and the claim ends with this process.
-    claim = port_claims.claim_slot() if ports is None and launcher != "slurm" else None
+    # A SIGTERM or SIGHUP from the first instant is an exception, not the default death: during
+    # planning it ends the run with exit 3 and nothing launched; once the archive is begun, with a
+    # finished archive whose verdict says unknown.
+    restore = install_signal_handlers()
+    claim = None
     try:
+        # Without --ports the run claims a port slot host-wide (a Slurm run's servers listen on
+        # other hosts): two runs at once never pick the same ports; the claim ends with this process.
+        if ports is None and launcher != "slurm":
+            claim = port_claims.claim_slot()
         return _run(file, results, launcher, ignore_lint, engine_name, gpus, cpus,
                     ports if claim is None else f"{claim.main},{claim.baseline}", placement_mode,
                     rank_mem_fraction, baseline_cache, no_baseline_cache, models, as_json, allow_unsafe,
@@ -489,6 +496,7 @@ def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name
     finally:
         if claim is not None:
             claim.release()
+        restore()
 
 
 def _run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name: str | None,

@@ -15,6 +15,7 @@ the run. A fault never loses what was gathered: the archive is finished from the
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -265,7 +266,7 @@ def _run_rooted(planned: Plan, launched: Plan, out: Path, launcher: Launcher, *,
     from cptest.run.environment import collect_environment
     from cptest.run.models import ensure_synthetic, model_tree_sha256, weights_sha256
     from cptest.run.preflight import require
-    from cptest.run.process import install_signal_handlers
+    from cptest.run.process import Interrupted, install_signal_handlers
     from cptest.run.runner import run_plan
 
     model_dir = launched.main.nodes[0].model_mount
@@ -300,21 +301,32 @@ def _run_rooted(planned: Plan, launched: Plan, out: Path, launcher: Launcher, *,
         run_options = replace(run_options, baseline_key=baseline_key(planned, env),
                               control_key=control_key(planned, env))
     layout = store.Layout(out)
-    store.begin(
-        layout, scenario=planned.scenario, scenario_text=scenario_text,
-        plan_json=planned.model_dump_json(indent=2), pins=pins,
-        environment=paths.portable_value(env), roles=roles_of(planned), includes=includes,
-    )  # fmt: skip
-    log.info(f"archive: {out}")
+    # From here a SIGTERM or SIGHUP is an exception (the CLI installs the same handler earlier). One
+    # that comes while the archive is being begun waits until it is, and is raised inside the `try`
+    # below: a begun archive always ends finished, its verdict unknown.
     restore = install_signal_handlers()
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+    try:
+        store.begin(
+            layout, scenario=planned.scenario, scenario_text=scenario_text,
+            plan_json=planned.model_dump_json(indent=2), pins=pins,
+            environment=paths.portable_value(env), roles=roles_of(planned), includes=includes,
+        )  # fmt: skip
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        restore()
+        raise
     error: CptestError | None = None
     try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        log.info(f"archive: {out}")
         run_plan(launched, out, launcher=launcher, log=log, options=run_options)
     except RunError as e:
         error = e  # evidence gathered so far is kept; the verdict says unknown with the reason
-    except KeyboardInterrupt:
-        # Ctrl-C: the runner tore everything down; the archive still gets an (unknown) verdict.
-        error = RunError("interrupted by Ctrl-C; every started process was torn down")
+    except KeyboardInterrupt as e:
+        # Ctrl-C or SIGTERM: the runner tore everything down; the archive still gets an (unknown) verdict.
+        by = _signal_name(e.signum) if isinstance(e, Interrupted) else "Ctrl-C"
+        error = RunError(f"interrupted by {by}; every started process was torn down")
     except Exception as e:  # cptest's own bug: never the engine's verdict
         error = _crashed(out, e)
     finally:
@@ -322,6 +334,10 @@ def _run_rooted(planned: Plan, launched: Plan, out: Path, launcher: Launcher, *,
     verdict = checks.check(out, require_finished=False)  # this run is the one finishing it
     finish_archive(out, verdict, planned)
     return Outcome(verdict, out, error)
+
+
+def _signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
 
 
 def _inspect_engine_python(launched: Plan, launcher: Launcher) -> Any:
