@@ -225,7 +225,8 @@ def test_killing_cptest_at_random_points_leaves_no_process_and_an_unknown_verdic
         sig = signal.SIGKILL if i % 2 == 0 else signal.SIGTERM
         at = rng.uniform(0.0, RUN_SPAN_S)
         before = set((results / "reference_kill_target").glob("*")) if results.exists() else set()
-        argv = [sys.executable, "-m", "cptest", "run", str(scenario), "--results", str(results)]
+        argv = [sys.executable, "-m", "cptest", "run", str(scenario), "--results", str(results),
+                "--models", str(ensure_tiny_models())]  # the store that holds the scenario's local model
         proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         seen: set[int] = set()
         # Points are timed from the archive's creation: before it, there is nothing to judge.

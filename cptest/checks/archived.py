@@ -89,4 +89,7 @@ def parse_archived(archive: Path) -> Scenario:
 
     path = store.Layout(archive).scenario
     text = store.read_file(path)
-    return resolve(read_doc(text, str(path)), os.path.abspath(archive), read=archived_reader(archive))
+    # The archive is the tree: `archived_reader` serves an extends above the scenario's folder from
+    # the archive's own `includes/`, and reads nothing of the machine but a local model's config.json.
+    return resolve(read_doc(text, str(path)), os.path.abspath(archive), read=archived_reader(archive),
+                   tree=(os.sep,))

@@ -28,8 +28,9 @@ from pydantic import ValidationError
 from cptest.contracts import CONTRACTS, Declared
 from cptest.contracts.graph import MODES as GRAPH_MODES
 from cptest.errors import ProblemCollector, ScenarioError, Span, did_you_mean, one_of
-from cptest.lang import safety
+from cptest.lang import model_ids, safety
 from cptest.lang import tables as T
+from cptest.lang.includes import include_problem, outside_tree, scenario_roots
 from cptest.lang.syntax import BLOCK, Doc, Stmt, read_doc
 from cptest.scenario import (
     Baseline,
@@ -56,6 +57,9 @@ Reader = Callable[[str], str]
 """Reads a file's text by path; raises OSError (or UnicodeDecodeError) when it cannot."""
 
 
+_PSEUDO = ("/proc/", "/sys/", "/dev/")
+
+
 def read_path(path: str) -> str:
     """A scenario file's text: a regular file of at most `MAX_SCENARIO_BYTES` (never `/dev/zero`, a
     FIFO or a huge file: reading one would never end or exhaust memory). Raises OSError naming why."""
@@ -65,6 +69,10 @@ def read_path(path: str) -> str:
     with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
+        if os.path.realpath(path).startswith(_PSEUDO):
+            # procfs and sysfs files stat as regular files but are the kernel's live state
+            # (/proc/self/environ is the process environment): never a scenario.
+            raise OSError(errno.EINVAL, "a kernel pseudo-file, not a regular file")
         data = fh.read(T.MAX_SCENARIO_BYTES + 1)
     if len(data) > T.MAX_SCENARIO_BYTES:
         raise OSError(errno.EFBIG, f"larger than {T.MAX_SCENARIO_BYTES:,} bytes")
@@ -77,8 +85,10 @@ def read_path(path: str) -> str:
 class _Chain:
     """The files of one scenario: their texts (for carets) and directories (for relative paths)."""
 
-    def __init__(self, read: Reader, probe_dir: Callable[[str], bool]):
+    def __init__(self, read: Reader, probe_dir: Callable[[str], bool], roots: tuple[str, ...]):
         self.read = read
+        self.roots = roots
+        """Where extends targets may lie (`cptest.lang.includes`)."""
         self.is_dir = probe_dir
         self.sources: dict[str, str] = {}
         self.dirs: dict[str, str] = {}
@@ -129,6 +139,11 @@ def _load_chain(doc: Doc, chain: _Chain, base_dir: str, stack: list[str]) -> lis
     if path in stack:
         cycle = " -> ".join(os.path.basename(x) for x in [*stack[stack.index(path) :], path])
         chain.problems.add(stmt.span, f"extends cycle: {cycle}")
+        chain.broken = True
+        return own
+    refused = include_problem(str(stmt.value), path, chain.roots)
+    if refused is not None:
+        chain.problems.add(stmt.span, refused[0], hint=refused[1])
         chain.broken = True
         return own
     try:
@@ -373,9 +388,14 @@ def resolve(
     *,
     read: Reader = read_path,
     is_dir: Callable[[str], bool] = os.path.isdir,
+    tree: tuple[str, ...] | None = None,
 ) -> Scenario:
-    """Check `doc` (and what it extends) and build the Scenario. Raises ScenarioError only."""
-    chain = _Chain(read, is_dir)
+    """Check `doc` (and what it extends) and build the Scenario. Raises ScenarioError only.
+
+    `tree` is where extends targets and a local model's config.json may lie (real paths), by
+    default the scenario tree of `base_dir` (`cptest.lang.includes.scenario_roots`); a `read` that
+    confines reads itself (an archive's) may widen it."""
+    chain = _Chain(read, is_dir, tree if tree is not None else scenario_roots(base_dir))
     p = chain.problems
     if doc.kind != "scenario":
         p.add(
@@ -552,6 +572,8 @@ def _model(v: _Values, where: Span, chain: _Chain) -> Model | None:
     if "sha256" in s.value and kind == "synthetic":
         v.p.add(s.parts["sha256"], "'sha256' pins a checkpoint on disk; synthetic weights are made by cptest",
                 hint="their sha256 is recorded in the manifest of each run")
+    if "sha256" in s.value and (why := model_ids.sha256_problem(s.value["sha256"])) is not None:
+        v.p.add(s.parts["sha256"], why, expected='sha256 "<64 hex digits>"')
     fields: dict[str, Any] = {"kind": kind}
     spans: dict[str, Span] = {}
     if kind != "synthetic" and gspans:
@@ -642,8 +664,13 @@ def _model(v: _Values, where: Span, chain: _Chain) -> Model | None:
         )
     elif kind == "hub":
         fields["id"] = arg
+        if (why := model_ids.hub_id_problem(arg)) is not None:
+            v.p.add(s.span, why, expected='model hub "org/name" (no path, no "..", no "~")',
+                    hint="a checkpoint on disk is `model local`, inside the scenario tree or the model store")
         if "revision" not in s.value:
             v.p.add(s.span, "a hub model needs a pinned revision", expected='revision "<commit>"')
+        elif (why := model_ids.revision_problem(s.value["revision"])) is not None:
+            v.p.add(s.parts["revision"], why, expected='revision "<commit hash or tag>"')
         fields["revision"] = s.value.get("revision")
         fields["sha256"] = s.value.get("sha256")
         if not has_facts:
@@ -726,12 +753,16 @@ def _local_facts(
     chain: _Chain,
 ) -> ModelFacts | None:
     config_path = os.path.join(path, "config.json")
-    if not chain.is_dir(path):
+    if not chain.is_dir(path) or outside_tree(path, chain.roots):
+        # Outside the scenario tree config.json is not read: its values would be quoted in the
+        # problems below. The run finds the checkpoint in the model store or refuses it (preflight).
         if has_facts:
             return _declared_facts(v, declared, s.span)
         v.p.add(
             s.span,
-            f"model directory {path!r} does not exist and no facts block declares the model",
+            f"model directory {path!r} "
+            + ("lies outside the scenario tree" if chain.is_dir(path) else "does not exist")
+            + " and no facts block declares the model",
             hint="generate it (make-tiny-models) or add facts { ... }",
         )
         return None

@@ -23,6 +23,7 @@ from cptest.engines import Engine, ServerLaunch, engine_for
 from cptest.engines.protocol import MAX_COLOCATED_RANKS, node_port
 from cptest.errors import PlanError, Problem, ProblemCollector
 from cptest.lang import safety
+from cptest.lang.model_ids import hub_store_name
 from cptest.lang.safety import MACHINE_ENV
 from cptest.lang.tables import DEFAULT_DEADLINE_S, MAX_PLAN_TOKENS
 from cptest.paths import MODELS, SCENARIO
@@ -395,14 +396,15 @@ def _flag_span(serve: Any, message: str) -> Any:
 def model_location(scenario: Scenario) -> str:
     """Where the plan's servers find the model, in `cptest.paths` tokens: a synthetic checkpoint in
     the model store under a name keyed by its geometry and seed (`SyntheticGeometry.store_name`), a
-    local one relative to the scenario's folder, a hub model by id."""
+    local one relative to the scenario's folder, a hub model as its snapshot in the model store."""
     m = scenario.model
     if m.kind == "local":
         base = os.path.dirname(os.path.abspath(scenario.source_file))
         rel = os.path.relpath(os.path.abspath(str(m.path)), base)
         return f"{SCENARIO}/{rel}" if rel != "." else SCENARIO
     if m.kind == "hub":
-        return str(m.id)
+        # A snapshot in the store, never the id: SGLang would download it, or read the id as a path.
+        return f"{MODELS}/{hub_store_name(str(m.id), str(m.revision))}"
     geometry = m.synthetic_geometry()
     assert geometry is not None
     return f"{MODELS}/{geometry.store_name()}"

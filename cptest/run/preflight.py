@@ -7,9 +7,14 @@ cause naming what is wrong and what to do about it. Nothing is launched and noth
 nothing was gathered yet.
 
 Causes (`Cause.code`):
-- `model_missing`: a local checkpoint directory that does not exist, has no readable
+- `model_missing`: a checkpoint directory (local, or a hub snapshot at `<models>/hub/ORG/NAME/REVISION`:
+  a run never downloads) that does not exist, has no readable
   `config.json`, or holds no weights file (`*.safetensors`, `*.bin`). SGLang would die inside
   `AutoConfig` with a traceback that reads like an engine failure.
+- `model_outside`: the checkpoint directory (symlinks followed) lies outside the run's model roots,
+  the model store and the scenario's folder (`cptest.run.model_roots`); nothing of it is read.
+- `revision_mismatch`: a hub snapshot whose download records (`.cache/huggingface/download`) name
+  another commit than the scenario's `revision`.
 - `weights_mismatch`: the scenario pins the checkpoint (`sha256 "..."`) and its tree hash
   (`cptest.run.models.model_tree_sha256`) is another.
 - `port_in_use`: a server's HTTP port cannot be bound on its host: another process listens there,
@@ -51,10 +56,13 @@ from typing import Literal
 
 from cptest.engines.protocol import RENDEZVOUS_PORT_OFFSET
 from cptest.errors import Problem, RunError
+from cptest.paths import MODELS, SCENARIO, current_roots
 from cptest.plan.model import Plan, ServerPlan
 from cptest.run.interpreter import ENV_VAR, EnginePython, same_release
+from cptest.run.model_roots import is_commit, outside_roots, recorded_revisions
 
-CauseCode = Literal["model_missing", "weights_mismatch", "port_in_use", "gpus_missing", "gpu_memory_busy",
+CauseCode = Literal["model_missing", "model_outside", "revision_mismatch", "weights_mismatch", "port_in_use",
+                    "gpus_missing", "gpu_memory_busy",
                     "disk_full", "cptest_crash", "image_unpinned", "image_missing", "image_mismatch",
                     "container_engine_down", "slurm_missing", "slurm_down", "slurm_nodes", "engine_python",
                     "sglang_mismatch"]
@@ -160,15 +168,26 @@ def engine_python_causes(plan: Plan, found: EnginePython | None) -> list[Cause]:
 
 def _model(plan: Plan) -> list[Cause]:
     pin = plan.pins.model
-    if pin.kind == "hub":
-        return []  # the engine's to fetch
     mount = plan.main.nodes[0].model_mount
     if not mount:
         return []
     d = Path(mount)
-    remedy = _model_remedy(d)
+    remedy = _model_remedy(d, pin.id, pin.revision)
     if not d.is_dir():
         return [Cause("model_missing", f"model directory {d} does not exist", remedy)]
+    roots = [Path(r) for token, r in current_roots().items() if token in (MODELS, SCENARIO)]
+    if roots and outside_roots(d, roots):
+        # Checked before anything of it is read: config.json and the weights are not opened.
+        return [Cause("model_outside", f"model directory {d} lies outside the model store and the "
+                      f"scenario's folder ({', '.join(str(r) for r in roots)})",
+                      "copy it into the store (`cptest models add DIR`), or name its folder as the store "
+                      "(--models DIR)")]
+    if pin.kind == "hub" and is_commit(pin.revision or ""):
+        # A branch or tag names no fixed commit to compare with; a commit hash does.
+        other = recorded_revisions(d) - {pin.revision}
+        if other:
+            return [Cause("revision_mismatch", f"{d} was downloaded at revision {', '.join(sorted(other))}, "
+                          f"the scenario pins {pin.revision}", remedy)]
     try:
         (d / "config.json").read_bytes()
     except OSError as e:
@@ -188,9 +207,12 @@ def _model(plan: Plan) -> list[Cause]:
     return []
 
 
-def _model_remedy(d: Path) -> str:
+def _model_remedy(d: Path, hub_id: str | None = None, revision: str | None = None) -> str:
     from cptest.run.models import TINY
 
+    if hub_id:
+        return (f"put the snapshot there (cptest never downloads): huggingface-cli download {hub_id} "
+                f"--revision {revision} --local-dir {d}")
     if d.name in TINY:
         return f"make it: cptest models make {d.name} --models {d.parent}"
     return "put the checkpoint there, or point the scenario's `model local` at where it is"

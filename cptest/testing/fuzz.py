@@ -227,6 +227,12 @@ def _chaos(draw: st.DrawFn) -> str:
                                  "unsafe", "deadline", "huge", "extends", "dataset", "engine"]))
     if what == "engine":
         return draw(st.sampled_from(['engine sglang "9.9"', "engine vllm", 'engine sglang ""']))
+    if what == "model" and draw(st.booleans()):
+        # Models by identity: ids and revisions that are paths, never to reach --model-path.
+        ident = draw(st.sampled_from(HUB_IDS))
+        kind = draw(st.sampled_from(["hub", "local"]))
+        return (f"model {kind} {_quote(ident)} revision {_quote(draw(st.sampled_from(HUB_IDS)))} facts {{ "
+                'architecture "LlamaForCausalLM" layers 1 hidden 8 heads 1 kv_heads 1 head_dim 8 vocab 8 }')
     if what == "model":
         keys = BLOCK_KEYS["model"]
         geometry = {k: draw(_GEOMETRY[k]) for k in _GEOMETRY}
@@ -263,8 +269,15 @@ def _chaos(draw: st.DrawFn) -> str:
     if what == "huge":
         return f"workload {{ requests {draw(HUGE_INT_TEXT)} }}"
     if what == "extends":
-        return f"extends {_quote(draw(st.sampled_from(['defaults/tiny.cps', 'nope.cps', '/dev/zero'])))}"
+        return f"extends {_quote(draw(st.sampled_from(EXTENDS_TARGETS)))}"
     return f"workload {{ source dataset {_quote(draw(st.sampled_from(['/dev/zero', 'x.jsonl'])))} }}"
+
+
+HUB_IDS = ["org/name", "/root/.ssh", "../../x", "org/../x", "~/.ssh", "org/name/x", "org/..", "", "a" * 300]
+"""Hub ids and revisions, the one valid first: the rest are paths of the machine (issue 32)."""
+EXTENDS_TARGETS = ["defaults/tiny.cps", "nope.cps", "/dev/zero", "/proc/self/environ", "/etc/passwd",
+                   "../../x", "~/.ssh", "../../elsewhere/d.cps", "/tmp/x.cps"]
+"""`extends` targets; all but the first are refused without being read (`cptest.lang.includes`)."""
 
 
 # ------------------------------------------------------------------------------------ bytes
@@ -274,7 +287,8 @@ INTERESTING = [
     b"1e999", b" 2h", b' extends "/dev/zero" ', b'unsafe "x" ', b"deadline 9999999h ",
     b'env "PYTHONPATH" "/tmp" ', b'flag "--config" "a" "b" ', b'log absent "(x+x+)+y" ',
     b'flag "--cuda-graph-bs" "1" "--trust-remote-code" ', b'env "TORCH_LOGS_OUT" "/tmp/x" ',
-    b'env "TRITON_CACHE_MANAGER" "m:C" ',
+    b'env "TRITON_CACHE_MANAGER" "m:C" ', b' extends "/proc/self/environ" ', b'model hub "/root/.ssh" ',
+    b' extends "../../etc/passwd" ', b'model local "/etc" ', b'revision "../x" ',
     b"requests 1000000000 ", b"vocab 99999999999 ", b"(" * 200, b"uniform(1, 1048577)",
 ]  # fmt: skip
 

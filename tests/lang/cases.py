@@ -232,6 +232,24 @@ BAD: list[tuple[str, int, str, str, str]] = [
         "experts_per_tok (8) must be at most experts (4)",
     ),
     ("hub_without_facts", 4, '  model hub "org/m" revision "abc"', "4:3", "needs a facts block"),
+    # --- models by identity and extends inside the scenario tree (issue 32): never a path of the machine
+    ("hub_id_absolute_path", 4, '  model hub "/root/.ssh" revision "abc"', "4:3", "is not a hub id"),
+    ("hub_id_parent", 4, '  model hub "../../x" revision "abc"', "4:3", "is not a hub id"),
+    ("hub_id_dotdot_inside", 4, '  model hub "org/../x" revision "abc"', "4:3", "is not a hub id"),
+    ("hub_id_home", 4, '  model hub "~/.ssh" revision "abc"', "4:3", "is not a hub id"),
+    ("hub_id_three_parts", 4, '  model hub "org/name/extra" revision "abc"', "4:3", "is not a hub id"),
+    ("hub_id_one_part", 4, '  model hub "name" revision "abc"', "4:3", "is not a hub id"),
+    ("hub_id_dot_name", 4, '  model hub "org/.." revision "abc"', "4:3", "is not a hub id"),
+    ("hub_id_empty", 4, '  model hub "" revision "abc"', "4:3", "is not a hub id"),
+    ("hub_revision_path", 4, '  model hub "org/m" revision "../../etc" facts { architecture "X" layers 1 hidden 8 heads 1 kv_heads 1 head_dim 8 vocab 8 }', "4:21", "is not a revision"),  # noqa: E501
+    ("hub_revision_slash", 4, '  model hub "org/m" revision "a/b" facts { architecture "X" layers 1 hidden 8 heads 1 kv_heads 1 head_dim 8 vocab 8 }', "4:21", "is not a revision"),  # noqa: E501
+    ("hub_sha256_not_hex", 4, '  model hub "org/m" revision "abc" sha256 "xyz" facts { architecture "X" layers 1 hidden 8 heads 1 kv_heads 1 head_dim 8 vocab 8 }', "4:36", "is not a sha256"),  # noqa: E501
+    ("extends_proc_environ", 7, '  extends "/proc/self/environ"', "7:3", "not a scenario file"),
+    ("extends_etc_passwd", 7, '  extends "/etc/passwd"', "7:3", "not a scenario file"),
+    ("extends_parent_dirs", 7, '  extends "../../x"', "7:3", "not a scenario file"),
+    ("extends_home", 7, '  extends "~/.ssh"', "7:3", "'~' is not expanded"),
+    ("extends_outside_tree", 7, '  extends "../../elsewhere/d.cps"', "7:3", "outside the scenario tree"),
+    ("extends_absolute_cps_outside", 7, '  extends "/etc/d.cps"', "7:3", "outside the scenario tree"),
     (
         "hub_without_revision",
         4,

@@ -4,6 +4,7 @@ setting, never a traceback, an exhausted memory or a run that never ends; and th
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -137,12 +138,18 @@ def test_a_dataset_repeated_over_many_requests_is_bounded_in_the_plan(tmp_path: 
         plan(parse_file(f))
 
 
-@pytest.mark.parametrize("target", ["/dev/zero", "/"])
-def test_extends_and_scenario_files_are_read_only_as_small_regular_files(tmp_path: Path, target: str) -> None:
+@pytest.mark.parametrize(("target", "why"), [
+    ("/dev/zero", "not a scenario file"), ("/", "not a scenario file"),
+    ("fifo.cps", "not a regular file"), ("dir.cps", "it is a directory"),
+])
+def test_extends_and_scenario_files_are_read_only_as_small_regular_files(tmp_path: Path, target: str,
+                                                                          why: str) -> None:
+    os.mkfifo(tmp_path / "fifo.cps")  # in the tree and named .cps, still never opened for reading
+    (tmp_path / "dir.cps").mkdir()
     f = tmp_path / "e.cps"
     f.write_text(scenario(extra=f'extends "{target}"'))
     (found,) = problems(f.read_text(), base_dir=str(tmp_path))
-    assert f"cannot read extended file '{target}'" in found
+    assert f"'{target}'" in found and why in found
     done = cli("validate", "/dev/zero")
     assert done.returncode == 2 and "not a regular file" in done.stderr
     big = tmp_path / "big.cps"

@@ -190,7 +190,8 @@ def reference_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     scenario.write_text(REFERENCE_SCENARIO.format(defaults=REPO / "scenarios/defaults/tiny.cps",
                                                   model=ensure_tiny_models() / "llama-kv1"))
     done = subprocess.run([sys.executable, "-m", "cptest", "run", str(scenario), "--results",
-                           str(folder / "results"), "--json"], cwd=REPO, capture_output=True, text=True,
+                           str(folder / "results"), "--models", str(ensure_tiny_models()), "--json"],
+                          cwd=REPO, capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     out: dict[str, Any] = json.loads(done.stdout)
     assert out["engine"] == "reference", done.stderr[-2000:]

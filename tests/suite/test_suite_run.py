@@ -74,7 +74,7 @@ def test_two_scenarios_share_the_machine_and_an_exclusive_one_runs_alone(tmp_pat
     files = [write(tmp_path, "a"), write(tmp_path, "b"), write(tmp_path, "x", 'exclusive "times its steps"')]
     results = tmp_path / "results"
     done = run_suite(files, Machine({}, (0, 1), port_base=PORT_BASE), results=results, log=Logger([]),
-                     gpu_present=False, models=tmp_path / "models")
+                     gpu_present=False, models=ensure_tiny_models())
     by = {e.name: e for e in done.entries}
     assert done.exit_code == 0, [(e.name, e.status, e.not_run) for e in done.entries]
     assert {e.status for e in done.entries} == {"pass"}
@@ -106,7 +106,7 @@ def test_two_colocated_scenarios_run_at_once_each_node_on_its_own_port(tmp_path:
     results, console = tmp_path / "results", io.StringIO()
     done = run_suite(files, Machine({}, (0, 1), port_base=PORT_BASE), results=results,
                      log=Logger([TerminalSink(console, color=False)]), gpu_present=False,
-                     models=tmp_path / "models", placement_mode="colocated")
+                     models=ensure_tiny_models(), placement_mode="colocated")
     assert done.exit_code == 0, [(e.name, e.status, e.not_run) for e in done.entries]
     assert console.getvalue().startswith("cptest: co-located placement for 2 of 2 scenario(s) "
                                          "(--placement colocated): c1, c2;")
@@ -138,7 +138,7 @@ def test_a_scenario_without_its_weights_is_unknown_with_the_cause_and_the_others
     files = [good, lost]
     results = tmp_path / "results"
     done = run_suite(files, Machine({}, (0, 1), port_base=PORT_BASE), results=results, log=Logger([]),
-                     gpu_present=False, models=tmp_path / "models")
+                     gpu_present=False, models=ensure_tiny_models())
     by = {e.name: e for e in done.entries}
     assert by["good"].status == "pass"
     assert by["lost"].status == "unknown" and by["lost"].archive is None
