@@ -157,8 +157,15 @@ def test_the_entry_point_registers_the_plugin(pytester: pytest.Pytester) -> None
     assert config.pluginmanager.get_plugin("cptest") is pytest_plugin
 
 
+def checkout_scenarios(pytester: pytest.Pytester) -> None:
+    """The repository's scenarios/ as `scenarios` of the inner session, by a link: their real paths stay
+    in the checkout, whose scenarios/ is the tree their `extends "../defaults/tiny.cps"` may read
+    (D81). A copy outside the checkout would be a suite without its defaults, refused as such."""
+    (pytester.path / "scenarios").symlink_to(SCENARIOS, target_is_directory=True)
+
+
 def test_collect_only_lists_each_scenario_its_checks_and_no_fragment(pytester: pytest.Pytester) -> None:
-    shutil.copytree(SCENARIOS, pytester.path / "scenarios")
+    checkout_scenarios(pytester)
     result = pytester.runpytest("scenarios", "--collect-only", "-q")
     assert result.ret == 0
     ids = listed(result)
@@ -182,7 +189,7 @@ def test_collect_only_lists_each_scenario_its_checks_and_no_fragment(pytester: p
 
 
 def test_every_scenario_of_the_repository_passes_without_a_run(pytester: pytest.Pytester) -> None:
-    shutil.copytree(SCENARIOS, pytester.path / "scenarios")
+    checkout_scenarios(pytester)
     result = pytester.runpytest("scenarios")
     outcomes = result.parseoutcomes()
     assert result.ret == 0, result.stdout.str()
