@@ -771,10 +771,14 @@ def _executed(plan: Plan, *, legacy_model: bool) -> dict[str, list[dict[str, Any
     """What each server's nodes execute, by role: argv, environment, image (without the digest a
     run pins), model mount, GPU ids, host. With `legacy_model` (an archive made before D43, whose
     plan holds an absolute model path where a plan now says `<models>/NAME`) the model directory
-    is named `<model>` wherever it stands: which model it is, the pinned tree hash decides."""
+    is named `<model>` wherever it stands: which model it is, the pinned tree hash decides. So is a
+    model given by its path (`model local`), which a plan writes relative to the scenario's folder:
+    the archived scenario lies in another folder than the one the run was planned from, so the same
+    model has another relative path there."""
 
     def node(n: Any) -> dict[str, Any]:
-        model = n.model_mount if legacy_model else None
+        by_path = bool(n.model_mount) and n.model_mount.startswith(paths.SCENARIO + "/")
+        model = n.model_mount if legacy_model or by_path else None
         return {"argv": ["<model>" if model and a == model else a for a in n.argv], "env": dict(n.env),
                 "image": n.image.split("@", 1)[0] if n.image else None,
                 "model_mount": "<model>" if model else n.model_mount, "gpu_ids": list(n.gpu_ids),
