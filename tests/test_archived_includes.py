@@ -51,7 +51,7 @@ def test_an_archive_before_d45_keeps_its_includes_beside_the_scenario(tmp_path: 
 @pytest.mark.parametrize("own", ["logs/main-node0.log", "plan.json", "evidence/main/runner.jsonl"])
 def test_an_extends_never_reads_one_of_cptests_own_files(tmp_path: Path, own: str) -> None:
     a = archive_with(tmp_path, own, {own: TINY})
-    with pytest.raises(ScenarioError, match=f"cannot read extended file '{own}'"):
+    with pytest.raises(ScenarioError, match=f"extends '{own}': not a scenario file"):
         pipeline.parse_archived(a)
 
 
@@ -73,20 +73,28 @@ def test_include_names_never_leave_the_includes_folder(tmp_path: Path) -> None:
 def _prepared_includes(tmp_path: Path, extends: str) -> dict[str, str]:
     suite = tmp_path / "suite" / "qualification"
     suite.mkdir(parents=True)
-    (tmp_path / "suite" / "common.cps").write_text(TINY)
     (suite / "s.cps").write_text(SCENARIO.replace('"defaults/tiny.cps"', f'"{extends}"'))
     return pipeline.prepare(suite / "s.cps", gpu_present=False).includes
 
 
-def test_an_extends_above_the_scenario_names_no_directory_of_this_machine(tmp_path: Path) -> None:
+def test_an_extends_above_the_scenario_names_no_directory_of_this_machine() -> None:
     """Every qualification scenario extends "../defaults/tiny.cps": its archive kept a second copy
     under includes/@abs/<this machine's path> until a GPU rerun showed it (results/_measure run16)."""
-    includes = _prepared_includes(tmp_path, "../common.cps")
-    assert list(includes) == ["includes/@up/common.cps"]
-    assert not any(str(tmp_path).lstrip("/") in name for name in includes)
+    scenario = REPO / "scenarios" / "qualification" / "dcp2_llama_kv1_eager.cps"
+    includes = pipeline.prepare(scenario, gpu_present=False).includes
+    assert list(includes) == ["includes/@up/defaults/tiny.cps"]
+    assert not any(str(REPO).lstrip("/") in name for name in includes)
 
 
 def test_an_extends_named_by_an_absolute_path_is_kept_by_that_path(tmp_path: Path) -> None:
-    target = tmp_path / "suite" / "common.cps"
+    # The checkout's scenarios/ belongs to every scenario's tree, wherever the scenario lies.
+    target = REPO / "scenarios" / "defaults" / "tiny.cps"
     includes = _prepared_includes(tmp_path, target.as_posix())
     assert "includes/@abs/" + target.as_posix().lstrip("/") in includes
+
+
+def test_an_extends_above_a_scenario_outside_the_checkout_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "suite").mkdir()
+    (tmp_path / "suite" / "common.cps").write_text(TINY)
+    with pytest.raises(ScenarioError, match="lies outside the scenario tree; it was not read"):
+        _prepared_includes(tmp_path, "../common.cps")

@@ -157,8 +157,16 @@ def test_the_entry_point_registers_the_plugin(pytester: pytest.Pytester) -> None
     assert config.pluginmanager.get_plugin("cptest") is pytest_plugin
 
 
+def checkout_scenarios(pytester: pytest.Pytester) -> None:
+    """The repository's scenarios/ as `scenarios` of the inner session, by a link: their real paths stay
+    in the checkout, whose scenarios/ is the tree their `extends "../defaults/tiny.cps"` may read
+    (D81). A copy outside the checkout would be a suite without its defaults, refused as such
+    (`test_a_copy_of_the_scenarios_outside_the_checkout_is_refused_its_shared_defaults`)."""
+    (pytester.path / "scenarios").symlink_to(SCENARIOS, target_is_directory=True)
+
+
 def test_collect_only_lists_each_scenario_its_checks_and_no_fragment(pytester: pytest.Pytester) -> None:
-    shutil.copytree(SCENARIOS, pytester.path / "scenarios")
+    checkout_scenarios(pytester)
     result = pytester.runpytest("scenarios", "--collect-only", "-q")
     assert result.ret == 0
     ids = listed(result)
@@ -182,11 +190,25 @@ def test_collect_only_lists_each_scenario_its_checks_and_no_fragment(pytester: p
 
 
 def test_every_scenario_of_the_repository_passes_without_a_run(pytester: pytest.Pytester) -> None:
-    shutil.copytree(SCENARIOS, pytester.path / "scenarios")
+    checkout_scenarios(pytester)
     result = pytester.runpytest("scenarios")
     outcomes = result.parseoutcomes()
     assert result.ret == 0, result.stdout.str()
     assert outcomes.get("failed", 0) == 0 and outcomes["passed"] > 200
+
+
+def test_a_copy_of_the_scenarios_outside_the_checkout_is_refused_its_shared_defaults(
+        pytester: pytest.Pytester) -> None:
+    # The checkout's scenarios/ is trusted where it lies; a copy elsewhere is a suite of its own, and
+    # an extends above a scenario's folder leaves that scenario's tree (D81).
+    shutil.copytree(SCENARIOS / "qualification", pytester.path / "suite" / "qualification")
+    shutil.copytree(SCENARIOS / "defaults", pytester.path / "suite" / "defaults")
+    result = pytester.runpytest("suite/qualification/dcp2_llama_kv1_eager.cps")
+    result.assert_outcomes(failed=1, skipped=1)  # validate fails; lint skips: it does not parse
+    result.stdout.fnmatch_lines([
+        "*dcp2_llama_kv1_eager.cps: validate*",
+        "suite/qualification/dcp2_llama_kv1_eager.cps:*: extends '../defaults/tiny.cps' lies outside"
+        " the scenario tree; it was not read"])
 
 
 def test_repeated_contracts_get_names_that_tell_them_apart() -> None:

@@ -424,7 +424,7 @@ CASES = [
         edit_text("scenario.cps", '"defaults/tiny.cps"', '"../../../../etc/passwd"'),
         RERUN,
         2,
-        r"cannot read extended file '../../../../etc/passwd'",
+        r"extends '../../../../etc/passwd': not a scenario file",
     ),
     # 2. check recompiles the plan from the archived scenario; forged archives are integrity failures.
     Case(
@@ -474,7 +474,7 @@ CASES = [
         edit_text("scenario.cps", '"defaults/tiny.cps"', '"logs/main-node0.log"'),
         CHECK,
         3,
-        r"does not compile: .*cannot read extended file 'logs/main-node0.log'",
+        r"does not compile: .*extends 'logs/main-node0.log': not a scenario file",
     ),
     Case(
         "check-include-removed",
