@@ -160,7 +160,7 @@ def test_the_entry_point_registers_the_plugin(pytester: pytest.Pytester) -> None
 def checkout_scenarios(pytester: pytest.Pytester) -> None:
     """The repository's scenarios/ as `scenarios` of the inner session, by a link: their real paths stay
     in the checkout, whose scenarios/ is the tree their `extends "../defaults/tiny.cps"` may read
-    (D81). A copy outside the checkout would be a suite without its defaults, refused as such
+    (D84). A copy outside the checkout would be a suite without its defaults, refused as such
     (`test_a_copy_of_the_scenarios_outside_the_checkout_is_refused_its_shared_defaults`)."""
     (pytester.path / "scenarios").symlink_to(SCENARIOS, target_is_directory=True)
 
@@ -200,7 +200,7 @@ def test_every_scenario_of_the_repository_passes_without_a_run(pytester: pytest.
 def test_a_copy_of_the_scenarios_outside_the_checkout_is_refused_its_shared_defaults(
         pytester: pytest.Pytester) -> None:
     # The checkout's scenarios/ is trusted where it lies; a copy elsewhere is a suite of its own, and
-    # an extends above a scenario's folder leaves that scenario's tree (D81).
+    # an extends above a scenario's folder leaves that scenario's tree (D84).
     shutil.copytree(SCENARIOS / "qualification", pytester.path / "suite" / "qualification")
     shutil.copytree(SCENARIOS / "defaults", pytester.path / "suite" / "defaults")
     result = pytester.runpytest("suite/qualification/dcp2_llama_kv1_eager.cps")
