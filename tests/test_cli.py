@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from cptest.analyses import current_verdict_file
 from cptest.lang import format_text
 from cptest.plan.model import Plan
 from tests.lang.cases import BAD, BASE, with_line
@@ -285,7 +286,8 @@ def test_run_with_engine_sglang_without_nvidia_smi_exits_3_and_launches_nothing(
 # ------------------------------------------------------------------------------ archives
 @pytest.mark.parametrize("directory", ARCHIVES, ids=_id)
 def test_check_reproduces_the_archived_verdict_and_exits_with_its_code(directory: Path):
-    stored = json.loads((directory / "verdict.json").read_text())
+    # The held verdict: the seal's own, or the newest re-analysis `check --write` put beside it.
+    stored = json.loads(current_verdict_file(directory).read_text())
     done = cptest("check", "--json", directory)
     assert json.loads(done.stdout) == stored | {"archive": str(directory), "differs": False}
     # `check` exits max(code, 1) when the recomputed verdict differs byte-wise: for a failing verdict
