@@ -476,8 +476,8 @@ def run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_name
         models: Path | None, as_json: bool, allow_unsafe: bool = False,
         engine_python: str | None = None) -> int:
     """Plan, lint, launch, drive the workload, inject faults, gather evidence, check, archive."""
-    from cptest.run import port_claims
     from cptest.run.process import install_signal_handlers
+    from cptest.suite import port_claims
 
     # A SIGTERM or SIGHUP from the first instant is an exception, not the default death: during
     # planning it ends the run with exit 3 and nothing launched; once the archive is begun, with a
@@ -601,7 +601,7 @@ def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | 
 
         pipeline.launcher_named(launcher, engine_python=engine_python)  # bad together (docker): exit 2
         os.environ[ENV_VAR] = os.path.abspath(engine_python) if os.sep in engine_python else engine_python
-    from cptest.run.port_claims import port_base
+    from cptest.suite.port_claims import port_base
 
     machine = discover(gpus=parse_ids(gpus, "--gpus") if gpus else None,
                        cpus=parse_ids(cpus, "--cpus") if cpus else None, port_base=port_base())

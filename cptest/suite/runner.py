@@ -181,7 +181,7 @@ def run_suite(files: list[Path], machine: Machine, *, results: Path, log: Logger
               ignore_lint: bool = False, launcher: str = "process", now: datetime | None = None,
               baseline_cache: Path | None = None, placement_mode: str = "auto",
               rank_mem_fraction: float | None = None) -> SuiteResult:
-    from cptest.run.port_claims import try_claim
+    from cptest.suite.port_claims import try_claim
 
     pool = Pool(machine, jobs, claim=try_claim)
     entries = plan_entries(files, machine, engine=engine, gpu_present=gpu_present, pool=pool,

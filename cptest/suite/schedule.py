@@ -11,7 +11,7 @@ Rules, in order:
   co-located scenario is packed the same way: its demand already counts every rank sharing a GPU,
   and its placement says `colocated`, so its ranks go onto the GPUs granted.
 - `jobs` caps how many run at once (`--jobs 1`: one at a time, the way to measure what sharing saves).
-- With `claim` (the suite passes `cptest.run.port_claims.try_claim`), a slot is taken only once it is
+- With `claim` (the suite passes `cptest.suite.port_claims.try_claim`), a slot is taken only once it is
   claimed host-wide: a slot another cptest process holds, or whose ports are in use, is passed over.
 """
 

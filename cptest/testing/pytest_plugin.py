@@ -272,7 +272,7 @@ def _run(node: ScenarioFile) -> RunResult:
     from cptest import pipeline
     from cptest.errors import CptestError, PlanError
     from cptest.plan.model import Placement
-    from cptest.run.port_claims import claim_slot
+    from cptest.suite.port_claims import claim_slot
 
     config = node.config
     gpu = shutil.which("nvidia-smi") is not None

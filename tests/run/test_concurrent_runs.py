@@ -2,7 +2,7 @@
 each is judged on its own server's evidence, all pass, on distinct ports, into distinct archives.
 
 Each run is a `cptest run` of its own: once with `--ports` (as the suite starts them, D26), once
-without, each claiming a port slot host-wide (cptest/run/port_claims.py). What makes each
+without, each claiming a port slot host-wide (cptest/suite/port_claims.py). What makes each
 verdict its own: readiness counted only the listener of the run's own tree (`ready` names it, and
 it is the pid the run launched), and the shutdown contract's `no_orphans` counted only processes of
 the run's own sessions: the other runs' engines, alive beside it, are `foreign` in its samples.
@@ -22,8 +22,8 @@ import pytest
 
 from cptest.evidence import Lifecycle, ProcessSample, read_records
 from cptest.run.models import make_named
-from cptest.run.port_claims import BASE_ENV, CLAIMS_ENV, ports_free
 from cptest.suite.machine import PORT_BLOCK, SLOT_STRIDE
+from cptest.suite.port_claims import BASE_ENV, CLAIMS_ENV, ports_free
 
 from conftest import free_port  # isort: skip
 

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from cptest.run.models import make_named
-from cptest.run.port_claims import BASE_ENV, CLAIMS_ENV
+from cptest.suite.port_claims import BASE_ENV, CLAIMS_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Port slots claimed host-wide (cptest/run/port_claims.py): two holders never share a slot, a slot
+"""Port slots claimed host-wide (cptest/suite/port_claims.py): two holders never share a slot, a slot
 with a listener on it is passed over, and a claim ends with its holder however that one ends."""
 
 from __future__ import annotations
@@ -14,8 +14,16 @@ from pathlib import Path
 import pytest
 
 from cptest.errors import RunError
-from cptest.run.port_claims import BASE_ENV, CLAIMS_ENV, claim_slot, claimed, port_base, ports_free, try_claim
 from cptest.suite.machine import PORT_BASE, PORT_BLOCK, SLOT_STRIDE
+from cptest.suite.port_claims import (
+    BASE_ENV,
+    CLAIMS_ENV,
+    claim_slot,
+    claimed,
+    port_base,
+    ports_free,
+    try_claim,
+)
 from cptest.suite.schedule import Pool
 
 
@@ -62,7 +70,7 @@ def test_a_claim_ends_with_its_holder_even_when_it_is_killed(claims: Path, tmp_p
     base = _base()
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from cptest.run.port_claims import claim_slot
+        from cptest.suite.port_claims import claim_slot
         c = claim_slot({base})
         print(c.main, flush=True)
         time.sleep(120)
