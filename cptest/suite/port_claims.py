@@ -13,15 +13,13 @@ it starts and hands its ports to the scenario's run.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
-import socket
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from cptest.errors import Problem, RunError
 from cptest.suite.machine import PORT_BASE, PORT_BLOCK, SLOT_STRIDE
@@ -69,20 +67,14 @@ class Claim:
             self.fd = None
 
 
-def ports_free(main: int, baseline: int, host: str = "127.0.0.1") -> bool:
-    """True when nothing listens on any port of the two blocks (SO_REUSEADDR, as the servers bind:
-    a port in TIME_WAIT after an earlier run is free)."""
-    for first in (main, baseline):
-        for port in range(first, min(first + PORT_BLOCK, 65536)):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind((host, port))
-                except OSError as e:
-                    if e.errno == errno.EADDRINUSE:
-                        return False
-                    raise
-    return True
+def ports_free(main: int, baseline: int) -> bool:
+    """True when nothing listens on any port of the two blocks. Listeners only: a client socket of
+    another process may hold a port of the block for a moment (the OS hands out ephemeral ports in
+    this range), and passing a slot over for it would scatter runs; a port truly taken at launch is
+    preflight's to report (`port_in_use`, unknown)."""
+    wanted = {p for first in (main, baseline) for p in range(first, min(first + PORT_BLOCK, 65536))}
+    return not any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in wanted
+                   for c in psutil.net_connections(kind="tcp"))
 
 
 def try_claim(main: int, baseline: int, folder: Path | None = None) -> Claim | None:
@@ -123,12 +115,3 @@ def claim_slot(base: int | None = None, slots: int = SLOTS) -> Claim:
                            "other cptest processes or in use",
                            hint="wait for a run to end, or name ports: --ports MAIN,BASELINE"))
 
-
-@contextmanager
-def claimed(base: int | None = None) -> Iterator[Claim]:
-    """`claim_slot`, released when the block ends however it ends."""
-    claim = claim_slot(base)
-    try:
-        yield claim
-    finally:
-        claim.release()

@@ -19,7 +19,6 @@ from cptest.suite.port_claims import (
     BASE_ENV,
     CLAIMS_ENV,
     claim_slot,
-    claimed,
     port_base,
     ports_free,
     try_claim,
@@ -59,11 +58,13 @@ def test_a_slot_something_listens_on_is_passed_over(claims: Path) -> None:
         s.bind(("127.0.0.1", base + PORT_BLOCK + 7))  # inside the first slot's baseline block
         s.listen()
         assert try_claim(base, base + PORT_BLOCK) is None
-        with claimed(base) as c:
-            assert c.main == base + SLOT_STRIDE
+        c = claim_slot(base)
+        assert c.main == base + SLOT_STRIDE
+        c.release()
     # once the listener is gone the slot is free again, and the claim above was let go
-    with claimed(base) as c:
-        assert c.main == base
+    c = claim_slot(base)
+    assert c.main == base
+    c.release()
 
 
 def test_a_claim_ends_with_its_holder_even_when_it_is_killed(claims: Path, tmp_path: Path) -> None:
