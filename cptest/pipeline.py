@@ -325,7 +325,7 @@ def _run_rooted(planned: Plan, launched: Plan, out: Path, launcher: Launcher, *,
         error = e  # evidence gathered so far is kept; the verdict says unknown with the reason
     except KeyboardInterrupt as e:
         # Ctrl-C or SIGTERM: the runner tore everything down; the archive still gets an (unknown) verdict.
-        by = _signal_name(e.signum) if isinstance(e, Interrupted) else "Ctrl-C"
+        by = signal.Signals(e.signum).name if isinstance(e, Interrupted) else "Ctrl-C"
         error = RunError(f"interrupted by {by}; every started process was torn down")
     except Exception as e:  # cptest's own bug: never the engine's verdict
         error = _crashed(out, e)
@@ -334,10 +334,6 @@ def _run_rooted(planned: Plan, launched: Plan, out: Path, launcher: Launcher, *,
     verdict = checks.check(out, require_finished=False)  # this run is the one finishing it
     finish_archive(out, verdict, planned)
     return Outcome(verdict, out, error)
-
-
-def _signal_name(signum: int) -> str:
-    return signal.Signals(signum).name
 
 
 def _inspect_engine_python(launched: Plan, launcher: Launcher) -> Any:
