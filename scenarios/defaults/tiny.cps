@@ -5,8 +5,8 @@ cptest 1
 defaults {
   engine sglang "0.5.17"
   serve {
-    # fa3 is stripped on the GPU machine; triton is also the MHA backend with a DCP path
-    # (docs/sglang.md §3.1).
+    # triton is the MHA backend with a DCP path (docs/sglang.md §3.1), and it needs none of the
+    # kernel extras (fa3, FlashMLA) that the GPU machine's base bundle strips.
     attention_backend triton
     # Eager decode: every step's inside (attention / MLP rows, the KV write and its DCP owner mask)
     # is observed only in eager forwards; a replay's record has its rows and positions only (D58).

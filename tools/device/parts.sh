@@ -18,6 +18,9 @@
 #   bash tools/device/parts.sh install-bundle             (after `complete`)
 #       installs the SGLang bundle found in the tree into /opt/sgl as the chunks' own installer does,
 #       and keeps sglang-env where tools/device/cptest-env.sh finds it (/opt/cpt-env/).
+#   bash tools/device/parts.sh install-extras             (after install-bundle)
+#       installs the kernel extras (fa3, FlashMLA) of a set made with `.kernel-extras` among its
+#       folders: runs each chunk folder's install-kernel-extras; exit 0 once they are installed.
 set -euo pipefail
 PARTS=.device-parts
 THERE=${DEVICE_PARTS_DIR:-/tmp/device-parts}
@@ -92,9 +95,22 @@ install_bundle() {
   mkdir -p /opt/cpt-env && cp -f "$bundle/c3/sglang-env" /opt/cpt-env/
 }
 
+install_extras() {
+  # Each chunk folder's installer copies its own part into the store; the last one to run finds the
+  # set complete, checks every sha256 and installs the libraries, so its exit status is the answer.
+  local extras="$THERE/tree/.kernel-extras" k rc=1
+  [ -d "$extras/k1" ] || { echo "parts.sh: no kernel extras in $THERE/tree" >&2; exit 1; }
+  for k in "$extras"/k*; do
+    rc=0; python3 "$k/install-kernel-extras" || rc=$?
+  done
+  return "$rc"
+}
+
 case "${1:-}" in
   make) shift; make_parts "$@" ;;
   receive) shift; receive "$1" ;;
   install-bundle) install_bundle ;;
-  *) echo "usage: parts.sh make [--mib N] DIR... | receive .device-parts/NN | install-bundle" >&2; exit 2 ;;
+  install-extras) install_extras ;;
+  *) echo "usage: parts.sh make [--mib N] DIR... | receive .device-parts/NN | install-bundle | install-extras" >&2
+     exit 2 ;;
 esac
