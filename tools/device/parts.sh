@@ -27,9 +27,11 @@ THERE=${DEVICE_PARTS_DIR:-/tmp/device-parts}
 LIMIT_MIB=62
 
 tree_mib() {
-  # What every call sends anyway: tracked files and untracked files git does not ignore.
+  # What every call sends anyway: tracked files and untracked files git does not ignore. Tracked
+  # files a sparse checkout leaves out are not in the tree, so they do not count (stat skips them).
   { git ls-files -z; git ls-files -z --others --exclude-standard; } \
-    | xargs -0 -r stat -c %s -- 2>/dev/null | awk '{s += $1} END {printf "%d\n", (s + 1048575) / 1048576}'
+    | { xargs -0 -r stat -c %s -- 2>/dev/null || true; } \
+    | awk '{s += $1} END {printf "%d\n", (s + 1048575) / 1048576}'
 }
 
 make_parts() {
