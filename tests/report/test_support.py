@@ -192,12 +192,19 @@ def test_a_rule_reuses_the_release_table_where_it_has_one_and_otherwise_cites_it
     assert got is not None and got.evidence == RELEASE.rules["mha_dcp_kv_not_replicated"].evidence
 
 
-def test_the_first_matching_rule_wins_so_the_intrinsic_reason_comes_before_the_machines():
-    # fa3 DCP on an MHA model: no DCP path in fa3 (SGLang's code), named before fa3's missing kernels.
+def test_the_first_matching_rule_wins_and_a_cell_with_a_path_is_left_to_a_run():
+    # Dense Qwen3 PCP with fa3: the PCP flags are a no-op on a class outside CP v2, whatever the
+    # backend, so that rule is named before any backend's.
+    got = ruled_out(RELEASE, Cell("qwen3", "kv<=tp/dcp", "pcp2-zigzag", "fa3", "eager"))
+    assert got is not None and got.code == "pcp_not_cp_v2_class"
     got = ruled_out(RELEASE, Cell("qwen3", "kv<=tp/dcp", "dcp2", "fa3", "eager"))
     assert got is not None and got.code == "dcp_backend_without_dcp_path"
-    got = ruled_out(RELEASE, Cell("qwen3-moe", "kv<=tp/dcp", "pcp2-zigzag", "fa3", "eager"))
-    assert got is not None and got.code == "fa3_kernels_absent"
+    # fa3 and FlashMLA are installable on the lent machine (the kernel extras), so only SGLang's own
+    # code rules their cells out: fa3's zigzag path on a CP-v2 class is left to runs.
+    assert ruled_out(RELEASE, Cell("qwen3-moe", "kv<=tp/dcp", "pcp2-zigzag", "fa3", "eager")) is None
+    assert ruled_out(RELEASE, Cell("mla", "latent", "pcp2-zigzag", "fa3", "graph")) is None
+    got = ruled_out(RELEASE, Cell("mla", "latent", "dcp2", "flashmla", "graph"))
+    assert got is not None and got.code == "mla_dcp_flashmla_lse_unpacked" and got.provenance == "observed"
     assert ruled_out(RELEASE, Cell("mla", "latent", "dcp2", "flashinfer", "graph")) is None
 
 

@@ -112,7 +112,6 @@ def _set(*values: str) -> frozenset[str]:
 
 
 _MHA = frozenset[str](MHA_FAMILIES)
-MACHINE = "tools/device/README.md (smoke run b2): fa3 is stripped from the lent machine's SGLang bundle"
 
 CELL_RULES_0_5_17: tuple[CellRule, ...] = (
     CellRule(
@@ -177,22 +176,17 @@ CELL_RULES_0_5_17: tuple[CellRule, ...] = (
         rule="dcp_backend_without_dcp_path",
     ),
     CellRule(
-        "fa3_kernels_absent",
-        "fa3 loads its kernels from sgl_kernel.flash_attn (or the kernels hub, unreachable from the "
-        "machine); the lent machine's bundle has none",
-        backends=_set("fa3"),
-        citation="sglang/kernels/ops/attention/flash_attention_v3.py:31-81; "
-        "layers/attention/flashattention_backend.py:46-49",
-        evidence=MACHINE,
+        "mla_dcp_flashmla_lse_unpacked",
+        "FlashMLA returns (output, LSE) under DCP, and the MLA layer, which does not count FlashMLA among "
+        "its absorb-core backends, reshapes the tuple: the scheduler dies at the first decode",
+        families=_set("mla"), modes=_set("dcp2"), backends=_set("flashmla"),
+        rule="mla_dcp_flashmla_lse_unpacked",
     ),
     CellRule(
-        "flashmla_kernels_absent",
-        "FlashMLA imports sgl_kernel.flash_mla at module load; the lent machine's bundle has no FlashMLA "
-        "kernels",
-        backends=_set("flashmla"),
-        citation="layers/attention/flashmla_backend.py:13",
-        evidence="issue 13: FlashMLA needs the sgl_kernel extras the lent bundle does not carry (not yet "
-        "checked by a run on the machine)",
+        "mla_dcp_fa3_no_lse",
+        "the MLA layer's DCP decode needs (output, LSE) from the backend; fa3's MLA decode returns the "
+        "output alone: the scheduler dies at the first decode",
+        families=_set("mla"), modes=_set("dcp2"), backends=_set("fa3"), rule="mla_dcp_fa3_no_lse",
     ),
 )
 """0.5.17's rules, first match first."""

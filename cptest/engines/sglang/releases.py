@@ -304,6 +304,35 @@ RULES_0_5_17: dict[str, Rule] = {
         provenance="observed",
         evidence="results/dcp2_mla/20261203T144442Z-d95b93bd",
     ),
+    "mla_dcp_flashmla_lse_unpacked": Rule(
+        "mla_dcp_flashmla_lse_unpacked",
+        "runtime",
+        "AttributeError",
+        "'tuple' object has no attribute 'view' (first decode: forward_absorb_core's DCP merge)",
+        "layers/attention/flashmla_backend.py:480-481; models/deepseek_common/utils.py:60-72; "
+        "models/deepseek_common/attention_forward_methods/forward_mla.py:990-1036",
+        note="FlashMLA's decode returns (output, LSE) under DCP, but FlashMLA is not among the "
+        "absorb-core backends, so the MLA layer takes the plain attention call, keeps the tuple and "
+        "reshapes it for the DCP merge: the scheduler dies at the first decode (the warm-up request, "
+        "so the launch fails). Observed at tp 2 dcp 2 on the tiny DeepSeek-style model (kv_lora 512, "
+        "rope 64), eager and graph decode",
+        provenance="observed",
+        evidence="results/dcp2_mla_flashmla_eager/20261203T175823Z-9cbb2bef",
+    ),
+    "mla_dcp_fa3_no_lse": Rule(
+        "mla_dcp_fa3_no_lse",
+        "runtime",
+        "ValueError",
+        "not enough values to unpack (expected 2, got 1) (first decode: attn_mqa_for_dcp_decode)",
+        "models/deepseek_common/attention_forward_methods/forward_mla.py:955-972; "
+        "layers/attention/flashattention_backend.py:1974-2050",
+        note="the MLA layer's DCP decode asks the absorb-core backend for (output, LSE); fa3's MLA "
+        "decode returns the output alone, so the scheduler dies at the first decode (the warm-up "
+        "request, so the launch fails). Observed at tp 2 dcp 2 on the tiny DeepSeek-style model, eager "
+        "decode; graph capture runs the same decode",
+        provenance="observed",
+        evidence="results/dcp2_mla_fa3_eager/20261203T180718Z-8a3f3131",
+    ),
     "dcp_fused_rope_kv_write": Rule(
         "dcp_fused_rope_kv_write",
         "silent",
@@ -464,7 +493,14 @@ SUPPORT_0_5_17: dict[tuple[str, str, str], SupportEntry] = {
     ("llama", "dcp", "*"): SupportEntry(_W, "layers/attention/triton_backend.py:182-187"),
     ("mla", "pcp-zigzag", "fa3"): SupportEntry(_S, "layers/attention/flashattention_backend.py:1163-1168"),
     ("mla", "dcp", "flashinfer"): SupportEntry(_S, "layers/attention/flashinfer_mla_backend.py"),
-    ("mla", "dcp", "flashmla"): SupportEntry(_S, "layers/attention/flashmla_backend.py"),
+    ("mla", "dcp", "flashmla"): SupportEntry(
+        _E,
+        "models/deepseek_common/attention_forward_methods/forward_mla.py:990-1036",
+        "LSE tuple not unpacked",
+    ),
+    ("mla", "dcp", "fa3"): SupportEntry(
+        _E, "layers/attention/flashattention_backend.py:1974-2050", "MLA decode returns no LSE"
+    ),
     ("mla", "dcp", "trtllm_mla"): SupportEntry(_S, "layers/attention/trtllm_mla_backend.py", "SM100"),
     ("mla", "dcp", "cutedsl_mla"): SupportEntry(_S, "layers/attention/cutedsl_mla_backend.py", "SM100"),
     ("dsa", "pcp-interleave", "*"): SupportEntry(_S, "layers/attention/dsa_backend.py"),
