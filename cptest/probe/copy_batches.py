@@ -3,12 +3,12 @@ and once they are there their batch writes the steps' lines.
 
 A step's record needs a few values that are still on the device as its forward ends (the batch's
 positions, the DCP owner mask, the zigzag-sharded positions; off with CPTEST_PROBE_POSITIONS=0).
-The step recording (`steps`) hands each step's draft and tensors to the batch being filled
-(`CopyBatch.add`, or `join_run` for a decode step of positions alone). A batch is the probe's
-deferred work (`Probe.defer`): its copies are sent without waiting, every COPY_EVERY steps (or
-COPY_WITHIN_S), by the writer thread where there is one (`writer_round`), and its lines are made
-once the copies are on the host (`CopyBatch.run`), so SGLang never waits on the device for the
-probe. The runtime drives the batches only through `BATCHES` (`runtime.BatchRecorder`).
+The step recording (`cptest.probe.steps`) hands each step's draft and tensors to the batch
+being filled (`CopyBatch.add`, or `join_run` for a decode step of positions alone). A batch is
+the probe's deferred work (`Probe.defer`): its copies are sent without waiting, every COPY_EVERY
+steps (or COPY_WITHIN_S), by the writer thread where there is one (`writer_round`), and its lines
+are made once the copies are on the host (`CopyBatch.run`), so SGLang never waits on the device
+for the probe. The runtime drives the batches only through `BATCHES` (`runtime.BatchRecorder`).
 
 Nothing here imports torch: tensors are asked through their own methods, and `torch` is taken
 from `sys.modules`, where the engine that made them has put it.
