@@ -25,7 +25,7 @@ Printed, per step of a `--batch`-request decode batch over `--layers` layers:
   which SGLang calls before the forward, once per scheduler iteration) on a scheduler whose free
   tokens change every step, as a decode's do; the unhooked step changes the same figures;
 - parts: a second hooked run with the probe's `cost` timing on (`Probe.timing`, what the GPU
-  machine's `cost` notes report): ready / begin / end / send per step, steps over hooks.SLOW_NS,
+  machine's `cost` notes report): ready / begin / end / send per step, steps over steps.SLOW_NS,
   the pool hook's own time, and the CPU time of the engine's thread and of the others (the writer,
   whose rounds the cost notes now count apart: `writer_ns`). Work the writer does still takes the
   GIL: judge a change by the engine thread's wall time and both threads' CPU, not by the parts.
@@ -69,6 +69,7 @@ import torch
 from cptest.evidence import PoolSample, RankId, Step, read_records
 from cptest.probe import hooks, pool_hooks, runtime
 from cptest.probe.runtime import COST_FIELDS, Probe
+from cptest.probe.steps import SLOW_NS
 
 
 class ForwardMode(enum.IntEnum):
@@ -330,8 +331,8 @@ def writer_round(probe: Probe) -> None:
     send the closed copy batches and poll them, finish those that arrived (`Probe.writer_finishes`),
     write the lines made since (graph counts, notes and the idle check come once a second or never
     in a steady decode)."""
-    if probe.writer_round is not None:
-        probe.writer_round(probe)
+    if probe.batches is not None:
+        probe.batches.writer_round(probe)
     if getattr(probe, "writer_finishes", False) and probe._pending:  # (a probe before D69 has none)
         probe._run_pending(time.monotonic())
     probe._write_lines()
@@ -362,7 +363,7 @@ def timed_parts(probe: Probe, iteration: Any, step: Any, steps: int, off_cpu: fl
     n = c[1] or 1
     us = [v / n / 1e3 for v in (c[0], c[4], c[5], c[6], c[7])]
     return (f"  parts (timed): {us[0]:.1f} us/step = ready {us[1]:.1f} / begin {us[2]:.1f} / end {us[3]:.1f} "
-            f"(send {us[4]:.1f}); slow steps (> {hooks.SLOW_NS / 1e3:.0f} us) {c[8]} of {c[1]}, "
+            f"(send {us[4]:.1f}); slow steps (> {SLOW_NS / 1e3:.0f} us) {c[8]} of {c[1]}, "
             f"{c[9] / max(c[8], 1) / 1e3:.0f} us each, {c[9] / n / 1e3:.1f} us per step of all\n"
             f"  pool hook    : {pool_ns / steps / 1e3:8.1f} us/step on the engine thread (with the "
             f"scheduler's own figures; outside the parts), {c[11] / n / 1e3:.1f} of it the hook's own "

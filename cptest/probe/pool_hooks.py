@@ -99,7 +99,7 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
     if probe is None or probe.rank_json is None or sampler.off or probe.paused:
         return
     # Timed when the probe measures itself (runtime.ENV_SWITCH): SGLang calls this every scheduler
-    # iteration on the engine's thread, outside the forward that hooks._timed_forward times (D73).
+    # iteration on the engine's thread, outside the forward that steps._timed_forward times.
     # Only a busy iteration's time is counted: one that leads to a forward step. An idle scheduler
     # loops without end and reads the pools each time (idle is never too soon), but no step waits
     # for it; on the H200 those loops put 30-90 ms into cost notes of a few hundred steps (run26).
@@ -153,7 +153,8 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
             # fewer); otherwise `Probe.write` decides.
             record = pool_sample_late(probe.rank_json, probe.clock(), step, total, free, evictable,
                                       protected, running, waiting, sched_total, idle)
-            if probe.copies is None or not probe.attach(probe, record):
+            batches = probe.batches
+            if probe.copies is None or batches is None or not batches.attach(probe, record):
                 probe.write(record)
     finally:
         if busy and t0:

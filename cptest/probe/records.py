@@ -1,8 +1,9 @@
 """Pure record builders for the probe: plain values in, `cptest.evidence` records out.
 
-Nothing here imports torch or SGLang, reads the clock or touches files; the hook adapters in
-`cptest.probe.hooks` pull plain values (ints, lists, strings) out of SGLang objects and pass them
-here. That keeps every decision about *what* a record says testable on a CPU.
+Nothing here imports torch or SGLang, reads the clock or touches files; the hook adapters
+(`cptest.probe.hooks`, `steps`, `copy_batches`) pull plain values (ints, lists, strings) out of
+SGLang objects and pass them here. That keeps every decision about *what* a record says testable
+on a CPU.
 """
 
 from __future__ import annotations
@@ -183,7 +184,7 @@ class StepDraft:
     closure over the draft would make a reference cycle per step, left to the garbage collector."""
     t: float = 0.0
     """The probe's clock when the forward returned (the record's `t` is `Probe.now` of it, made
-    with the batch's records: hooks._record_t)."""
+    with the batch's records: copy_batches._record_t)."""
     first: int = 0
     """Index of the step's first tensor in its CopyBatch."""
     which: tuple[str, ...] = ()
@@ -428,7 +429,7 @@ def steps_block_line(*, t: Sequence[float], step: Sequence[int], rows_in: Sequen
                      mask: Any = None) -> str:
     """The JSON line of a `StepBlock`: decode steps over the same requests (`quoted`, from
     `RidText.of`), their values as columns of one entry per step (ints, and None for a row count
-    not seen: what the probe keeps of a run of decode steps, `hooks.Run`), `positions` and `mask`
+    not seen: what the probe keeps of a run of decode steps, `copy_batches.Run`), `positions` and `mask`
     numpy arrays of one row per step. One line and two C-level encodings for a run of steps,
     instead of a line per step."""
     cp = "null" if cp_configured is None else "false"  # blocks hold no PCP-split step

@@ -17,16 +17,16 @@ Contracts:
   the `cost` notes (`writer_ns`) beside the engine thread's.
 - Records are written in the order they were made: while deferred work is pending, later records
   queue behind it; one made while a copy batch is being filled joins that batch, between the
-  steps before and after it (hooks.attach_record), which stays open (D67). One exception (D72):
-  a pool sample made while a run of decode steps fills (hooks.Run) is written after that run's
+  steps before and after it (copy_batches.attach_record), which stays open. One exception: a
+  pool sample made while a run of decode steps fills (copy_batches.Run) is written after that run's
   `steps` line, so it does not split it in two; its `t` and `step` say when it was made, and
   no reader depends on the order of samples and steps (every one groups records by kind).
 - A writer thread, started with the rank, comes by every WRITER_PERIOD_S: it sends and polls the
-  copies (hooks.writer_round), finishes what arrived, writes the graph counts when due, and
+  copies (copy_batches.writer_round), finishes what arrived, writes the graph counts when due, and
   finishes all deferred work left waiting for IDLE_S (an idle engine runs no step, and a batch
   being filled is sent then). `flush()` finishes everything and runs at exit. So records reach the
   disk within about 0.2 s of an engine going idle; a rank SIGKILLed while busy loses its last
-  steps (at most hooks.COPY_EVERY, or hooks.COPY_WITHIN_S of them) and WRITER_PERIOD_S of lines.
+  steps (at most copy_batches.COPY_EVERY, or COPY_WITHIN_S of them) and WRITER_PERIOD_S of lines.
 - Records go to `$CPTEST_PROBE_DIR/rank<world_rank>.jsonl` once the rank is known (Geometry is the
   first rank-local event). Records made earlier are held in memory and written there first; if a
   process never learns its rank (the HTTP/launcher process) and holds a warning or error, it is
@@ -48,14 +48,19 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel
 
 from cptest.evidence import ProbeNote, RankId, dump_record
 from cptest.probe.records import GraphCounter, RidText, StepDraft, late_line
 from cptest.store import rank_file_name
+
+if TYPE_CHECKING:
+    from cptest.probe.copy_batches import CopyBatch, Run
+    from cptest.probe.steps import Steady
 
 ENV_DIR = "CPTEST_PROBE_DIR"
 ENV_POSITIONS = "CPTEST_PROBE_POSITIONS"
@@ -89,12 +94,33 @@ class Deferred(Protocol):
         ...
 
 
+Record = BaseModel | str | tuple[Any, ...]
+"""What `Probe.write` takes: a record, its JSON line made by the caller, or a `records.late_line` tuple."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecorder:
+    """What the runtime asks of the copy batches that gather the steps' device tensors
+    (`cptest.probe.copy_batches`, whose `open_batch` installs them as `Probe.batches`). The runtime
+    knows the batches only through these three calls, and knows nothing of them until the first
+    one opens."""
+
+    attach: Callable[[Probe, Record], bool]
+    """Put a record into the batch being filled, after its steps so far; False when no batch is
+    being filled (then `Probe.write` queues it behind the pending work)."""
+    send_all: Callable[[Probe], None]
+    """Send the batch being filled and every closed one not sent yet: before deferred work is
+    finished without the engine, and before a record that could not join the batch."""
+    writer_round: Callable[[Probe], None]
+    """The copies' part of each writer round: sends and device polls."""
+
+
 class _Write:
     """A record that waits only for the deferred work made before it."""
 
     __slots__ = ("probe", "record")
 
-    def __init__(self, probe: Probe, record: BaseModel | str | tuple[Any, ...]) -> None:
+    def __init__(self, probe: Probe, record: Record) -> None:
         self.probe, self.record = probe, record
 
     def ready(self) -> bool:
@@ -146,40 +172,36 @@ class Probe:
         self._stop = threading.Event()
         self._lines: list[bytes] = []
         self.rid_text = RidText()
-        self.copies: Any = None
-        """Device copies being gathered for deferred work (the hooks' `CopyBatch`), under copy_lock."""
+        self.copies: CopyBatch | None = None
+        """The copy batch being filled with steps' device tensors for deferred work, under copy_lock."""
         self.copy_lock = threading.RLock()
-        self.kick: Callable[[Probe], None] | None = None
-        """Sends what `copies` gathered; called before deferred work is finished without the engine."""
-        self.attach: Callable[[Probe, BaseModel | str | tuple[Any, ...]], bool] | None = None
-        """Puts a record into the batch being filled, after its steps so far (hooks.attach_record);
-        False when no batch is being filled (then `write` queues it behind the pending work)."""
-        self.writer_round: Callable[[Probe], None] | None = None
-        """The copies' part of each writer round (hooks.writer_round): sends and device polls."""
+        self.batches: BatchRecorder | None = None
+        """The copy batches as the runtime drives them; None until the first batch opens."""
         self.writer_polls = False
         """True while the writer thread runs: it sends closed batches and polls their copies, and
-        the engine's thread makes no CUDA call for the probe (hooks.CopyBatch.ready)."""
+        the engine's thread makes no CUDA call for the probe (copy_batches.CopyBatch.ready)."""
         self.writer_finishes = True
         """While the writer thread runs, it also finishes the deferred work whose copies arrived (the
         batches' lines), right after its sends and polls, and the engine's thread finishes none
         (D69); False: the engine's thread finishes it at a step's start (D52)."""
         self.send_lock = threading.Lock()
-        """Held while batches are sent: the writer's rounds and a kick never send one twice."""
+        """Held while batches are sent: the writer's rounds and `BatchRecorder.send_all` never send
+        one twice."""
         self._io_lock = threading.Lock()
         self._graph_lock = threading.Lock()
         self._guarded: dict[tuple[str, Callable[..., Any]], Callable[..., Any]] = {}
         self.drafts: list[StepDraft] = []
         """Finished drafts for reuse (`recycle`): see StepDraft on why drafts are not made afresh."""
-        self.runs: list[Any] = []
-        """Runs of decode steps (hooks.Run) given back for reuse, as `drafts`."""
+        self.runs: list[Run] = []
+        """Runs of decode steps (copy_batches.Run) given back for reuse, as `drafts`."""
         self.spare: StepDraft | None = None
-        """The last step's draft when that step joined a run of its copy batch (hooks.Run keeps its
+        """The last step's draft when that step joined a run of its copy batch (the Run keeps its
         values): the next decode step reuses it, resetting only what a decode step's hooks set."""
-        self.steady: Any = None
+        self.steady: Steady | None = None
         """A run of decode-graph replays that the next step may go on by the short path
-        (hooks.Steady, `hooks._steady_forward`, D74); None when the next step takes the general one."""
-        self.steady_spare: Any = None
-        """The probe's one `hooks.Steady`, armed again after each general step that can be its first."""
+        (`steps.Steady`, `steps._steady_forward`); None when the next step takes the general one."""
+        self.steady_spare: Steady | None = None
+        """The probe's one `steps.Steady`, armed again after each general step that can be its first."""
         self._rids: list[str] | None = None
         self.switch = switch
         self._switch_seen: tuple[int, int] | None = None
@@ -191,7 +213,7 @@ class Probe:
         """Measure the probe's own time on the engine's thread (`watch_gc`'s companion, ENV_SWITCH)."""
         self.cost: list[Any] = [0] * COST_FIELDS
         """Since the last `cost` note: [probe ns, steps, first step's start ns, last step's end ns,
-        ready ns, begin ns, end ns, send ns, slow steps, slow steps' ns] (hooks._timed_forward), the
+        ready ns, begin ns, end ns, send ns, slow steps, slow steps' ns] (steps._timed_forward), the
         writer thread's CPU ns in its rounds (`_write_loop`), the pool hook's ns on the engine's
         thread in busy scheduler iterations (pool_hooks.after_get_next_batch_to_run, D73), those
         iterations, the ns and number of those that read the pools (not too soon), and the writer's
@@ -232,18 +254,18 @@ class Probe:
         for g in counts:
             self.write(g.model_copy(update={"t": self.now()}))
 
-    def write(self, record: BaseModel | str | tuple[Any, ...]) -> None:
+    def write(self, record: Record) -> None:
         """Write a record (or its JSON lines, made by the caller, or a tuple of `records.late_line`,
         once the rank is known)."""
         if self._pending and threading.get_ident() != self._runner:
-            if self.copies is not None:
+            batches = self.batches
+            if self.copies is not None and batches is not None:
                 # A copy batch is being filled: the record joins it after its steps so far, and the
                 # batch's later steps come after the record. Closing the batch instead sent it at
-                # once, from this thread (the engine's, for a pool sample every 4 steps: D67).
-                if self.attach is not None and self.attach(self, record):
+                # once, from this thread (the engine's, for a pool sample every 4 steps).
+                if batches.attach(self, record):
                     return
-                if self.kick is not None:
-                    self.kick(self)  # close the batch being filled: its later steps come after this record
+                batches.send_all(self)  # close the batch being filled: its later steps come after this record
             self._pending.append((self.clock(), _Write(self, record)))
             return
         self._write_now(record)
@@ -265,7 +287,7 @@ class Probe:
         self._rids = rids = list(rids)
         return rids
 
-    def text(self, record: BaseModel | str | tuple[Any, ...]) -> str:
+    def text(self, record: Record) -> str:
         """A record's JSON line: as given (a str), made now from what was taken when the record
         was made (a tuple, `records.late_line`), or pydantic's."""
         if isinstance(record, str):
@@ -274,7 +296,7 @@ class Probe:
             return late_line(record, self.t0)  # type: ignore[arg-type]
         return dump_record(record)  # type: ignore[arg-type]
 
-    def _write_now(self, record: BaseModel | str | tuple[Any, ...]) -> None:
+    def _write_now(self, record: Record) -> None:
         line = (self.text(record) + "\n").encode()
         with self._lock:
             if self.rank is None:
@@ -333,8 +355,8 @@ class Probe:
 
     def _finish_pending(self, deadline: float) -> bool:
         """Finish all pending work, polling (never spinning on the device) until `deadline`."""
-        if self._pending and self.kick is not None:
-            self.kick(self)
+        if self._pending and self.batches is not None:
+            self.batches.send_all(self)
         return self._run_pending(deadline)
 
     def _run_pending(self, deadline: float | None) -> bool:
@@ -416,7 +438,7 @@ class Probe:
         pool_reads, writer_send_ns, writer_finish_ns, writer_lines_ns]`: the probe's own time
         in the per-step hooks' begin and end (deferred records, copies included) over `steps` steps
         that took `span_ns` from the first one's start to the last one's end, then that time by part
-        (hooks._timed_forward), the steps whose probe work took over hooks.SLOW_NS, the CPU
+        (steps._timed_forward), the steps whose probe work took over steps.SLOW_NS, the CPU
         time of the writer thread's rounds (its sends and polls and, with `writer_finishes`, the
         records it finished): the part of the probe's work that holds the GIL off the engine's
         thread, which `probe_ns` does not count; and the pool hook's time on the engine's thread in
@@ -445,9 +467,9 @@ class Probe:
                 except Exception:
                     pass
             cpu0 = time.thread_time_ns() if self.timing else 0
-            if self.writer_round is not None:
+            if self.batches is not None:
                 try:  # noqa: SIM105
-                    self.writer_round(self)
+                    self.batches.writer_round(self)
                 except Exception:
                     pass
             cpu1 = time.thread_time_ns() if cpu0 else 0

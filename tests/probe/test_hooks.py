@@ -17,7 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cptest.evidence import Capacity, Geometry, Graph, KvPool, ProbeNote, RankId, Step, read_records  # noqa: E402
-from cptest.probe import hooks, runtime  # noqa: E402
+from cptest.probe import copy_batches, hooks, runtime  # noqa: E402
+from cptest.probe import steps as probe_steps  # noqa: E402
 from cptest.probe.runtime import Probe  # noqa: E402
 
 MP = pytest.MonkeyPatch
@@ -146,11 +147,11 @@ def test_sglangs_thread_does_not_wait_for_a_steps_device_copies(probe: Probe, mo
     hooks.after_initialize_model_parallel(None)
     copy_done = threading.Event()
 
-    class InFlight(hooks.CopyBatch):  # the device has not finished the copies until copy_done
+    class InFlight(copy_batches.CopyBatch):  # the device has not finished the copies until copy_done
         def poll(self) -> bool:
             return copy_done.is_set() and super().poll()
 
-    monkeypatch.setattr(hooks, "CopyBatch", InFlight)
+    monkeypatch.setattr(copy_batches, "CopyBatch", InFlight)
     fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([9, 4]), ["a", "b"], 2)
     hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=False), Runner(), fb)
     fb.positions[0] = 99  # the engine reuses its buffer: the record keeps what the step used
@@ -177,7 +178,7 @@ def test_the_engines_thread_neither_sends_nor_polls_copies_while_the_writer_runs
     engine = threading.get_ident()
     on_engine: list[str] = []
 
-    class Watched(hooks.CopyBatch):
+    class Watched(copy_batches.CopyBatch):
         def send(self, on_engine_thread: bool = False) -> None:
             if threading.get_ident() == engine:
                 on_engine.append("send")
@@ -188,12 +189,12 @@ def test_the_engines_thread_neither_sends_nor_polls_copies_while_the_writer_runs
                 on_engine.append("poll")
             return super().poll()
 
-    monkeypatch.setattr(hooks, "CopyBatch", Watched)
-    steps = 3 * hooks.COPY_EVERY + 5
+    monkeypatch.setattr(copy_batches, "CopyBatch", Watched)
+    steps = 3 * copy_batches.COPY_EVERY + 5
     for i in range(steps):
         fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([9 + i, 4 + i]), ["a", "b"], 2)
         hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=False), Runner(), fb)
-        if i % hooks.COPY_EVERY == 0:
+        if i % copy_batches.COPY_EVERY == 0:
             time.sleep(3 * runtime.WRITER_PERIOD_S)  # the writer's rounds send and poll meanwhile
     assert on_engine == []
     recs = [r for r in _records(probe) if isinstance(r, Step)]  # the flush (off the engine) finishes all
@@ -237,7 +238,7 @@ def test_a_replayed_decode_step_is_recorded_with_its_graphs_rows(probe: Probe, m
 def test_replayed_steps_that_join_their_run_keep_m_ropes_text_row_and_change_of_graph_size(
         probe: Probe, monkeypatch: MP) -> None:
     """A step that goes on the run being filled skips the general path's look at its positions'
-    shape (`hooks._join_run`, D73): the run remembers from its first step that positions are
+    shape (`copy_batches.join_run`, D73): the run remembers from its first step that positions are
     M-RoPE's [3, n], and every later step of it keeps the first (text) row too. A step whose graph
     size differs from the run's starts a new run, which looks again. (A model's positions keep
     their shape from step to step: 1-D, or [3, n] with M-RoPE.)"""
@@ -405,7 +406,7 @@ def test_steps_travel_in_batches_and_come_out_in_order_with_their_own_values(pro
     _fake_parallel_state(monkeypatch, 1)
     hooks.after_initialize_model_parallel(None)
     mlp = Layer()
-    n_steps = 2 * hooks.COPY_EVERY + 3
+    n_steps = 2 * copy_batches.COPY_EVERY + 3
     for i in range(n_steps):
         rids = [f"r{k}" for k in range(1 + i % 3)]
         pos = torch.tensor([100 + i + 10 * k for k in range(len(rids))])
@@ -488,7 +489,7 @@ def test_a_timing_probe_notes_its_own_time_per_step_never_more_than_the_steps_to
     _fake_parallel_state(monkeypatch, 1)
     hooks.after_initialize_model_parallel(None)
     probe.timing = True
-    for i in range(hooks.COPY_EVERY + 4):  # one batch of copies sent from the engine's thread
+    for i in range(copy_batches.COPY_EVERY + 4):  # one batch of copies sent from the engine's thread
         fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([5 + i, 9 + i]), ["a", "b"], 2)
         hooks.around_model_runner_forward(_dcp_forward(1, Layer()), Runner(), fb)
     probe.flush()
@@ -496,7 +497,7 @@ def test_a_timing_probe_notes_its_own_time_per_step_never_more_than_the_steps_to
     cost = json.loads(note.message[5:])
     (_epoch, steps, probe_ns, span_ns, ready_ns, begin_ns, end_ns, send_ns, slow, slow_ns, writer_ns,
      pool_ns, pool_calls, pool_read_ns, pool_reads, w_send_ns, w_finish_ns, w_lines_ns) = cost
-    assert steps == hooks.COPY_EVERY + 4 and 0 < probe_ns <= span_ns
+    assert steps == copy_batches.COPY_EVERY + 4 and 0 < probe_ns <= span_ns
     assert ready_ns + begin_ns + end_ns == probe_ns  # the parts are the whole
     assert send_ns == 0  # the writer thread sends the full batch, not the engine's thread
     assert 0 <= slow <= steps and (slow_ns == 0) == (slow == 0)
@@ -546,19 +547,19 @@ def test_a_record_written_while_a_batch_fills_joins_it_in_order_and_the_engine_s
     engine = threading.get_ident()
     sent_on_engine: list[int] = []
 
-    class Watched(hooks.CopyBatch):
+    class Watched(copy_batches.CopyBatch):
         def send(self, on_engine_thread: bool = False) -> None:
             if threading.get_ident() == engine:
                 sent_on_engine.append(self.steps)
             super().send(on_engine_thread)
 
-    monkeypatch.setattr(hooks, "CopyBatch", Watched)
+    monkeypatch.setattr(copy_batches, "CopyBatch", Watched)
     alloc = types.SimpleNamespace(size=1024, free=1024, available_size=lambda: alloc.free)
     running = types.SimpleNamespace(reqs=[object(), object()])
     plan = types.SimpleNamespace(running_batch=running, batch_to_run=running)
     sched = types.SimpleNamespace(token_to_kv_pool_allocator=alloc, waiting_queue=[], forward_ct=0)
     batches = []
-    n = hooks.COPY_EVERY
+    n = copy_batches.COPY_EVERY
     for _ in range(2 * n):
         alloc.free -= 2
         pool_hooks.after_get_next_batch_to_run(plan, sched)
@@ -603,7 +604,7 @@ def test_a_decode_steps_reused_draft_starts_as_a_new_one(probe: Probe, monkeypat
     hooks.around_model_runner_forward(_dcp_forward(1, Layer()), Runner(), fb)  # attn, KV, mask: all set
     spare = probe.spare
     assert spare is not None and spare.kv_rows == 2
-    hooks._begin_step_body(probe, Runner(), fb)
+    probe_steps._begin_step_body(probe, Runner(), fb)
     assert probe.current is spare
     fresh = StepDraft(step=probe.step_index, mode="decode", batch_size=2, rows_in=2, rids=spare.rids,
                       cp_configured=probe.cp_configured)
@@ -622,19 +623,19 @@ def test_with_the_writer_thread_the_engine_finishes_no_batch_and_records_keep_th
     engine = threading.get_ident()
     finished_on: list[int] = []
 
-    class Watched(hooks.CopyBatch):
+    class Watched(copy_batches.CopyBatch):
         def run(self) -> None:
             finished_on.append(threading.get_ident())
             super().run()
 
-    monkeypatch.setattr(hooks, "CopyBatch", Watched)
-    steps = 3 * hooks.COPY_EVERY + 5
+    monkeypatch.setattr(copy_batches, "CopyBatch", Watched)
+    steps = 3 * copy_batches.COPY_EVERY + 5
     for i in range(steps):
         fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([9 + i, 4 + i]), ["a", "b"], 2)
         hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=False), Runner(), fb)
         if i % 7 == 3:
             probe.note(f"after step {i + 1}")
-        if i % hooks.COPY_EVERY == 0:
+        if i % copy_batches.COPY_EVERY == 0:
             time.sleep(3 * runtime.WRITER_PERIOD_S)  # the writer's rounds send, poll and finish
     assert finished_on and engine not in finished_on
     recs = _records(probe)
@@ -685,7 +686,7 @@ def _replays_and_turns(probe: Probe) -> int:
         assert all(d is not probe.spare for d in probe.drafts)
 
     ab, abc, abcd = ["a", "b"], ["a", "b", "c"], ["a", "b", "c", "d"]
-    for _ in range(hooks.COPY_EVERY + 4):
+    for _ in range(copy_batches.COPY_EVERY + 4):
         step(ab)
     step(ab, "eager")
     step(ab, "eager")
@@ -740,18 +741,18 @@ def _replays_and_turns(probe: Probe) -> int:
 def test_replays_by_the_short_path_write_the_bytes_the_general_path_writes(
         tmp_path: Path, monkeypatch: MP, timing: bool) -> None:
     """D74: a replay that goes on the run of replays the last step went on takes the short path
-    (`hooks._steady_forward`); the rank file is the same, byte for byte, as when every step takes
+    (`steps._steady_forward`); the rank file is the same, byte for byte, as when every step takes
     the general one. The short path must actually carry most of the steps (or the test proves
     nothing), and the timing probe counts every step once, whichever path it took."""
     _fake_parallel_state(monkeypatch, 0)
     general_ends: list[int] = []
-    end = hooks._end_step_body
+    end = probe_steps._end_step_body
 
     def counted_end(*a: Any) -> None:
         general_ends.append(1)
         end(*a)
 
-    monkeypatch.setattr(hooks, "_end_step_body", counted_end)
+    monkeypatch.setattr(probe_steps, "_end_step_body", counted_end)
 
     def rank_file(short: bool) -> tuple[bytes, int, list[int]]:
         clock = iter(range(10**6))
@@ -763,7 +764,7 @@ def test_replays_by_the_short_path_write_the_bytes_the_general_path_writes(
         try:
             with monkeypatch.context() as m:
                 if not short:
-                    m.setattr(hooks, "_arm_steady", lambda *a: None)
+                    m.setattr(probe_steps, "_arm_steady", lambda *a: None)
                 hooks.after_initialize_model_parallel(None)
                 p.cp_configured = False  # SGLang's CP module is loaded: the configuration is known
                 p.timing = timing

@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
 
 from cptest.evidence import RankId, Step, read_records  # noqa: E402
 from cptest.probe import hooks, runtime  # noqa: E402
+from cptest.probe.copy_batches import COPY_EVERY  # noqa: E402
 from cptest.probe.runtime import Probe  # noqa: E402
 
 SPIN_CYCLES = 600_000_000  # torch.cuda._sleep: about 0.3 s at H200 clocks
@@ -45,7 +46,7 @@ def test_a_step_that_sends_a_batch_of_copies_returns_before_they_exist_and_all_a
 
         def forward(_r: Any, b: Any) -> Any:
             step_no["i"] += 1
-            if step_no["i"] % hooks.COPY_EVERY == 0:
+            if step_no["i"] % COPY_EVERY == 0:
                 torch.cuda._sleep(SPIN_CYCLES)  # the GPU is busy; what follows is queued behind it
             b.positions = base * 3 + 1000 + step_no["i"]
             mask = b.positions % 2 == 0
@@ -55,11 +56,11 @@ def test_a_step_that_sends_a_batch_of_copies_returns_before_they_exist_and_all_a
 
         runner = types.SimpleNamespace(is_draft_worker=False)
         with torch.cuda.stream(stream):
-            for _ in range(hooks.COPY_EVERY):  # first use: kernels load, the pinned pool grows
+            for _ in range(COPY_EVERY):  # first use: kernels load, the pinned pool grows
                 hooks.around_model_runner_forward(forward, runner, fb)
             assert probe.flush(timeout=30)
             torch.cuda.synchronize()
-            for _ in range(hooks.COPY_EVERY - 1):
+            for _ in range(COPY_EVERY - 1):
                 hooks.around_model_runner_forward(forward, runner, fb)
             t0 = time.perf_counter()
             hooks.around_model_runner_forward(forward, runner, fb)  # fills the batch and sends it
@@ -75,13 +76,13 @@ def test_a_step_that_sends_a_batch_of_copies_returns_before_they_exist_and_all_a
         assert not spin_done, "the GPU finished before the step returned: the spin was too short to tell"
         steps = [r for r in read_records(tmp_path / "rank0.jsonl")[0] if isinstance(r, Step)]
         got = [s.step for s in steps]
-        assert got == list(range(1, 2 * hooks.COPY_EVERY + 1)), (
+        assert got == list(range(1, 2 * COPY_EVERY + 1)), (
             f"steps read back {got}; the file:\n" + (tmp_path / "rank0.jsonl").read_text()[:6000])
         for s in steps:
             want = [1000 + 3 * i + s.step for i in range(n)]
             assert s.seq_positions == {f"r{i}": [(p, p + 1)] for i, p in enumerate(want)}
             assert s.kv_written == {f"r{i}": [(p, p + 1)] if p % 2 == 0 else [] for i, p in enumerate(want)}
-        print(f"the step that sent {hooks.COPY_EVERY} steps' copies returned in {returned_s * 1e3:.2f} ms "
+        print(f"the step that sent {COPY_EVERY} steps' copies returned in {returned_s * 1e3:.2f} ms "
               f"with the GPU still busy", file=sys.stderr)
     finally:
         runtime.set_probe(None)

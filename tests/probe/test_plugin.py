@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 import types
 from collections.abc import Iterator
@@ -83,6 +85,19 @@ def test_register_does_nothing_when_the_probe_is_off(monkeypatch: pytest.MonkeyP
     runtime.set_probe(None)
     monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", None)  # import would fail
     plugin.register()  # returns before importing SGLang
+
+
+def test_the_plugin_and_every_hook_module_import_without_torch_or_sglang() -> None:
+    """The probe imports on a CPU without SGLang (its tests run it against fakes): none of its
+    modules imports torch or SGLang when it loads; the hooks read them from `sys.modules`."""
+    script = ("import json, sys; import cptest.probe.plugin, cptest.probe.forward_hooks; "
+              "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang') "
+              "or m.startswith('cptest.probe.'))))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          check=True)
+    loaded = json.loads(done.stdout)
+    assert {"cptest.probe.copy_batches", "cptest.probe.hooks", "cptest.probe.steps"} <= set(loaded)
+    assert [m for m in loaded if not m.startswith("cptest.")] == []
 
 
 @needs_sglang

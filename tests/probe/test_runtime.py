@@ -12,7 +12,7 @@ import pytest
 
 from cptest.evidence import ProbeNote, RankId, read_records
 from cptest.probe import runtime
-from cptest.probe.runtime import Probe
+from cptest.probe.runtime import BatchRecorder, Probe, Record
 
 
 def test_probe_is_off_without_the_directory_variable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -241,3 +241,39 @@ def test_the_writer_finishes_arrived_work_and_the_engines_step_start_finishes_no
     assert ran_on[-1] == threading.get_ident()
     p.close()
     assert [r.message for r in read_records(tmp_path / "rank0.jsonl")[0]] == ["one", "two"]  # type: ignore[union-attr]
+
+
+def test_the_runtime_reaches_the_copy_batches_only_through_their_recorder(tmp_path: Path) -> None:
+    """While a copy batch is being filled, a record goes into it when the batch takes it; one it
+    refuses closes it (`send_all`) and waits behind it. The writer's rounds and a flush reach the
+    batches through the same recorder (`Probe.batches`)."""
+    p = Probe(tmp_path)
+    p.set_rank(RankId(world=0))
+    arrived = threading.Event()
+    batch = Job(p, "the batch's steps", arrived)  # deferred work standing for the batch being filled
+    calls: list[str] = []
+    rounds: list[int] = []
+
+    def attach(probe: Probe, record: Record) -> bool:
+        calls.append(f"attach {record.message}")  # type: ignore[union-attr]
+        return len(calls) == 1  # the batch takes the first record only
+
+    def send_all(probe: Probe) -> None:
+        calls.append("send_all")
+        probe.copies = None
+        arrived.set()
+
+    p.defer(batch)
+    p.copies = batch  # type: ignore[assignment]
+    p.batches = BatchRecorder(attach=attach, send_all=send_all, writer_round=lambda probe: rounds.append(1))
+    p.note("taken by the batch")
+    p.note("refused by the batch")
+    assert calls == ["attach taken by the batch", "attach refused by the batch", "send_all"]
+    deadline = time.monotonic() + 5.0
+    while not rounds and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert rounds  # the writer thread's round reached the batches
+    assert p.flush(timeout=5.0)
+    p.close()
+    assert [r.message for r in read_records(tmp_path / "rank0.jsonl")[0]] == [  # type: ignore[union-attr]
+        "the batch's steps", "refused by the batch"]

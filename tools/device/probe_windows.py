@@ -56,7 +56,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cptest.probe import hooks
+from cptest.probe.steps import SLOW_NS
 
 LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.(\d{3}))?[^\]]*\] Decode batch"
                   r".*gen throughput \(token/s\): ([\d.]+)")
@@ -188,7 +188,7 @@ def engine_share(costs: list[list[float]], n: int = 10_000, seed: int = 1) -> di
     out = {"share": share, "ci95": ci95,
            "notes": len(costs), "steps": steps, "probe_us_per_step": sum(c[2] for c in costs) / steps / 1000,
            "step_ms": sum(c[3] for c in costs) / steps / 1e6}
-    full = [c for c in costs if len(c) >= 10]  # notes since the cost was split by part (hooks._timed_forward)
+    full = [c for c in costs if len(c) >= 10]  # notes since the cost was split by part (steps._timed_forward)
     if full:
         n_full = sum(c[1] for c in full)
         out["us_per_step_by_part"] = {name: sum(c[i] for c in full) / n_full / 1000
@@ -368,7 +368,7 @@ def main() -> None:
             if "us_per_step_by_part" in e:
                 parts = ", ".join(f"{k} {v:.1f}" for k, v in e["us_per_step_by_part"].items())
                 sl = e["slow_steps"]
-                print(f"{name}: by part (us per step): {parts}; steps over {hooks.SLOW_NS // 1000} us: "
+                print(f"{name}: by part (us per step): {parts}; steps over {SLOW_NS // 1000} us: "
                       f"{sl['steps']} of {sl['of']}, {sl['us_per_step_of_all']:.1f} us per step of all",
                       flush=True)
             if "engine_all" in e:

@@ -1,0 +1,539 @@
+"""Batch recording: the device tensors of up to COPY_EVERY steps travel to the host together,
+and once they are there their batch writes the steps' lines.
+
+A step's record needs a few values that are still on the device as its forward ends (the batch's
+positions, the DCP owner mask, the zigzag-sharded positions; off with CPTEST_PROBE_POSITIONS=0).
+The step recording (`cptest.probe.steps`) hands each step's draft and tensors to the batch
+being filled (`CopyBatch.add`, or `join_run` for a decode step of positions alone). A batch is
+the probe's deferred work (`Probe.defer`): its copies are sent without waiting, every COPY_EVERY
+steps (or COPY_WITHIN_S), by the writer thread where there is one (`writer_round`), and its lines
+are made once the copies are on the host (`CopyBatch.run`), so SGLang never waits on the device
+for the probe. The runtime drives the batches only through `BATCHES` (`runtime.BatchRecorder`).
+
+Nothing here imports torch: tensors are asked through their own methods, and `torch` is taken
+from `sys.modules`, where the engine that made them has put it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from cptest.probe import records
+from cptest.probe import runtime as _runtime
+from cptest.probe.records import StepDraft
+from cptest.probe.runtime import BatchRecorder, Probe
+
+COPY_EVERY = 16
+"""Steps whose device tensors travel to the host together (see `CopyBatch`)..."""
+COPY_WITHIN_S = 0.1
+"""...unless the first of them is older than this (slow steps: records stay timely)."""
+
+WHICH: dict[tuple[bool, bool, bool], tuple[str, ...]] = {
+    (p, m, z): tuple(n for n, on in (("positions", p), ("kv_mask", m), ("zigzag", z)) if on)
+    for p in (False, True) for m in (False, True) for z in (False, True)
+}
+"""The names of a step's tensors in its CopyBatch, made once (a draft keeps one of these): the
+step recording compares them by identity."""
+WHICH_POS, _WHICH_POS_MASK = WHICH[True, False, False], WHICH[True, True, False]
+WHICH_NONE = WHICH[False, False, False]
+NO_RIDS: list[str] = []
+"""What a run given back holds instead of its requests' ids (it keeps no list of SGLang's alive)."""
+
+
+class Run:
+    """Consecutive decode steps of one copy batch that one `steps` line can carry: the same
+    requests (the same list, `Probe.same_rids`), tensors, graph size, CP and KV-write shape. Each
+    step is kept as a row of its plain values, so the step's draft goes straight back to the probe
+    for the next step instead of waiting for the copies, and the batch's `run()` builds the line
+    from columns. `rows`: (step, t, rows_in, batch_size, attn_rows, ffn_rows, logits_rows,
+    kv_rows) per step; `first`: the index of the first step's first tensor in the batch, the
+    steps' tensors following one another (`len(which)` each). Runs are reused, as drafts are
+    (`open`, `Probe.runs`): a fresh one per run would live until its batch is finished, long
+    enough for Python's collector to move it to its oldest generation (see StepDraft); the rows,
+    tuples of plain values, the collector stops tracking at its first look."""
+
+    __slots__ = ("rids", "which", "cp_configured", "graph_rows", "kv_none", "kv_full", "first", "rows",
+                 "pos_2d")
+
+    def __init__(self) -> None:
+        self.pos_2d = False
+        """The run's positions are M-RoPE's [3, n] (its first step said so): each step's first row is kept."""
+        self.rids: list[str] = []
+        self.which: tuple[str, ...] = ()
+        self.cp_configured: bool | None = None
+        self.graph_rows: int | None = None
+        self.kv_none = self.kv_full = False
+        self.first = 0
+        self.rows: list[tuple[Any, ...]] = []
+
+    @staticmethod
+    def open(probe: Probe, draft: StepDraft, first: int) -> Run:
+        """A run for `draft`'s step and those that fit it (a spare one, or a new one)."""
+        try:  # the writer thread gives runs back while the engine's thread takes them
+            run = probe.runs.pop()
+        except IndexError:
+            run = Run()
+        run.rids = draft.rids
+        run.which = draft.which
+        run.cp_configured = draft.cp_configured
+        run.graph_rows = draft.graph_rows
+        kv_rows = draft.kv_rows
+        run.kv_none = kv_rows is None
+        run.kv_full = kv_rows == len(draft.rids)
+        run.first = first
+        run.pos_2d = False
+        return run
+
+    def close(self, probe: Probe) -> None:
+        """Give the run back for reuse, its lines made."""
+        self.rows.clear()
+        self.rids = NO_RIDS
+        runs = probe.runs
+        if len(runs) < _runtime.MAX_SPARE_DRAFTS:
+            runs.append(self)
+
+    def draft(self, probe: Probe, k: int) -> StepDraft:
+        """Step `k` as the draft it was made from (a spare one, filled again)."""
+        step, t, rows_in, batch_size, attn, ffn, logits, kv_rows = self.rows[k]
+        rids = self.rids
+        try:  # the writer thread finishes batches while the engine's thread takes drafts too
+            d = probe.drafts.pop()
+        except IndexError:
+            d = StepDraft(step=0, mode="decode", batch_size=0, rows_in=0, rids=rids)
+        StepDraft.__init__(d, step=step, mode="decode", batch_size=batch_size, rows_in=rows_in, rids=rids,
+                           cp_configured=self.cp_configured, attn_rows_seen=attn, ffn_rows=ffn,
+                           logits_rows=logits, kv_rows=kv_rows, graph_rows=self.graph_rows, t=t,
+                           first=self.first + k * len(self.which), which=self.which)
+        return d
+
+
+class CopyBatch:
+    """Up to COPY_EVERY steps: their device tensors, brought to host memory together, what each
+    step's record needs besides them, and the probe's deferred work for them (`Probe.defer`, once,
+    when the batch opens).
+
+    `send()` concatenates the tensors of each dtype (positions, the DCP mask) and copies each
+    result with `non_blocking=True` (into pinned memory, on the stream of the steps, after the
+    kernels that made them), marked by one event: a few CUDA calls per batch instead of a copy
+    and an event per step, each of which cost 10-20 us of the engine's CPU on the GPU machine.
+    One `torch.cat` over positions and masks together cost 196 us there (its dtype promotion
+    converts every bool tensor on its own; benchmarks/cuda_ops.py, results/_measure), so
+    each dtype is concatenated apart. Until then the tensors are held as SGLang made them: 0.5.17
+    allocates positions and the DCP mask afresh for every forward
+    (model_executor/forward_batch_info.py:904,923,967), so holding them keeps them unchanged.
+    Host tensors (tests, CPU) are cloned when added.
+
+    `items` holds, in the order they were made: `Run`s of decode steps that can share a `steps`
+    line (a step joins the run being filled when it fits, `add`), other steps' drafts, and records
+    written while the batch was being filled (`attach_record`; a record ends the run). A pool
+    sample (a `records.pool_sample_late` tuple) does not end the run: it waits in `later` until the
+    run ends (another step, record or the batch's end), so its line follows the run's `steps`
+    line instead of splitting it in two. `run()`, once the copies are on the host, writes
+    all their lines in one go and hands the drafts back for reuse: one deferred item and one write
+    per batch, not per step.
+    """
+
+    __slots__ = ("probe", "born", "parts", "steps", "device", "stream", "sizes", "where", "host",
+                 "done", "values_", "items", "run_", "arrived", "later")
+
+    def __init__(self, probe: Probe, born: float) -> None:
+        self.probe = probe
+        self.born = born
+        self.parts: list[Any] = []
+        self.steps = 0
+        self.device: Any = None
+        self.stream: Any = None
+        self.sizes: list[int] = []
+        """Values of each part (known once sent)."""
+        self.where: list[tuple[int, int, int]] = []
+        """Part -> (its dtype's group, start, end) in that group's host copy."""
+        self.host: Any = None
+        self.done: Any = None
+        self.values_: Any = None
+        self.items: list[Any] = []
+        """Runs, drafts and records (a record or its line), in order (see the class)."""
+        self.run_: Run | None = None
+        """The run the next step may join: the last item, while it is a run."""
+        self.arrived = False
+        """The host copies are complete (`poll` saw the event); read without a device call."""
+        self.later: list[Any] = []
+        """Pool samples made while the run being filled went on: they join `items` when it ends."""
+
+    def fits(self, tensors: list[Any]) -> bool:
+        """Whether a step's tensors go with this batch's (one step's tensors share a device)."""
+        return self.device is None or tensors[0].device == self.device
+
+    def add(self, draft: StepDraft, tensors: list[Any]) -> bool:
+        """Hold one step and its tensors. True when the step joined a run: its draft is free again
+        (the run keeps its values); False when the batch keeps the draft (`draft.first` is the
+        index of its first tensor)."""
+        first = len(self.parts)
+        if tensors:
+            if self.device is None:
+                self.device = tensors[0].device
+                if tensors[0].is_cuda:
+                    self.stream = sys.modules["torch"].cuda.current_stream(self.device)
+            if self.stream is None:
+                tensors = [t.clone() for t in tensors]  # host tensors: the caller may change them
+            self.parts.extend(tensors)
+        self.steps += 1
+        which, rids = draft.which, draft.rids
+        if ((which is WHICH_POS or which is _WHICH_POS_MASK) and draft.mode == "decode" and rids
+                and not draft.cp_active and draft.extend_lens is None and draft.notes is None):
+            kv_rows = draft.kv_rows
+            run = self.run_
+            if (run is None or run.rids is not rids or run.which is not which
+                    or run.cp_configured is not draft.cp_configured or run.graph_rows != draft.graph_rows
+                    or run.kv_none is not (kv_rows is None) or run.kv_full is not (kv_rows == len(rids))):
+                if self.later:
+                    self.end_run()
+                run = self.run_ = Run.open(self.probe, draft, first)
+                self.items.append(run)
+            run.rows.append((draft.step, draft.t, draft.rows_in, draft.batch_size, draft.attn_rows_seen,
+                             draft.ffn_rows, draft.logits_rows, kv_rows))
+            return True
+        draft.first = first
+        self.end_run()
+        self.items.append(draft)
+        return False
+
+    def end_run(self) -> None:
+        """No further step joins the run being filled: the pool samples made during it follow it."""
+        self.run_ = None
+        later = self.later
+        if later:
+            self.items.extend(later)
+            later.clear()
+
+    def send(self, on_engine_thread: bool = False) -> None:
+        """Start the host copies on the steps' stream: entered only when the caller is not on it
+        already (another thread, `send_copies`), as entering it costs 8.8 us on the GPU machine.
+        Off the engine's thread the stream is entered for each batch: set once as the writer
+        thread's current stream instead, and on the H200 the last step of a batch then read
+        back values from before its own kernels ran (tests/probe/test_hooks_cuda.py, 3 of 3 runs):
+        the copy was not ordered after them on the steps' stream."""
+        if self.host is not None:
+            return
+        torch = sys.modules["torch"]
+        index: dict[Any, int] = {}
+        groups: list[list[Any]] = []
+        totals: list[int] = []
+        where, sizes = self.where, self.sizes
+        for t in self.parts:
+            n = t.numel()
+            dtype = t.dtype
+            g = index.get(dtype)
+            if g is None:
+                g = index[dtype] = len(groups)
+                groups.append([])
+                totals.append(0)
+            start = totals[g]
+            totals[g] = start + n
+            where.append((g, start, start + n))
+            sizes.append(n)
+            groups[g].append(t if t.dim() == 1 else t.reshape(-1))
+        if not groups:
+            self.host = ()  # steps without tensors: nothing to wait for
+        elif self.stream is None:
+            self.host = [torch.cat(g) for g in groups]
+        elif on_engine_thread and torch.cuda.current_stream(self.device) == self.stream:
+            self._copy(torch, groups)  # already on the steps' stream (2.9 us to ask, 8.8 to enter)
+        else:
+            with torch.cuda.stream(self.stream):
+                self._copy(torch, groups)
+        self.parts = []
+
+    def _copy(self, torch: Any, groups: list[list[Any]]) -> None:
+        """The copies, on the steps' stream (the current one: `send` made sure)."""
+        self.host = [torch.cat(g).to("cpu", non_blocking=True) for g in groups]
+        self.done = torch.cuda.Event()
+        self.done.record(self.stream)  # the current stream, named: Event.record would look it up
+
+    def ready(self) -> bool:
+        """Whether `run` may go, asked where no device may be: while the probe's writer thread
+        runs, it polls the copies' events (`poll`) and reads this one flag (it also runs the batch,
+        `Probe.writer_finishes`). Each CUDA call on the engine's thread was a point where it let go
+        of the GIL and had to win it back: the batch's sends and polls cost 27 us a step in the real
+        engine (results/_measure), against 2 us in benchmarks/probe_step.py."""
+        return self.arrived or (not self.probe.writer_polls and self.poll())
+
+    def poll(self) -> bool:
+        """Ask the device whether the copies are complete (never waits); True once they are."""
+        if self.arrived:
+            return True
+        if self.host is None:
+            return False
+        done = self.done  # another thread may poll too: read the event once
+        if done is not None and not done.query():
+            return False
+        self.done = None  # arrived: later asks need no device query
+        self.arrived = True
+        return True
+
+    def part(self, i: int) -> Any:
+        """Part `i` as a numpy view of the host copy (no per-value Python objects: the record
+        packs it, `records.finish_step_line`)."""
+        if self.values_ is None:
+            done = self.done
+            if done is not None and not self.arrived:
+                done.synchronize()
+            self.values_ = [h.numpy() for h in self.host]
+        g, start, end = self.where[i]
+        return self.values_[g][start:end]
+
+    def rows(self, parts: Sequence[int], width: int) -> Any:
+        """Parts `parts` (each `width` values) as one 2-D numpy array, a row per part. Parts of one
+        dtype are laid out one after another in their host copy, so consecutive steps' positions
+        are already a block there: a view, where stacking them cost 30 us a batch."""
+        self.part(parts[0])  # the host values, once
+        g, start, _ = self.where[parts[0]]
+        g_last, _, end = self.where[parts[-1]]
+        if g_last == g and end - start == len(parts) * width:
+            return self.values_[g][start:end].reshape(len(parts), width)
+        return sys.modules["numpy"].stack([self.part(i) for i in parts])
+
+    def run(self) -> None:
+        """Write the batch's records (each line's errors contained on its own), then give its
+        drafts back to the probe. A run of decode steps becomes one `steps` line
+        (`records.steps_block_line`) where it can; any other step gets its own line. The steps'
+        notes (a KV write not seen, ...) follow the lines, in the order of the steps."""
+        probe = self.probe
+        lines: list[str] = []
+        noted: list[Any] = []
+        """Drafts (whose notes are written after the lines, in order, then given back) and notes."""
+        runs: list[Run] = []
+        self.end_run()
+        for item in self.items:
+            cls = item.__class__
+            if cls is Run:
+                probe.call("step_end", _run_lines, probe, self, item, lines, noted)
+                runs.append(item)
+                continue
+            if cls is StepDraft:
+                line = probe.call("step_end", _step_line, probe, self, item)
+                noted.append(item)
+            else:
+                line = probe.call("write", probe.text, item)
+            if line is not None:
+                lines.append(line)
+        self.items = []
+        self.run_ = None
+        if lines:
+            probe.write("\n".join(lines))
+        for draft in noted:
+            if draft.__class__ is str:
+                probe.warn_once(re.sub(r"\d+", "N", draft), draft)
+                continue
+            if draft.notes:
+                for n in draft.notes:
+                    probe.warn_once(re.sub(r"\d+", "N", n), n)
+            probe.recycle(draft)
+        for run in runs:
+            run.close(probe)
+        self.values_ = None
+        self.host = ()  # done with, and not None: a send that finds it still in line skips it
+
+
+def _run_lines(probe: Probe, batch: CopyBatch, run: Run, lines: list[str], noted: list[Any]) -> None:
+    """The lines of `run`'s steps: one `steps` line from the first step whose tensors to the end
+    are one value per request each; a line of its own for each step before it, and for a step
+    left alone (a `steps` line holds two or more). Ids that JSON would escape or that repeat make
+    every step a line of its own (`records.finish_step_line` says how)."""
+    n, b, width = len(run.rows), len(run.rids), len(run.which)
+    quoted = probe.rid_text.of(run.rids, distinct=True)
+    sizes = batch.sizes
+    end = run.first + n * width
+    for k in range(n):
+        if (quoted is not None and n - k > 1
+                and sizes[run.first + k * width:end].count(b) == (n - k) * width):
+            line = probe.call("step_end", _run_block_line, probe, batch, run, k, quoted, noted)
+            if line is not None:
+                lines.append(line)
+            return
+        draft = run.draft(probe, k)
+        line = probe.call("step_end", _step_line, probe, batch, draft)
+        noted.append(draft)
+        if line is not None:
+            lines.append(line)
+
+
+def _run_block_line(probe: Probe, batch: CopyBatch, run: Run, k: int, quoted: str, noted: list[Any]) -> str:
+    """The `steps` line of `run`'s steps from `k` (`_run_lines` said they fit one)."""
+    assert probe.rank_json is not None
+    rows = run.rows[k:] if k else run.rows
+    b, width = len(run.rids), len(run.which)
+    first = run.first + k * width
+    head = rows[0]
+    # The KV source is the same for every step of a run (its key); so is a note's pattern, which
+    # is said once (Probe.warn_once): the first step's.
+    kv, note = records.kv_source_of("decode", head[0], run.graph_rows, head[7], b, b if width == 2 else None)
+    if note is not None:
+        noted.append(note)
+    end = first + len(rows) * width
+    positions = batch.rows(range(first, end, width), b)
+    mask = batch.rows(range(first + 1, end, width), b) if kv == "mask" else None
+    step, clock, rows_in, _, attn, ffn, logits, _ = zip(*rows, strict=True)
+    t0 = probe.t0
+    t = [round(c - t0, 6) for c in clock]  # _record_t
+    return records.steps_block_line(
+        t=t, step=step, rows_in=rows_in, attn_rows=attn, ffn_rows=ffn, logits_rows=logits,
+        cp_configured=run.cp_configured, graph_rows=run.graph_rows, rank_json=probe.rank_json, quoted=quoted,
+        positions=positions, kv=kv, mask=mask)
+
+
+def send_copies(probe: Probe) -> None:
+    """Send the batch being filled and every closed batch not sent yet: the probe must finish its
+    pending work now (`BatchRecorder.send_all`)."""
+    with probe.copy_lock:
+        batch, probe.copies = probe.copies, None
+    _send_closed(probe, batch, poll=False)
+
+
+def writer_round(probe: Probe) -> None:
+    """The writer thread's share of the copies, every runtime.WRITER_PERIOD_S: send the batches the
+    engine closed (and the open one once it is COPY_WITHIN_S old), then poll the sent ones, so that
+    the engine's thread makes no CUDA call for the probe in a steady decode."""
+    old = None
+    with probe.copy_lock:
+        batch = probe.copies
+        if batch is not None and batch.steps and probe.clock() - batch.born >= COPY_WITHIN_S:
+            old, probe.copies = batch, None
+    _send_closed(probe, old, poll=True)
+
+
+def _send_closed(probe: Probe, detached: CopyBatch | None, *, poll: bool) -> None:
+    """Send `detached` and every batch the engine closed without sending; poll the sent ones if
+    asked. Under `send_lock`, not `copy_lock`: the engine's thread takes copy_lock every step and
+    must not wait for a send."""
+    with probe.send_lock:
+        if detached is not None:
+            detached.send()
+        for _, item in list(probe._pending):  # a C-level copy, whole under the GIL
+            if isinstance(item, CopyBatch):
+                if item.host is None and item is not probe.copies:
+                    item.send()
+                if poll:
+                    item.poll()
+
+
+def close_locked(probe: Probe, on_engine_thread: bool = False) -> None:
+    """No further step joins the batch being filled; the writer thread sends it on its next round
+    (the engine's thread sends it itself when there is no writer)."""
+    if probe.writer_polls:
+        probe.copies = None
+    else:
+        _send_locked(probe, on_engine_thread)
+
+
+def _send_locked(probe: Probe, on_engine_thread: bool = False) -> None:
+    batch, probe.copies = probe.copies, None
+    if batch is not None:
+        if on_engine_thread and probe.timing:
+            t0 = time.perf_counter_ns()
+            batch.send(on_engine_thread)
+            probe.cost[7] += time.perf_counter_ns() - t0
+        else:
+            batch.send(on_engine_thread)
+
+
+def attach_record(probe: Probe, record: Any) -> bool:
+    """Put `record` into the batch being filled, after its steps so far (`Probe.write`): the
+    batch stays open, and is sent when full, by the writer thread; the next step starts a new run.
+    A pool sample (a tuple, `records.pool_sample_late`) is the exception: the run goes on, and the
+    sample is written after the run's steps (`CopyBatch.later`). False when no batch is being
+    filled. The batch being filled is the last of the pending work: a record written after it
+    opened went into it, and it is detached before it is sent."""
+    with probe.copy_lock:
+        batch = probe.copies
+        if batch is None or batch.host is not None:
+            return False
+        if record.__class__ is tuple:
+            batch.later.append(record)
+            return True
+        batch.end_run()
+        batch.items.append(record)
+        return True
+
+
+def open_batch(probe: Probe) -> CopyBatch:
+    """A new batch, deferred at once: records written after it wait for its steps."""
+    batch = CopyBatch(probe, probe.clock())
+    probe.copies, probe.batches = batch, BATCHES  # the runtime drives the batches from the first one on
+    probe.defer(batch)
+    return batch
+
+
+def close_if_due(probe: Probe, batch: CopyBatch) -> None:
+    """After a step joined `batch` (copy_lock held): close it when full, or, without a writer
+    thread, send it once its first step is COPY_WITHIN_S old."""
+    if batch.steps >= COPY_EVERY:
+        close_locked(probe, on_engine_thread=True)
+    elif not probe.writer_polls and probe.clock() - batch.born >= COPY_WITHIN_S:
+        _send_locked(probe, on_engine_thread=True)  # no writer thread to send an old batch
+
+
+def join_run(probe: Probe, draft: StepDraft, pos_t: Any) -> bool:
+    """A decode step of positions alone that goes on the run being filled (`CopyBatch.add`'s test,
+    inline): its row and positions join the run without the general path's reads of the tensor
+    (`ndim`, and `device` for `CopyBatch.fits`: each a call into torch, several us on the engine's
+    thread once a step after the engine's work). The run's first step was checked for both: a
+    rank's forward batches live on its one device, and the run keeps M-RoPE's shape (`Run.pos_2d`).
+    False when the step does not fit the run: it takes the general path."""
+    rids = draft.rids
+    with probe.copy_lock:
+        batch = probe.copies
+        if batch is None:
+            return False
+        run = batch.run_
+        if (run is None or run.rids is not rids or run.which is not WHICH_POS or draft.mode != "decode"
+                or draft.cp_active or draft.extend_lens is not None or draft.notes is not None
+                or run.cp_configured is not draft.cp_configured or run.graph_rows != draft.graph_rows):
+            return False
+        kv_rows = draft.kv_rows
+        if run.kv_none is not (kv_rows is None) or run.kv_full is not (kv_rows == len(rids)):
+            return False
+        batch.parts.append(pos_t[0] if run.pos_2d else pos_t)
+        batch.steps += 1
+        run.rows.append((draft.step, draft.t, draft.rows_in, draft.batch_size, draft.attn_rows_seen,
+                         draft.ffn_rows, draft.logits_rows, kv_rows))
+        probe.spare = draft  # its run keeps its values: the draft serves the next step
+        close_if_due(probe, batch)
+    return True
+
+
+def _step_line(probe: Probe, batch: CopyBatch, draft: StepDraft) -> str:
+    """The Step record's line of one step of `batch`, its host copies arrived."""
+    assert probe.rank is not None and probe.rank_json is not None
+    positions = None
+    for k, name in enumerate(draft.which):
+        value = batch.part(draft.first + k)
+        if name == "positions":
+            positions = value
+        elif name == "kv_mask":
+            draft.kv_mask = value  # 0/1 (or bools): truth is what counts; a numpy view
+        else:
+            _resolve_zigzag(draft, value.tolist())
+    return records.finish_step_line(draft, rank=probe.rank, rank_json=probe.rank_json,
+                                    t=_record_t(probe, draft.t), positions=positions, rid_text=probe.rid_text)
+
+
+def _record_t(probe: Probe, clock: float) -> float:
+    """A step's `t` from the clock as its forward returned: what `Probe.now` said then."""
+    return round(clock - probe.t0, 6)
+
+
+def _resolve_zigzag(draft: StepDraft, sharded: list[int]) -> None:
+    _, keep, split_list, zigzag_index = draft.zigzag_pending
+    draft.zigzag_pending = None
+    split = records.split_zigzag_local(sharded[:keep], split_list, zigzag_index, draft.rids)
+    if split is None:
+        draft.note(f"step {draft.step}: zigzag positions do not fit split_list/zigzag_index")
+    draft.cp_local_positions = split
+
+
+BATCHES = BatchRecorder(attach=attach_record, send_all=send_copies, writer_round=writer_round)
+"""The copy batches as the runtime drives them (`Probe.batches`, installed by `open_batch`)."""

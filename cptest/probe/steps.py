@@ -1,0 +1,446 @@
+"""Step recording: the hook around SGLang's `ModelRunner.forward` makes each forward a step record.
+
+`around_model_runner_forward` opens a StepDraft before the forward (the inner hooks in `hooks` fill
+it), then counts the forward as a CUDA-graph replay or an eager one and hands the step to the copy
+batch being filled (`copy_batches`), which writes its line once the step's device tensors are on
+the host. A decode-graph replay that goes on the run of replays the last step went on takes a
+short path (`_steady_forward`) that writes the same bytes with fewer reads of SGLang's objects;
+every other step takes the general one (`_begin_step_body`, `_end_step_body`). `_timed_forward` is
+the same work measuring the probe's own time on the engine's thread (`Probe.timing`).
+
+The probe's errors are contained here (the hook is registered without `Probe.guarded`'s wrapper);
+SGLang's own exceptions pass through unchanged. The SGLang line cited at each function is the
+0.5.17 wheel's `sglang/srt/<path>:<line>`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from cptest.probe import records
+from cptest.probe import runtime as _runtime
+from cptest.probe.copy_batches import (
+    COPY_EVERY,
+    NO_RIDS,
+    WHICH,
+    WHICH_NONE,
+    WHICH_POS,
+    CopyBatch,
+    Run,
+    close_if_due,
+    close_locked,
+    join_run,
+    open_batch,
+)
+from cptest.probe.records import StepDraft
+from cptest.probe.runtime import Probe, get_probe
+
+
+def int_list(values: Any) -> list[int] | None:
+    """A small CPU list or tensor as ints; None stays None. Only for host-side metadata."""
+    if values is None:
+        return None
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    return [int(v) for v in values]
+
+
+def text_positions(t: Any) -> Any:
+    """M-RoPE positions are [3, n]: the first row is the text position."""
+    return t[0] if getattr(t, "ndim", 1) == 2 else t
+
+
+def around_model_runner_forward(original: Any, runner: Any, forward_batch: Any, *args: Any,
+                                **kwargs: Any) -> Any:
+    """AROUND model_executor/model_runner.py:1382 `ModelRunner.forward`.
+
+    Opens a StepDraft before the forward (inner hooks fill it), then counts replay vs eager from
+    `ModelRunnerOutput.can_run_graph` (model_runner.py:1526-1547) and writes a Step for an eager
+    forward. SGLang's own exceptions pass through unchanged; the probe's never do. A paused probe
+    (runtime.ENV_SWITCH) opens no draft, so the inner hooks find none and return at once.
+    """
+    probe = _runtime._PROBE or get_probe()
+    if probe is None or probe.paused or getattr(runner, "is_draft_worker", False):
+        return original(runner, forward_batch, *args, **kwargs)
+    if probe.timing:
+        return _timed_forward(probe, original, runner, forward_batch, args, kwargs)
+    steady = probe.steady
+    if steady is not None:  # the last step was a replay that went on its run: this one may too
+        result = _steady_forward(probe, steady, original, runner, forward_batch, args, kwargs, False, 0)
+        if result is not _NOT_STEADY:
+            return result
+    # Begin and end are guarded inline (not through Probe.call): two calls fewer every step.
+    try:
+        pending = probe._pending  # Probe.run_ready, inline: earlier steps whose copies have arrived
+        if pending and not (probe.writer_polls and probe.writer_finishes) and pending[0][1].ready():
+            probe._run_pending(None)
+        _begin_step_body(probe, runner, forward_batch)
+    except Exception as e:
+        probe.current = None
+        probe.call("step_begin", probe.error, "step_begin", e)
+    try:
+        result = original(runner, forward_batch, *args, **kwargs)
+    except BaseException as e:
+        probe.guarded("forward_raised")(_forward_raised)(probe, e)
+        raise
+    try:
+        _end_step_body(probe, runner, forward_batch, result)
+    except Exception as e:
+        probe.call("step_end", probe.error, "step_end", e)
+    return result
+
+
+SLOW_NS = 200_000
+"""A step whose probe work took longer than this is counted apart in the `cost` notes: a steady
+cost and a burst (a wait for the GIL, a page fault, a slow copy call) call for different fixes."""
+
+
+def _timed_forward(probe: Probe, original: Any, runner: Any, forward_batch: Any, args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> Any:
+    """`around_model_runner_forward` while measuring (`Probe.timing`, runtime.ENV_SWITCH): the same
+    work, with the probe's own time on the engine's thread added up by part (`Probe.cost`):
+    finishing earlier steps' records (ready), opening the step (begin), closing it (end, which
+    includes sending copies; `send` is also counted apart, in `copy_batches._send_locked`). The
+    inner hooks (KV write, forward hooks) are not in it; benchmarks/probe_step.py bounds them. A
+    separate function, so that evidence runs do not pay for the clock reads."""
+    clock = time.perf_counter_ns
+    t0 = t1 = clock()
+    steady = probe.steady
+    if steady is not None:
+        result = _steady_forward(probe, steady, original, runner, forward_batch, args, kwargs, True, t0)
+        if result is not _NOT_STEADY:
+            return result
+        # its checks, which sent the step on to the general path, fall in `ready` (t0 .. t1)
+    try:
+        probe.run_ready()
+        t1 = clock()
+        _begin_step_body(probe, runner, forward_batch)
+    except Exception as e:
+        probe.current = None
+        probe.call("step_begin", probe.error, "step_begin", e)
+    t2 = clock()
+    try:
+        result = original(runner, forward_batch, *args, **kwargs)
+    except BaseException as e:
+        probe.guarded("forward_raised")(_forward_raised)(probe, e)
+        raise
+    t3 = clock()
+    try:
+        _end_step_body(probe, runner, forward_batch, result)
+    except Exception as e:
+        probe.call("step_end", probe.error, "step_end", e)
+    _count_cost(probe.cost, t0, t1, t2, t3, clock())
+    return result
+
+
+def _count_cost(cost: list[Any], t0: int, t1: int, t2: int, t3: int, t4: int) -> None:
+    """Add one step's probe time to `Probe.cost`: ready t0..t1, begin t1..t2, the forward t2..t3
+    (not the probe's), end t3..t4."""
+    spent = t2 - t0 + t4 - t3
+    cost[0] += spent
+    cost[1] += 1
+    if not cost[2]:
+        cost[2] = t0
+    cost[3] = t4
+    cost[4] += t1 - t0
+    cost[5] += t2 - t1
+    cost[6] += t4 - t3
+    if spent > SLOW_NS:
+        cost[8] += 1
+        cost[9] += spent
+
+
+def _forward_raised(probe: Probe, e: BaseException) -> None:
+    draft = probe.current
+    probe.current = None
+    step = draft.step if draft else -1
+    if draft is not None:
+        probe.recycle(draft)
+    probe.note(f"step {step}: SGLang forward raised {type(e).__name__}: {e}", "warning")
+
+
+def _begin_step_body(probe: Probe, runner: Any, fb: Any) -> None:
+    probe.step_index = step = probe.step_index + 1
+    cp = probe.cp_configured
+    if cp is None:
+        cp = probe.cp_configured = _cp_configured()
+    fm = fb.forward_mode
+    last = _LAST_MODE
+    mode = last[1] if fm is last[0] else _step_mode(fm)
+    ids = getattr(fb, "input_ids", None)
+    rows_in = int(ids.shape[0]) if ids is not None else 0
+    rids = getattr(fb, "rids", None)  # str in SGLang; records.finish_step_line makes sure
+    bs = int(getattr(fb, "batch_size", len(rids or ())) or 0)
+    if rids:  # the probe's own list while the requests stay (Probe.same_rids, inline)
+        same = probe._rids
+        rids = same if same is not None and rids == same else probe.same_rids(rids)
+    else:
+        rids = [f"#{i}" for i in range(bs)]
+    draft = probe.spare
+    if draft is not None and mode == "decode":
+        # The last step's draft, whose step joined a run (`_end_step_body`): only what a decode
+        # step's hooks set differs from a new draft's (StepDraft.__init__ would set all 24 fields).
+        probe.spare = None
+        draft.step, draft.mode, draft.batch_size, draft.rows_in, draft.rids = step, mode, bs, rows_in, rids
+        draft.cp_configured = cp
+        draft.attn_rows_seen = draft.ffn_rows = draft.logits_rows = draft.kv_rows = draft.graph_rows = None
+        probe.current = draft
+        return
+    try:  # not `if probe.drafts`: the writer thread may take the last one in between (writer_finishes)
+        draft = probe.drafts.pop()
+    except IndexError:
+        draft = StepDraft(step=0, mode=mode, batch_size=0, rows_in=0, rids=rids)
+    if mode == "decode":
+        StepDraft.__init__(draft, step=step, mode=mode, batch_size=bs, rows_in=rows_in, rids=rids,
+                           cp_configured=cp)
+    else:
+        StepDraft.__init__(
+            draft, step=step, mode=mode, batch_size=bs, rows_in=rows_in, rids=rids,
+            extend_lens=int_list(getattr(fb, "extend_seq_lens_cpu", None)),
+            prefix_lens=int_list(getattr(fb, "extend_prefix_lens_cpu", None)), cp_configured=cp)
+    probe.current = draft
+
+
+def _step_mode(fm: Any) -> records.StepMode:
+    """The step mode of SGLang's ForwardMode `fm`, remembered as the last one seen (`_LAST_MODE`)."""
+    # SGLang's ForwardMode is an IntEnum: reading `name` costs a Python call each time
+    name = getattr(fm, "name", None) or str(fm)
+    mode = _MODES.get(name)
+    if mode is None:
+        mode = _MODES[name] = records.mode_of(name)
+    _LAST_MODE[0], _LAST_MODE[1] = fm, mode
+    return mode
+
+
+_LAST_MODE: list[Any] = [None, None]
+"""The last ForwardMode seen and its step mode: a decode keeps one (the object is held, so its
+identity cannot pass to another)."""
+_MODES: dict[str, records.StepMode] = {}
+"""SGLang's ForwardMode names -> our step modes, looked up once per name."""
+
+_GRAPH_KEYS: dict[tuple[bool, str], tuple[str, str]] = {
+    (replay, mode): ("replay" if replay else "eager", "decode" if mode in ("decode", "idle") else "prefill")
+    for replay in (False, True) for mode in ("extend", "decode", "mixed", "idle", "other")
+}
+"""(replayed, step mode) -> the graph counter's key (`Probe.count_graph`, made once)."""
+
+
+def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
+    draft, probe.current = probe.current, None
+    if draft is None:
+        return
+    if probe.rank is None:
+        probe.recycle(draft)
+        return
+    # Probe.count_graph, inline: the engine's thread is the counter's only writer (GraphCounter).
+    if getattr(result, "can_run_graph", False):
+        probe.graph.totals[_GRAPH_KEYS[True, draft.mode]] += 1
+        # A replay is recorded too: the forward batch's requests and positions are what the
+        # graph runner copied into the graph's inputs (decode_cuda_graph_runner.py:1122-1129), and
+        # its padded size is the graph that ran. What happens inside (the inner hooks, the KV
+        # write and its owner mask) is not seen: the record says so by `graph_rows`.
+        rows = _graph_rows(runner)
+        if rows is None:
+            probe.warn_once("graph_rows", f"step {draft.step}: CUDA-graph replay without a readable "
+                            "padded size (decode_cuda_graph_runner.bs); its step is not recorded")
+            probe.recycle(draft)
+            return
+        draft.graph_rows = rows  # no inner hook fired: no mask or zigzag tensor is pending
+    else:
+        probe.graph.totals[_GRAPH_KEYS[False, draft.mode]] += 1
+    pos_t = getattr(fb, "positions", None)
+    # Taken here, at the forward's end: every stream SGLang used in the forward has joined the
+    # current one by now, so the tensors kept by the inner hooks are complete in its order.
+    has_pos = probe.observe_positions and pos_t is not None
+    mask, zigzag = draft.kv_mask_pending, draft.zigzag_pending
+    # The clock as read: `Probe.now`'s rounding waits for the batch's records
+    # (`copy_batches._record_t`), where it runs for all its steps in a row; on its own, once a step
+    # after the engine's work, it cost several times as much (benchmarks/probe_step.py --engine-us).
+    draft.t = probe.clock()
+    if mask is None and zigzag is None:  # a decode step's usual case: positions alone
+        if has_pos:
+            draft.which = WHICH_POS
+            if join_run(probe, draft, pos_t):
+                if draft.graph_rows is not None:
+                    _arm_steady(probe, runner, fb, draft)
+                return
+            tensors = [pos_t[0] if getattr(pos_t, "ndim", 1) == 2 else pos_t]  # text_positions
+        else:
+            tensors = []
+            draft.which = WHICH_NONE
+    else:
+        draft.kv_mask_pending = None
+        tensors = [text_positions(pos_t)] if has_pos else []
+        if mask is not None:
+            tensors.append(mask)
+        if zigzag is not None:
+            tensors.append(zigzag[0])
+        draft.which = WHICH[has_pos, mask is not None, zigzag is not None]
+    with probe.copy_lock:
+        batch = probe.copies
+        if batch is None:
+            batch = open_batch(probe)
+        elif tensors and not batch.fits(tensors):
+            close_locked(probe)
+            batch = open_batch(probe)
+        if batch.add(draft, tensors):
+            probe.spare = draft  # its run keeps its values: the draft serves the next step
+            run = batch.run_  # the run the step opened or joined
+            if run is not None and draft.which is WHICH_POS and tensors[0] is not pos_t:
+                run.pos_2d = True  # text_positions took the first row: later steps of the run do too
+        close_if_due(probe, batch)
+    if probe.spare is draft and draft.graph_rows is not None and draft.which is WHICH_POS:
+        _arm_steady(probe, runner, fb, draft)
+
+
+class Steady:
+    """What the short path (`_steady_forward`) needs to put a decode-graph replay on the run
+    the last step went on, read once when that step armed it (`_arm_steady`): the forward mode,
+    requests and batch size a step must have to go on the run, the graph runner with the padded
+    size and width it replayed, the copy batch and run, the draft the inner hooks fill if the step
+    turns out eager, and the graph counter's totals. One per probe (`Probe.steady_spare`), armed
+    again and again."""
+
+    __slots__ = ("mode", "rids", "bs", "graph_runner", "graph_bs", "width", "batch", "run", "draft", "totals")
+
+    def __init__(self) -> None:
+        self.mode: Any = None
+        self.rids: list[str] = NO_RIDS
+        self.bs = 0
+        self.graph_runner: Any = None
+        self.graph_bs = 0
+        self.width: Any = 1
+        self.batch: CopyBatch | None = None
+        self.run: Run | None = None
+        self.draft: StepDraft | None = None
+        self.totals: dict[Any, int] = {}
+
+
+_NOT_STEADY = object()
+"""What `_steady_forward` returns when the step is not for it (it called no forward)."""
+_REPLAY_DECODE = _GRAPH_KEYS[True, "decode"]
+
+
+def _arm_steady(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> None:
+    """After a decode-graph replay went on a run by the general path (`draft`, now `probe.spare`):
+    let the next step try the short path. Not armed while the CP configuration is not known (the
+    general begin looks it up again each step until it is)."""
+    if probe.cp_configured is None:
+        return
+    gr = getattr(runner, "decode_cuda_graph_runner", None)
+    bs = getattr(gr, "bs", None)
+    with probe.copy_lock:
+        batch = probe.copies
+        run = batch.run_ if batch is not None else None
+        if run is None or run.graph_rows != draft.graph_rows or not isinstance(bs, int):
+            return
+        st = probe.steady_spare
+        if st is None:
+            st = probe.steady_spare = Steady()
+        st.mode, st.rids, st.bs = fb.forward_mode, run.rids, draft.batch_size
+        st.graph_runner, st.graph_bs, st.width = gr, bs, getattr(gr, "captured_req_width", 1)
+        st.batch, st.run, st.draft, st.totals = batch, run, draft, probe.graph.totals
+    probe.steady = st
+
+
+def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: Any, args: tuple[Any, ...],
+                    kwargs: dict[str, Any], timed: bool, t0: int) -> Any:
+    """The short path of a decode step that goes on the run of replays the last step went on:
+    the record the general path makes (`_begin_step_body`, `_end_step_body`, `join_run`), without
+    the reads and writes that cannot change along such a run. Each is a few us on the engine's
+    thread once a step after the engine's work (the cost is the work done cold): the draft's
+    fields are not set (the row is made from locals), the forward mode is compared by identity, the
+    graph runner, its padded size and width are compared with the run's, the graph counter's key is
+    made once. Returns `_NOT_STEADY` (no forward called) when the step is not the run's before the
+    forward. After it, a step that does not go on the run (eager, another graph size or runner, the
+    batch closed or sent, anything read differently) gets the draft filled as the general begin
+    fills it and the general end, which says what it finds. `timed`, `t0`: the timing probe's
+    (`_timed_forward`); the time is added to `Probe.cost` as it is at the step's end, as there, so
+    that a cost note written meanwhile by the writer thread does not take it."""
+    try:
+        pending = probe._pending  # Probe.run_ready, inline: finishing due goes by the general path
+        fm = fb.forward_mode
+        rids = fb.rids
+        if ((pending and not (probe.writer_polls and probe.writer_finishes) and pending[0][1].ready())
+                or (fm is not st.mode and _step_mode(fm) != "decode") or fb.batch_size != st.bs
+                or (rids is not st.rids and rids != st.rids)):  # the same requests: equal item by item
+            probe.steady = None
+            return _NOT_STEADY
+        rows_in = int(fb.input_ids.shape[0])
+    except Exception:  # something the general path reads otherwise, and says why
+        probe.steady = None
+        return _NOT_STEADY
+    probe.step_index = step = probe.step_index + 1
+    draft = probe.current = st.draft  # for the inner hooks, if the forward runs eager after all
+    t2 = time.perf_counter_ns() if timed else 0
+    try:
+        result = original(runner, fb, *args, **kwargs)
+    except BaseException as e:
+        probe.steady = probe.spare = None
+        if draft is not None:
+            draft.step = step
+        probe.guarded("forward_raised")(_forward_raised)(probe, e)
+        raise
+    t3 = time.perf_counter_ns() if timed else 0
+    probe.current = None
+    try:
+        gr = runner.decode_cuda_graph_runner if getattr(result, "can_run_graph", False) else None
+        pos = (fb.positions if gr is not None and gr is st.graph_runner and gr.bs == st.graph_bs
+               and getattr(gr, "captured_req_width", 1) == st.width else None)
+    except Exception:
+        pos = None
+    done = False  # the step went on the run (or failed there, said): the general end must not record it
+    if pos is not None:
+        t = probe.clock()
+        try:
+            with probe.copy_lock:
+                batch, run = probe.copies, st.run
+                if batch is st.batch and batch.run_ is run:
+                    done = True
+                    batch.parts.append(pos[0] if run.pos_2d else pos)
+                    batch.steps += 1
+                    run.rows.append((step, t, rows_in, st.bs, None, None, None, None))
+                    st.totals[_REPLAY_DECODE] += 1  # Probe.count_graph, inline (one writer: this thread)
+                    if batch.steps >= COPY_EVERY or not probe.writer_polls:
+                        close_if_due(probe, batch)  # full: the next step opens a batch by the general end
+        except Exception as e:
+            done = True
+            probe.steady = None
+            probe.call("step_end", probe.error, "step_end", e)
+    if not done:
+        # Not on the run: the step as the general begin would have opened it, and the general end
+        # (which arms the short path again when the step goes on a run of replays).
+        try:
+            probe.steady = probe.spare = None
+            draft.step, draft.mode, draft.batch_size, draft.rows_in = step, "decode", st.bs, rows_in
+            draft.rids, draft.cp_configured, draft.graph_rows = st.rids, probe.cp_configured, None
+            probe.current = draft
+            _end_step_body(probe, runner, fb, result)
+        except Exception as e:
+            probe.call("step_end", probe.error, "step_end", e)
+    if timed:
+        _count_cost(probe.cost, t0, t0, t2, t3, time.perf_counter_ns())
+    return result
+
+
+def _graph_rows(runner: Any) -> int | None:
+    """Rows the decode graph just replayed ran: the batch padded to a captured size, times the
+    tokens per request it was captured with (`bs`, `captured_req_width`: set by `load_batch`,
+    model_executor/runner/decode_cuda_graph_runner.py:1116, 1172); None when unreadable."""
+    gr = getattr(runner, "decode_cuda_graph_runner", None)
+    bs = getattr(gr, "bs", None)
+    if not isinstance(bs, int) or bs <= 0:
+        return None
+    width = getattr(gr, "captured_req_width", 1)
+    return bs * (width if isinstance(width, int) and width > 0 else 1)
+
+
+def _cp_configured() -> bool | None:
+    base = sys.modules.get("sglang.srt.layers.cp.base")
+    if base is None:
+        return None
+    return base.get_cp_strategy() is not None  # layers/cp/base.py:274
+
+
