@@ -65,6 +65,8 @@ TINY: dict[str, SyntheticGeometry] = {
     # Qwen3-MoE, the MHA family SGLang 0.5.17 runs on its CP-v2 path by default (D64): 1 KV head, the
     # kv_heads <= tp/dcp regime of DCP 2 on TP 2 (and of PCP 2, attention-TP 1); 8 experts, top 2.
     "qwen3-moe-kv1": _tiny("qwen3_moe", 1, 7, experts=8, experts_per_tok=2, moe_intermediate=128),
+    # And with 4 KV heads: PCP's attention-TP 1 holds all four on each CP rank.
+    "qwen3-moe-kv4": _tiny("qwen3_moe", 4, 7, experts=8, experts_per_tok=2, moe_intermediate=128),
 }
 """The suite's tiny models by name (the first five are the names tools/make-tiny-models used):
 hidden 256, 4 layers, 8 heads of 64, vocab 4096, intermediate 512; MLA with kv_lora 64, q_lora 128,

@@ -58,6 +58,9 @@ TREES = {
                          "737ff58556bb34c67145b64d028c201343986459c6b25e135d11087d0b360f4a"),
     "qwen3-moe-kv1": ("qwen3_moe-ce4ae62c3fb9be6b",
                       "7d041f491f37e29b22da264a64493e6c0e3196af7c3c1ceb54dc0ea343671fe2"),
+    # As pinned by results/pcp2_zigzag_qwen3_moe_kv4_fa3/20261203T181219Z-049791eb, made on the GPU machine.
+    "qwen3-moe-kv4": ("qwen3_moe-d8d71ba42242ec55",
+                      "476f6394911b0e80e26a3e715b70ec3eb6761d5e8b5c72b479f783f7d9fb2e7b"),
 }
 """Each tiny model's store name and tree hash, as archives and plans pin them (docs/decisions.md D64:
 adding an architecture must leave every other model's bytes and name as they were)."""
