@@ -1,4 +1,4 @@
-"""What a person watching a long command sees on stderr (docs/decisions.md D50).
+"""What a person watching a long command sees on stderr (README.md, "Commands").
 
 The outline logger (`cptest.outline`) says when a phase starts and ends and how far long work got;
 this module only chooses how that reaches a person, and never what reaches an archive (the run's

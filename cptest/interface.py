@@ -1,4 +1,4 @@
-"""The machine interface of the `cptest` command: one output model per command (docs/decisions.md D50).
+"""The machine interface of the `cptest` command: one output model per command (README.md, "Commands").
 
 Every command prints, under `--json`, exactly one JSON object on stdout: its output model below, or
 `ErrorOut` when it stops on an error (bad input, an unreadable archive, a cause on the machine). The
@@ -360,7 +360,7 @@ class SupportEntryOut(_Out):
 
 
 class SupportMatrixOut(_Out):
-    """`cptest matrix --support`: every cell in exactly one state (docs/decisions.md D61)."""
+    """`cptest matrix --support`: every cell in exactly one state."""
 
     release: str
     counts: dict[str, int]

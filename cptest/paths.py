@@ -1,6 +1,6 @@
 """Paths in what cptest writes down: named roots, never an absolute path of the machine that wrote it.
 
-An archive must mean the same on another machine and in another checkout (docs/decisions.md D41).
+An archive must mean the same on another machine and in another checkout.
 So the plan names the places it depends on by token — `<models>/llama-0123abcd` for a model in the
 model store, `<scenario>/ckpt` for a checkpoint next to the scenario — and a run materialises the
 tokens into this machine's directories only in memory, just before it launches (`materialize`).
@@ -10,7 +10,7 @@ the archive, the model store, the scenario's folder, the checkout, the Python en
 home directory. Engine logs (`logs/*-node*.log`) are the engine's own words and stay verbatim.
 
 The roots of the run in progress are process-wide (`rooted`): a cptest process runs one scenario
-at a time (a suite starts one process per scenario, D26), and the writers that need them sit in
+at a time (a suite starts one process per scenario), and the writers that need them sit in
 layers that know nothing about runs.
 """
 
@@ -43,8 +43,8 @@ _roots: dict[str, str] = {}
 @lru_cache(maxsize=1)
 def checkout() -> Path | None:
     """The source checkout cptest runs from (an editable install), or None for an installed package.
-    Cached: this file does not move while the process runs, and resolving it cost 190 us on every
-    record written outside a run's `rooted` block (the fidelity client's, results/_measure run12)."""
+    Cached: this file does not move while the process runs, and resolving it costs about 190 us on
+    every record written outside a run's `rooted` block (the fidelity client's)."""
     root = Path(__file__).resolve().parent.parent
     return root if (root / "pyproject.toml").is_file() else None
 
@@ -92,7 +92,7 @@ def portable(text: str, roots: Mapping[str, str] | None = None) -> str:
     pattern = _pattern(root_paths)
     # Most texts hold no root at all (a request's result, a step's record): a substring test per
     # root is ~1 us where the regex scan was ~70 us on a 6.5 KB result line, and the workload
-    # driver writes one on its event loop as each request ends (results/_measure run12).
+    # driver writes one on its event loop as each request ends.
     if pattern is None or "/" not in text or not any(p in text for p in root_paths if p and p != "/"):
         return text
     by_path: dict[str, str] = {}

@@ -84,7 +84,7 @@ class SyntheticGeometry(BaseModel):
     experts: int | None = Field(default=None, exclude_if=lambda v: v is None)
     """qwen3_moe only: routed experts per layer (HF `num_experts`). This and the two below are absent
     from the dump when unset, so that every other geometry keeps its store name and every scenario
-    written before them its hash (D64)."""
+    written before them its hash."""
     experts_per_tok: int | None = Field(default=None, exclude_if=lambda v: v is None)
     """qwen3_moe only: experts each token is routed to (HF `num_experts_per_tok`)."""
     moe_intermediate: int | None = Field(default=None, exclude_if=lambda v: v is None)
@@ -208,7 +208,7 @@ class Workload(Node):
     fill_drain: float | None = Field(default=None, exclude_if=lambda v: v is None)
     """`fill_drain P`: a closed loop whose concurrency the plan sizes so that the requests in flight
     hold P of the main server's logical KV pool, one more waits at the limit, and the pool drains at
-    the end (`cptest.plan.fill_drain`, D59). None: the declared concurrency or rate."""
+    the end (`cptest.plan.fill_drain`). None: the declared concurrency or rate."""
 
 
 class FaultSpec(BaseModel):

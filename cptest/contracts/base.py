@@ -135,8 +135,8 @@ class Contract(Generic[E, P]):
     """A scenario may declare it more than once (graph: once per phase; log: any number)."""
     needs_eager: bool = False
     """Its evidence can only come from eager forwards: the plan disables every graph phase
-    (docs/decisions.md D8). No contract needs it since the probe records replays (D58); the flag
-    stays for one whose evidence a replay cannot give at all."""
+    (docs/sglang.md, "CUDA graphs": Python hooks never fire on a replay). No contract needs it, as the
+    probe records replays as steps; the flag stays for one whose evidence a replay cannot give at all."""
 
 
 # ------------------------------------------------------------------------------------ validation

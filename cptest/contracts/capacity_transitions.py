@@ -2,9 +2,9 @@
 
     expect { capacity transitions peak >= 0.9 together within 0 }
 
-`capacity` judges the pool at one instant; this judges it through a run (issue 13, decisions D59),
-from each rank's `PoolSample` records (written by the probe at scheduler iterations,
-`cptest.probe.pool_hooks`), against what the plan says:
+`capacity` judges the pool at one instant; this judges it through a run (docs/language.md,
+"Capacity transitions"), from each rank's `PoolSample` records (written by the probe at scheduler
+iterations, `cptest.probe.pool_hooks`), against what the plan says:
 
 - **logical == group x physical, at every sample**: the allocator's token space (`total`) equals
   the DCP group size times the rank's pool rows (`KvPool.rows`), and the scheduler's own logical

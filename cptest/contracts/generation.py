@@ -3,7 +3,7 @@ against a measured noise floor.
 
     expect { generation logprob p99 <= 4 * control topk 5 agree >= 0.95 free_running topk 5 vs baseline }
 
-Clauses (any number, at least one; docs/language.md, docs/decisions.md D39):
+Clauses (any number, at least one; docs/language.md, "Generation parity"):
 - `logprob STAT <= X [* control]` (STAT: p50, p99, max): teacher-forced |Δlogprob| between main and
   baseline over every scored position (`cptest.contracts.parity.forced`). With `* control`, the bound
   is X times the same figure of the control server (the baseline's model at another TP degree:
@@ -12,9 +12,9 @@ Clauses (any number, at least one; docs/language.md, docs/decisions.md D39):
   token is in the other's top K is at least R (or R times the control's).
 - `free_running topk K`: the free-running greedy outputs, compared by the vLLM rule (at the first
   divergence each side's token is in the other's top K; nothing after it).
-- Older keys, kept for archives and scenarios written before D39: `tokens_agree >= R` (greedy-prefix
-  agreement: agreed tokens / longer output, summed over requests) and `logprob_within X` (max
-  |Δlogprob| over the agreed prefixes of the free-running outputs).
+- Older keys, kept for archives and scenarios written before teacher-forced parity: `tokens_agree
+  >= R` (greedy-prefix agreement: agreed tokens / longer output, summed over requests) and
+  `logprob_within X` (max |Δlogprob| over the agreed prefixes of the free-running outputs).
 
 Requests are paired by `index`; only pairs where both sides answered `ok` are compared (serving judges
 the rest). Nothing comparable for a declared clause, or no control evidence for a relative bound:

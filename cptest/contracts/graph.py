@@ -3,8 +3,8 @@
     expect { graph decode captured }      expect { graph prefill eager }
 
 Evidence: Graph records (capture at capture time; replay/eager counts from the runner's
-`can_run_graph` hook) and Step records (an eager forward's, or since D58 a replay's, marked by
-`graph_rows`; the inner hooks fire only on eager forwards: docs/decisions.md D8). "Step records"
+`can_run_graph` hook) and Step records (an eager forward's, or a replay's, marked by `graph_rows`;
+the inner hooks fire only on eager forwards: docs/sglang.md, "CUDA graphs"). "Step records"
 below means eager ones.
 - captured: every rank recorded a capture for the phase; if replay/eager counts were recorded, at
   least one replay (captured but never replayed means it ran eager).
@@ -71,7 +71,7 @@ def check(evidence: Evidence, p: GraphParams) -> Verdict:
         g = [r for r in ev.ranks[w].graphs if r.phase == phase]
         sizes[str(w)] = sorted({b for r in g if r.event == "capture" for b in r.batch_sizes})
         of_phase = [s for s in ev.ranks[w].steps if s.mode in _STEP_MODES[phase]]
-        # Replays are counted by the runner's counters and, since D58, recorded as steps too; the
+        # Replays are counted by the runner's counters and recorded as steps too; the
         # larger count stands (counters of a killed rank may not have been flushed).
         replays[str(w)] = max(sum(r.count for r in g if r.event == "replay"),
                               sum(1 for s in of_phase if s.graph_rows is not None))

@@ -6,7 +6,7 @@ within the measured noise floor.
 The plan adds an *eager twin* (role `eager`): the main topology and serve options with every
 CUDA-graph phase disabled, run without faults. The main server must run decode graphs (its serve
 declares `cuda_graph_decode full` or `breakable`; the plan refuses otherwise). Clauses, at least one
-(docs/language.md "Graph parity", docs/decisions.md D60):
+(docs/language.md "Graph parity"):
 - `logprob STAT <= X [* control]` (STAT: p50, p99, max): |Δlogprob| between main and the eager twin
   on two measures, and the bound must hold on both:
   - *teacher-forced*: both scored the baseline's sequences with prompt logprobs (`parity.forced`):
@@ -16,7 +16,7 @@ declares `cuda_graph_decode full` or `breakable`; the plan refuses otherwise). C
     (`parity.decode_prefix`): same history on both sides, each logprob from a decode forward, i.e.
     a graph replay on main and an eager forward on the twin.
   With `* control` the limit is X times the same measure of the control against the baseline
-  (the generation contract's noise floor, D39); never below one float32 ulp of the figures.
+  (the generation contract's noise floor); never below one float32 ulp of the figures.
 - `topk K agree >= R [* control]`: teacher-forced top-K agreement (no top lists on the decode measure).
 - `free_running topk K`: the free-running outputs of main and twin by vLLM's first-divergence rule.
 

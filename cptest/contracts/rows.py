@@ -112,7 +112,7 @@ def check(evidence: Evidence, p: RowsParams) -> Verdict:
 
 
 REPLAYS_RECORDED_SINCE = 5
-"""The evidence schema from which the probe records CUDA-graph replays as steps (D58)."""
+"""The evidence schema from which the probe records CUDA-graph replays as steps."""
 
 
 def _why_no_steps(ev: RoleEvidence) -> str:
@@ -190,7 +190,7 @@ def _dcp_owner(ev: RoleEvidence, dcp: int, inter: int) -> Verdict:
             continue
         written: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
         # Positions computed in CUDA-graph replays: their K/V write and its owner mask ran inside
-        # the graph, unobserved (D58). Every rank of the group computes every query row under DCP,
+        # the graph, unobserved. Every rank of the group computes every query row under DCP,
         # so the union over the group is the set of positions no write of which could be seen.
         replayed: dict[str, list[tuple[int, int]]] = defaultdict(list)
         for d, world in enumerate(group):
@@ -601,6 +601,6 @@ def _how(graph_rows: int | None) -> str:
     return "eagerly" if graph_rows is None else f"as a CUDA-graph replay of {graph_rows} rows"
 
 
-# Not `needs_eager` since D58: replayed steps are recorded, so the plan leaves the scenario's graph
+# Not `needs_eager`: replayed steps are recorded, so the plan leaves the scenario's graph
 # mode as declared; what a replay hides (the owner mask) is unknown here, never assumed.
 CONTRACT = Contract(NAME, RowsExpect, RowsParams, resolve, check)

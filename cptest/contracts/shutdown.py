@@ -9,8 +9,8 @@ Evidence: the role's Lifecycle events (`signal`, `exited` {node, status, after_s
 `teardown` {leftover_pids, killed}, `shutdown_done` {after_s, all_exited}), the last ProcessSample
 (phase "final", else "after"; the runner lists an engine-titled process outside the trees as this
 run's, scope `host`, only when it is in one of this run's sessions or carries this run's label, and
-as `foreign` otherwise: another run's engines on a shared machine are never this run's orphans,
-issue 14), and the GpuSamples. Where they attribute memory to processes (NVML), GPU
+as `foreign` otherwise: another run's engines on a shared machine are never this run's orphans),
+and the GpuSamples. Where they attribute memory to processes (NVML), GPU
 memory is released when no process of this run holds any after shutdown: the judgement is the run's
 own, so runs may share GPUs. Otherwise the device total "after"/"final" is compared with "before",
 with a slack of 64 MiB per GPU (driver context noise), except for a co-located server: its ranks

@@ -42,7 +42,8 @@ class ServerLaunch:
     port: int
     host: str = "127.0.0.1"
     eager: bool = False
-    """Every CUDA-graph phase disabled: per-step evidence needs eager forwards (docs/decisions.md D8)."""
+    """Every CUDA-graph phase disabled: per-step evidence needs eager forwards (docs/sglang.md,
+    "CUDA graphs": Python hooks never fire on a replay)."""
     forward_hooks: tuple[Mapping[str, object], ...] = ()
     """The probe's module hooks (`cptest.probe.forward_hooks`), for engines that load them."""
     colocated: bool = False

@@ -4,5 +4,5 @@
 multi-document YAML, and `validate` checks them offline: the core kinds against the schemas
 kubernetes-validate bundles for a pinned Kubernetes version, the LeaderWorkerSet against the
 structural schema of its published API version (`schemas/leaderworkerset-v1.json`). No API server
-runs here, so nothing is ever applied (docs/kubernetes.md, docs/decisions.md D55).
+runs here, so nothing is ever applied (docs/kubernetes.md).
 """

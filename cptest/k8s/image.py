@@ -2,7 +2,7 @@
 
 SGLang: cptest builds no SGLang image itself: `images/lock.json` names `sglang-cptest:<release>`
 (built from images/Dockerfile.sglang-<release>, with cptest installed so that SGLang finds the
-probe's entry point), and the docker launcher runs it only once the lock pins its digest (D44).
+probe's entry point), and the docker launcher runs it only once the lock pins its digest.
 
 The reference engine: the lock's entry marked `"engine": "reference"` (`cptest image build
 reference`), the image the docker launcher gives a reference node that names none. It holds no

@@ -3,7 +3,7 @@
 Pure: the plan, the image and the volume names in, dicts out (`yaml_text.dump` writes them).
 Both engines, as the docker launcher runs them: SGLang on GPUs from its image (cptest installed in
 it); the CPU reference engine from its image with cptest's source on a read-only volume at the image's
-`cptest_mount`, on PYTHONPATH (the docker launcher mounts the checkout there, D44), CPU and memory
+`cptest_mount`, on PYTHONPATH (the docker launcher mounts the checkout there), CPU and memory
 requested instead of GPUs.
 Modelled on SGLang's LWS example (kubernetes-sigs/lws docs/examples/sglang/lws.yaml): a leader and a
 worker template running `python3 -m sglang.launch_server` with LWS's environment in its arguments
@@ -12,7 +12,7 @@ worker template running `python3 -m sglang.launch_server` with LWS's environment
 `leaderworkerset.sigs.k8s.io/name` and `role: leader`. What cptest adds: the plan's environment and
 probe (`CPTEST_PROBE_DIR` on an evidence volume, `--forward-hooks` as planned), the model store as a
 read-only volume, a startup probe on `/health` for as long as the plan waits for readiness, a
-readiness probe on `/health_generate` (what cptest's own readiness asks, D47), the plan's shutdown
+readiness probe on `/health_generate` (what cptest's own readiness asks), the plan's shutdown
 time as the grace period, and labels naming the scenario, the role and the plan's hash.
 """
 
@@ -40,7 +40,7 @@ PROBE_PERIOD_S = 10
 GPU_ENGINES = ("sglang",)
 """Engines whose pods get the node's GPUs (`nvidia.com/gpu`)."""
 SOURCE_ENGINES = ("reference",)
-"""Engines whose image holds no cptest (D44): the pods mount cptest's source from the source claim
+"""Engines whose image holds no cptest: the pods mount cptest's source from the source claim
 at `Image.cptest_mount` and put it on PYTHONPATH, as the docker launcher does with the checkout.
 The reference engine is CPU only: its plan's `gpu_ids` are placement bookkeeping, not devices."""
 ENGINES = GPU_ENGINES + SOURCE_ENGINES

@@ -214,7 +214,7 @@ class CopyBatch:
         already (another thread, `send_copies`), as entering it costs 8.8 us on the GPU machine.
         Off the engine's thread the stream is entered for each batch: set once as the writer
         thread's current stream instead, and on the H200 the last step of a batch then read
-        back values from before its own kernels ran (tests/probe/test_hooks_cuda.py, 3 of 3 runs):
+        back values from before its own kernels ran (tests/probe/test_hooks_cuda.py):
         the copy was not ordered after them on the steps' stream."""
         if self.host is not None:
             return

@@ -1,4 +1,4 @@
-"""Pool samples: each rank's KV pool and the scheduler's token accounting through a run (D59).
+"""Pool samples: each rank's KV pool and the scheduler's token accounting through a run.
 
 `PoolSampler` decides which scheduler iterations become `PoolSample` records; the SGLang hook
 (`after_get_next_batch_to_run`) and the reference engine's scheduler (`cptest.reference.rank`)
@@ -16,7 +16,7 @@ scheduler's queues: SGLang's TP ranks each run the same scheduler on the same br
 so the ranks of a DCP group write samples at the same steps and the checker compares them there.
 
 Cost: a handful of attribute reads and `len()`s per iteration, and a record's line (no pydantic) when
-one is due; it joins the copy batch being filled (`Probe.write`, D67). `available_size()` is
+one is due; it joins the copy batch being filled (`Probe.write`). `available_size()` is
 `len(free_pages) * page_size` of a device tensor, whose length is host metadata (no CUDA sync,
 mem_cache/allocator/base.py:57-58, token.py:51-53 in the 0.5.17 wheel).
 """
@@ -102,7 +102,7 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
     # iteration on the engine's thread, outside the forward that steps._timed_forward times.
     # Only a busy iteration's time is counted: one that leads to a forward step. An idle scheduler
     # loops without end and reads the pools each time (idle is never too soon), but no step waits
-    # for it; on the H200 those loops put 30-90 ms into cost notes of a few hundred steps (run26).
+    # for it, so counting those loops would charge the steps' cost notes with time no step spent.
     t0 = time.perf_counter_ns() if probe.timing else 0
     busy = read = False
     try:
@@ -147,8 +147,8 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
         if figures != sampler.last:  # PoolSampler.due, inline: not too soon (it returned above if so)
             sampler.last, sampler.last_step = figures, step
             # The record's figures and the clock; its JSON line is made without pydantic (as a step's
-            # is, records.py) when it is written, with the copy batch it joins (D69): it reads back as
-            # the PoolSample that `PoolSampler.offer` would have made (D67). Into the batch being
+            # is, records.py) when it is written, with the copy batch it joins: it reads back as the
+            # PoolSample that `PoolSampler.offer` would have made. Into the batch being
             # filled directly when there is one (what `Probe.write` does on this thread, two calls
             # fewer); otherwise `Probe.write` decides.
             record = pool_sample_late(probe.rank_json, probe.clock(), step, total, free, evictable,

@@ -10,7 +10,7 @@ Contracts:
   CPU/GPU overlap (22.9 % of eager decode throughput, results/_probe-overhead/). Work that needs
   device values (a step's positions, on their way to the host) is `defer`red and finished once
   `ready()` says the copies are done (a query, never a wait): by the writer thread, right after
-  its round's sends and polls (`writer_finishes`, D69), or without a writer thread by the
+  its round's sends and polls (`writer_finishes`), or without a writer thread by the
   engine's thread at the start of a later step. The writer still takes the GIL for it; what it
   saves the engine is running that code cold, once a batch between SGLang's own work (about twice
   the CPU of the same code run warm, benchmarks/probe_step.py --engine-us). Its CPU time is in
@@ -182,8 +182,8 @@ class Probe:
         the engine's thread makes no CUDA call for the probe (copy_batches.CopyBatch.ready)."""
         self.writer_finishes = True
         """While the writer thread runs, it also finishes the deferred work whose copies arrived (the
-        batches' lines), right after its sends and polls, and the engine's thread finishes none
-        (D69); False: the engine's thread finishes it at a step's start (D52)."""
+        batches' lines), right after its sends and polls, and the engine's thread finishes none;
+        False: the engine's thread finishes it at a step's start."""
         self.send_lock = threading.Lock()
         """Held while batches are sent: the writer's rounds and `BatchRecorder.send_all` never send
         one twice."""
@@ -215,9 +215,9 @@ class Probe:
         """Since the last `cost` note: [probe ns, steps, first step's start ns, last step's end ns,
         ready ns, begin ns, end ns, send ns, slow steps, slow steps' ns] (steps._timed_forward), the
         writer thread's CPU ns in its rounds (`_write_loop`), the pool hook's ns on the engine's
-        thread in busy scheduler iterations (pool_hooks.after_get_next_batch_to_run, D73), those
+        thread in busy scheduler iterations (pool_hooks.after_get_next_batch_to_run), those
         iterations, the ns and number of those that read the pools (not too soon), and the writer's
-        CPU ns by phase: sends and polls, finishing records, writing lines (D73)."""
+        CPU ns by phase: sends and polls, finishing records, writing lines."""
 
     # ------------------------------------------------------------ writing
     def now(self) -> float:
@@ -488,7 +488,7 @@ class Probe:
             except Exception:
                 pass
             if cpu0:
-                # By phase (D73): the sends and polls (CUDA calls), finishing the records, the write.
+                # By phase: the sends and polls (CUDA calls), finishing the records, the write.
                 cost = self.cost
                 cpu3 = time.thread_time_ns()
                 cost[10] += cpu3 - cpu0

@@ -123,7 +123,7 @@ class Scheduler:
 
 
 class BlockView:
-    """A follower rank's own count of the KV blocks in use (D59): the block tables of the steps it
+    """A follower rank's own count of the KV blocks in use: the block tables of the steps it
     ran, less the requests the leader said it released. Each rank thus reaches its pool sample from
     what it saw, not from the leader's free list, so the capacity group's members can disagree
     when their accounting does."""

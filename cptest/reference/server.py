@@ -51,10 +51,9 @@ HEALTH_TIMEOUT_S = 20.0
 LISTEN_BACKLOG = 1024
 """Pending connections the listening socket holds (`listen()` backlog; the kernel caps it at
 `net.core.somaxconn`). socketserver's default is 5: the driver opens one connection per request
-(bench_serving's policy, D40), so a burst of 16-64 connects overflowed it, the kernel fell back to
-SYN cookies and dropped handshakes, and requests failed with transport errors (issue 14: 3 of 64
-baseline requests of dcp4_llama at concurrency 16). It must hold at least a workload's concurrency
-plus the readiness and info probes."""
+(bench_serving's policy), so a burst of 16-64 connects overflows it, the kernel falls back to SYN
+cookies and drops handshakes, and requests fail with transport errors, already at concurrency 16.
+It must hold at least a workload's concurrency plus the readiness and info probes."""
 
 RANK_THREADS = 1
 """torch intra-op threads per rank. One: the ops are small, and ranks share the cores with each other

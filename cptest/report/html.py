@@ -181,7 +181,7 @@ def _capacity(s: Section, role: Any) -> None:
                        "holds its rows from its first step to its last (frees and the radix cache are not "
                        "recorded). A DCP group's line is the sum of its ranks, against its logical token "
                        "space. Lines marked 'pool samples' are measured: the tokens each rank's allocator "
-                       "had in use at its scheduler's iterations, in the logical token space (D59).")
+                       "had in use at its scheduler's iterations, in the logical token space.")
 
 
 def _latency(s: Section, archive: Archive | None, absent: str | None, colocated: bool = False) -> None:
@@ -291,7 +291,8 @@ def render_suite_html(folder: Path | str) -> str:
         if e.get("archive") and archive is None:
             why = "archive not found on this machine"
         elif archive is not None and href is None:
-            why = "no report.html (an archive made before D48: `cptest report DIR --html -o FILE`)"
+            why = ("no report.html (an archive made before cptest wrote one: "
+                   "`cptest report DIR --html -o FILE`)")
         rows.append({"name": str(e.get("scenario") or e.get("file") or "?"),
                      "status": str(e.get("status") or "?"), "exit": e.get("exit_code"),
                      "duration": e.get("duration_s"), "href": href,

@@ -1,7 +1,7 @@
 """The HTML report's pictures: matplotlib figures rendered to inline SVG text.
 
 Why matplotlib to SVG: one well-kept library, no browser JavaScript, no network; the SVG sits in
-the page itself, so a report is one file that works offline (docs/decisions.md D48).
+the page itself, so a report is one file that works offline (docs/reports.md, "How it is made").
 
 Deterministic: the same evidence gives the same bytes, so `cptest check --write` on an archive
 rewrites an identical report.html. That takes the Agg backend (no display), a fixed `svg.hashsalt`

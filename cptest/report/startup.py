@@ -1,6 +1,6 @@
 """Where a server's startup time goes, from SGLang's own log lines and cptest's outline log.
 
-SGLang 0.5.17 stamps each line with its wall time to the second (`[2026-11-30 17:00:13 TP0] ...`, the
+SGLang 0.5.17 stamps each line with its wall time to the second (`[YYYY-MM-DD HH:MM:SS TP0] ...`, the
 machine's local time; UTC on the GPU machine), and cptest's `evidence/cptest.jsonl` stamps the
 launch and the moment `/health_generate` first answered. Between them, the phases:
 
@@ -112,7 +112,7 @@ def _outline_times(layout: Layout, role: str) -> tuple[float | None, float | Non
 def startup(archive: Path, role: str = "main") -> Startup | None:
     """The startup phases of `role`'s node 0 in `archive`; None when it has no such log.
 
-    The archive is read as `check` reads it (D45): one holding a link, a FIFO or a folder where a
+    The archive is read as `check` reads it: one holding a link, a FIFO or a folder where a
     file belongs, or a log whose time stamps or outline lines are malformed, is an EvidenceError
     (exit 3) naming the file, never a traceback. The engine's log is its own bytes: read without a
     decoding error (undecodable bytes replaced)."""

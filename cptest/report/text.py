@@ -1,4 +1,4 @@
-"""Untrusted text made safe for report.md and junit.xml (issue 14; report.html is D48's).
+"""Untrusted text made safe for report.md and junit.xml (report.html relies on jinja's autoescape).
 
 Everything a report prints from an archive is untrusted: a reason quotes an engine log line or a
 request's error, names come from plan.json and verdict.json, which anyone can edit. Rendered

@@ -119,7 +119,7 @@ def capacity(ev: RoleEvidence) -> Capacity | str:
 
 
 def _measured(ev: RoleEvidence) -> list[Timeline]:
-    """Tokens in use as each rank's pool samples measured them (D59): the allocator's own count, in
+    """Tokens in use as each rank's pool samples measured them: the allocator's own count, in
     its logical token space: handed out and not evictable by the radix cache."""
     return [Timeline(f"rank {w} in use (pool samples)", [s.step for s in r.pool_samples],
                      [s.used for s in r.pool_samples], r.pool_samples[-1].total)

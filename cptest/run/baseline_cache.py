@@ -10,8 +10,8 @@ new. The key is the sha256 of everything that determines the baseline's evidence
     the weights' sha256; the engine's install as the manifest records it (sglang version and wheel
     hash, torch, CUDA, driver, GPU model); the whole workload; the cptest version.
 
-The noise-floor control (docs/decisions.md D39) is cached the same way, under a key that adds its
-role and the baseline's key (it scores the baseline's output).
+The noise-floor control (docs/language.md, "Generation parity") is cached the same way, under a key
+that adds its role and the baseline's key (it scores the baseline's output).
 
 Weights that cannot be hashed (a hub id not on disk) make no key: nothing is cached or reused.
 Only a clean baseline is stored: ready, every request with an outcome, shut down. A reused baseline

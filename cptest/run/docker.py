@@ -11,7 +11,7 @@ Contract (the `Launcher` protocol of `cptest.run.launcher`, plus what containers
   no image gets the lock's image for its engine (`"engine": "reference"`: the reference engine's
   image, `cptest image build reference`), and `pins.image`/`pins.image_digest` record the verified
   digest, so plan.json and the manifest say what ran. A refusal there is `InfrastructureError`
-  (`unknown (image_...)`, exit 3, nothing launched or archived; docs/decisions.md D36).
+  (`unknown (image_...)`, exit 3, nothing launched or archived; docs/containers.md, section 4).
 - An image whose lock entry has `cptest_mount` gets the running cptest package mounted read-only at
   `<cptest_mount>/cptest`, with PYTHONPATH set to it (the reference image holds no cptest).
 - A container runs `node.argv` as an argv list (never a shell string) under an init process
@@ -388,7 +388,7 @@ def container_config(
 
 
 def cptest_volume(mount: str) -> dict[str, dict[str, str]]:
-    """The running cptest package, read-only at `<mount>/cptest` (docs/decisions.md D44)."""
+    """The running cptest package, read-only at `<mount>/cptest` (docs/containers.md, section 3)."""
     package = Path(cptest.__file__).resolve().parent
     return {str(package): {"bind": f"{mount.rstrip('/')}/cptest", "mode": "ro"}}
 

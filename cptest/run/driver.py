@@ -227,9 +227,10 @@ class WorkloadDriver:
 
     async def arun(self) -> WorkloadSummary:
         # Python's cyclic collector is off while the workload runs (one full collection first, and
-        # back as it was after): with it on, cptest's median TTFT read 1.21x sglang.bench_serving's on
-        # one server and request set, with it off 1.008x (CI 0.997 .. 1.124), rotating order, 4
-        # rounds (results/_measure run14). The workload is bounded, so the cyclic garbage it leaves
+        # back as it was after): its pauses land on the event loop while requests connect, and with
+        # it on cptest's median TTFT reads about 1.2x sglang.bench_serving's on one server and
+        # request set, with it off about 1.0x (docs/measurements.md, "The probe's share and the
+        # client's fidelity, on one server"). The workload is bounded, so the cyclic garbage it leaves
         # is too; reference counting frees the rest as it goes.
         was_enabled = gc.isenabled()
         gc.collect()
@@ -243,8 +244,8 @@ class WorkloadDriver:
     async def _arun(self) -> WorkloadSummary:
         # Every body is built, checked against the plan and hashed before the first request: the
         # request sends exactly the body checked, and its result carries that body's prompt hash.
-        # Hashing as each request ended cost ~50 us of the event loop per request, in the very
-        # iterations where the next requests connect (docs/decisions.md D70).
+        # Hashing as each request ends costs ~50 us of the event loop per request, in the very
+        # iterations where the next requests connect.
         prepared: list[_Prepared] = []
         for req in self.workload.requests:
             payload = build_payload(req, self.workload.top_logprobs)
@@ -257,8 +258,8 @@ class WorkloadDriver:
         limit = self.workload.concurrency or (None if self.workload.rate_per_s else 1)
         sem = asyncio.Semaphore(limit) if limit else None
         # force_close: one connection per request, opened inside the timed span, as bench_serving
-        # does (a session per request): keep-alive made cptest's median TTFT 13 % lower than
-        # bench_serving's on the same server (results/_measure run5), a difference of clients.
+        # does (a session per request): keep-alive makes cptest's median TTFT about 13 % lower than
+        # bench_serving's on the same server, a difference of clients, not of servers.
         connector = aiohttp.TCPConnector(limit=max(limit or len(self.workload.requests), 1) + 4,
                                          force_close=self.connection_per_request)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)

@@ -9,8 +9,8 @@ record is stamped and queued by `write`, and a thread of the writer turns it int
 writes and flushes it, in the order `write` was called. The event loop then spends ~1 us per record
 instead of the line's serialisation and the file's write (~50-100 us for a request's result): the
 driver writes one result as each request ends, requests of one length end together, and the next
-requests start in those same loop iterations (docs/decisions.md D70, where cptest's TTFT read 1-2 ms
-over bench_serving's before it and even after it). Records reach the file within milliseconds;
+requests start in those same loop iterations, where any work adds to the time to their first token
+as cptest's client reads it. Records reach the file within milliseconds;
 `flush()` waits for them, `close()` writes them all first. A cptest killed outright (SIGKILL) loses
 what was still queued, at most the last few milliseconds of records.
 """

@@ -7,7 +7,7 @@ Two layers (Jepsen `Nemesis`): a `Fault` does one injection now (`inject`, `heal
   in the same event-loop turn as that completion);
 - `after_decode_steps`: when rank 0's probe file (`<probe_dir>/rank0.jsonl`) holds N Step records of
   mode `decode` as `evidence.read_records` reads them (polled; a `steps` line counts each of its
-  steps; CUDA-graph replays are recorded as steps since D58). The probe writes a step's record up
+  steps; CUDA-graph replays are recorded as steps too). The probe writes a step's record up
   to 16 steps or ~0.1 s after the step (its copy batches), so the fault lands that much later in
   the run than the Nth decode step itself.
 A `stop` with `heal_after_s` is healed by SIGCONT that long after it fired, or when the injector

@@ -18,7 +18,7 @@ the image ID, the sha256 of that config, is a function of the inputs too: the sa
 same ID on any machine, computed before any engine sees the image (`Built.digest`).
 
 The cptest package is not in the image: the docker launcher mounts the running checkout's package
-read-only at the lock entry's `cptest_mount` (docs/decisions.md, "The reference engine's image"),
+read-only at the lock entry's `cptest_mount` (docs/containers.md, "cptest is mounted, not baked in"),
 so that the image pins the runtime and changes only when an input does.
 
 `images/lock.json` holds the entry: the inputs, the layer's diff id, the digest. `build` checks this

@@ -1,6 +1,6 @@
 """The interpreter an SGLang server runs on: named, found, asked which SGLang it imports, recorded.
 
-The plan is machine-independent (D43): SGLang's argv starts with a bare `python3 -m
+The plan is machine-independent: SGLang's argv starts with a bare `python3 -m
 sglang.launch_server`. Which interpreter that is, is this machine's business, decided at run time:
 
 1. `--engine-python PATH` (run, suite, rerun), else
@@ -16,7 +16,7 @@ time limit) and preflight turns what it says into causes: no such interpreter, n
 interpreter that was inspected, and the manifest's environment records its path (portable where it
 lies under a known root) and its SGLang facts in place of cptest's own interpreter's.
 
-The reference engine runs on cptest's own interpreter (D47, `process.own_interpreter`); a container
+The reference engine runs on cptest's own interpreter (`process.own_interpreter`); a container
 runs its image's, pinned by digest, so neither is inspected here.
 """
 

@@ -62,7 +62,7 @@ TINY: dict[str, SyntheticGeometry] = {
     "qwen3-kv1": _tiny("qwen3", 1, 7),
     "deepseek-mla-512": _tiny("deepseek_mla", 8, 4321, head_dim=None, kv_lora_rank=512, q_lora_rank=128,
                               qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
-    # Qwen3-MoE, the MHA family SGLang 0.5.17 runs on its CP-v2 path by default (D64): 1 KV head, the
+    # Qwen3-MoE, the MHA family SGLang 0.5.17 runs on its CP-v2 path by default: 1 KV head, the
     # kv_heads <= tp/dcp regime of DCP 2 on TP 2 (and of PCP 2, attention-TP 1); 8 experts, top 2.
     "qwen3-moe-kv1": _tiny("qwen3_moe", 1, 7, experts=8, experts_per_tok=2, moe_intermediate=128),
     # And with 4 KV heads: PCP's attention-TP 1 holds all four on each CP rank.

@@ -16,7 +16,7 @@ Every exit path tears the tree down:
   (`python -m cptest.run.reaper`, `cptest/run/reaper.py`) in its own session kills the tree when
   the cptest pid disappears.
 
-The tree is covered from its first instant (issue 14): the node starts as a *gate*, this
+The tree is covered from its first instant: the node starts as a *gate*, this
 interpreter running `GATE_CODE`, already the session leader, that blocks on a pipe whose write end
 only cptest holds. cptest then starts the reaper for that session, waits until the reaper says it
 is watching, and only then writes the byte that lets the gate exec the engine (same pid, same
@@ -25,7 +25,7 @@ without running the engine. After it, the reaper is already watching and also le
 death at once, from end-of-file on its own lifeline pipe. So at no moment does an engine process
 exist that nothing will kill.
 
-Interpreter (issue 14): an argv that runs one of cptest's own modules with a bare `python3`
+Interpreter: an argv that runs one of cptest's own modules with a bare `python3`
 (`python3 -m cptest.reference.server`, how the machine-independent plan names the reference engine)
 runs on the interpreter running cptest (`sys.executable`), never the first `python3` on PATH, which
 may lack cptest's dependencies (pipx, a venv called by its full path). One that runs an `sglang`

@@ -234,7 +234,7 @@ def _arm_deadline(seconds: float) -> Callable[[], None]:
 
 def _runner_writer(layout: Layout, role: Role) -> RecordWriter:
     """A role's runner.jsonl, written from the writer's own thread: the workload driver writes a
-    result as each request ends, on its event loop (docs/decisions.md D70)."""
+    result as each request ends, on its event loop, where the next requests connect."""
     return RecordWriter(layout.runner_file(role), background=True)
 
 
@@ -256,7 +256,8 @@ def _reference(sup: Supervisor, plan: Plan, server: ServerPlan, key: tuple[str, 
 
 def _eager_twin(sup: Supervisor, plan: Plan, seqs: list[Sequence] | None, writers: dict[Role, RecordWriter],
                 current: list[Role], layout: Layout, opts: RunOptions, log: Logger) -> ServerOutcome | None:
-    """The main server's eager twin (`graph parity vs eager`, D60), when planned: the main layout with
+    """The main server's eager twin (`graph parity vs eager`, docs/language.md "Graph parity"), when
+    planned: the main layout with
     every CUDA-graph phase disabled, scoring the baseline's sequences and running the workload like
     the control, without faults. Never cached: it is the layout under test, on the engine under test."""
     if plan.eager is None:
@@ -388,7 +389,7 @@ def _wait_ready(sup: Supervisor, server: ServerPlan, owned: list[Owned], writer:
     """Poll `/health_generate` until 200 from *this run's* server: the answer counts only when the
     process listening on the port is one of this run's trees (`who_serves`), so another run's
     server on the same port (one that bound it between preflight and our engine's bind) never makes
-    this one ready (issue 14). A launcher that cannot tell (containers) is taken at its word and
+    this one ready. A launcher that cannot tell (containers) is taken at its word and
     `ready` says `identity: unverified`."""
     t0 = time.monotonic()
     url = server.base_url.rstrip("/") + "/health_generate"

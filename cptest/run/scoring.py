@@ -13,8 +13,9 @@ everything before it, null for the first one) and `meta_info.input_top_logprobs`
 each of those positions).
 So position j of the answer scores output token j of the baseline under the same history on every
 server: the numerics of the forward pass compared directly, without one early greedy flip turning
-the rest of the sequence into a different text (docs/decisions.md D39). The token ids of the answer
-are checked against the sequence sent; a mismatch is an `error` record, never a figure.
+the rest of the sequence into a different text (docs/language.md, "Generation parity"). The token
+ids of the answer are checked against the sequence sent; a mismatch is an `error` record, never a
+figure.
 
 Each answer is one `Score` record in the server's runner file.
 """

@@ -1,4 +1,4 @@
-"""The slurm launcher: a planned server becomes one Slurm job, one step per node (docs/slurm.md, D54).
+"""The slurm launcher: a planned server becomes one Slurm job, one step per node (docs/slurm.md).
 
 How a server maps onto Slurm:
 

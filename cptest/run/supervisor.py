@@ -218,8 +218,8 @@ class Supervisor:
     def _stray_is_ours(self, pid: int, sessions: set[int]) -> bool:
         """Whether an engine-titled process outside the trees is this run's orphan: it is in one of
         this run's sessions, or carries this run's label (readable: a process that did not set its
-        title). Anything else is another run's or a stranger's (issue 14: `no_orphans` looks only
-        at this run's processes), so that concurrent runs never judge each other's engines."""
+        title). Anything else is another run's or a stranger's (`no_orphans` looks only at this
+        run's processes), so that concurrent runs never judge each other's engines."""
         if session_of(pid) in sessions:
             return True
         return self.run_label is not None and run_label_of(pid) == self.run_label

@@ -139,8 +139,8 @@ def plan_entries(files: list[Path], machine: Machine, *, engine: str | None, gpu
 
 
 def colocated_line(entries: list[Entry], placement_mode: str, gpus: int) -> str | None:
-    """The suite's first line when any scenario's ranks are co-located (issue 31: a run says so first),
-    else None."""
+    """The suite's first line when any scenario's ranks are co-located (a run says so first: what
+    co-located evidence cannot show is in docs/placement.md, "What it cannot show"), else None."""
     names = [e.name for e in entries if e.demand is not None and e.demand.placement == "colocated"]
     if not names:
         return None

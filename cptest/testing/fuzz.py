@@ -274,7 +274,7 @@ def _chaos(draw: st.DrawFn) -> str:
 
 
 HUB_IDS = ["org/name", "/root/.ssh", "../../x", "org/../x", "~/.ssh", "org/name/x", "org/..", "", "a" * 300]
-"""Hub ids and revisions, the one valid first: the rest are paths of the machine (issue 32)."""
+"""Hub ids and revisions, the one valid first: the rest are paths of the machine."""
 EXTENDS_TARGETS = ["defaults/tiny.cps", "nope.cps", "/dev/zero", "/proc/self/environ", "/etc/passwd",
                    "../../x", "~/.ssh", "../../elsewhere/d.cps", "/tmp/x.cps"]
 """`extends` targets; all but the first are refused without being read (`cptest.lang.includes`)."""

@@ -1,5 +1,5 @@
 """The pytest plugin (entry point `pytest11: cptest`): `.cps` scenario files as test items, so that
-`pytest scenarios/` and pytest's own `--junitxml` fit an existing CI (docs/pytest.md, decisions D49).
+`pytest scenarios/` and pytest's own `--junitxml` fit an existing CI (docs/pytest.md).
 
 Per scenario file, pytest lists
 
@@ -255,8 +255,8 @@ def _placement(config: pytest.Config) -> Any:
 
 
 TRIAL_RUNS = Path(".cptest") / "runs"
-"""Where --cptest-run archives go by default: where `cptest run` puts trial runs (decisions D51),
-git-ignored, never the published `results/`."""
+"""Where --cptest-run archives go by default: where `cptest run` puts trial runs, git-ignored, never
+the published `results/`."""
 
 
 def _results(config: pytest.Config) -> Path:

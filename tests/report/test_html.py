@@ -267,7 +267,7 @@ def test_the_suite_index_links_each_scenarios_report_where_it_is_found(tmp_path:
     html = render_suite_html(suite)
     assert html.count('<tr class="scenario">') == 4
     assert 'href="../../synthetic/20260101T000000Z-00000000/report.html"' in html
-    assert "no report.html (an archive made before D48" in html
+    assert "no report.html (an archive made before cptest wrote one" in html
     assert "archive not found on this machine" in html
     assert _tags(html, "script") == 0 and "&lt;script&gt;" in html
     via_cli = CliRunner().invoke(main, ["report", str(suite), "--html"])

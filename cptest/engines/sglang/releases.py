@@ -32,7 +32,7 @@ Support = Literal["supported", "untested", "rejected", "silently-wrong", "runtim
 Provenance = Literal["observed", "inferred"]
 """How a rule is known: `observed` (an archive or a test that ran this release showed it: `evidence`
 names it) or `inferred` (read in the release's source, `citation`; a hypothesis until a run shows
-it). Lint blocks a run only on an observed rule (docs/decisions.md D38)."""
+it). Lint blocks a run only on an observed rule."""
 PARSER_TEST = ("tests/engines/sglang/test_sglang_parser.py::test_parse_stage_predictions_match_sglang "
                "(the release's own ServerArgs.from_cli_args, in CI)")
 
