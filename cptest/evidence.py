@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from cptest.archive_io import Budget, read_lines
 from cptest.errors import EvidenceError, Problem, Span
 from cptest.topology import Degrees, PlacementMode
 
@@ -474,45 +475,53 @@ def dump_record(record: BaseModel) -> str:
     return record.model_dump_json()
 
 
-def read_records(path: Path) -> tuple[list[Record], int]:
+def read_records(path: Path, budget: Budget | None = None) -> tuple[list[Record], int]:
     """Records of one JSON-lines file and the number of truncated trailing lines dropped.
 
     The one reader of evidence files. A half line at the end (a rank killed mid-write) is dropped
     and counted, for checkers to decide what it means; a malformed line anywhere else, or a record
     of a newer schema version, raises EvidenceError naming the file and line.
 
+    Bounded (`cptest.bounds`): the file is read one line at a time (`archive_io.read_lines`), and a
+    file or a line larger than evidence may be is an OverBound naming it; with a `budget`, each
+    line is charged to it before it is parsed (a `steps` line once more for each further step it
+    expands into), so one archive's evidence never costs more than its budget allows.
+
     Speed: each line is validated with pydantic-core's JSON parser (`validate_json`), faster than
     `json.loads` alone and still the whole schema; only a line that fails goes through
     `parse_record` again, for its message.
     """
-    from cptest.store import read_bytes  # the same layer: a packed file is read as it was written
-
-    text = read_bytes(path).decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    while lines and not lines[-1].strip():
-        lines.pop()
     out: list[Record] = []
-    dropped = 0
     validate = _ADAPTER.validate_json
-    last = len(lines)
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
+    failed: tuple[int, str] | None = None  # a line that did not validate: dropped if it is the last
+    for i, raw in read_lines(path):
+        if not raw.strip():
             continue
+        if failed is not None:
+            _raise_bad(path, *failed)
+        if budget is not None:
+            budget.charge(path, len(raw), i)
+        line = raw.decode("utf-8", errors="replace")
         try:
             rec = validate(line)
         except ValidationError:
-            if i == last:
-                dropped += 1
-                continue
-            parse_record(line, Span(str(path), i, 1))  # raises with the field and message
-            raise EvidenceError(Problem(Span(str(path), i, 1), "bad evidence record")) from None
+            failed = (i, line)
+            continue
         if rec.v > SCHEMA_VERSION:
             parse_record(line, Span(str(path), i, 1))  # raises "newer than this cptest"
         if isinstance(rec, StepBlock):
+            if budget is not None:
+                budget.charge(path, len(raw) * (len(rec.step) - 1), i)
             out.extend(rec.expand())
         else:
             out.append(rec)
-    return out, dropped
+    return out, int(failed is not None)
+
+
+def _raise_bad(path: Path, i: int, line: str) -> None:
+    """Raise EvidenceError for line `i` of `path`, with the field and message where it has them."""
+    parse_record(line, Span(str(path), i, 1))
+    raise EvidenceError(Problem(Span(str(path), i, 1), "bad evidence record"))
 
 
 # ---------------------------------------------------------------- the evidence of one archive
@@ -622,6 +631,9 @@ class Evidence:
     roles: dict[str, RoleEvidence]
     requests: list[int] = field(default_factory=list)
     """Index of every planned request of the workload."""
+    refused: list[str] = field(default_factory=list)
+    """Evidence not read because it is larger than cptest reads (`cptest.bounds`), each as
+    `file:line: why`: what the checkers would judge is incomplete, so nothing is judged."""
 
     def role(self, role: str) -> RoleEvidence:
         """The evidence of `role`; a role the plan does not have is an empty, unplanned view."""
