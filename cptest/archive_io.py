@@ -19,7 +19,7 @@ import os
 import stat
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -258,7 +258,7 @@ class Budget:
     """What one check may still read of one archive's evidence and logs (`bounds.ARCHIVE_EVIDENCE_BYTES`):
     each reader charges what it reads before it parses it; past the budget, OverBound."""
 
-    left: int = bounds.ARCHIVE_EVIDENCE_BYTES
+    left: int = field(default_factory=lambda: bounds.ARCHIVE_EVIDENCE_BYTES)
 
     def charge(self, path: Path, size: int, line: int = 1) -> None:
         self.left -= size

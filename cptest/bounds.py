@@ -69,11 +69,27 @@ BY_SUFFIX: dict[str, Bound] = {".jsonl": EVIDENCE, ".log": LOG, ".cps": SCENARIO
 PACKED_SUFFIX = ".xz"
 
 ARCHIVE_EVIDENCE_BYTES = 32 * MiB
-"""The evidence and logs one check reads of one archive, in all: 2.4 MB at most
-(graph_parity_dcp2_llama_kv1: five servers' evidence and logs), 13x. What a check holds in memory
-grows with it (up to 40x a record's bytes, for the record shapes that parse largest), so this, not
-the count of files, is what bounds a check's memory. A `steps` line is counted once per step it
-expands into: each becomes a record of its own."""
+"""The evidence and logs one check reads of one archive, in all, as charged (below): 3.4 MB at
+most (graph_parity_dcp2_llama_kv1: five servers' 2.4 MB of evidence and logs), 10x. What a check
+holds grows with it, so this, not the count of files, is what bounds a check's memory."""
+
+# What the budget charges a record: its line's bytes, and no less than these, each the memory a
+# shape holds once parsed divided by 20 (`evidence.line_cost`, `evidence.held_cost`), so that what a
+# budget admits holds about 20x its figure at most, whatever its shape (`benchmarks/check_memory.py`).
+RECORD_BYTES = 64
+"""A record: a parsed one holds about 700 bytes, the shortest line is 34 (today's are 150 or more)."""
+LIST_BYTES = 6
+"""A `[` of a line: a list of one item holds 100 bytes and takes two (`[[[...]]]`)."""
+DICT_BYTES = 12
+"""A `{` of a line: an object of one item holds 184 bytes and takes seven (`{"a":0}`)."""
+ENTRY_BYTES = 16
+"""A (request, positions) entry of a step's maps: about 300 bytes (its key, a list, a range); a
+compact decode row, a short id and a packed position, is two of them from 13 bytes of its line."""
+CHECK_RSS = 1024 * MiB
+"""The stated figure: what `cptest check` holds at most, for any archive, as resident memory: the
+interpreter and cptest (45 MiB), the plan (up to 20x its 16 MiB bound, of a scenario that plans one
+that large), the budget's 32 MiB of evidence at 20x, one line being parsed (4 MiB, up to 40x
+while pydantic holds its parse), and the checkers' own maps. `benchmarks/check_memory.py` measures it."""
 ARCHIVE_ENTRIES = 4096
 """Files and folders of one archive, its re-analyses included: 35 at most (dcp4_llama), 100x.
 Walking, listing and hashing an archive holds one entry per file."""
@@ -89,9 +105,9 @@ def bound_for(name: str) -> Bound:
 
 
 def size_text(n: int) -> str:
-    """`16 MiB`, `37 KiB`, `120 bytes`: a size as messages give it, rounded down."""
-    if n >= MiB:
+    """`16 MiB`, `2,048 MiB`, `16,777,217 bytes`: a size as messages give it, exact."""
+    if n and n % MiB == 0:
         return f"{n // MiB:,} MiB"
-    if n >= KiB:
+    if n and n % KiB == 0:
         return f"{n // KiB:,} KiB"
-    return f"{n} bytes"
+    return f"{n:,} bytes"

@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from cptest import bounds
 from cptest.archive_io import Budget, read_lines
 from cptest.errors import EvidenceError, Problem, Span
 from cptest.topology import Degrees, PlacementMode
@@ -484,8 +485,8 @@ def read_records(path: Path, budget: Budget | None = None) -> tuple[list[Record]
 
     Bounded (`cptest.bounds`): the file is read one line at a time (`archive_io.read_lines`), and a
     file or a line larger than evidence may be is an OverBound naming it; with a `budget`, each
-    line is charged to it before it is parsed (a `steps` line once more for each further step it
-    expands into), so one archive's evidence never costs more than its budget allows.
+    line is charged to it before it is parsed (`line_cost`), and what its record holds beyond that
+    once it is (`held_cost`), so one archive's evidence never costs more than its budget allows.
 
     Speed: each line is validated with pydantic-core's JSON parser (`validate_json`), faster than
     `json.loads` alone and still the whole schema; only a line that fails goes through
@@ -499,8 +500,9 @@ def read_records(path: Path, budget: Budget | None = None) -> tuple[list[Record]
             continue
         if failed is not None:
             _raise_bad(path, *failed)
+        cost = line_cost(raw)
         if budget is not None:
-            budget.charge(path, len(raw), i)
+            budget.charge(path, cost, i)
         line = raw.decode("utf-8", errors="replace")
         try:
             rec = validate(line)
@@ -509,13 +511,34 @@ def read_records(path: Path, budget: Budget | None = None) -> tuple[list[Record]
             continue
         if rec.v > SCHEMA_VERSION:
             parse_record(line, Span(str(path), i, 1))  # raises "newer than this cptest"
+        if budget is not None:
+            budget.charge(path, held_cost(rec, cost) - cost, i)  # before a `steps` line expands
         if isinstance(rec, StepBlock):
-            if budget is not None:
-                budget.charge(path, len(raw) * (len(rec.step) - 1), i)
             out.extend(rec.expand())
         else:
             out.append(rec)
     return out, int(failed is not None)
+
+
+def line_cost(raw: bytes) -> int:
+    """What a line is charged to a check's budget before it is parsed: its bytes, and no less than
+    `bounds.RECORD_BYTES`, nor than `bounds.LIST_BYTES` for each `[` and `bounds.DICT_BYTES` for
+    each `{` in it (a list or an object parsed from two bytes holds 30 times as many)."""
+    containers = bounds.LIST_BYTES * raw.count(b"[") + bounds.DICT_BYTES * raw.count(b"{")
+    return max(len(raw), bounds.RECORD_BYTES, containers)
+
+
+def held_cost(record: Record, cost: int) -> int:
+    """What a record parsed from a line of `cost` (`line_cost`) is charged in all: the line once for
+    each record it becomes (a `steps` line expands into one Step per step), and no less than
+    `bounds.ENTRY_BYTES` for each (request, positions) entry of a step's maps (a compact decode row,
+    a short id and a packed position, becomes two)."""
+    if isinstance(record, StepBlock):
+        kv = 2 if record.kv is not None else 1
+        return max(cost * len(record.step), bounds.ENTRY_BYTES * kv * len(record.step) * len(record.rids))
+    if isinstance(record, Step):
+        return max(cost, bounds.ENTRY_BYTES * (len(record.seq_positions) + len(record.kv_written)))
+    return cost
 
 
 def _raise_bad(path: Path, i: int, line: str) -> None:

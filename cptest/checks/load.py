@@ -147,15 +147,18 @@ def load_plan(root: Path) -> Plan:
                                     hint=hint)) from None
 
 
-def load_archive(dir: Path | str) -> Archive:
+def load_archive(dir: Path | str, budget: Budget | None = None) -> Archive:
     """Load `dir`. Raises EvidenceError when plan.json is missing or any evidence line is malformed,
     IntegrityError (an EvidenceError) when the archive holds a link, a FIFO or a folder where a file
-    belongs: nothing is read through a link."""
+    belongs: nothing is read through a link. What the evidence and logs read cost is charged to
+    `budget` (a fresh `bounds.ARCHIVE_EVIDENCE_BYTES` by default); what is over a bound is left
+    out and named in `evidence.refused`."""
     root = Path(dir)
     require_plain(root)
     layout = Layout(root)
     plan = load_plan(root)
-    budget, refused = Budget(), []
+    budget = budget if budget is not None else Budget()
+    refused: list[str] = []
     roles = {server.role: load_role(layout, server, budget, refused) for server in plan.servers()}
     return Archive(dir=root, plan=plan, evidence=Evidence(roles, [r.index for r in plan.workload.requests],
                                                           refused=refused))
