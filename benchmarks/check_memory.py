@@ -6,14 +6,14 @@ process, measuring the child's peak resident memory: its VmHWM, which Linux keep
 exec on (ru_maxrss would start from this process's own peak, which a fork hands down):
 
     as published        the archive untouched
-    huge evidence       evidence/main/rank0.jsonl a sparse file of --huge GiB (refused by its size)
-    huge packed         evidence/main/runner.jsonl.xz unpacking to --huge GiB of small records
+    huge evidence       evidence/main/rank0.jsonl a sparse file of --huge MiB (refused by its size)
+    huge packed         evidence/main/runner.jsonl.xz unpacking to --huge MiB of small records
                         (concatenated xz streams: refused as it unpacks past its bound)
-    huge line           evidence/main/runner.jsonl.xz one line of half --huge GiB (refused at its bound)
-    huge plan           plan.json a sparse file of --huge GiB
+    huge line           evidence/main/runner.jsonl.xz one line of half --huge MiB (refused at its bound)
+    huge plan           plan.json a sparse file of --huge MiB
     plan lists          plan.json just under its bound, of a list of two-letter words (refused once
                         the archived scenario, compiled again, plans otherwise)
-    huge manifest       manifest.json a sparse file of --huge GiB
+    huge manifest       manifest.json a sparse file of --huge MiB
     many entries        one empty file more than an archive may hold
     small records, step rows, steps blocks, process lists, nested lists, objects
                         main's rank files filled with --fill MiB of valid records of one shape (small
@@ -24,7 +24,7 @@ Each line prints the command, its exit code, the peak RSS and the stated figure
 (`bounds.CHECK_RSS`), and the first line of what the command said; the benchmark exits 1 when a
 figure is over it. Target: every figure under `bounds.CHECK_RSS`.
 
-    python benchmarks/check_memory.py [--huge GIB] [--fill MIB] [--keep DIR]
+    python benchmarks/check_memory.py [--huge MIB] [--fill MIB] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import array
 import base64
 import json
 import lzma
+import re
 import shutil
 import subprocess
 import sys
@@ -45,7 +46,6 @@ from cptest import bounds, store
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = bounds.MiB
-GiB = 1 << 30
 RANK = '{"world":0}'
 
 
@@ -192,9 +192,9 @@ def plan_lists(archive: Path, size: int) -> None:
     path.write_text(json.dumps(plan, separators=(",", ":")))
 
 
-def variants(huge: float, fill: int) -> dict[str, Callable[[Path], None]]:
-    """Name -> how to make the variant from a copy of the archive."""
-    big = int(huge * GiB)
+def variants(big: int, fill: int) -> dict[str, Callable[[Path], None]]:
+    """Name -> how to make the variant from a copy of the archive: oversized files of `big` bytes,
+    rank files of `fill` bytes of records."""
     width = bounds.EVIDENCE.line or MiB
     small_lines = "".join(lines_up_to(MiB, small_record)).encode()
 
@@ -242,14 +242,18 @@ def peak_rss(*argv: str | Path) -> tuple[int, int, str]:
                           text=True, errors="replace")
     lines = (done.stdout + done.stderr).splitlines()
     kib = next(int(x.split()[1]) for x in reversed(lines) if x.startswith("VmHWM "))
-    said = [x.strip() for x in lines if x.strip().startswith("unknown evidence:")]
-    said += [x.split(": ", 1)[-1] for x in lines if x.startswith("/") and ": " in x]
+    said = [WHERE.sub("", x) for x in lines if x.strip().startswith("unknown evidence:") or x.startswith("/")]
+    said.sort(key=lambda x: not any(w in x for w in ("larger than", "longer than", "more than", "differs")))
     return done.returncode, kib * 1024, (said[0] if said else "")
+
+
+WHERE = re.compile(r"^.*?:\d+:\d+: ")
+"""What a message says before the problem itself: the file and line it is about."""
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--huge", type=float, default=2.0, help="GiB of the oversized files (default 2)")
+    ap.add_argument("--huge", type=int, default=2048, help="MiB of the oversized files (default 2048)")
     ap.add_argument("--fill", type=float, default=bounds.ARCHIVE_EVIDENCE_BYTES / MiB + 1,
                     help="MiB of records the large-record variants write (default: past the evidence budget)")
     ap.add_argument("--results", type=Path, default=ROOT / "results")
@@ -262,7 +266,7 @@ def main() -> None:
           f"{stated // MiB} MiB (bounds.CHECK_RSS)")
     over = []
     try:
-        for name, make in variants(args.huge, int(args.fill * MiB)).items():
+        for name, make in variants(args.huge * MiB, int(args.fill * MiB)).items():
             copy = root / name.replace(" ", "-") / source.name
             shutil.copytree(source, copy)
             make(copy)

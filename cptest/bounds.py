@@ -77,7 +77,7 @@ holds grows with it, so this, not the count of files, is what bounds a check's m
 # shape holds once parsed divided by 20 (`evidence.line_cost`, `evidence.held_cost`), so that what a
 # budget admits holds about 20x its figure at most, whatever its shape (`benchmarks/check_memory.py`).
 RECORD_BYTES = 64
-"""A record: a parsed one holds about 700 bytes, the shortest line is 34 (today's are 150 or more)."""
+"""A record: a parsed one holds about 700 bytes, the shortest line is 34 (today's are 66 or more)."""
 LIST_BYTES = 6
 """A `[` of a line: a list of one item holds 100 bytes and takes two (`[[[...]]]`)."""
 DICT_BYTES = 12
@@ -86,12 +86,14 @@ ENTRY_BYTES = 16
 """A (request, positions) entry of a step's maps: about 300 bytes (its key, a list, a range); a
 compact decode row, a short id and a packed position, is two of them from 13 bytes of its line."""
 CHECK_RSS = 1024 * MiB
-"""The stated figure: what `cptest check` holds at most, for any archive, as resident memory: the
-interpreter and cptest (45 MiB), the plan (up to 20x its 16 MiB bound, of a scenario that plans one
-that large), the budget's 32 MiB of evidence at 20x, one line being parsed (4 MiB, up to 40x
-while pydantic holds its parse), and the checkers' own maps. `benchmarks/check_memory.py` measures it."""
+"""The stated figure: the most resident memory `cptest check` takes, whatever the archive. It adds
+up the interpreter and cptest (45 MiB); what one budget of evidence holds once parsed (32 MiB at
+about 20x); one line being parsed (4 MiB, up to 40x while pydantic holds its parse); the plan (a
+real one holds about twice its bytes; a forged one, up to 26x its bound, is refused by the
+scenario compiled again before any evidence is read); and the checkers' own maps.
+`benchmarks/check_memory.py` measures it on hostile archives: 651 MiB at most."""
 ARCHIVE_ENTRIES = 4096
-"""Files and folders of one archive, its re-analyses included: 35 at most (dcp4_llama), 100x.
+"""Files and folders of one archive, its re-analyses included: 37 at most (pcp2_zigzag_qwen3_moe_kv1), 110x.
 Walking, listing and hashing an archive holds one entry per file."""
 
 

@@ -700,7 +700,7 @@ CASES = [
     Case("matrix-argv-rehashed", rehashed(add_flag), MATRIX, 3, r"main node 0 argv differs from what"),
     Case("report-env-rehashed", rehashed(add_env), REPORT, 3, r"main node 0 env differs from what"),
     Case("publish-argv-rehashed", rehashed(add_flag), PUBLISH, 3, r"main node 0 argv differs from what"),
-    # 9. Bounds (issue 32): what is larger than cptest reads is refused unread, named, never judged.
+    # 9. Bounds: what is larger than cptest reads is refused unread, named, never judged.
     Case("check-evidence-file-over-its-bound", sparse_file("evidence/main/rank0.jsonl", 2 << 30), CHECK, 3,
          r"unknown +evidence: evidence larger than cptest reads was not read: .*rank0.jsonl is 2,048 MiB, "
          r"larger than an evidence file may be \(16 MiB\); not read"),
