@@ -242,11 +242,14 @@ def peak_rss(*argv: str | Path) -> tuple[int, int, str]:
                           text=True, errors="replace")
     lines = (done.stdout + done.stderr).splitlines()
     kib = next(int(x.split()[1]) for x in reversed(lines) if x.startswith("VmHWM "))
-    said = [WHERE.sub("", x) for x in lines if x.strip().startswith("unknown evidence:") or x.startswith("/")]
+    said = [x.split(REFUSED, 1)[-1] for x in lines if REFUSED in x]
+    said += [WHERE.sub("", x) for x in lines if x.startswith("/")]
     said.sort(key=lambda x: not any(w in x for w in ("larger than", "longer than", "more than", "differs")))
     return done.returncode, kib * 1024, (said[0] if said else "")
 
 
+REFUSED = "evidence larger than cptest reads was not read: "
+"""What the verdict of an archive whose evidence was refused says before the files it names."""
 WHERE = re.compile(r"^.*?:\d+:\d+: ")
 """What a message says before the problem itself: the file and line it is about."""
 

@@ -44,7 +44,24 @@ class IntegrityError(EvidenceError):
 class OverBound(IntegrityError):
     """A file, one record of it, or an archive's evidence in all is larger than `cptest.bounds`
     allows: refused, and what was read of it dropped. Exit code 3; a check that meets one in the
-    evidence judges every expectation unknown (`checks.check_loaded`)."""
+    evidence judges every expectation unknown (`checks.check_loaded`).
+
+    Its message is `<name> <detail>` about a whole file (`rank0.jsonl is 2,048 MiB, larger than ...`)
+    and `<name>:<line>: <detail>` about one of its lines; `named` says it with the path the archive
+    knows the file by, which is what a verdict may hold (never a directory of this machine)."""
+
+    def __init__(self, path: Path, detail: str, *, line: int | None = None, name: str | None = None,
+                 hint: str | None = None):
+        self.path, self.detail, self.line = path, detail, line
+        self.name = name or path.name
+        where = f"{self.name}:{line}: " if line else f"{self.name} "
+        super().__init__(Problem(Span(str(path), line or 1, 1), where + detail, hint=hint))
+
+    def named(self, root: Path) -> str:
+        """The refusal with the file named by its path under `root`: `evidence/main/rank0.jsonl:2: ...`."""
+        file = self.path.with_name(self.name)
+        rel = file.relative_to(root).as_posix() if file.is_relative_to(root) else self.name
+        return f"{rel}:{self.line}: {self.detail}" if self.line else f"{rel} {self.detail}"
 
 
 def _hint(bound: Bound) -> str:
@@ -186,9 +203,8 @@ def _stream(path: Path, bound: Bound) -> Iterator[BinaryIO]:
         with _opened(path) as f:
             size = os.fstat(f.fileno()).st_size
             if size > bound.bytes:
-                raise OverBound(Problem(Span(str(path), 1, 1), f"{path.name} is {size_text(size)}, larger "
-                                        f"than {bound.what} may be ({size_text(bound.bytes)}); not read",
-                                        hint=_hint(bound)))
+                raise OverBound(path, f"is {size_text(size)}, larger than {bound.what} may be "
+                                f"({size_text(bound.bytes)}); not read", hint=_hint(bound))
             yield f
         return
     with _opened(packed(path)) as raw, lzma.LZMAFile(raw, "rb", format=lzma.FORMAT_XZ) as f:
@@ -202,10 +218,10 @@ def _unpack_error(path: Path, e: Exception) -> IntegrityError:
 
 
 def _unpacked_over(path: Path, bound: Bound) -> OverBound:
-    name = packed(path).name if not path.exists() else path.name
-    verb = "unpacks to" if name.endswith(PACKED) else "is"
-    return OverBound(Problem(Span(str(path), 1, 1), f"{name} {verb} more than {bound.what} may be "
-                             f"({size_text(bound.bytes)}); not read", hint=_hint(bound)))
+    stored = packed(path) if not path.exists() else path
+    verb = "unpacks to" if stored != path else "is"
+    return OverBound(path, f"{verb} more than {bound.what} may be ({size_text(bound.bytes)}); not read",
+                     name=stored.name, hint=_hint(bound))
 
 
 def read_bytes(path: Path) -> bytes:
@@ -246,10 +262,8 @@ def read_lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 raise _unpacked_over(path, bound)
             body = line[:-1] if line.endswith(b"\n") else line
             if len(body) > longest:
-                raise OverBound(Problem(Span(str(path), number, 1), f"{path.name}:{number}: a record longer "
-                                        f"than a line of {bound.what} may be ({size_text(longest)}); "
-                                        "not read",
-                                        hint=_hint(bound)))
+                raise OverBound(path, f"a record longer than a line of {bound.what} may be "
+                                f"({size_text(longest)}); not read", line=number, hint=_hint(bound))
             yield number, body
 
 
@@ -260,14 +274,16 @@ class Budget:
 
     left: int = field(default_factory=lambda: bounds.ARCHIVE_EVIDENCE_BYTES)
 
-    def charge(self, path: Path, size: int, line: int = 1) -> None:
+    def charge(self, path: Path, size: int, line: int | None = None) -> None:
+        """Take `size` bytes for what line `line` of `path` (the whole file: None) holds."""
         self.left -= size
         if self.left < 0:
-            where = f"{path.name}:{line}" if line > 1 else path.name
-            raise OverBound(Problem(
-                Span(str(path), line, 1), f"{where}: the archive's evidence and logs come to more than one "
-                f"check reads ({size_text(bounds.ARCHIVE_EVIDENCE_BYTES)} in all); not read",
-                hint="cptest/bounds.py says why; a run this large is judged unknown"))  # fmt: skip
+            total = size_text(bounds.ARCHIVE_EVIDENCE_BYTES)
+            detail = (f"the archive's evidence and logs come to more than one check reads ({total} in all); "
+                      "not read") if line else (f"brings the archive's evidence and logs to more than one "
+                                                f"check reads ({total} in all); not read")
+            raise OverBound(path, detail, line=line, hint="cptest/bounds.py says why; a run this large is "
+                            "judged unknown")
 
 
 def size_problems(root: Path, names: Iterable[str]) -> list[Problem]:

@@ -655,8 +655,9 @@ class Evidence:
     requests: list[int] = field(default_factory=list)
     """Index of every planned request of the workload."""
     refused: list[str] = field(default_factory=list)
-    """Evidence not read because it is larger than cptest reads (`cptest.bounds`), each as
-    `file:line: why`: what the checkers would judge is incomplete, so nothing is judged."""
+    """Evidence not read because it is larger than cptest reads (`cptest.bounds`), each as the
+    archive names it (`evidence/main/runner.jsonl:2: a record longer than ...`): what the checkers
+    would judge is incomplete, so nothing is judged."""
 
     def role(self, role: str) -> RoleEvidence:
         """The evidence of `role`; a role the plan does not have is an empty, unplanned view."""

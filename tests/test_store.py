@@ -267,7 +267,7 @@ def test_a_file_stored_twice_a_damaged_pack_and_a_pack_too_large_are_integrity_e
     rank0.unlink()
     monkeypatch.setitem(bounds.BY_SUFFIX, ".jsonl", bounds.Bound("an evidence file", 1000, line=1000))
     with pytest.raises(IntegrityError, match=r"rank0.jsonl.xz unpacks to more than an evidence file may be "
-                       r"\(1000 bytes\)"):
+                       r"\(1,000 bytes\)"):
         store.read_bytes(rank0)
     monkeypatch.undo()
     (d / "evidence/main/rank0.jsonl.xz").write_bytes(b"not xz at all")

@@ -47,7 +47,7 @@ def load_role(layout: Layout, server: ServerPlan, budget: Budget | None = None,
                       placement="colocated" if server.colocated else "physical")
     for world, path in layout.rank_files(role).items():
         existing_file(path)  # a folder named rank0.jsonl is an integrity error, not a traceback
-        read = _bounded(refused, read_records, path, budget)
+        read = _bounded(refused, read_records, layout, path, budget)
         if read is not None:
             ev.ranks[world] = RankEvidence.of(world, *read)
     for world in range(server.world_size):
@@ -55,7 +55,7 @@ def load_role(layout: Layout, server: ServerPlan, budget: Budget | None = None,
             ev.missing.append(layout.relative(layout.rank_file(role, world)))
     runner = layout.runner_file(role)
     if existing_file(runner):
-        read = _bounded(refused, read_records, runner, budget)
+        read = _bounded(refused, read_records, layout, runner, budget)
         if read is not None:
             ev.runner = RunnerEvidence.of(*read)
     else:
@@ -64,7 +64,7 @@ def load_role(layout: Layout, server: ServerPlan, budget: Budget | None = None,
     for node in ev.nodes:
         p = layout.node_log(role, node)
         if existing_file(p):
-            data = _bounded(refused, _charged_bytes, p, budget)
+            data = _bounded(refused, _charged_bytes, layout, p, budget)
             if data is None:
                 continue
             text = data.decode("utf-8", errors="replace")
@@ -81,12 +81,14 @@ def load_role(layout: Layout, server: ServerPlan, budget: Budget | None = None,
 T = TypeVar("T")
 
 
-def _bounded(refused: list[str], read: Callable[[Path, Budget], T], path: Path, budget: Budget) -> T | None:
-    """`read(path, budget)`, or None with the reason appended to `refused` when it is over a bound."""
+def _bounded(refused: list[str], read: Callable[[Path, Budget], T], layout: Layout, path: Path,
+             budget: Budget) -> T | None:
+    """`read(path, budget)`, or None with the reason appended to `refused` when it is over a bound
+    (the file named as the archive names it: the verdict says it on any machine)."""
     try:
         return read(path, budget)
     except OverBound as e:
-        refused += [f"{p.span}: {p.message}" if p.span else p.message for p in e.problems]
+        refused.append(e.named(layout.root))
         return None
 
 
