@@ -7,8 +7,9 @@ then decode steps; K/V written by rank p % 4) and a PCP run (world 4, attn_cp 4,
 steps). Both are checked with `rows`, `capacity`, `serving` and `generation`-free plans, so the
 time is dominated by reading and judging Step records. Target: whole check <= 5 s on 2 cores.
 
-Second measurement (`--records`, default 10^6, 0 to skip): the per-record path, 10^6 JSON lines of
-small decode Step records (4 ranks x 250k steps), checked with `rows dcp_owner`: the loader's cost
+Second measurement (`--records`, default 10^5, 0 to skip): the per-record path, 10^5 JSON lines of
+small decode Step records (4 ranks x 25k steps, 21 MB: 10^6 would be over the evidence one check
+reads, cptest/bounds.py), checked with `rows dcp_owner`: the loader's cost
 per record rather than per row.
 
     python benchmarks/checks.py [--rows N] [--records N] [--keep DIR]
@@ -164,7 +165,7 @@ def timed(fn, *args):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--records", type=int, default=100_000)
     ap.add_argument("--keep", type=Path, default=None, help="write archives here and keep them")
     args = ap.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="cptest-bench-"))

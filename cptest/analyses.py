@@ -186,17 +186,17 @@ def _analysis_problems(root: Path, analysis: Path, seal: str | None, previous: P
                       f"{_short_link(link)} as the one before it, the archive holds {_short_link(want)}"))
     if VERDICT_NAME not in files:
         out.append(at(mpath, f"{rel} lists no verdict.json"))
-    actual = store.file_hashes(analysis, beside_seal=False)
+    actual = store.file_hashes(analysis, beside_seal=False, within_bounds=True)
     for name in sorted(set(files) | set(actual)):
         path = analysis / name
         if name not in actual:
             out.append(at(path, f"{rel}/{name} is listed in its manifest but missing"))
         elif name not in files:
             out.append(at(path, f"{rel}/{name} is not in its manifest (added after the analysis?)"))
-        elif files[name] != actual[name]:
+        elif actual[name] and files[name] != actual[name]:
             out.append(at(path, f"{rel}/{name} changed since the analysis", expected=files[name][:16],
                           found=actual[name][:16]))
-    return out
+    return out + store.size_problems(root, [f"{rel}/{name}" for name in actual])
 
 
 def _previous_sha(previous: Path) -> str | None:
@@ -213,5 +213,9 @@ def _short_link(link: Any) -> str:
 
 
 def verify_archive(root: Path) -> list[Problem]:
-    """Everything `cptest verify` checks: the seal (`store.verify`) and the analyses beside it."""
-    return store.verify(root) + problems(root)
+    """Everything `cptest verify` checks: the seal (`store.verify`) and the analyses beside it
+    (none are listed in an archive of more entries than an archive may hold)."""
+    seal = store.verify(root)
+    if root.is_dir() and store.entries_problem(root) is not None:
+        return seal
+    return seal + problems(root)

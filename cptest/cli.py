@@ -892,7 +892,7 @@ def report(directory: Path, as_html: bool, output: Path | None, as_json: bool) -
     with plots (docs/reports.md). The archive is judged first as `publish` judges it: one that does
     not match its seal, whose plan is not what its scenario plans, or whose held verdict is not
     what its evidence gives is refused (exit 3). A re-analysis beside the seal is said on stderr."""
-    from cptest import pipeline
+    from cptest import pipeline, store
 
     suite = (directory / "suite.json").is_file() and not (directory / "plan.json").exists()
     if as_html and suite:
@@ -905,7 +905,7 @@ def report(directory: Path, as_html: bool, output: Path | None, as_json: bool) -
         summary = directory / "summary.md"
         if not summary.is_file():
             raise EvidenceError(f"{summary}: the suite folder has no summary.md (the suite was cut short?)")
-        text = summary.read_text(encoding="utf-8")
+        text = store.read_file(summary)  # never through a link, never past its bound
     else:
         judged = pipeline.judge(directory)
         if judged.label is not None:

@@ -23,10 +23,12 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, NoReturn, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from cptest import bounds
+from cptest.archive_io import Budget, read_lines
 from cptest.errors import EvidenceError, Problem, Span
 from cptest.topology import Degrees, PlacementMode
 
@@ -474,45 +476,75 @@ def dump_record(record: BaseModel) -> str:
     return record.model_dump_json()
 
 
-def read_records(path: Path) -> tuple[list[Record], int]:
+def read_records(path: Path, budget: Budget | None = None) -> tuple[list[Record], int]:
     """Records of one JSON-lines file and the number of truncated trailing lines dropped.
 
     The one reader of evidence files. A half line at the end (a rank killed mid-write) is dropped
     and counted, for checkers to decide what it means; a malformed line anywhere else, or a record
     of a newer schema version, raises EvidenceError naming the file and line.
 
+    Bounded (`cptest.bounds`): the file is read one line at a time (`archive_io.read_lines`), and a
+    file or a line larger than evidence may be is an OverBound naming it; with a `budget`, each
+    line is charged to it before it is parsed (`line_cost`), and what its record holds beyond that
+    once it is (`held_cost`), so one archive's evidence never costs more than its budget allows.
+
     Speed: each line is validated with pydantic-core's JSON parser (`validate_json`), faster than
     `json.loads` alone and still the whole schema; only a line that fails goes through
     `parse_record` again, for its message.
     """
-    from cptest.store import read_bytes  # the same layer: a packed file is read as it was written
-
-    text = read_bytes(path).decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    while lines and not lines[-1].strip():
-        lines.pop()
     out: list[Record] = []
-    dropped = 0
     validate = _ADAPTER.validate_json
-    last = len(lines)
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
+    failed: tuple[int, str] | None = None  # a line that did not validate: dropped if it is the last
+    for i, raw in read_lines(path):
+        if not raw.strip():
             continue
+        if failed is not None:
+            _raise_bad(path, *failed)
+        cost = line_cost(raw)
+        if budget is not None:
+            budget.charge(path, cost, i)
+        line = raw.decode("utf-8", errors="replace")
         try:
             rec = validate(line)
         except ValidationError:
-            if i == last:
-                dropped += 1
-                continue
-            parse_record(line, Span(str(path), i, 1))  # raises with the field and message
-            raise EvidenceError(Problem(Span(str(path), i, 1), "bad evidence record")) from None
+            failed = (i, line)
+            continue
         if rec.v > SCHEMA_VERSION:
             parse_record(line, Span(str(path), i, 1))  # raises "newer than this cptest"
+        if budget is not None:
+            budget.charge(path, held_cost(rec, cost) - cost, i)  # before a `steps` line expands
         if isinstance(rec, StepBlock):
             out.extend(rec.expand())
         else:
             out.append(rec)
-    return out, dropped
+    return out, int(failed is not None)
+
+
+def line_cost(raw: bytes) -> int:
+    """What a line is charged to a check's budget before it is parsed: its bytes, and no less than
+    `bounds.RECORD_BYTES`, nor than `bounds.LIST_BYTES` for each `[` and `bounds.DICT_BYTES` for
+    each `{` in it: a list parsed from two bytes holds 100, an object from seven 184."""
+    containers = bounds.LIST_BYTES * raw.count(b"[") + bounds.DICT_BYTES * raw.count(b"{")
+    return max(len(raw), bounds.RECORD_BYTES, containers)
+
+
+def held_cost(record: Record, cost: int) -> int:
+    """What a record parsed from a line of `cost` (`line_cost`) is charged in all: the line once for
+    each record it becomes (a `steps` line expands into one Step per step), and no less than
+    `bounds.ENTRY_BYTES` for each (request, positions) entry of a step's maps (a compact decode row,
+    a short id and a packed position, becomes two)."""
+    if isinstance(record, StepBlock):
+        kv = 2 if record.kv is not None else 1
+        return max(cost * len(record.step), bounds.ENTRY_BYTES * kv * len(record.step) * len(record.rids))
+    if isinstance(record, Step):
+        return max(cost, bounds.ENTRY_BYTES * (len(record.seq_positions) + len(record.kv_written)))
+    return cost
+
+
+def _raise_bad(path: Path, i: int, line: str) -> NoReturn:
+    """Raise EvidenceError for line `i` of `path`, with the field and message where it has them."""
+    parse_record(line, Span(str(path), i, 1))
+    raise EvidenceError(Problem(Span(str(path), i, 1), "bad evidence record"))
 
 
 # ---------------------------------------------------------------- the evidence of one archive
@@ -622,6 +654,10 @@ class Evidence:
     roles: dict[str, RoleEvidence]
     requests: list[int] = field(default_factory=list)
     """Index of every planned request of the workload."""
+    refused: list[str] = field(default_factory=list)
+    """Evidence not read because it is larger than cptest reads (`cptest.bounds`), each as the
+    archive names it (`evidence/main/runner.jsonl:2: a record longer than ...`): what the checkers
+    would judge is incomplete, so nothing is judged."""
 
     def role(self, role: str) -> RoleEvidence:
         """The evidence of `role`; a role the plan does not have is an empty, unplanned view."""

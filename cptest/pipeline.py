@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cptest import analyses, checks, paths, report, store
+from cptest import analyses, bounds, checks, paths, report, store
 from cptest.checks.archived import _absolute_include, archived_reader, include_name, parse_archived
 from cptest.checks.diff import DiffReport, diff
 from cptest.engines.reference import choose
@@ -137,6 +137,7 @@ def prepare(path: Path, *, engine: str | None = None, gpu_present: bool,
     if not auto and planned.placement == "colocated":
         why = "--placement colocated" if placement_mode == "colocated" else "the placement it was given"
         notes.insert(0, colocated_note(planned, why))
+    _require_archivable(scenario, planned)
     findings = tuple(lint(scenario)) if choice.engine == "sglang" else ()
     read = archived_reader(path.parent) if archived else read_path
     includes = {}
@@ -153,6 +154,19 @@ def prepare(path: Path, *, engine: str | None = None, gpu_present: bool,
         if inc in texts:
             includes[_absolute_include(inc)] = texts[inc]
     return Prepared(scenario, planned, choice.engine, tuple(notes), findings, includes, text)
+
+
+def _require_archivable(scenario: Scenario, planned: Plan) -> None:
+    """PlanError (exit 2) when the plan, as `begin` archives it, is larger than cptest reads of an
+    archive's plan.json (`bounds.PLAN`): cptest never writes an archive it would refuse to read."""
+    size = len(planned.model_dump_json(indent=2).encode())
+    most = bounds.PLAN.bytes
+    if size > most:
+        raise PlanError(Problem(
+            scenario.workload.where("requests"), f"the plan would be {bounds.size_text(size)}, more than an "
+            f"archive's plan.json may be ({bounds.size_text(most)})",
+            hint="fewer requests or shorter prompts: the plan stores every prompt's token ids "
+            "(cptest/bounds.py says why the figure is what it is)"))  # fmt: skip
 
 
 def colocated_note(planned: Plan, why: str) -> str:

@@ -25,7 +25,9 @@ results/<scenario>/<UTC YYYYmmddTHHMMSSZ>-<first 8 hex of the scenario sha256>/
 ```
 At `finish`, every evidence file (`*.jsonl`) and engine log of `PACK_FROM_BYTES` or more is stored
 xz-compressed as `<name>.xz`: cptest reads either form through
-`existing_file` and `read_bytes`, and the manifest hashes the files as stored.
+`existing_file` and `read_bytes`, and the manifest hashes the files as stored. How a file is read
+(never through a link, never more of it than `cptest.bounds` allows) is `cptest.archive_io`'s,
+whose names this module re-exports.
 
 Phases (Jepsen's store): `begin` writes the scenario, the plan and a first manifest before anything
 runs; evidence is appended as it arrives; `finish` writes the verdict, the report and the final
@@ -34,8 +36,8 @@ manifest with the sha256 of every other file: the seal. A crash in between keeps
 (`finish` refuses): a later judgment of the same evidence goes beside it, under `analyses/`, which
 the seal does not cover and which is verified by its own manifests.
 
-Depends on nothing of cptest above `errors`: it stores the texts and JSON values it is given (the
-pipeline renders them), so it can never judge or render anything itself.
+Depends on nothing of cptest above `errors`, `bounds` and `archive_io`: it stores the texts and
+JSON values it is given (the pipeline renders them), so it can never judge or render anything itself.
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import lzma
 import os
 import re
 import shutil
@@ -55,7 +56,29 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cptest.errors import EvidenceError, Problem, Span
+from cptest.archive_io import PACK_FROM_BYTES as PACK_FROM_BYTES
+from cptest.archive_io import PACKED as PACKED
+from cptest.archive_io import Budget as Budget
+from cptest.archive_io import IntegrityError as IntegrityError
+from cptest.archive_io import OverBound as OverBound
+from cptest.archive_io import entries_problem as entries_problem
+from cptest.archive_io import existing_file as existing_file
+from cptest.archive_io import foreign_entries as foreign_entries
+from cptest.archive_io import integrity_error as _at
+from cptest.archive_io import kind_of as _kind
+from cptest.archive_io import pack_large_files as pack_large_files
+from cptest.archive_io import packable as packable
+from cptest.archive_io import packed as packed
+from cptest.archive_io import read_bytes as read_bytes
+from cptest.archive_io import read_file as read_file
+from cptest.archive_io import read_lines as read_lines
+from cptest.archive_io import regular_file as _regular
+from cptest.archive_io import require_plain as require_plain
+from cptest.archive_io import sha256_file as sha256_file
+from cptest.archive_io import size_problems as size_problems
+from cptest.archive_io import write_file as write_file
+from cptest.bounds import bound_for
+from cptest.errors import Problem, Span
 
 MANIFEST_VERSION = 1
 ROLES = ("main", "baseline", "control", "eager")
@@ -76,15 +99,6 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 """What a scenario name must look like to become a folder of the results: one path component,
 never `.`, `..`, a separator or a hidden name."""
 
-PACKED = ".xz"
-"""The suffix of an archive file stored xz-compressed (`pack_large_files`)."""
-PACK_FROM_BYTES = 64 << 10
-"""Evidence files and engine logs this large or larger are stored packed: they are most of an
-archive's bytes and shrink 6 to 20 times, and every GPU call sends the published archives along."""
-MAX_UNPACKED_BYTES = 4 << 30
-"""A packed file that would unpack to more than this is refused (an IntegrityError), never read:
-no archive cptest writes comes near it, and a crafted one must not exhaust memory."""
-
 ANALYSES = "analyses"
 """The folder of an archive that holds its re-analyses (`cptest.analyses`): outside the seal."""
 
@@ -92,194 +106,9 @@ INCLUDES = "includes"
 """The folder of an archive that holds its scenario's `extends` files (docs/decisions.md D45)."""
 
 
-class IntegrityError(EvidenceError):
-    """An archive is not what cptest wrote: a link, a FIFO or a folder where a file belongs, a
-    malformed manifest, or a plan that its scenario does not compile to. Exit code 3."""
-
-
 def valid_name(name: str) -> bool:
     """Whether `name` may be a scenario's folder under the results (see `NAME`)."""
     return isinstance(name, str) and NAME.fullmatch(name) is not None and name not in (".", "..")
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a regular file"
-
-
-def foreign_entries(root: Path) -> list[Problem]:
-    """Everything under `root` that cptest never writes into an archive: a symbolic link (to a file
-    or a folder, inside or outside the archive), a FIFO, a socket, a device. Walks without following
-    links; `root` itself may be a link to an archive. An archive with any of these is refused whole:
-    reading through a link could judge or hash another file, opening a FIFO blocks for ever."""
-    problems = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        for name in sorted(dirnames + filenames):
-            path = Path(dirpath) / name
-            try:
-                mode = path.lstat().st_mode
-            except OSError as e:
-                problems.append(Problem(Span(str(path), 1, 1), f"cannot read {name}: {e.strerror}"))
-                continue
-            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                rel = path.relative_to(root).as_posix()
-                problems.append(Problem(Span(str(path), 1, 1), f"{rel} is {_kind(mode)}, not a regular file",
-                                        hint="an archive holds only the files cptest wrote; restore it "
-                                        "from a copy you trust"))
-    return problems
-
-
-def require_plain(root: Path) -> None:
-    """Raise IntegrityError (exit 3) naming every link, FIFO or other special file under `root`,
-    and when `root` is not a directory."""
-    if not root.is_dir():
-        raise IntegrityError(Problem(Span(str(root), 1, 1), "not an archive directory",
-                                     hint="give a folder results/<scenario>/<time>-<hash>/"))
-    problems = foreign_entries(root)
-    if problems:
-        raise IntegrityError(problems)
-
-
-def _at(path: Path, message: str, hint: str | None = None) -> IntegrityError:
-    return IntegrityError(Problem(Span(str(path), 1, 1), message, hint=hint))
-
-
-def _regular(path: Path) -> bool:
-    """Whether `path` is a regular file: False when nothing is there; IntegrityError (exit 3) when
-    something else is (a folder, a link, a FIFO)."""
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        return False
-    except OSError as e:
-        raise _at(path, f"cannot read {path.name}: {e.strerror}") from None
-    if not stat.S_ISREG(mode):
-        raise _at(path, f"{path.name} is {_kind(mode)}, not a regular file",
-                  hint="an archive holds only the files cptest wrote; restore it from a copy you trust")
-    return True
-
-
-def packed(path: Path) -> Path:
-    """Where `path` lies when it is stored packed (`<name>.xz`)."""
-    return path.with_name(path.name + PACKED)
-
-
-def existing_file(path: Path) -> bool:
-    """Whether the archive holds `path` as a regular file, as it is or packed: False when neither is
-    there; IntegrityError (exit 3) when something else is (a folder, a link, a FIFO) or both are."""
-    plain = _regular(path)
-    twin = not path.name.endswith(PACKED) and _regular(packed(path))
-    if plain and twin:
-        raise _at(path, f"{path.name} is stored both as it is and packed ({packed(path).name})",
-                  hint="an archive holds each file once; restore it from a copy you trust")
-    return plain or twin
-
-
-def _raw(path: Path) -> bytes:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise _at(path, f"cannot read {path.name}: {e.strerror}") from None
-
-
-def read_bytes(path: Path) -> bytes:
-    """The bytes of an archive's file, unpacked where it is stored packed, never through a link and
-    never blocking on a FIFO: anything but a regular file is an IntegrityError (exit 3) naming it,
-    as is a packed file that is not xz or unpacks past `MAX_UNPACKED_BYTES`. For the engine's logs,
-    whose bytes are the engine's and need not be UTF-8; cptest's own files are read with `read_file`."""
-    if not existing_file(path):
-        raise _at(path, f"{path.name} is missing",
-                  hint="is this an archive directory (results/<scenario>/<time>-<hash>/)?")
-    if _regular(path):
-        return _raw(path)
-    twin = packed(path)
-    unpacker = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
-    try:
-        data = unpacker.decompress(_raw(twin), max_length=MAX_UNPACKED_BYTES + 1)
-    except lzma.LZMAError as e:
-        raise _at(twin, f"{twin.name} is not an xz file cptest wrote ({e})") from None
-    if len(data) > MAX_UNPACKED_BYTES or not unpacker.eof:
-        raise _at(twin, f"{twin.name} unpacks to more than {MAX_UNPACKED_BYTES >> 20} MiB or is cut short; "
-                  "not read")
-    return data
-
-
-def packable(rel: str) -> bool:
-    """Whether the archive file at POSIX path `rel` is of the kinds `pack_large_files` packs: the
-    evidence (`evidence/**/*.jsonl`) and the engine's logs (`logs/*.log`)."""
-    parts = rel.split("/")
-    return ((parts[0] == "evidence" and rel.endswith(".jsonl"))
-            or (parts[0] == "logs" and len(parts) == 2 and rel.endswith(".log")))
-
-
-def pack_large_files(root: Path) -> list[str]:
-    """Store every `packable` file of `PACK_FROM_BYTES` or more as `<name>.xz` (written beside it,
-    then the original removed), and return their paths. Never through a link: an archive holding
-    one is refused first by `finish`."""
-    done = []
-    for dirpath, _, filenames in os.walk(root, followlinks=False):
-        for name in sorted(filenames):
-            path = Path(dirpath) / name
-            rel = path.relative_to(root).as_posix()
-            if not packable(rel) or not _regular(path) or path.stat().st_size < PACK_FROM_BYTES:
-                continue
-            tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(lzma.compress(_raw(path), format=lzma.FORMAT_XZ, preset=6))
-                os.replace(tmp, packed(path))
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
-            path.unlink()
-            done.append(rel)
-    return done
-
-
-def read_file(path: Path) -> str:
-    """The text of an archive's file, never through a link and never blocking on a FIFO: anything
-    but a regular UTF-8 file is an IntegrityError (exit 3) naming it."""
-    data = read_bytes(path)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise _at(path, f"{path.name} is not UTF-8 text ({e.reason} at byte {e.start})") from None
-
-
-def write_file(root: Path, path: Path, text: str) -> None:
-    """Write `text` to `path` inside the archive `root` atomically (a temporary file beside it, then
-    a rename), never through a link: a link in the way is replaced, not followed, and a folder on
-    the way that is a link is an IntegrityError."""
-    rel = path.relative_to(root)
-    here = root
-    for part in rel.parts[:-1]:
-        here = here / part
-        if here.is_symlink() or (here.exists() and not here.is_dir()):
-            raise _at(here, f"{here.relative_to(root).as_posix()} is not a folder of the archive (a link?); "
-                      "nothing written")
-    if path.exists() and path.is_dir() and not path.is_symlink():
-        raise _at(path, f"{rel.as_posix()} is a directory, not a file; nothing written")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def node_named(path: Path, node_name: str) -> Path:
@@ -505,7 +334,7 @@ def copy_archive(source: Path, results_root: Path | str, scenario: str, run: str
         raise ValueError(f"{parent} is a link out of {results}: nothing is published through it")
     if os.path.lexists(target):
         same = (target.is_dir() and not target.is_symlink() and existing_file(target / MANIFEST)
-                and (target / MANIFEST).read_bytes() == (source / MANIFEST).read_bytes()
+                and read_bytes(target / MANIFEST) == read_bytes(source / MANIFEST)
                 and not verify(target))
         if same:
             return target, True
@@ -554,27 +383,23 @@ def release_claim(root: Path) -> None:
         claim.parent.rmdir()
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def file_hashes(root: Path, *, beside_seal: bool = True) -> dict[str, str]:
+def file_hashes(root: Path, *, beside_seal: bool = True, within_bounds: bool = False) -> dict[str, str]:
     """sha256 of every regular file under `root` except the manifest, by POSIX relative path, sorted.
     With `beside_seal` (an archive's root) the `analyses/` folder is left out: re-analyses are
     written after the seal, and each is covered by its own manifest. Links are not followed
-    (`foreign_entries` names them)."""
+    (`foreign_entries` names them). With `within_bounds` (verifying), a file larger than cptest
+    reads of its kind (`size_problems` names it) is listed with an empty hash, unread: a sparse
+    file of a terabyte would take an hour to hash."""
     out = {}
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         if beside_seal and Path(dirpath) == root and ANALYSES in dirnames:
             dirnames.remove(ANALYSES)
         for name in filenames:
             p = Path(dirpath) / name
-            if stat.S_ISREG(p.lstat().st_mode) and not (p.parent == root and p.name == MANIFEST):
-                out[p.relative_to(root).as_posix()] = sha256_file(p)
+            st = p.lstat()
+            if stat.S_ISREG(st.st_mode) and not (p.parent == root and p.name == MANIFEST):
+                over = within_bounds and st.st_size > bound_for(name).bytes
+                out[p.relative_to(root).as_posix()] = "" if over else sha256_file(p)
     return dict(sorted(out.items()))
 
 
@@ -584,16 +409,19 @@ def seal_sha256(layout: Layout) -> str:
     if not existing_file(layout.manifest):
         raise _at(layout.manifest, "archive has no manifest.json: there is no seal to name",
                   hint="was the run interrupted before `begin`?")
-    return hashlib.sha256(_raw(layout.manifest)).hexdigest()
+    return hashlib.sha256(read_bytes(layout.manifest)).hexdigest()
 
 
 def read_manifest(layout: Layout) -> dict[str, Any] | None:
     """The manifest as written, or None when there is none or it is not JSON. Raises IntegrityError
-    when something other than a regular file stands in its place."""
+    when something other than a regular file stands in its place, OverBound when it is larger than
+    a manifest may be."""
     if not existing_file(layout.manifest):
         return None
     try:
         data = json.loads(read_file(layout.manifest))
+    except OverBound:
+        raise  # not a manifest cptest wrote, nor one it reads: named, never taken for an unfinished run
     except (IntegrityError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -722,12 +550,16 @@ def verify(root: Path) -> list[Problem]:
     """Problems with the archive at `root` against its seal (its manifest): a missing, changed or
     extra file, a link, FIFO or other special file anywhere in it, a manifest that is not a regular
     file of JSON with a `files` table of sha256 by relative path. The `analyses/` folder is not
-    the seal's: `cptest.analyses.verify_archive` checks it too. Never raises for what the archive
-    holds."""
+    the seal's: `cptest.analyses.verify_archive` checks it too. A file larger than cptest reads of
+    its kind (`cptest.bounds`) is a problem too, and an archive of more entries than an archive
+    may hold is that one problem (nothing more is walked). Never raises for what the archive holds."""
     layout = Layout(root)
     mpath = layout.manifest
     if not root.is_dir():
         return [Problem(Span(str(root), 1, 1), "not an archive directory")]
+    too_many = entries_problem(root)
+    if too_many is not None:
+        return [too_many]
     special = foreign_entries(root)
     try:
         if not existing_file(mpath):
@@ -756,7 +588,7 @@ def verify(root: Path) -> list[Problem]:
     problems += [Problem(Span(str(mpath), 1, 1), f"manifest lists {n!r}, which is no file of the archive")
                  for n in outside]
     listed = {k: v for k, v in listed.items() if k not in outside}
-    actual = file_hashes(root)
+    actual = file_hashes(root, within_bounds=True)
     for name in sorted(set(listed) | set(actual)):
         where = Span(str(root / name), 1, 1)
         if name not in actual:
@@ -765,7 +597,7 @@ def verify(root: Path) -> list[Problem]:
             problems.append(Problem(where, f"{name} is listed in the manifest but missing"))
         elif name not in listed:
             problems.append(Problem(where, f"{name} is not in the manifest (added after the run?)"))
-        elif listed[name] != actual[name]:
+        elif actual[name] and listed[name] != actual[name]:
             problems.append(Problem(where, f"{name} changed since the run", expected=listed[name][:16],
                                     found=actual[name][:16]))
-    return problems
+    return problems + size_problems(root, actual)

@@ -41,3 +41,16 @@ def test_the_driver_stream_benchmark_has_every_request_answered() -> None:
     assert "16/16 requests" in out and "chunks/s consumed" in out
     assert re.search(r"round 1: first token after +[\d.]+ ms \(driver\), +[\d.]+ ms \(bench_serving-shaped",
                      out)
+
+
+def test_the_check_memory_benchmark_refuses_every_hostile_archive_within_its_figure() -> None:
+    out = _run("benchmarks/check_memory.py", "--huge", "32", "--fill", "1")
+    assert "every figure within the stated bound" in out
+    for refusal in ("rank0.jsonl is 32 MiB, larger than an evidence file may be",
+                    "runner.jsonl.xz unpacks to more than an evidence file may be",
+                    "a record longer than a line of an evidence file may be",
+                    "plan.json is 32 MiB, larger than a plan may be",
+                    "manifest.json is 32 MiB, larger than a manifest may be",
+                    "main node 0 argv differs from what scenario.cps plans",
+                    "the archive holds more than 4,096 files and folders"):
+        assert refusal in out, refusal

@@ -21,9 +21,11 @@ import cptest
 PACKAGE = Path(cptest.__file__).resolve().parent
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("cptest", "cptest.errors", "cptest.outline", "cptest.retry", "cptest.values", "cptest.node")),
+    ("base", ("cptest", "cptest.errors", "cptest.outline", "cptest.retry", "cptest.values", "cptest.node",
+              "cptest.bounds")),
     ("topology", ("cptest.topology",)),
-    ("evidence", ("cptest.evidence", "cptest.store", "cptest.analyses", "cptest.verdict")),
+    ("evidence", ("cptest.evidence", "cptest.archive_io", "cptest.store", "cptest.analyses",
+                  "cptest.verdict")),
     ("contracts", ("cptest.contracts",)),
     ("scenario", ("cptest.scenario",)),
     ("lang", ("cptest.lang",)),

@@ -257,7 +257,7 @@ def test_large_evidence_and_logs_are_stored_packed_and_read_as_written(tmp_path:
 
 def test_a_file_stored_twice_a_damaged_pack_and_a_pack_too_large_are_integrity_errors(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cptest import store
+    from cptest import bounds, store
 
     d = big_run(tmp_path)
     rank0 = d / "evidence/main/rank0.jsonl"
@@ -265,8 +265,9 @@ def test_a_file_stored_twice_a_damaged_pack_and_a_pack_too_large_are_integrity_e
     with pytest.raises(IntegrityError, match="stored both as it is and packed"):
         store.read_bytes(rank0)
     rank0.unlink()
-    monkeypatch.setattr(store, "MAX_UNPACKED_BYTES", 1000)
-    with pytest.raises(IntegrityError, match="unpacks to more than"):
+    monkeypatch.setitem(bounds.BY_SUFFIX, ".jsonl", bounds.Bound("an evidence file", 1000, line=1000))
+    with pytest.raises(IntegrityError, match=r"rank0.jsonl.xz unpacks to more than an evidence file may be "
+                       r"\(1,000 bytes\)"):
         store.read_bytes(rank0)
     monkeypatch.undo()
     (d / "evidence/main/rank0.jsonl.xz").write_bytes(b"not xz at all")

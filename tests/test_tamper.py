@@ -338,6 +338,27 @@ def absolute_model_and_flag(plan: dict[str, Any]) -> None:
     add_flag(plan)
 
 
+def sparse_file(rel: str, size: int) -> Callable[[Path, Path], None]:
+    """`rel` replaced by `size` zero bytes that take no disk: larger than cptest reads of it."""
+
+    def edit(d: Path, tmp: Path) -> None:
+        (d / rel).unlink(missing_ok=True)
+        with (d / rel).open("wb") as f:
+            f.truncate(size)
+
+    return edit
+
+
+def many_files(d: Path, tmp: Path) -> None:
+    (d / "logs" / "many").mkdir()
+    for k in range(4096):
+        (d / "logs" / "many" / str(k)).touch()
+
+
+LONG_LINE = '{"kind": "log", "line": "' + "x" * (4 << 20) + '"}\n'
+"""A record one byte longer than a line of evidence may be, and then some."""
+
+
 def fifo_argument(d: Path, tmp: Path) -> None:
     shutil.rmtree(d)
     os.mkfifo(d)
@@ -679,6 +700,22 @@ CASES = [
     Case("matrix-argv-rehashed", rehashed(add_flag), MATRIX, 3, r"main node 0 argv differs from what"),
     Case("report-env-rehashed", rehashed(add_env), REPORT, 3, r"main node 0 env differs from what"),
     Case("publish-argv-rehashed", rehashed(add_flag), PUBLISH, 3, r"main node 0 argv differs from what"),
+    # 9. Bounds: what is larger than cptest reads is refused unread, named, never judged.
+    Case("check-evidence-file-over-its-bound", sparse_file("evidence/main/rank0.jsonl", 2 << 30), CHECK, 3,
+         r"unknown +evidence: evidence larger than cptest reads was not read: .*rank0.jsonl is 2,048 MiB, "
+         r"larger than an evidence file may be \(16 MiB\); not read"),
+    Case("check-evidence-line-over-its-bound", append("evidence/main/runner.jsonl", LONG_LINE), CHECK, 3,
+         r"runner.jsonl:\d+: a record longer than a line of an evidence file may be \(4 MiB\); not read"),
+    Case("check-log-over-its-bound", sparse_file("logs/main-node0.log", 1 << 30), CHECK, 3,
+         r"main-node0.log is 1,024 MiB, larger than an engine log may be \(8 MiB\)"),
+    Case("check-plan-over-its-bound", sparse_file("plan.json", 2 << 30), CHECK, 3,
+         r"plan.json is 2,048 MiB, larger than a plan may be \(16 MiB\); not read"),
+    Case("verify-plan-over-its-bound", sparse_file("plan.json", 2 << 30), VERIFY, 3,
+         r"plan.json is 2,048 MiB, larger than a plan may be \(16 MiB\)"),
+    Case("verify-too-many-files", many_files, VERIFY, 3,
+         r"holds more than 4,096 files and folders; not read"),
+    Case("startup-outline-line-over-its-bound", append("evidence/cptest.jsonl", LONG_LINE), STARTUP, 3,
+         r"cptest.jsonl:\d+: a record longer than a line of an evidence file may be"),
     Case("startup-fifo-argument", fifo_argument, STARTUP, 2, r"not a folder"),
     Case("startup-no-such-directory", lambda d, t: None, ("startup", "{a}/missing"), 2, r"does not exist"),
     Case("check-not-a-directory", lambda d, t: None, ("check", "{a}/plan.json"), 2, r"is a file"),

@@ -57,6 +57,8 @@ def check_loaded(archive: Archive, *, finished: bool = True) -> ScenarioVerdict:
     evidence is judged like an unfinished run.
     """
     plan = archive.plan
+    if archive.evidence.refused:
+        return not_judged(archive)
     verdicts = [guarded(archive.evidence, e) for e in plan.expectations]
     unfinished = run_unfinished(archive) or (
         None if finished else "the archive was never finished: cptest stopped after gathering evidence "
@@ -79,6 +81,27 @@ def check_loaded(archive: Archive, *, finished: bool = True) -> ScenarioVerdict:
             if v.checker in ABSENCE_BASED and v.status == "fail" else v
             for v in verdicts
         ] + [unknown("run", unfinished)]
+    return scenario_verdict(plan.scenario, plan.main.engine, plan.main.release, verdicts, plan.placement)
+
+
+SHOWN_REFUSED = 3
+"""How many refused files a verdict's reason names before `and N more`."""
+
+
+def not_judged(archive: Archive) -> ScenarioVerdict:
+    """The verdict of an archive whose evidence was refused for its size (`cptest.bounds`): every
+    expectation unknown with the files named, never pass or fail. What a checker would judge is
+    incomplete, and which checkers a file's records feed is not recorded (a checker may compare
+    every rank with the runner), so none is run on what is left."""
+    refused = archive.evidence.refused
+    why = "; ".join(refused[:SHOWN_REFUSED])
+    if len(refused) > SHOWN_REFUSED:
+        why += f"; and {len(refused) - SHOWN_REFUSED} more"
+    plan = archive.plan
+    verdicts = [apply_expectation(unknown(e.kind, f"not judged: evidence not read: {why}"),
+                                  e.expect_violation, e.source) for e in plan.expectations]
+    verdicts.append(unknown("evidence", f"evidence larger than cptest reads was not read: {why}",
+                            refused=len(refused)))
     return scenario_verdict(plan.scenario, plan.main.engine, plan.main.release, verdicts, plan.placement)
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from cptest.errors import EvidenceError, Problem, Span
 from cptest.report.text import md_inline
-from cptest.store import Layout, existing_file, read_bytes, read_file, require_plain
+from cptest.store import Layout, existing_file, read_bytes, read_lines, require_plain
 
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?: [^\]]*)?\] (.*)$")
 PHASES: tuple[tuple[str, str, bool], ...] = (
@@ -88,14 +88,22 @@ def _outline_times(layout: Layout, role: str) -> tuple[float | None, float | Non
     path = layout.cptest_log
     if not existing_file(path):  # a link, a FIFO or a folder there: IntegrityError naming it
         return None, None
-    lines = read_file(path).splitlines()
-    for n, line in enumerate(lines, 1):
+    cut: int | None = None  # a line that is no JSON and may be the last, cut short
+    for n, raw in read_lines(path):  # bounded: a line or a file too long is an OverBound naming it
+        if cut is not None:
+            raise _malformed(path, cut, "not a JSON line")
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise EvidenceError(Problem(Span(str(path), n, 1), f"{path.name} is not UTF-8 text "
+                                        f"({e.reason} at byte {e.start} of line {n})")) from None
         try:
             r = json.loads(line)
         except ValueError:
-            if n == len(lines) and not line.rstrip().endswith("}"):
-                continue
-            raise _malformed(path, n, "not a JSON line") from None
+            if line.rstrip().endswith("}"):
+                raise _malformed(path, n, "not a JSON line") from None
+            cut = n
+            continue
         if not isinstance(r, dict):
             raise _malformed(path, n, f"a JSON {type(r).__name__}, not an object")
         title, wall = r.get("title", ""), r.get("wall")
