@@ -770,13 +770,14 @@ def diff(a: Path, b: Path, other_scenario: bool, as_json: bool) -> int:
 @click.option("--scenarios", "scenario_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               default=Path("scenarios"), show_default=True,
               help="with --support: the scenarios that could run")
-@click.option("--release", default="0.5.17", show_default=True, help="with --support: the SGLang release")
+@click.option("--release", default=None,
+              help="with --support: the SGLang release (default: the one cptest has cell rules for)")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="with --support: write the markdown there (docs/support-matrix.md) instead of stdout")
 @json_option
 @_guard
 @_archive_guard
-def matrix(directories: tuple[Path, ...], support: bool, scenario_dir: Path, release: str,
+def matrix(directories: tuple[Path, ...], support: bool, scenario_dir: Path, release: str | None,
            output: Path | None, as_json: bool) -> int:
     """A markdown table of scenario x verdict over the published evidence: the archives under
     results/ (or the folders named; side runs in `_`-named folders below them are left out). Trial
@@ -826,13 +827,17 @@ def matrix_judge() -> Callable[[Path], tuple[Any, str | None] | None]:
     return judged
 
 
-def _support_matrix(folders: tuple[Path, ...], scenario_dir: Path, release: str, output: Path | None,
+def _support_matrix(folders: tuple[Path, ...], scenario_dir: Path, release: str | None, output: Path | None,
                     as_json: bool) -> int:
     """`matrix --support`: read the scenarios and the published archives, print or write the matrix."""
     from cptest.engines.sglang.releases import get_release
     from cptest.report.support import as_json as support_json
     from cptest.report.support import read_inputs, render_support, support_matrix
 
+    if release is None:
+        from cptest.engines.sglang.cells import SUPPORT_RELEASE
+
+        release = SUPPORT_RELEASE
     rel = get_release(release)
     scenarios, runs, skipped = read_inputs(rel, scenario_dir, [Path(d) for d in folders], matrix_judge())
     m = support_matrix(rel, scenarios, runs)

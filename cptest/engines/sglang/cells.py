@@ -191,7 +191,11 @@ CELL_RULES_0_5_17: tuple[CellRule, ...] = (
 )
 """0.5.17's rules, first match first."""
 
-CELL_RULES: Mapping[str, tuple[CellRule, ...]] = {"0.5.17": CELL_RULES_0_5_17}
+SUPPORT_RELEASE = "0.5.17"
+"""The release of the lent machine's bundle: the one release with cell rules, `cptest matrix
+--support`'s default."""
+
+CELL_RULES: Mapping[str, tuple[CellRule, ...]] = {SUPPORT_RELEASE: CELL_RULES_0_5_17}
 """Release -> its cell rules. Only the release of the lent machine's bundle has a table."""
 
 
