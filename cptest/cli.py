@@ -796,10 +796,8 @@ def matrix(directories: tuple[Path, ...], support: bool, scenario_dir: Path, rel
     if support:
         return _support_matrix(folders, scenario_dir, release, output, as_json)
     archives = sorted({a for d in folders for a in archives_under(Path(d))})
-    trial = [d for d in folders if Path(d).resolve().is_relative_to(RUNS.resolve())]
-    click.echo(f"cptest matrix: {len(archives)} archive(s) of published evidence under "
-               f"{', '.join(map(str, folders))}" + (f"; {', '.join(map(str, trial))} holds trial runs, "
-               "not published evidence" if trial else "; trial runs are not read"), err=True)
+    click.echo(f"cptest matrix: {len(archives)} archive(s) under {', '.join(map(str, folders))}"
+               f"{_what_matrix_reads(folders)}", err=True)
     judged = matrix_judge()
     text = render_matrix(archives, judged)
     rows = [{"scenario": r["scenario"], "engine": r["engine"], "placement": r["placement"],
@@ -825,6 +823,14 @@ def matrix_judge() -> Callable[[Path], tuple[Any, str | None] | None]:
         return done.verdict, done.label
 
     return judged
+
+
+def _what_matrix_reads(folders: tuple[Path, ...]) -> str:
+    """What the archives `matrix` read are, said once: trial runs where every folder is under
+    .cptest/runs, published evidence otherwise (results/, or where `publish --results` put them)."""
+    if all(Path(d).resolve().is_relative_to(RUNS.resolve()) for d in folders):
+        return ": trial runs, not published evidence (`cptest publish DIR` publishes one)"
+    return ": published evidence (trial runs in .cptest/runs are not read)"
 
 
 def _support_matrix(folders: tuple[Path, ...], scenario_dir: Path, release: str | None, output: Path | None,

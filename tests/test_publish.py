@@ -123,6 +123,21 @@ def test_the_command_says_what_it_did_and_matrix_then_reads_it(tmp_path: Path):
     assert "verified and checked" in done.stdout
     matrix = cptest("matrix", results)
     assert matrix.returncode == 0 and "| pcp_dcp_rejected | sglang, co-located | **PASS**" in matrix.stdout
-    assert f"1 archive(s) of published evidence under {results}" in matrix.stderr
+    assert f"1 archive(s) under {results}: published evidence" in matrix.stderr
     trial = cptest("matrix", "--json", source.parent.parent)
     assert trial.returncode == 0 and json.loads(trial.stdout)["rows"][0]["archive"] == str(source)
+
+
+def test_matrix_says_once_whether_it_read_trial_runs_or_published_evidence(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from cptest import cli
+
+    runs = tmp_path / "runs"
+    shutil.copytree(ARCHIVE, runs / ARCHIVE.parent.name / ARCHIVE.name)
+    monkeypatch.setattr(cli, "RUNS", runs)
+    trial = CliRunner().invoke(cli.main, ["matrix", str(runs)])
+    assert trial.exit_code == 0, trial.output
+    assert f"1 archive(s) under {runs}: trial runs, not published evidence" in trial.stderr
+    assert "trial runs in .cptest/runs are not read" not in trial.stderr
