@@ -5,7 +5,8 @@ tests that need it skip with the reason when no cluster answers, and fail instea
 CPTEST_REQUIRE_SLURM=1 (CI sets it: there the cluster is the point). Nothing here fakes Slurm: jobs,
 steps, signals and cancellations are Slurm's own.
 
-Ports 31400-31420 are this file's (other end-to-end tests use 30000 and the suite's blocks).
+The runs name no ports: each claims a free port slot host-wide as every `cptest run` without
+`--ports` does, so another copy of the test suite on this host cannot collide with them.
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def test_a_two_node_run_with_a_rank_kill_goes_through_slurm_and_passes_check(tmp
     t0 = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "cptest", "run", str(SCENARIO), "--launcher", "slurm",
                           "--engine", "reference", "--results", str(results), "--models", str(models),
-                          "--ports", "31400,31410", "--no-baseline-cache"],
+                          "--no-baseline-cache"],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     took = time.monotonic() - t0
     assert run.returncode == 0, run.stdout + run.stderr
@@ -181,7 +182,7 @@ def test_sigkill_of_cptest_mid_run_leaves_no_job_and_no_engine_process(tmp_path:
     results = tmp_path / "runs"
     proc = subprocess.Popen([sys.executable, "-m", "cptest", "run", str(scenario), "--launcher", "slurm",
                              "--engine", "reference", "--results", str(results), "--models", str(models),
-                             "--ports", "31420,31430", "--no-baseline-cache"],
+                             "--no-baseline-cache"],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
