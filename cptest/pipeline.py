@@ -28,7 +28,7 @@ from cptest.checks.diff import DiffReport, diff
 from cptest.engines.reference import choose
 from cptest.errors import CptestError, PlanError, Problem, RunError, ScenarioError, Span
 from cptest.lang import parse_file
-from cptest.lang.validate import read_path
+from cptest.lang.files import read_path
 from cptest.outline import Logger
 from cptest.plan import plan
 from cptest.plan.build import EXPLICIT_MEM_FRACTION, require_allowed
@@ -76,7 +76,7 @@ class LintFindings(CptestError):
 
 
 def read_text(path: Path) -> str:
-    """A scenario file's text, read as the parser reads it (`lang.validate.read_path`: a regular file
+    """A scenario file's text, read as the parser reads it (`lang.files.read_path`: a regular file
     of bounded size, never a FIFO or /dev/zero); a file that cannot be read is a ScenarioError (exit 2)."""
     try:
         return read_path(str(path))

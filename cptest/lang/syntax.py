@@ -3,8 +3,8 @@
 This is the only module that touches Lark.  `read_doc` parses one file's text into a `Doc` (a flat
 list of `Stmt`, in source order) or raises `ScenarioError` with the position of the syntax error and
 what was expected there.  It does not resolve `extends`, check types or ranges, or read files: that
-is `cptest.lang.validate`.  The formatter works on the same `Doc`, so it can format a file whose
-`extends` target is missing.
+is `cptest.lang.validate` and the modules it composes.  The formatter works on the same `Doc`, so it
+can format a file whose `extends` target is missing.
 """
 
 from __future__ import annotations
