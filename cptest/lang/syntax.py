@@ -18,6 +18,7 @@ from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from cptest.errors import Problem, ScenarioError, Span, did_you_mean, one_of
+from cptest.lang.lexer import ScenarioLexer
 from cptest.lang.tables import BLOCK_KEYS, TOP_BLOCK
 from cptest.values import Call, Duration, Ident
 
@@ -91,15 +92,16 @@ def _on_comment(token: Token) -> None:
 def parser() -> Lark:
     """The LALR parser for cps.lark, built once per process.
 
-    The basic lexer makes every keyword reserved, so an unknown key lexes as IDENT and the error
-    handler can name the valid keys from the parser's `accepts` set (Lark's `UnexpectedToken.accepts`:
-    the terminals the LALR state could shift, i.e. exactly the keys valid in that block).
+    The basic lexer (here `ScenarioLexer`: the same tokens, faster) makes every keyword reserved, so
+    an unknown key lexes as IDENT and the error handler can name the valid keys from the parser's
+    `accepts` set (Lark's `UnexpectedToken.accepts`: the terminals the LALR state could shift, i.e.
+    exactly the keys valid in that block).
     """
     return Lark.open(
         "cps.lark",
         rel_to=__file__,
         parser="lalr",
-        lexer="basic",
+        lexer=ScenarioLexer,
         propagate_positions=True,
         maybe_placeholders=True,
         lexer_callbacks={"COMMENT": _on_comment},
