@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cptest.errors import did_you_mean, one_of
 from cptest.lang import tables as T
-from cptest.lang.settings import Values, node
+from cptest.lang.settings import Values, node, unknown_word
 from cptest.lang.syntax import Stmt
 from cptest.scenario import Fault, Topology
 from cptest.values import Duration, describe
@@ -23,13 +22,7 @@ def fault_statements(v: Values, topo: Topology | None) -> list[Fault]:
         action = str(d["action"])
         bad = False
         if action not in T.FAULT_ACTIONS:
-            close = did_you_mean(action, T.FAULT_ACTIONS)
-            v.p.add(
-                s.parts["action"],
-                f"unknown fault action {action!r}",
-                expected=one_of(T.FAULT_ACTIONS),
-                hint=f"did you mean '{close}'?" if close else None,
-            )
+            unknown_word(v.p, s.parts["action"], f"unknown fault action {action!r}", action, T.FAULT_ACTIONS)
             bad = True
         if action in T.SERVER_ONLY_ACTIONS and d["target"] == "rank":
             v.p.add(

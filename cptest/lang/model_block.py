@@ -14,7 +14,7 @@ from cptest.lang import tables as T
 from cptest.lang.extends import Chain
 from cptest.lang.files import os_reason
 from cptest.lang.includes import outside_tree
-from cptest.lang.settings import Values, missing_block, node, was_written
+from cptest.lang.settings import Values, missing_block, node, unknown_word, was_written
 from cptest.lang.syntax import Stmt
 from cptest.scenario import Model, ModelFacts
 from cptest.values import Ident, describe
@@ -27,13 +27,7 @@ def model_statement(v: Values, where: Span, chain: Chain) -> Model | None:
         return None
     kind, arg = str(s.value["kind"]), s.value["arg"]
     if kind not in T.MODEL_KINDS:
-        close = did_you_mean(kind, T.MODEL_KINDS)
-        v.p.add(
-            s.parts["kind"],
-            f"unknown model kind {kind!r}",
-            expected=one_of(T.MODEL_KINDS),
-            hint=f"did you mean '{close}'?" if close else None,
-        )
+        unknown_word(v.p, s.parts["kind"], f"unknown model kind {kind!r}", kind, T.MODEL_KINDS)
         return None
     geometry, gspans = v.block("model")
     facts_block, fspans = v.block("facts")

@@ -4,6 +4,7 @@ value, and the helpers the statement checks share (building a node, a missing bl
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import ValidationError
@@ -125,13 +126,7 @@ class Values:
         if not isinstance(v, Call):
             return self._bad(s, key, "a token count: 128, uniform(lo, hi) or choice(a, b, ...)", v)
         if v.name not in T.DIST_FUNCS:
-            close = did_you_mean(v.name, T.DIST_FUNCS)
-            self.p.add(
-                s.span,
-                f"unknown distribution {v.name!r} for {key}",
-                expected=one_of(T.DIST_FUNCS),
-                hint=f"did you mean '{close}'?" if close else None,
-            )
+            unknown_word(self.p, s.span, f"unknown distribution {v.name!r} for {key}", v.name, T.DIST_FUNCS)
             return MISSING
         if not all(isinstance(a, int) and not isinstance(a, bool) for a in v.args):
             self.p.add(
@@ -188,6 +183,12 @@ def node(cls: Any, p: ProblemCollector, span: Span | None, **kw: Any) -> Any:
     except ValidationError as err:
         p.problems.append(pydantic_problem(err, span or Span("<input>", 1, 1)))
         return None
+
+
+def unknown_word(p: ProblemCollector, span: Span, message: str, word: str, choices: Iterable[str]) -> None:
+    """A word that is none of `choices`: `message` at `span`, naming the choices and the closest one."""
+    close = did_you_mean(word, choices)
+    p.add(span, message, expected=one_of(choices), hint=f"did you mean '{close}'?" if close else None)
 
 
 def missing_block(v: Values, name: str, where: Span) -> None:

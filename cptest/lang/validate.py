@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from cptest.errors import ScenarioError, Span, did_you_mean, one_of
+from cptest.errors import ScenarioError, Span
 from cptest.lang import tables as T
 from cptest.lang.expect import check_evidence_needs, expect_block
 from cptest.lang.extends import LANGUAGE_VERSION, Chain, load_chain, merge
@@ -36,7 +36,7 @@ from cptest.lang.includes import scenario_roots
 from cptest.lang.layout import baseline_block, topology_block
 from cptest.lang.model_block import facts_from_config, model_statement
 from cptest.lang.serve import serve_block
-from cptest.lang.settings import MISSING, Values, missing_block, node, pydantic_problem
+from cptest.lang.settings import MISSING, Values, missing_block, node, pydantic_problem, unknown_word
 from cptest.lang.syntax import Doc, Stmt
 from cptest.lang.workload import workload_block
 from cptest.scenario import Engine, Scenario
@@ -177,13 +177,7 @@ def _engine(v: Values, where: Span) -> Engine | None:
         return None
     kind, release, image = str(s.value["kind"]), s.value["release"], s.value["image"]
     if kind not in T.ENGINE_KINDS:
-        close = did_you_mean(kind, T.ENGINE_KINDS)
-        v.p.add(
-            s.parts["kind"],
-            f"unknown engine {kind!r}",
-            expected=one_of(T.ENGINE_KINDS),
-            hint=f"did you mean '{close}'?" if close else None,
-        )
+        unknown_word(v.p, s.parts["kind"], f"unknown engine {kind!r}", kind, T.ENGINE_KINDS)
         return None
     if kind == "sglang" and not release:
         v.p.add(s.span, "engine sglang needs a release", expected='engine sglang "0.5.17"')
