@@ -17,8 +17,8 @@ prompt by where it lies in its seed's stream instead of storing its token ids.""
 
 
 def upgrade_v2(data: dict[str, Any]) -> dict[str, Any]:
-    """A version 2 plan.json in version 3's shape: it is one already, every prompt stored (a
-    request's `prompt` may be the ids or a synthetic prompt's place in its stream)."""
+    """A version 2 plan.json in version 3's shape, which it already has: each of its prompts is
+    stored as its ids, one of the two forms a version 3 request's `prompt` takes."""
     return dict(data, plan_version=3)
 
 
