@@ -40,10 +40,13 @@ class ScenarioLexer(BasicLexer):
     def lex(self, state: LexerState, parser_state: Any) -> Iterator[Token]:
         scanner = self.scanner  # built on first use, with `self.callback`
         keywords = self._keyword_table()
-        if len(scanner._mres) != 1 or keywords is None:
+        # Lark compiles the terminals into one regex unless there are too many for Python's `re`;
+        # anything else than that one regex (another Lark release's scanner) is left to Lark.
+        regexes = getattr(scanner, "_mres", None)
+        if keywords is None or not isinstance(regexes, list) or len(regexes) != 1:
             yield from super().lex(state, parser_state)
             return
-        match = scanner._mres[0].match
+        match = regexes[0].match
         callbacks = {k: f for k, f in self.callback.items() if k != "IDENT"}
         ignore, newline_types = self.ignore_types, self.newline_types
         text, end = state.text.text, state.text.end
