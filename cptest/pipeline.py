@@ -28,13 +28,14 @@ from cptest.checks.diff import DiffReport, diff
 from cptest.engines.reference import choose
 from cptest.errors import CptestError, PlanError, Problem, RunError, ScenarioError, Span
 from cptest.lang import parse_file
-from cptest.lang.validate import read_path
+from cptest.lang.files import read_path
 from cptest.outline import Logger
 from cptest.plan import plan
 from cptest.plan.build import EXPLICIT_MEM_FRACTION, require_allowed
 from cptest.plan.flags import flag_problems
 from cptest.plan.lint import Finding, lint
 from cptest.plan.model import Placement, Plan
+from cptest.plan.workload import prompt_sha256
 from cptest.run.launcher import Launcher
 from cptest.scenario import Scenario
 from cptest.verdict import ScenarioVerdict, read_verdict
@@ -76,7 +77,7 @@ class LintFindings(CptestError):
 
 
 def read_text(path: Path) -> str:
-    """A scenario file's text, read as the parser reads it (`lang.validate.read_path`: a regular file
+    """A scenario file's text, read as the parser reads it (`lang.files.read_path`: a regular file
     of bounded size, never a FIFO or /dev/zero); a file that cannot be read is a ScenarioError (exit 2)."""
     try:
         return read_path(str(path))
@@ -757,12 +758,16 @@ def _serve_core(server: Any, *, legacy: bool) -> dict[str, Any]:
 
 
 def _workload_core(plan: Plan, *, legacy: bool) -> dict[str, Any]:
-    """The workload as it decides what is sent: every field but the prompts' text where an older
-    planner generated it (`legacy`), whose prompts differ from this one's."""
+    """The workload as it decides what is sent: every field, each prompt as the hash of its token
+    ids however the plan holds them (stored, or named in the synthetic stream, as plans of version 3
+    do), and without the prompts where an older planner generated them (`legacy`), whose prompts
+    differ from this one's."""
     w = plan.workload.model_dump(mode="json")
     requests = w.pop("requests")
-    if legacy:
-        requests = [{k: v for k, v in r.items() if k != "prompt"} for r in requests]
+    for planned, r in zip(plan.workload.requests, requests, strict=True):
+        r.pop("prompt")
+        if not legacy:
+            r["prompt_sha256"] = prompt_sha256(planned.input_ids)
     return w | {"requests": requests}
 
 

@@ -209,8 +209,9 @@ class RankGeometry(BaseModel):
         return getattr(self, f"{name}_group")
 
 
-def geometry(d: Degrees) -> list[RankGeometry]:
-    """One `RankGeometry` per world rank, in world-rank order. Raises `PlanError` if impossible."""
+def geometry(d: Degrees, title_prefix: str | None = None) -> list[RankGeometry]:
+    """One `RankGeometry` per world rank, in world-rank order, each with its `process_title` when a
+    `title_prefix` is given. Raises `PlanError` if impossible."""
     problems = group_problems(d)
     if problems:
         raise PlanError("; ".join(p.message for p in problems))
@@ -245,6 +246,8 @@ def geometry(d: Degrees) -> list[RankGeometry]:
             attn_cp_group=tuple(range(cp_start, cp_start + atp * acp, atp)),
             attn_tp_group=tuple(range(atp_start, atp_start + atp)),
             pp_group=tuple(range(tp_rank, world, tp)),
+            process_title="" if title_prefix is None else _title(d, title_prefix, attn_dp_rank, pp_rank,
+                                                                  attn_cp_rank, tp_rank),
         )
         out.append(rank)
     return out
@@ -257,15 +260,19 @@ def process_title(rank: RankGeometry, d: Degrees, prefix: str = "sglang::schedul
     the attention-DP rank, `data_parallel_controller.py:636-644`). A TP1 server's title is the bare
     prefix. cptest has no expert-parallel degrees, so SGLang's MOE_DP and EP parts never appear.
     """
+    return _title(d, prefix, rank.attn_dp_rank, rank.pp_rank, rank.attn_cp_rank, rank.tp_rank)
+
+
+def _title(d: Degrees, prefix: str, attn_dp: int, pp: int, attn_cp: int, tp: int) -> str:
     parts = []
     if d.attn_dp > 1:
-        parts.append(f"DP{rank.attn_dp_rank}")
+        parts.append(f"DP{attn_dp}")
     if d.pp > 1:
-        parts.append(f"PP{rank.pp_rank}")
+        parts.append(f"PP{pp}")
     if d.attn_cp > 1:
-        parts.append(f"ATTN_CP{rank.attn_cp_rank}")
+        parts.append(f"ATTN_CP{attn_cp}")
     if d.tp > 1:
-        parts.append(f"TP{rank.tp_rank}")
+        parts.append(f"TP{tp}")
     return prefix + "".join("_" + p for p in parts)
 
 
@@ -274,7 +281,7 @@ def titled_geometry(d: Degrees, prefix: str = "sglang::scheduler") -> list[RankG
     that expects the engine to reject the launch may declare such degrees)."""
     if group_problems(d):
         return []
-    return [g.model_copy(update={"process_title": process_title(g, d, prefix)}) for g in geometry(d)]
+    return geometry(d, prefix)
 
 
 # ---------------------------------------------------------------- PCP row split

@@ -359,6 +359,19 @@ LONG_LINE = '{"kind": "log", "line": "' + "x" * (4 << 20) + '"}\n'
 """A record one byte longer than a line of evidence may be, and then some."""
 
 
+def stored_prompts(plan: dict[str, Any], *, change_first: bool = False) -> None:
+    """Each request's prompt stored as its ids (base64), as a version 2 plan holds them; with
+    `change_first`, the first request's first id is another."""
+    from cptest.plan.model import PlannedRequest, encode_ids
+
+    plan["plan_version"] = 2
+    for k, r in enumerate(plan["workload"]["requests"]):
+        ids = PlannedRequest.model_validate(r).input_ids
+        if change_first and k == 0:
+            ids[0] += 1
+        r["prompt"] = encode_ids(ids)
+
+
 def fifo_argument(d: Path, tmp: Path) -> None:
     shutil.rmtree(d)
     os.mkfifo(d)
@@ -695,6 +708,11 @@ CASES = [
          r"integrity check failed: the main server's eager differs"),
     Case("check-workload-rehashed", rehashed(lambda p: p["workload"]["requests"][0].update(max_new_tokens=1)),
          CHECK, 3, r"integrity check failed: plan.json's workload requests differs"),
+    Case("check-synthetic-prompt-moved-rehashed",
+         rehashed(lambda p: p["workload"]["requests"][0]["prompt"].update(at=1)), CHECK, 3,
+         r"integrity check failed: plan.json's workload requests differs"),
+    Case("check-stored-prompt-changed-rehashed", rehashed(lambda p: stored_prompts(p, change_first=True)),
+         CHECK, 3, r"integrity check failed: plan.json's workload requests differs"),
     Case("check-legacy-looking-argv-rehashed", rehashed(absolute_model_and_flag), CHECK, 3,
          r"main node 0 argv differs from what scenario.cps plans"),
     Case("matrix-argv-rehashed", rehashed(add_flag), MATRIX, 3, r"main node 0 argv differs from what"),
@@ -820,6 +838,16 @@ def test_the_untouched_archive_checks_verifies_and_plans_the_same(made: Made) ->
     assert cptest("check", made.archive).returncode == 1  # its verdict: capacity FAILs
     assert cptest("verify", made.archive).returncode == 0
     assert cptest("startup", made.archive).returncode == 0
+
+
+def test_a_plan_that_stores_its_prompts_plans_the_same(made: Made, tmp_path: Path) -> None:
+    # A version 2 plan stores the ids that this one names in the synthetic stream: the same ids, so
+    # an archive of that shape still plans what its scenario plans (its verdict: capacity FAILs).
+    a = tmp_path / NAME / made.archive.name
+    shutil.copytree(made.archive, a)
+    rehashed(stored_prompts)(a, tmp_path)
+    done = cptest("check", a)
+    assert done.returncode == 1 and "integrity" not in done.stdout + done.stderr, done.stdout + done.stderr
 
 
 def test_startup_forgives_what_a_run_may_leave(made: Made, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cptest import store
-from cptest.lang.validate import read_path
+from cptest.lang.files import read_path
 from cptest.scenario import Scenario
 
 UP = "@up"

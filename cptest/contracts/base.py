@@ -141,7 +141,7 @@ class Contract(Generic[E, P]):
 
 # ------------------------------------------------------------------------------------ validation
 # Declared models validate a statement's raw values (what the grammar's transformer gives) in their
-# validators and raise `invalid(...)`: `cptest.lang.validate` turns it into a Problem positioned at
+# validators and raise `invalid(...)`: `cptest.lang.expect` turns it into a Problem positioned at
 # the field's part of the statement (or the statement), with `expected`, `found` and `hint`.
 def invalid(message: str, *, expected: str | None = None, found: str | None = None,
             hint: str | None = None) -> PydanticCustomError:

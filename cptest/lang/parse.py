@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 
 from cptest.errors import Problem, ScenarioError, Span
+from cptest.lang.files import read_path
 from cptest.lang.syntax import read_doc
-from cptest.lang.validate import read_path, resolve
+from cptest.lang.validate import resolve
 from cptest.scenario import Scenario
 
 

@@ -3,8 +3,8 @@
 This is the only module that touches Lark.  `read_doc` parses one file's text into a `Doc` (a flat
 list of `Stmt`, in source order) or raises `ScenarioError` with the position of the syntax error and
 what was expected there.  It does not resolve `extends`, check types or ranges, or read files: that
-is `cptest.lang.validate`.  The formatter works on the same `Doc`, so it can format a file whose
-`extends` target is missing.
+is `cptest.lang.validate` and the modules it composes.  The formatter works on the same `Doc`, so it
+can format a file whose `extends` target is missing.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from cptest.errors import Problem, ScenarioError, Span, did_you_mean, one_of
+from cptest.lang.lexer import ScenarioLexer
 from cptest.lang.tables import BLOCK_KEYS, TOP_BLOCK
 from cptest.values import Call, Duration, Ident
 
@@ -91,15 +92,16 @@ def _on_comment(token: Token) -> None:
 def parser() -> Lark:
     """The LALR parser for cps.lark, built once per process.
 
-    The basic lexer makes every keyword reserved, so an unknown key lexes as IDENT and the error
-    handler can name the valid keys from the parser's `accepts` set (Lark's `UnexpectedToken.accepts`:
-    the terminals the LALR state could shift, i.e. exactly the keys valid in that block).
+    The basic lexer (here `ScenarioLexer`: the same tokens, faster) makes every keyword reserved, so
+    an unknown key lexes as IDENT and the error handler can name the valid keys from the parser's
+    `accepts` set (Lark's `UnexpectedToken.accepts`: the terminals the LALR state could shift, i.e.
+    exactly the keys valid in that block).
     """
     return Lark.open(
         "cps.lark",
         rel_to=__file__,
         parser="lalr",
-        lexer="basic",
+        lexer=ScenarioLexer,
         propagate_positions=True,
         maybe_placeholders=True,
         lexer_callbacks={"COMMENT": _on_comment},

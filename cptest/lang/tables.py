@@ -2,7 +2,7 @@
 
 The grammar (cps.lark) lists the same keywords; tests/lang/test_tables.py checks that the two agree.
 `BLOCK_KEYS` gives the canonical order the formatter prints; `SETTINGS` drives the type and range
-checks of cptest/lang/validate.py and the reference in docs/language.md.
+checks of cptest/lang/settings.py and the reference in docs/language.md.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@
 syntax. Every field is typed: the servers' degrees and rank geometry (`cptest.topology`), the
 expectations (`cptest.contracts.Expectation`, one parameter model per contract), the pins.
 
-Version 2 (this one) typed the expectations; a version 1 `plan.json` is upgraded when read
-(`cptest.plan.upgrade`), so that archives made before stay checkable.
+Version 3 (this one) names synthetic prompts instead of storing them, version 2 typed the
+expectations; an older `plan.json` is upgraded when read (`cptest.plan.upgrade`), so that archives
+made before stay checkable.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from cptest.contracts import Expectation
 from cptest.engines.sglang.admission import Admission
 from cptest.lang.tables import DEFAULT_DEADLINE_S
 from cptest.paths import materialize
-from cptest.plan.upgrade import PLAN_VERSION, upgrade_v1
+from cptest.plan.prompts import synthetic_prompt
+from cptest.plan.upgrade import PLAN_VERSION, upgrade_v1, upgrade_v2
 from cptest.scenario import FaultSpec, ModelFacts, ModelSource, SyntheticGeometry
 from cptest.topology import Degrees, PlacementMode, RankGeometry
 
@@ -158,17 +160,35 @@ class SamplingParams(_Frozen):
     ignore_eos: bool | None = Field(default=None, exclude_if=_absent)
 
 
-class PlannedRequest(_Frozen):
-    """One request, concrete: its token ids are stored, not a recipe for them.
+class SyntheticPrompt(_Frozen):
+    """A prompt the plan names instead of storing: `tokens` token ids of the synthetic stream of
+    `seed`, from its token `at`, each in [3, vocab) (`cptest.plan.prompts`). The stream is stable
+    across machines and numpy versions, so this pins the ids as exactly as storing them would, in a
+    few bytes instead of 4 bytes a token; they are regenerated where they are sent."""
 
-    The ids are kept as `prompt`, base64 of little-endian uint32 (a 100k-token prompt is 530 KB of
-    JSON as a list and 133 KB this way, and encoding is C-speed); `input_ids` decodes them.
-    Constructing with `input_ids=[...]` is accepted and encoded.
+    seed: int
+    vocab: int = Field(ge=1)
+    at: int = Field(ge=0)
+    tokens: int = Field(ge=0)
+
+    def ids(self) -> bytes:
+        """The token ids as little-endian uint32 bytes."""
+        return synthetic_prompt(self.seed, self.vocab, self.at, self.tokens)
+
+
+class PlannedRequest(_Frozen):
+    """One request, concrete: its token ids are pinned, stored or named in the synthetic stream.
+
+    `prompt` is either the ids themselves, base64 of little-endian uint32 (a dataset's prompts,
+    which no seed regenerates, and every prompt of a version 2 plan; a 100k-token prompt is 530 KB
+    of JSON as a list and 133 KB this way), or a `SyntheticPrompt` that regenerates them.
+    `input_ids` gives the ids either way. Constructing with `input_ids=[...]` is accepted and
+    encoded.
     """
 
     index: int
-    prompt: str
-    """base64 of the token ids as little-endian uint32."""
+    prompt: SyntheticPrompt | str
+    """base64 of the token ids as little-endian uint32, or where they lie in the synthetic stream."""
     max_new_tokens: int
     sampling: SamplingParams
     return_logprob: bool = True
@@ -185,10 +205,14 @@ class PlannedRequest(_Frozen):
 
     @property
     def input_ids(self) -> list[int]:
+        if isinstance(self.prompt, SyntheticPrompt):
+            return _ids_from_bytes(self.prompt.ids())
         return decode_ids(self.prompt)
 
     @property
     def prompt_len(self) -> int:
+        if isinstance(self.prompt, SyntheticPrompt):
+            return self.prompt.tokens
         padding = len(self.prompt) - len(self.prompt.rstrip("="))
         return (len(self.prompt) * 3 // 4 - padding) // 4
 
@@ -202,8 +226,12 @@ def encode_ids(ids: Any) -> str:
 
 
 def decode_ids(prompt: str) -> list[int]:
+    return _ids_from_bytes(base64.b64decode(prompt))
+
+
+def _ids_from_bytes(data: bytes) -> list[int]:
     arr = array("I")
-    arr.frombytes(base64.b64decode(prompt))
+    arr.frombytes(data)
     if sys.byteorder != "little":
         arr.byteswap()
     return arr.tolist()
@@ -314,7 +342,9 @@ class Plan(_Frozen):
     @classmethod
     def _upgrade(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("plan_version") == 1:
-            return upgrade_v1(data)  # archives made before the expectations were typed
+            data = upgrade_v1(data)  # archives made before the expectations were typed
+        if isinstance(data, dict) and data.get("plan_version") == 2:
+            data = upgrade_v2(data)  # archives that store every prompt
         return data
 
     @property

@@ -11,8 +11,15 @@ from typing import Any
 
 from cptest.engines import engine_for
 
-PLAN_VERSION = 2
-"""Version 2 typed the expectations (one parameter model per contract)."""
+PLAN_VERSION = 3
+"""Version 2 typed the expectations (one parameter model per contract); version 3 names a synthetic
+prompt by where it lies in its seed's stream instead of storing its token ids."""
+
+
+def upgrade_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """A version 2 plan.json in version 3's shape, which it already has: each of its prompts is
+    stored as its ids, one of the two forms a version 3 request's `prompt` takes."""
+    return dict(data, plan_version=3)
 
 
 def upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:

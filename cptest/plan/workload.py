@@ -2,13 +2,12 @@
 
 The same (workload, vocab) gives the same token ids on every machine and Python >= 3.11: lengths
 come from `random.Random` seeded with a string (CPython's documented reproducible path), token ids
-from SHAKE-256 of (seed, request index) — see `synthetic_prompt`. Changing the request count does
-not change the requests that were already there.
+from one stream of the seed (`cptest.plan.prompts`), which the plan names rather than stores.
+Changing the request count does not change the requests that were already there.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
@@ -17,14 +16,14 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cptest.errors import PlanError, Problem
 from cptest.lang.tables import MAX_DATASET_BYTES, MAX_PLAN_TOKENS
-from cptest.plan.model import PlannedRequest, SamplingParams, WorkloadPlan, encode_ids
+from cptest.plan.model import SamplingParams, WorkloadPlan, encode_ids
+from cptest.plan.prompts import FIRST_ORDINARY_ID
 
-FIRST_ORDINARY_ID = 3
-"""Token ids below this are kept out of synthetic prompts: 0/1/2 are BOS/EOS/PAD in the tiny
-models (make-tiny-models) and in most Llama-style vocabularies' first slots."""
+__all__ = ["FIRST_ORDINARY_ID", "Dist", "build_workload", "load_dataset", "prompt_sha256"]
 
 
 @dataclass(frozen=True)
@@ -48,29 +47,6 @@ class Dist:
     @property
     def minimum(self) -> int:
         return self.values[0] if self.kind != "choice" else min(self.values)
-
-
-def synthetic_prompts(seed: int, lengths: Sequence[int], vocab: int) -> list[bytes]:
-    """Token ids for each length, in [FIRST_ORDINARY_ID, vocab), as little-endian uint32 bytes.
-
-    One stream of numpy's PCG64 *raw* output (NEP 19 guarantees BitGenerator raw streams stay
-    stable across numpy versions; Generator methods are not guaranteed, so none is used), seeded
-    from sha256(`cptest-prompts/<seed>`), is cut into consecutive prompts and reduced modulo the id
-    range (bias < 1e-5 for any real vocabulary). The stream is prefix-stable, so prompt i depends
-    only on the lengths before it: appending requests never changes the earlier prompts.
-    """
-    import numpy as np
-
-    span = max(vocab - FIRST_ORDINARY_ID, 1)
-    key = int.from_bytes(hashlib.sha256(f"cptest-prompts/{seed}".encode()).digest()[:16], "little")
-    total = sum(lengths)
-    raw = np.random.PCG64(key).random_raw((total + 1) // 2).astype("<u8").view("<u4")[:total]
-    data = (raw % np.uint32(span) + np.uint32(FIRST_ORDINARY_ID)).astype("<u4").tobytes()
-    out, at = [], 0
-    for n in lengths:
-        out.append(data[at : at + 4 * n])
-        at += 4 * n
-    return out
 
 
 def prompt_sha256(input_ids: Sequence[int]) -> str:
@@ -137,8 +113,8 @@ def build_workload(
     logprobs: bool = True,
     dataset: list[list[int]] | None = None,
 ) -> WorkloadPlan:
-    """The workload as the list of requests the driver will send, in order."""
-    planned: list[PlannedRequest] = []
+    """The workload as the list of requests the driver will send, in order. A synthetic prompt is
+    named by where it lies in the seed's stream (`SyntheticPrompt`), a dataset's is stored."""
     arrival = 0.0
     # One generator, drawn in request order: request i's lengths depend only on the draws before
     # it, so adding requests at the end never changes the earlier ones. A string seed is hashed
@@ -149,22 +125,23 @@ def build_workload(
     for _ in range(requests):
         lengths.append(prompt_tokens.draw(rng) if dataset is None else 0)
         max_new.append(output_tokens.draw(rng))
+    prompts: list[dict[str, int] | str] = []
     if dataset is not None:
         prompts = [encode_ids(dataset[i % len(dataset)]) for i in range(requests)]
     else:
-        prompts = [base64.b64encode(b).decode("ascii") for b in synthetic_prompts(seed, lengths, vocab)]
+        at = 0
+        for n in lengths:
+            prompts.append({"seed": seed, "vocab": vocab, "at": at, "tokens": n})  # a SyntheticPrompt
+            at += n
+    planned: list[dict[str, Any]] = []
     for i in range(requests):
         send_after = None
         if rate is not None:
             send_after = round(arrival, 6)
             arrival += arrivals.expovariate(rate)  # Poisson arrivals at the declared rate
-        planned.append(
-            PlannedRequest(
-                index=i, prompt=prompts[i], max_new_tokens=max_new[i],
-                sampling=sampling, return_logprob=logprobs,
-                send_after_s=send_after,
-            )
-        )  # fmt: skip
-    return WorkloadPlan(
-        seed=seed, concurrency=concurrency, rate_per_s=rate, timeout_s=timeout_s, requests=planned
-    )
+        planned.append({"index": i, "prompt": prompts[i], "max_new_tokens": max_new[i], "sampling": sampling,
+                        "return_logprob": logprobs, "send_after_s": send_after})
+    # Validated once, as a whole, in pydantic's compiled core: a model built per request costs
+    # several times as much, and a plan has hundreds of requests.
+    return WorkloadPlan.model_validate({"seed": seed, "concurrency": concurrency, "rate_per_s": rate,
+                                        "timeout_s": timeout_s, "requests": planned})

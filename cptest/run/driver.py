@@ -305,7 +305,7 @@ class WorkloadDriver:
     def _result(self, p: _Prepared, status: str, **kw: Any) -> RequestResult:
         req = p.req
         # stamped here rather than by the writer's copy of the record (a copy of 256 outputs, on the loop)
-        return RequestResult(run=self.role, index=req.index, prompt_len=len(req.input_ids),
+        return RequestResult(run=self.role, index=req.index, prompt_len=len(p.payload["input_ids"]),
                              max_new_tokens=req.max_new_tokens, prompt_sha256=p.prompt_sha256,
                              status=status, t=round(self.writer.now(), 6), **kw)  # type: ignore[arg-type]
 

@@ -129,8 +129,8 @@ def _is_fragment(path: Path) -> bool:
     """A `defaults` file: meant for `extends`, not a scenario. A file that does not parse is not a
     fragment: it is collected, and its `validate` item says where it breaks."""
     from cptest.errors import CptestError
+    from cptest.lang.files import read_path
     from cptest.lang.syntax import read_doc
-    from cptest.lang.validate import read_path
 
     try:
         return read_doc(read_path(str(path)), str(path)).kind == "defaults"

@@ -14,6 +14,7 @@ from cptest.checks import check, check_loaded, guarded, load_archive
 from cptest.contracts import CONTRACTS, CapacityParams, Expectation, LaunchParams, ServingParams
 from cptest.errors import EvidenceError
 from cptest.evidence import Lifecycle
+from cptest.plan.upgrade import PLAN_VERSION
 from cptest.testing.archives import SGLANG_0_5_17, colocate, make_plan, server_plan, write_archive
 
 
@@ -61,7 +62,7 @@ def test_a_version_1_plan_is_upgraded_when_read(tmp_path: Path) -> None:
     assert isinstance(capacity, CapacityParams) and capacity.multiplier == 2.0 and capacity.expect_violation
     assert capacity.log_patterns.source == "sglang 0.5.17 release table (added when reading a version 1 plan)"
     assert capacity.log_patterns.kv_allocated == SGLANG_0_5_17.kv_allocated
-    assert isinstance(launch, LaunchParams) and launch.accepted and loaded.plan_version == 2
+    assert isinstance(launch, LaunchParams) and launch.accepted and loaded.plan_version == PLAN_VERSION
 
 
 def test_scenario_verdict_is_the_worst_and_counts_each_status(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from cptest.errors import PlanError
-from cptest.plan.model import SamplingParams, WorkloadPlan
+from cptest.plan.model import SamplingParams, SyntheticPrompt, WorkloadPlan, encode_ids
+from cptest.plan.prompts import synthetic_prompt, synthetic_prompts
 from cptest.plan.workload import FIRST_ORDINARY_ID, Dist, build_workload, load_dataset, prompt_sha256
 
 VOCAB = 50
@@ -106,6 +107,32 @@ def test_dataset_prompts_are_sent_in_order_and_cycled():
     data = [[5, 6, 7], [8, 9]]
     w = workload(requests=5, dataset=data)
     assert [r.input_ids for r in w.requests] == [data[0], data[1], data[0], data[1], data[0]]
+
+
+def test_a_synthetic_prompt_is_its_slice_of_the_seeds_stream():
+    # Regenerating one prompt jumps to its start; cutting the stream from its beginning gives the
+    # same ids, whether the prompt starts on a whole 64-bit draw (even start) or halfway (odd).
+    lengths = [5, 8, 1, 6, 3, 4]
+    at = 0
+    for n, whole in zip(lengths, synthetic_prompts(7, lengths, VOCAB), strict=True):
+        assert synthetic_prompt(7, VOCAB, at, n) == whole
+        at += n
+
+
+def test_a_synthetic_workload_names_its_prompts_and_stores_no_ids():
+    w = workload(requests=3, prompt=Dist("fixed", (5000,)))
+    assert [r.prompt for r in w.requests] == [SyntheticPrompt(seed=7, vocab=VOCAB, at=k * 5000, tokens=5000)
+                                              for k in range(3)]
+    assert [r.prompt_len for r in w.requests] == [len(r.input_ids) for r in w.requests] == [5000] * 3
+    assert len(w.model_dump_json()) < 1000  # 15,000 token ids would be 80 KB of base64
+    again = WorkloadPlan.model_validate_json(w.model_dump_json())
+    assert again == w and [r.input_ids for r in again.requests] == [r.input_ids for r in w.requests]
+
+
+def test_a_dataset_workload_stores_its_prompts():
+    w = workload(requests=2, dataset=[[5, 6, 7]])
+    assert [r.prompt for r in w.requests] == [encode_ids([5, 6, 7])] * 2
+    assert [r.prompt_len for r in w.requests] == [3, 3]
 
 
 def test_prompt_sha256_is_of_the_compact_json_list():
