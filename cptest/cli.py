@@ -24,7 +24,8 @@ from cptest.errors import CptestError
 RESULTS = Path("results")
 """Published evidence: what `cptest publish` copies verified archives into and `cptest matrix` reads."""
 RUNS = Path(".cptest") / "runs"
-"""Trial runs: where `run`, `suite` and `rerun` write unless `--results DIR` (git-ignored, D51)."""
+"""Trial runs: where `run`, `suite` and `rerun` write unless `--results DIR` (git-ignored; only
+`cptest publish` puts an archive into the published evidence)."""
 
 
 def _emit(data: Any, as_json: bool, text: str) -> None:
@@ -782,7 +783,7 @@ def matrix(directories: tuple[Path, ...], support: bool, scenario_dir: Path, rel
     """A markdown table of scenario x verdict over the published evidence: the archives under
     results/ (or the folders named; side runs in `_`-named folders below them are left out). Trial
     runs (.cptest/runs) are not published evidence: `cptest publish DIR` puts one into results/.
-    With --support, the support matrix of docs/support-matrix.md (docs/decisions.md D61)."""
+    With --support, the support matrix of docs/support-matrix.md."""
     from cptest.report import matrix_rows, render_matrix
     from cptest.store import archives_under
 

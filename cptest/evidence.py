@@ -33,7 +33,7 @@ from cptest.errors import EvidenceError, Problem, Span
 from cptest.topology import Degrees, PlacementMode
 
 SCHEMA_VERSION = 5
-"""v5 (D59): `pool_sample` records (`PoolSample`); (D58) steps of CUDA-graph replays, marked by
+"""v5: `pool_sample` records (`PoolSample`); steps of CUDA-graph replays, marked by
 `graph_rows` (`Step`, `StepBlock`); every v1-v4 record reads unchanged.
 v2: a compact step's `pos` may be packed (base64 of little-endian int32) and its `kv` a string
 of 0/1 digits (`Step`). v3: consecutive decode steps over the same requests may be one `steps`
@@ -42,7 +42,7 @@ records, a request's `output_top`, and the `control` server's records. Every v1-
 unchanged."""
 RunRole = Literal["main", "baseline", "control", "eager"]
 """The servers of a run: the one under test, the parity reference, the noise-floor control, and the
-main server's eager twin (`graph parity vs eager`, D60)."""
+main server's eager twin (`graph parity vs eager`)."""
 Ranges = list[tuple[int, int]]
 """Sorted, disjoint, merged half-open integer ranges."""
 
@@ -111,8 +111,8 @@ class Capacity(_Record):
 class Step(_Record):
     """One forward step on this rank: an eager forward, or a CUDA-graph replay (`graph_rows` set).
 
-    A replay's record comes from the forward batch and the graph runner as the replay starts
-    (decisions D58): its rows, positions and requests are observed; what runs inside the graph
+    A replay's record comes from the forward batch and the graph runner as the replay starts:
+    its rows, positions and requests are observed; what runs inside the graph
     (attention, MLP and logits inputs, the KV write and its DCP owner mask) is not, so those
     fields are null and `kv_written` is empty: unobserved, not unwritten.
 
@@ -265,10 +265,11 @@ class StepBlock(_Record):
 
 class PoolSample(_Record):
     """The KV pool and the scheduler's token accounting of this rank at one scheduler iteration
-    (decisions D59). Written when the figures changed, at most every `probe.pool_hooks.STEP_EVERY`
-    forward batches while busy, and once more when the scheduler goes idle, so the drained state is
-    always the last sample. Every figure is in the allocator's token space: *logical* tokens under DCP
-    (`total` = rows x dcp), while `KvPool.rows` is the rank's physical pool."""
+    (docs/language.md "Capacity transitions"). Written when the figures changed, at most every
+    `probe.pool_hooks.STEP_EVERY` forward batches while busy, and once more when the scheduler goes
+    idle, so the drained state is always the last sample. Every figure is in the allocator's token
+    space: *logical* tokens under DCP (`total` = rows x dcp), while `KvPool.rows` is the rank's
+    physical pool."""
 
     kind: Literal["pool_sample"] = "pool_sample"
     rank: RankId

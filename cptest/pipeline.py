@@ -151,7 +151,7 @@ def prepare(path: Path, *, engine: str | None = None, gpu_present: bool,
         # An extends named by an absolute path resolves to that path, not relative to the archive:
         # kept there too (`archived_reader`). Only then: an `includes/@abs/` copy of every file above
         # the scenario's folder named this machine's directories in every archive of the
-        # qualification scenarios (`extends "../defaults/tiny.cps"`; results/_measure run16).
+        # qualification scenarios (`extends "../defaults/tiny.cps"`).
         if inc in texts:
             includes[_absolute_include(inc)] = texts[inc]
     return Prepared(scenario, planned, choice.engine, tuple(notes), findings, includes, text)
@@ -369,7 +369,7 @@ def _inspect_engine_python(launched: Plan, launcher: Launcher) -> Any:
 def _engine_python_facts(env: Mapping[str, Any], found: Any, launcher: Launcher) -> dict[str, Any]:
     """The manifest's facts of the engine's interpreter: SGLang's (its path, what named it, and the
     SGLang install it imports, in place of cptest's own interpreter's), the reference engine's
-    (cptest's own, D47), or none under a container (its image's, pinned by digest)."""
+    (cptest's own), or none under a container (its image's, pinned by digest)."""
     import sys
 
     reasons = dict(env.get("reasons") or {})
@@ -457,7 +457,7 @@ def check_archive(root: Path, *, write: bool = False, integrity: bool = True,
     judges or runs (`integrity_problems`) is refused: IntegrityError (exit 3) naming each
     difference. `integrity=False` is for archives built from a hand-made plan with no real scenario
     behind it (tests, synthetic fixtures): a library caller judging an archive it was given gets
-    the same check as the CLI unless it says otherwise (D56).
+    the same check as the CLI unless it says otherwise.
     Either way an archive holding a link, a FIFO or a folder where a file belongs is an
     IntegrityError, and nothing is read or written through a link."""
     from datetime import UTC
@@ -620,7 +620,7 @@ def _first_line(e: Exception) -> str:
 
 METADATA = ("source", "violated_on")
 """Fields of an expectation that say where it was written or what it annotates, never how evidence
-is judged: archives before D43 hold absolute sources, before D41 no `violated_on`."""
+is judged: the oldest archives hold absolute sources, and some no `violated_on`."""
 
 
 def expectation_core(plan: Plan) -> list[dict[str, Any]]:
@@ -712,14 +712,14 @@ def integrity_problems(archive: Path) -> list[Problem]:
 
 
 LEGACY_PLANNER = (("--cuda-graph-backend-prefill", "disabled"),)
-"""Flag pairs a planner before D43 put into argv that this one leaves to the engine. An archive of
-that planner (its plan names the model by an absolute path) may hold them where the re-plan does
-not; each only disables something. Every other argv difference is tampering or a planner change
-to list here, with the archives it keeps valid."""
+"""Flag pairs an older planner (absolute model mounts) put into argv that this one leaves to the
+engine. An archive of that planner (its plan names the model by an absolute path) may hold them
+where the re-plan does not; each only disables something. Every other argv difference is tampering
+or a planner change to list here, with the archives it keeps valid."""
 
 
 def _planned_before_d43(plan: Plan) -> bool:
-    """Whether a planner before D43 made `plan`: every model mount is an absolute path."""
+    """Whether the older planner made `plan`: every model mount is an absolute path."""
     mounts = [n.model_mount for s in plan.servers() for n in s.nodes if n.model_mount]
     return bool(mounts) and all(os.path.isabs(m) for m in mounts)
 
@@ -737,7 +737,7 @@ def _without_legacy_flags(argv: list[str]) -> list[str]:
 
 def _launch_core(plan: Plan, *, legacy: bool) -> dict[str, dict[str, Any]]:
     """By role: what each node executes (`_executed`) and the serve options of the server that are
-    not argv. A plan of the planner before D43 (`legacy`) is read without `LEGACY_PLANNER`'s flags
+    not argv. A plan of the older planner (`legacy`) is read without `LEGACY_PLANNER`'s flags
     and without the `eager` label, which that planner set whenever decode graphs were off."""
     executed = _executed(plan, legacy_model=legacy)
     out = {}
@@ -800,7 +800,7 @@ class PlanChanged(CptestError):
 
 def _executed(plan: Plan, *, legacy_model: bool) -> dict[str, list[dict[str, Any]]]:
     """What each server's nodes execute, by role: argv, environment, image (without the digest a
-    run pins), model mount, GPU ids, host. With `legacy_model` (an archive made before D43, whose
+    run pins), model mount, GPU ids, host. With `legacy_model` (an archive of the older planner, whose
     plan holds an absolute model path where a plan now says `<models>/NAME`) the model directory
     is named `<model>` wherever it stands: which model it is, the pinned tree hash decides. So is a
     model given by its path (`model local`), which a plan writes relative to the scenario's folder:
@@ -822,7 +822,7 @@ def plan_changes(archived: Plan, planned: Plan) -> list[Problem]:
     """What the new plan would execute that the archived one did not, one problem per difference
     (`_executed`), plus another scenario name (it decides where the new archive is written). The
     model path is compared as written, unless every archived mount is an absolute path (an archive
-    made before D43): then by the pinned hash alone."""
+    of the older planner): then by the pinned hash alone."""
     out = []
     if archived.scenario != planned.scenario:
         out.append(Problem(None, "plan.json names another scenario than scenario.cps",

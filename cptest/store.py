@@ -18,7 +18,7 @@ results/<scenario>/<UTC YYYYmmddTHHMMSSZ>-<first 8 hex of the scenario sha256>/
   logs/<role>-node<k>.log    the engine's stdout and stderr, per node
                              (`<role>-node<k>-<name>.log` from a launcher that names nodes: Slurm)
   logs/cptest-crash.txt      only when cptest itself crashed during the run: its traceback
-  verdict.json, report.md, report.html, junit.xml   written last (report.html since D48)
+  verdict.json, report.md, report.html, junit.xml   written last
   analyses/<UTC YYYYmmddTHHMMSSZ>/   re-analyses written later beside the seal (`cptest.analyses`):
                              verdict.json, report.md, report.html, junit.xml and a manifest.json
                              naming the sha256 of the seal they judged (docs/architecture.md)
@@ -103,7 +103,7 @@ ANALYSES = "analyses"
 """The folder of an archive that holds its re-analyses (`cptest.analyses`): outside the seal."""
 
 INCLUDES = "includes"
-"""The folder of an archive that holds its scenario's `extends` files (docs/decisions.md D45)."""
+"""The folder of an archive that holds its scenario's `extends` files."""
 
 
 def valid_name(name: str) -> bool:
@@ -239,7 +239,7 @@ class Layout:
 def archives_under(root: Path, *, side_runs: bool = False) -> list[Path]:
     """Every archive (a folder with verdict.json) under `root`, sorted, leaving out side runs unless
     `side_runs`: a folder whose name starts with `_` below `root` holds raw runs kept as evidence,
-    not published archives (docs/decisions.md D14). `root` itself may be such a folder. A hidden
+    not published archives. `root` itself may be such a folder. A hidden
     folder below `root` is never an archive: `.claims`, and the copy `publish` is still writing;
     nor is a re-analysis (`<archive>/analyses/<time>/`), which belongs to the archive beside it."""
     out = []

@@ -115,7 +115,7 @@ def run_unfinished(archive: Archive) -> str | None:
     """Why the run did not finish, or None when every planned server's lifecycle is complete.
 
     A server is complete with a `shutdown_done` or a `launch_failed` record. Servers run baseline,
-    control, eager twin, main (archives before D39: main, then baseline only when main became
+    control, eager twin, main (older archives: main, then baseline only when main became
     ready). A server the runner skipped by rule is not required: the baseline of an older archive
     whose main server did not become ready, the control when the baseline gave nothing to score,
     and the eager twin where the baseline was skipped.
@@ -130,7 +130,7 @@ def run_unfinished(archive: Archive) -> str | None:
         roles.append("baseline")
     if plan.control is not None and base is not None and any(r.status == "ok" for r in base.requests):
         roles.append("control")
-    # The eager twin (D60) runs wherever the baseline does, and before main when nothing is scored
+    # The eager twin runs wherever the baseline does, and before main when nothing is scored
     # and there is no baseline.
     if plan.eager is not None and (plan.workload.score_topk or plan.baseline is None or main.events("ready")):
         roles.append("eager")

@@ -1,6 +1,6 @@
 """Evidence diff of two archives (`cptest diff`, `cptest rerun`) within the declared tolerances.
 
-Evidence falls under one of three rules (docs/decisions.md D42):
+Evidence falls under one of three rules:
 - **exact**: what an engine that is deterministic must reproduce: the workload's inputs, each
   request's status and token ids, the teacher-forced sequences, the K/V positions each rank wrote
   per request, the pools' and groups' shapes, each checker's status. Any difference counts.
@@ -50,7 +50,7 @@ Kind = Literal["exact", "tolerance", "measurement", "not comparable"]
 
 DEFAULT_LOGPROB_ULPS = 8
 """|Δlogprob| allowed, in float32 ulps of the values compared, when the plan declares no logprob
-bound: the CPU reference engine's batch-order noise across reruns is 1-3 ulps (D42)."""
+bound: the CPU reference engine's batch-order noise across reruns is 1-3 ulps."""
 
 TABLE_ROWS = 20
 """Rows of the text table before the rest is summarised as "... and N more"."""
@@ -258,7 +258,7 @@ def _tolerances(pa: Plan, pb: Plan, va: ScenarioVerdict | None, vb: ScenarioVerd
     for plan in (pa, pb):
         for e in plan.expectations:
             if isinstance(e, GenerationParams | GraphParityParams):
-                # graph parity's bounds are log-probability limits of the same kind (D60)
+                # graph parity's bounds are log-probability limits of the same kind
                 name = e.kind.replace("_", " ")
                 if isinstance(e, GenerationParams) and e.logprob_within is not None:
                     limits.append((e.logprob_within, f"generation logprob_within {e.logprob_within:g}"))
@@ -452,7 +452,7 @@ def _unpaired(ra: Counter[tuple[tuple[int, int], ...]],
               rb: Counter[tuple[tuple[int, int], ...]]) -> tuple[int, int, int]:
     """(requests only in a, only in b, pairs that differ by one trailing position) of the requests
     the exact match left. SGLang's overlap scheduler may run one decode step past a request's last
-    needed position (results/_measure/run16: 15 of 65 requests of a rerun); a rank that owns that
+    needed position (in a rerun, as many as a quarter of the requests); a rank that owns that
     position writes it. A pair differs that way when one side's positions are the other's plus one
     position past all of them."""
     b_left = list(rb.elements())

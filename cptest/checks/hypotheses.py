@@ -84,7 +84,7 @@ def judge(root: Path) -> Judged:
     for archive in archives_under(root):
         where = str(archive)
         try:
-            require_plain(archive)  # a link or FIFO anywhere: not read at all (D45)
+            require_plain(archive)  # a link or FIFO anywhere: not read at all
             plan = load_plan(archive)
         except CptestError as e:
             skipped.append((where, f"plan unreadable: {e.problems[0].message}"))

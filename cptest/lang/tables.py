@@ -182,7 +182,7 @@ SYNTHETIC_ARCHITECTURES: dict[str, str] = {
 """Synthetic architecture -> HF class name (the names .tiny-models/*/config.json use)."""
 MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 MOE_KEYS = ("experts", "experts_per_tok", "moe_intermediate")
-"""The geometry keys of `qwen3_moe` only (every layer a sparse MoE block, D64)."""
+"""The geometry keys of `qwen3_moe` only (every layer a sparse MoE block)."""
 FAULT_ACTIONS = ("kill", "stop", "cont", "sigterm", "sigint")
 SERVER_ONLY_ACTIONS = ("sigterm", "sigint")
 DIST_FUNCS = ("uniform", "choice")

@@ -223,7 +223,8 @@ def control_topology(baseline: Degrees, main: Topology) -> Topology:
     """The noise-floor control's topology: the baseline at another TP degree (TP1 when the baseline
     is TP > 1, else TP2), nothing else parallel. Numerically different (the partial sums of a
     sharded matmul are reduced in another order) and known to be equivalent: how far two such
-    servers disagree is the floor a layout under test is measured against (docs/decisions.md D39)."""
+    servers disagree is the floor a layout under test is measured against (docs/language.md
+    "Generation parity")."""
     tp = 1 if baseline.tp > 1 else 2
     return Topology(gpus=tp, nodes=1, tp=tp, pp=1, span=main.span)
 
@@ -232,7 +233,7 @@ def _eager_twin(scenario: Scenario, engine: Engine, place: Placement, eager_reas
                 parity: GraphParityParams, baseline: ServerPlan | None,
                 problems: ProblemCollector) -> ServerPlan | None:
     """`graph parity vs eager`'s twin: the main topology and serve options with every CUDA-graph
-    phase disabled (docs/decisions.md D60). Refused at the statement when the comparison could not
+    phase disabled (docs/language.md "Graph parity"). Refused at the statement when the comparison could not
     be graph against eager (the main server would run eager decode too), or when a bound has no
     baseline sequences to score."""
     stmt = scenario.expect.graph_parity
@@ -260,7 +261,7 @@ def _eager_twin(scenario: Scenario, engine: Engine, place: Placement, eager_reas
 
 def _needs_eager(scenario: Scenario) -> str | None:
     """Why the servers must run eager, or None. Per-step records are only written on eager forwards:
-    hooks do not fire on CUDA-graph replay (docs/decisions.md D8). The parser already rejects a
+    hooks do not fire on CUDA-graph replay (docs/sglang.md, CUDA graphs). The parser already rejects a
     scenario that also expects decode graphs to be captured; a declared graph mode in `serve` is
     overridden, and the plan says so in `contracts.eager`."""
     needs = sorted({name for name, _ in scenario.expect.entries() if CONTRACTS[name].needs_eager})

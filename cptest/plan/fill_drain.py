@@ -1,4 +1,5 @@
-"""`workload { fill_drain P }`: a closed loop sized from the main server's KV pool (decisions D59).
+"""`workload { fill_drain P }`: a closed loop sized from the main server's KV pool
+(docs/language.md "Capacity transitions").
 
 The pool's logical capacity L comes from `serve max_total_tokens`, read the way the engine reads it
 (`EngineFacts.max_total_tokens_per_rank`), the DCP degree and the page size. Every request takes

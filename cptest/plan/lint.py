@@ -8,7 +8,7 @@ should say `violated ... because "..."` to qualify a known no-go on purpose.
 Each finding carries its rule's provenance (`releases.Rule`): a finding from an `observed` rule
 (an archive or a test showed the release do it) blocks `cptest run` unless `--ignore-lint`; one
 from an `inferred` rule (read in the source) is a hypothesis, so it is printed as a warning and the
-run goes ahead: running it is how the hypothesis gets tested (docs/decisions.md D38).
+run goes ahead: running it is how the hypothesis gets tested.
 """
 
 from __future__ import annotations

@@ -314,10 +314,11 @@ class Plan(_Frozen):
     baseline: ServerPlan | None = None
     control: ServerPlan | None = Field(default=None, exclude_if=lambda v: v is None)
     """The noise-floor control: the baseline's model at another TP degree, scoring the baseline's
-    sequences like the main server does (docs/decisions.md D39); None when no bound is relative."""
+    sequences like the main server does (docs/language.md "Generation parity"); None when no bound
+    is relative."""
     eager: ServerPlan | None = Field(default=None, exclude_if=lambda v: v is None)
     """The eager twin of `graph parity vs eager`: the main topology and serve options with every
-    CUDA-graph phase disabled, no faults (docs/decisions.md D60); None without that contract."""
+    CUDA-graph phase disabled, no faults (docs/language.md "Graph parity"); None without that contract."""
     workload: WorkloadPlan
     faults: list[FaultPlan] = Field(default_factory=list)
     expectations: list[Expectation] = Field(default_factory=list)
