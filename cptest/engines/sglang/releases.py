@@ -14,68 +14,23 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Literal
+from typing import Any
 
+from cptest.engines.sglang.release_model import (
+    PARSER_TEST,
+    LogPattern,
+    Provenance,
+    Rule,
+    Stage,
+    Support,
+    SupportEntry,
+)
+from cptest.engines.sglang.rules_0_5_17 import RULES_0_5_17
 from cptest.errors import PlanError, did_you_mean, one_of
 from cptest.topology import KvHeadsRule
-
-Stage = Literal["parse", "worker_start", "runtime", "silent"]
-"""Where a rule fires: `parse` (launcher exits before any GPU work), `worker_start` (every scheduler
-raises in `initialize_model_parallel`), `runtime` (first forward), `silent` (no error; wrong or
-degraded behaviour that only evidence can show)."""
-
-Support = Literal["supported", "untested", "rejected", "silently-wrong", "runtime-error"]
-Provenance = Literal["observed", "inferred"]
-"""How a rule is known: `observed` (an archive or a test that ran this release showed it: `evidence`
-names it) or `inferred` (read in the release's source, `citation`; a hypothesis until a run shows
-it). Lint blocks a run only on an observed rule."""
-PARSER_TEST = ("tests/engines/sglang/test_sglang_parser.py::test_parse_stage_predictions_match_sglang "
-               "(the release's own ServerArgs.from_cli_args, in CI)")
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One admission rule: when it fires, SGLang's exact message, and where it is in the release.
-
-    `message` is a `str.format` template over `LaunchConfig` fields (`{tp}`, `{dcp}`, ...); the
-    rendered text is what SGLang prints (after the exception type). `None` means the release has no
-    message for it (a `silent` rule).
-    """
-
-    code: str
-    stage: Stage
-    exception: str | None
-    message: str | None
-    citation: str
-    note: str = ""
-    provenance: Provenance = "inferred"
-    evidence: str = ""
-    """For an observed rule: the archive (`results/<scenario>/<run>`) or test that showed it."""
-
-
-@dataclass(frozen=True)
-class LogPattern:
-    """A log line cptest parses. `regex` is searched (not matched) in one line, named groups are figures."""
-
-    regex: str
-    citation: str
-    present: bool = True
-    """False: the line does not exist in this release; parsers must not wait for it."""
-
-    @functools.cached_property
-    def compiled(self) -> re.Pattern[str]:
-        return re.compile(self.regex)
-
-
-@dataclass(frozen=True)
-class SupportEntry:
-    status: Support
-    citation: str
-    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -139,235 +94,6 @@ def _load_flags(filename: str) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ 0.5.17
-
-RULES_0_5_17: dict[str, Rule] = {
-    "dcp_at_least_1": Rule(
-        "dcp_at_least_1",
-        "parse",
-        "ValueError",
-        "Decode context parallel size (--dcp-size / --decode-context-parallel-size) must be >= 1, "
-        "but got dcp_size={dcp}.",
-        "server_args.py:3818-3823",
-        provenance="observed",
-        evidence=PARSER_TEST,
-    ),
-    "cp_strategy_required": Rule(
-        "cp_strategy_required",
-        "parse",
-        "ValueError",
-        "--cp-strategy must be set when --enable-prefill-cp is enabled.",
-        "server_args.py:6319-6322",
-        provenance="observed",
-        evidence=PARSER_TEST,
-    ),
-    "tp_divisible_by_attn_cp": Rule(
-        "tp_divisible_by_attn_cp",
-        "parse",
-        "AssertionError",
-        "tp_size must be divisible by attn_cp_size",
-        "server_args.py:6339-6342",
-        note="only checked when attn_cp > 1",
-        provenance="observed",
-        evidence=PARSER_TEST,
-    ),
-    "tp_divisible_by_dp_attn_cp": Rule(
-        "tp_divisible_by_dp_attn_cp",
-        "parse",
-        "AssertionError",
-        "tp_size must be divisible by dp_size * attn_cp_size",
-        "server_args.py:6343-6345",
-        note="only checked when attn_cp > 1; with dp 1 the attn_cp rule fires first, so never observed apart",
-    ),
-    "pcp_with_dcp": Rule(
-        "pcp_with_dcp",
-        "silent",
-        None,
-        None,
-        "server_args.py:3817-3847",
-        note="0.5.17 does not reject --enable-prefill-cp with --dcp-size > 1 (confirmed with its own "
-        "ServerArgs.from_cli_args; 0.5.23 does). It launched and served on 2 x H200 and on one H200 with "
-        "the ranks co-located: results/pcp_dcp_rejected/20261203T082951Z-f1696101.",
-        provenance="observed",
-        evidence="results/pcp_dcp_rejected/20261203T082951Z-f1696101; " + PARSER_TEST,
-    ),
-    "dcp_at_least_1_worker": Rule(
-        "dcp_at_least_1_worker",
-        "worker_start",
-        "RuntimeError",
-        "decode_context_parallel_size ({dcp}) must be >= 1",
-        "distributed/parallel_state.py:2272-2275",
-    ),
-    "dcp_platform": Rule(
-        "dcp_platform",
-        "worker_start",
-        "RuntimeError",
-        "Decode context parallel (decode_context_parallel_size > 1) is currently only supported on the "
-        "AMD HIP platform or CUDA platform, but got decode_context_parallel_size ({dcp}) on a non-HIP "
-        "or non-CUDA platform.",
-        "distributed/parallel_state.py:2276-2282",
-    ),
-    "tp_divisible_by_dcp": Rule(
-        "tp_divisible_by_dcp",
-        "worker_start",
-        "RuntimeError",
-        "tensor_model_parallel_size ({tp}) must be divisible by decode_context_parallel_size ({dcp})",
-        "distributed/parallel_state.py:2283-2287",
-        note="not checked at parse time: tp 4 dcp 3 passes ServerArgs and fails in every scheduler",
-    ),
-    "zigzag_short_prompt": Rule(
-        "zigzag_short_prompt",
-        "silent",
-        None,
-        None,
-        "layers/cp/zigzag.py:109-119",
-        note="any extend length < 2*attn_cp disables the split for the whole batch, without a log line",
-    ),
-    "interleave_short_batch": Rule(
-        "interleave_short_batch",
-        "silent",
-        None,
-        None,
-        "layers/cp/interleave.py:64-69",
-        note="fewer than attn_cp extend tokens in the batch: no split",
-    ),
-    "prefill_cp_needs_attn_cp": Rule(
-        "prefill_cp_needs_attn_cp",
-        "silent",
-        None,
-        None,
-        "layers/cp/base.py:245-256",
-        note="--enable-prefill-cp with attn_cp <= 1 leaves the strategy unset, no error",
-    ),
-    "attn_cp_without_prefill_cp": Rule(
-        "attn_cp_without_prefill_cp",
-        "silent",
-        None,
-        None,
-        "layers/cp/base.py:249-251",
-        note="--attn-cp-size > 1 without --enable-prefill-cp builds CP groups and shrinks attention-TP "
-        "but never splits tokens",
-    ),
-    "interleave_no_attention": Rule(
-        "interleave_no_attention",
-        "runtime",
-        None,
-        None,
-        "layers/cp/interleave.py:222-233",
-        note="InterleaveCPStrategy.run_attention returns None: only the DSA backend runs attention "
-        "itself; interleave on an fa3 MHA/GQA model fails at the first CP extend (inferred)",
-    ),
-    "llama_pcp": Rule(
-        "llama_pcp",
-        "runtime",
-        "RuntimeError",
-        "shape '[-1, <pool row>]' is invalid for input of size <k rows> (first prefill, KV pool write)",
-        "models/llama.py:158-166; mem_cache/memory_pool.py:159",
-        note="Llama shards KV heads over the full TP group while the pool holds the attention-TP "
-        "shard, so the first extend's K does not fit the pool row and the scheduler dies. Observed "
-        "on one H200 with co-located ranks (tp 2, attn_cp 2), as on 2 x H200 before: "
-        "results/pcp2_zigzag_llama_kv2/20261203T143850Z-3d162b6e.",
-        provenance="observed",
-        evidence="results/pcp2_zigzag_llama_kv2/20261203T143850Z-3d162b6e",
-    ),
-    "llama_pcp_silent": Rule(
-        "llama_pcp_silent",
-        "silent",
-        None,
-        None,
-        "models/llama.py:158-166",
-        note="Llama shards attention heads over the full TP group, not attention-TP "
-        "(cf. models/qwen3.py:86-92); CP partners hold different query-head shards (inferred wrong output)",
-    ),
-    "mha_dcp_kv_not_replicated": Rule(
-        "mha_dcp_kv_not_replicated",
-        "silent",
-        None,
-        None,
-        "layers/attention/triton_backend.py:1797-1810; mem_cache/kv_cache_configurator.py:491",
-        note="DCP all-gathers Q over the group and attends against each rank's own KV heads "
-        "(pool holds max(1, kv_heads // attn_tp)); right only if the DCP group's ranks hold the same "
-        "KV heads, i.e. kv_heads <= tp/dcp. No check on CUDA (wrong output: observed with 4 KV heads at "
-        "tp 2 dcp 2, generation against the TP2 baseline below the 0.5 floor)",
-        provenance="observed",
-        evidence="results/dcp2_llama_kv4/20261203T081109Z-733943a0",
-    ),
-    "mla_dcp_triton_decode": Rule(
-        "mla_dcp_triton_decode",
-        "runtime",
-        "AssertionError",
-        "assert q.shape[0] <= kv_indptr.shape[0] - 1 (first decode: DCP's Q all-gather on an MLA layer)",
-        "layers/attention/triton_backend.py:1797-1830; sglang/kernels/ops/attention/decode_attention.py:992",
-        note="triton's DCP decode gathers Q over the group and calls the MHA decode kernel; on an MLA "
-        "layer the kernel's shape assertion fails at the first decode (eager: the first served decode; "
-        "CUDA-graph decode: during capture) and the scheduler dies. Observed at tp 2 dcp 2 on the tiny "
-        "DeepSeek-style model (kv_lora 64, rope 16) in both decodes",
-        provenance="observed",
-        evidence="results/dcp2_mla/20261203T144442Z-d95b93bd",
-    ),
-    "mla_dcp_flashmla_lse_unpacked": Rule(
-        "mla_dcp_flashmla_lse_unpacked",
-        "runtime",
-        "AttributeError",
-        "'tuple' object has no attribute 'view' (first decode: forward_absorb_core's DCP merge)",
-        "layers/attention/flashmla_backend.py:480-481; models/deepseek_common/utils.py:60-72; "
-        "models/deepseek_common/attention_forward_methods/forward_mla.py:990-1036",
-        note="FlashMLA's decode returns (output, LSE) under DCP, but FlashMLA is not among the "
-        "absorb-core backends, so the MLA layer takes the plain attention call, keeps the tuple and "
-        "reshapes it for the DCP merge: the scheduler dies at the first decode (the warm-up request, "
-        "so the launch fails). Observed at tp 2 dcp 2 on the tiny DeepSeek-style model (kv_lora 512, "
-        "rope 64), eager and graph decode",
-        provenance="observed",
-        evidence="results/dcp2_mla_flashmla_eager/20261203T175823Z-9cbb2bef",
-    ),
-    "mla_dcp_fa3_no_lse": Rule(
-        "mla_dcp_fa3_no_lse",
-        "runtime",
-        "ValueError",
-        "not enough values to unpack (expected 2, got 1) (first decode: attn_mqa_for_dcp_decode)",
-        "models/deepseek_common/attention_forward_methods/forward_mla.py:955-972; "
-        "layers/attention/flashattention_backend.py:1974-2050",
-        note="the MLA layer's DCP decode asks the absorb-core backend for (output, LSE); fa3's MLA "
-        "decode returns the output alone, so the scheduler dies at the first decode (the warm-up "
-        "request, so the launch fails). Observed at tp 2 dcp 2 on the tiny DeepSeek-style model, eager "
-        "decode; graph capture runs the same decode",
-        provenance="observed",
-        evidence="results/dcp2_mla_fa3_eager/20261203T180718Z-8a3f3131",
-    ),
-    "dcp_fused_rope_kv_write": Rule(
-        "dcp_fused_rope_kv_write",
-        "silent",
-        None,
-        None,
-        "models/utils.py:284-305; model_executor/forward_batch_info.py:961-968; "
-        "models/qwen3_moe.py:637-649, 680-693; layers/attention/triton_backend.py:1217-1245",
-        note="A model that writes K/V inside its RoPE kernel (Qwen3-MoE, GPT-OSS, Bailing-MoE) does so "
-        "whenever the batch has no dcp_kv_mask, and only HIP sets one: on CUDA every rank writes every "
-        "token at its logical slot, not its owner's physical slot (out_cache_loc // dcp) through the "
-        "masked store, and attention skips its own store. Prefill attends the fresh K/V and scores "
-        "right; decode reads the pool and diverges at its first token. Observed at tp 2 dcp 2 with 1 "
-        "KV head, eager and graph decode; the probe, which watches the pool's store, sees no K/V write",
-        provenance="observed",
-        evidence="results/dcp2_qwen3_moe_kv1_eager/20261203T143851Z-a58f99bb",
-    ),
-    "dcp_backend_without_dcp_path": Rule(
-        "dcp_backend_without_dcp_path",
-        "silent",
-        None,
-        None,
-        "layers/attention/triton_backend.py:182-187",
-        note="among MHA backends only triton has DCP code in 0.5.17 (owner-masked writes, Q all-gather, "
-        "LSE merge); fa3/flashinfer get widened slots and no DCP path (inferred wrong output)",
-    ),
-    "dcp_disables_prefill_graph": Rule(
-        "dcp_disables_prefill_graph",
-        "parse",
-        None,
-        "Breakable CUDA graph is incompatible with decode context parallel (dcp_size > 1); "
-        "disabling prefill CUDA graph.",
-        "server_args.py:4440-4446, 4512-4520",
-        note="a warning, not a rejection: the prefill graph is turned off",
-    ),
-}
 
 LOGS_0_5_17: dict[str, LogPattern] = {
     "log_prefix": LogPattern(
@@ -720,9 +446,14 @@ def support_of(release: Release, family: str, mode: str, backend: str) -> Suppor
 
 __all__ = [
     "KNOWN_RELEASES",
+    "PARSER_TEST",
+    "RULES_0_5_17",
     "LogPattern",
+    "Provenance",
     "Release",
     "Rule",
+    "Stage",
+    "Support",
     "SupportEntry",
     "get_release",
     "one_of",
