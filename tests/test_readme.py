@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from cptest.lang import parse_file, parse_text
+from cptest.lang import format_text, parse_file, parse_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,3 +24,11 @@ def test_the_readme_scenario_is_the_one_it_names_and_valid_there() -> None:
     named = parse_file(path)
     assert scenario.name == named.name == "dcp2_llama_kv1"
     assert scenario.topology == named.topology and scenario.model == named.model
+    assert format_text(source, "README.md") == source, "the README shows the form `cptest fmt` writes"
+
+
+def test_the_language_guide_shows_its_example_in_the_form_fmt_writes() -> None:
+    text = (ROOT / "docs" / "language.md").read_text(encoding="utf-8")
+    example = re.findall(r"```\n(.*?)```", text, re.S)[0]
+    assert "cptest 1\nscenario " in example
+    assert format_text(example, "docs/language.md") == example
