@@ -261,7 +261,7 @@ def _eager_twin(scenario: Scenario, engine: Engine, place: Placement, eager_reas
 
 def _needs_eager(scenario: Scenario) -> str | None:
     """Why the servers must run eager, or None. Per-step records are only written on eager forwards:
-    hooks do not fire on CUDA-graph replay (docs/sglang.md, CUDA graphs). The parser already rejects a
+    hooks do not fire on CUDA-graph replay (docs/sglang.md §7). The parser already rejects a
     scenario that also expects decode graphs to be captured; a declared graph mode in `serve` is
     overridden, and the plan says so in `contracts.eager`."""
     needs = sorted({name for name, _ in scenario.expect.entries() if CONTRACTS[name].needs_eager})

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # docker_check.sh: an SGLang scenario through `cptest run --launcher docker` on the GPU machine
-# (issue 12; docs/decisions.md D66, D68). Runs: results/_docker-check (3-pass-8-of-8: PASS 8 of 8, 2026-12-02).
+# (issue 12; docs/decisions.md D68). Runs: results/_docker-check (3-pass-8-of-8: PASS 8 of 8, 2026-12-02).
 #
 # Calls on one warm `nvidia-h200` machine: c1, c2 (install-bundle), then `bash tools/device/podman_try.sh`
 # carrying .podman-debs (leaves podman under /opt/podman), then this script carrying

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # podman_try.sh: does a container engine run on the GPU machine? (issue 12: "try Podman there once,
-# only if it is cheap, and record what happened either way"; docs/decisions.md D66)
+# only if it is cheap, and record what happened either way"; what happened: docs/measurements.md)
 #
 # Carry .podman-debs (Debian bookworm's podman 4.3.1, conmon, crun, runc, busybox-static and the
 # libraries they link, ~20 MiB: tools/device/podman-debs.sh fetches them). Nothing is unpacked into
