@@ -294,25 +294,21 @@ RELEASE_0_5_17 = Release(
 
 # ------------------------------------------------------------------------------------------ 0.5.23
 
+_FROM_0_5_17 = {code: dataclasses.replace(rule, provenance="inferred", evidence="")
+                for code, rule in RULES_0_5_17.items()}
+"""What 0.5.17 showed is not evidence about 0.5.23: its rules come over as inferred."""
+
+
+def _moved(code: str, citation: str, **changes: Any) -> Rule:
+    """A 0.5.17 rule that 0.5.23 keeps word for word, at another place in its source (`changes`:
+    what else differs, such as a note that no longer holds)."""
+    return dataclasses.replace(_FROM_0_5_17[code], citation=citation, **changes)
+
+
 RULES_0_5_23: dict[str, Rule] = {
-    # What 0.5.17 showed is not evidence about 0.5.23: its rules come over as inferred.
-    **{code: dataclasses.replace(rule, provenance="inferred", evidence="")
-       for code, rule in RULES_0_5_17.items()},
-    "dcp_at_least_1": Rule(
-        "dcp_at_least_1",
-        "parse",
-        "ValueError",
-        "Decode context parallel size (--dcp-size / --decode-context-parallel-size) must be >= 1, "
-        "but got dcp_size={dcp}.",
-        "arg_groups/parallel_hook.py:244-247",
-    ),
-    "cp_strategy_required": Rule(
-        "cp_strategy_required",
-        "parse",
-        "ValueError",
-        "--cp-strategy must be set when --enable-prefill-cp is enabled.",
-        "arg_groups/parallel_hook.py:151-154",
-    ),
+    **_FROM_0_5_17,
+    "dcp_at_least_1": _moved("dcp_at_least_1", "arg_groups/parallel_hook.py:244-247"),
+    "cp_strategy_required": _moved("cp_strategy_required", "arg_groups/parallel_hook.py:151-154"),
     "tp_divisible_by_attn_cp": Rule(
         "tp_divisible_by_attn_cp",
         "parse",
@@ -334,13 +330,7 @@ RULES_0_5_23: dict[str, Rule] = {
         "--dcp-size > 1 does not support --enable-prefill-cp.",
         "arg_groups/parallel_hook.py:249-250",
     ),
-    "dcp_at_least_1_worker": Rule(
-        "dcp_at_least_1_worker",
-        "worker_start",
-        "RuntimeError",
-        "decode_context_parallel_size ({dcp}) must be >= 1",
-        "distributed/parallel_state.py:2652-2655",
-    ),
+    "dcp_at_least_1_worker": _moved("dcp_at_least_1_worker", "distributed/parallel_state.py:2652-2655"),
     "tp_divisible_by_dcp": Rule(
         "tp_divisible_by_dcp",
         "worker_start",
@@ -357,14 +347,8 @@ RULES_0_5_23: dict[str, Rule] = {
         note="pool holds kv_heads // (tp // dcp) heads; the model must replicate KV within the DCP group "
         "(Qwen3.5 does, models/qwen3_5.py:1286-1341)",
     ),
-    "dcp_disables_prefill_graph": Rule(
-        "dcp_disables_prefill_graph",
-        "parse",
-        None,
-        "Breakable CUDA graph is incompatible with decode context parallel (dcp_size > 1); "
-        "disabling prefill CUDA graph.",
-        "arg_groups/cuda_graph_hook.py:212-216, 240-252",
-    ),
+    "dcp_disables_prefill_graph": _moved("dcp_disables_prefill_graph",
+                                         "arg_groups/cuda_graph_hook.py:212-216, 240-252", note=""),
 }
 
 LOGS_0_5_23: dict[str, LogPattern] = {
