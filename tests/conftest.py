@@ -16,7 +16,8 @@ FAST_PATHS = (
     "test_store.py", "test_evidence.py", "test_analyses.py", "test_tamper.py", "test_publish.py",
     "test_scenario.py", "test_topology.py", "test_verdict.py", "test_cli_interface.py",
     "test_console.py", "test_paths.py", "test_log.py", "test_layering.py", "test_target_plan.py",
-    "test_doc_citations.py", "test_readme.py", "test_archived_includes.py", "test_rerun_plan_changes.py",
+    "test_doc_citations.py", "test_readme.py", "test_code_comments.py", "test_archived_includes.py",
+    "test_rerun_plan_changes.py",
 )
 """The fast tier (`pytest -m fast`): the language, the plan, the contracts and checks, the archive and
 the CLI's interface, all in-process. Everything else (launchers, servers, end-to-end runs, the
