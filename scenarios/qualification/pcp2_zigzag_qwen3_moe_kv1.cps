@@ -8,9 +8,10 @@
 # both CP ranks hold the one KV head.
 # - Row split: CP rank r owns zigzag blocks r and 3-r of every sequence (docs/sglang.md §5).
 # - Generation is expected to diverge: only fa3 and trtllm_mha have a zigzag attention path
-#   (layers/cp/zigzag.py:337-341), fa3 is not in the lent bundle; with CP-v2 forced on dense Qwen3,
-#   triton crashed at the first batched extend (docs/sglang.md §3.2, probe smoke case b2). The run
-#   decides which, and turns the inferred rule into evidence for this family.
+#   (layers/cp/zigzag.py:337-341); fa3's run of this model is pcp2_zigzag_qwen3_moe_kv1_fa3.
+#   With CP-v2 forced on dense Qwen3, triton crashed at the first batched extend (docs/sglang.md
+#   §3.2, probe smoke case b2). The run decides which, and turns the inferred rule into evidence for
+#   this family.
 # - PCP adds no KV capacity (§5): no capacity entry.
 cptest 1
 scenario pcp2_zigzag_qwen3_moe_kv1 {

@@ -2,9 +2,9 @@
 # layers/attention/triton_backend.py:182-187): among MHA backends only triton has DCP code in 0.5.17
 # (owner-masked KV writes at out_cache_loc // dcp, Q all-gather, LSE merge; triton_backend.py:
 # 1228-1240, 1797-1830). Another backend gets the widened allocator slots and no DCP path.
-# flashinfer is the non-triton MHA backend the machine has (fa3 is stripped). 1 KV head at TP2/DCP2
-# keeps the KV heads replicated in the DCP group, so rule mha_dcp_kv_not_replicated does not apply:
-# what goes wrong here is the backend's. dcp_disables_prefill_graph also applies (any dcp > 1) and no
+# flashinfer is the non-triton MHA backend of the base bundle (fa3 comes with the kernel extras).
+# 1 KV head at TP2/DCP2 keeps the KV heads replicated in the DCP group, so rule
+# mha_dcp_kv_not_replicated does not apply: what goes wrong here is the backend's. dcp_disables_prefill_graph also applies (any dcp > 1) and no
 # contract of this scenario judges it.
 # Judged by `rows` and `generation` (plan.lint.CONTRADICTS), on their raw verdicts (before
 # `violated` is applied):
