@@ -43,9 +43,11 @@ for the extend step of a prompt 100x longer. A line is parsed whole, into up to 
 LOG = Bound("an engine log", 8 * MiB)
 """`logs/*.log`, the engine's stdout and stderr: 53 KB at most (dcp4_llama's main-node0.log), 150x."""
 PLAN = Bound("a plan", 16 * MiB)
-"""`plan.json`: 154 KB at most (dcp4_llama), 100x; mostly the prompts' token ids (5.3 bytes each),
-so about 3 million prompt tokens. Planning refuses a scenario whose plan would be larger
-(`pipeline.prepare`), so cptest never writes an archive it refuses to read."""
+"""`plan.json`: 154 KB at most (dcp4_llama, a version 2 plan, which stores its prompts' token ids at
+5.3 bytes each), 100x. A plan of today names its synthetic prompts by seed (about 18 KiB) and
+stores only a dataset's, so about 3 million dataset prompt tokens fit. Planning refuses a scenario
+whose plan would be larger (`pipeline.prepare`), so cptest never writes an archive it refuses to
+read."""
 MANIFEST = Bound("a manifest", 1 * MiB)
 """`manifest.json`, the seal's and each re-analysis's: 5.3 KB at most (30 files), 190x."""
 VERDICT = Bound("a verdict", 4 * MiB)
