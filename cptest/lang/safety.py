@@ -134,7 +134,7 @@ POLICY_0_5_17 = Policy(
         "*_ENDPOINT": _NET,
     },
     flag_deny={
-        # Code (sglang 0.5.17 server_args.py: each is a documented loader of user code).
+        # Code (the pinned release's server_args.py: each is a documented loader of user code).
         "--config": f"{_CONFIG}: a YAML file of further server arguments (server_args.py:8255)",
         "--trust-remote-code": f"{_CODE}: Python files shipped with the model (server_args.py, "
                                "arg_groups/arg_utils.py:25)",

@@ -512,7 +512,7 @@ def _score(sup: Supervisor, plan: Plan, server: ServerPlan, seqs: list[Sequence]
 
 
 def _flush_cache(server: ServerPlan, writer: RecordWriter, opts: RunOptions, log: Logger) -> None:
-    """Empty the server's prefix cache (SGLang 0.5.17 `/flush_cache`: 200 when done, 400 while
+    """Empty the server's prefix cache (SGLang's `/flush_cache`: 200 when done, 400 while
     requests are pending, so it is asked again for a few seconds); the outcome is recorded."""
     url = server.base_url.rstrip("/") + "/flush_cache"
     detail: dict[str, object] = {}

@@ -405,6 +405,12 @@ RELEASE_0_5_23 = Release(
 KNOWN_RELEASES: Mapping[str, Release] = {r.name: r for r in (RELEASE_0_5_17, RELEASE_0_5_23)}
 """Every release cptest has a table for, oldest first."""
 
+PINNED_RELEASE: Release = RELEASE_0_5_17
+"""The release the GPU machine installs (images/lock.json): every SGLang `path:line` cited outside
+this package (the probe's hooks, the reference engine's HTTP shapes, topology's formulas, the
+contracts' and the runner's notes) is in its wheel, and such code calls it "the pinned release"
+rather than naming it. What differs between releases is a field of `Release`, never a comment there."""
+
 
 def get_release(name: str) -> Release:
     """The table of release `name`. Raises `PlanError` naming the known releases and the closest one."""
@@ -431,6 +437,7 @@ def support_of(release: Release, family: str, mode: str, backend: str) -> Suppor
 __all__ = [
     "KNOWN_RELEASES",
     "PARSER_TEST",
+    "PINNED_RELEASE",
     "RULES_0_5_17",
     "LogPattern",
     "Provenance",
