@@ -57,6 +57,9 @@ class Release:
     """Exit statuses of the launcher after one scheduler rank is killed (SIGQUIT path, then SIGKILL)."""
     graph_phases: Mapping[str, str]
     """Phase -> flag choosing its CUDA-graph backend; the values it accepts are in the flag table."""
+    server_info_paths: tuple[str, ...]
+    """The HTTP paths that answer with the server's resolved arguments and capacity, in the order
+    the runner asks them (the first that answers 200 is recorded)."""
     colocation_env: Mapping[str, str] = field(default_factory=dict)
     """What every node of a co-located server gets in its environment (ranks as local nodes on
     shared GPUs: docs/placement.md), besides a host id of its own (`colocation_host_id_var`)."""
@@ -290,6 +293,8 @@ RELEASE_0_5_17 = Release(
     # into http_server.launch_server with no tokenizer manager and logs an AttributeError traceback
     # from the app's lifespan (seen on every co-located follower at shutdown).
     follower_ranks_ended=r"Scheduler or DataParallelController \d+ terminated with -?\d+",
+    # entrypoints/http_server.py:863; /get_server_info is its deprecated alias.
+    server_info_paths=("/server_info", "/get_server_info"),
 )
 
 # ------------------------------------------------------------------------------------------ 0.5.23
@@ -400,6 +405,7 @@ RELEASE_0_5_23 = Release(
     colocation_env=COLOCATION_ENV,
     colocation_flags=RELEASE_0_5_17.colocation_flags,
     follower_ranks_ended=RELEASE_0_5_17.follower_ranks_ended,
+    server_info_paths=RELEASE_0_5_17.server_info_paths,
 )
 
 KNOWN_RELEASES: Mapping[str, Release] = {r.name: r for r in (RELEASE_0_5_17, RELEASE_0_5_23)}
