@@ -29,6 +29,7 @@ from cptest.engines.sglang.release_model import (
     SupportEntry,
 )
 from cptest.engines.sglang.rules_0_5_17 import RULES_0_5_17
+from cptest.engines.sglang.safety import POLICY_0_5_17, POLICY_0_5_23, Policy
 from cptest.errors import PlanError, did_you_mean, one_of
 from cptest.topology import KvHeadsRule
 
@@ -60,6 +61,9 @@ class Release:
     server_info_paths: tuple[str, ...]
     """The HTTP paths that answer with the server's resolved arguments and capacity, in the order
     the runner asks them (the first that answers 200 is recorded)."""
+    safety: Policy
+    """What a scenario may put into the server's environment and argv (`safety.py`; judged by
+    `cptest.lang.safety` at validate time and again by the plan)."""
     colocation_env: Mapping[str, str] = field(default_factory=dict)
     """What every node of a co-located server gets in its environment (ranks as local nodes on
     shared GPUs: docs/placement.md), besides a host id of its own (`colocation_host_id_var`)."""
@@ -295,6 +299,7 @@ RELEASE_0_5_17 = Release(
     follower_ranks_ended=r"Scheduler or DataParallelController \d+ terminated with -?\d+",
     # entrypoints/http_server.py:863; /get_server_info is its deprecated alias.
     server_info_paths=("/server_info", "/get_server_info"),
+    safety=POLICY_0_5_17,
 )
 
 # ------------------------------------------------------------------------------------------ 0.5.23
@@ -406,6 +411,7 @@ RELEASE_0_5_23 = Release(
     colocation_flags=RELEASE_0_5_17.colocation_flags,
     follower_ranks_ended=RELEASE_0_5_17.follower_ranks_ended,
     server_info_paths=RELEASE_0_5_17.server_info_paths,
+    safety=POLICY_0_5_23,
 )
 
 KNOWN_RELEASES: Mapping[str, Release] = {r.name: r for r in (RELEASE_0_5_17, RELEASE_0_5_23)}
