@@ -150,7 +150,7 @@ class Serve(Node):
     extra_flags: list[list[str]] = Field(default_factory=list)
     """Pass-through flags with their values, checked against the release flag table by lint/plan."""
     env: dict[str, str] = Field(default_factory=dict)
-    """Extra environment of the server processes (e.g. the release's `pcp_force_env`=1)."""
+    """Extra environment of the server processes (e.g. a release's `pcp_force_env` set to 1)."""
 
 
 class Baseline(Node):
