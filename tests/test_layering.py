@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "cptest.bounds")),
     ("topology", ("cptest.topology",)),
     ("evidence", ("cptest.evidence", "cptest.archive_io", "cptest.store", "cptest.analyses",
-                  "cptest.verdict")),
+                  "cptest.verdict", "cptest.request_ids")),
     ("contracts", ("cptest.contracts",)),
     ("scenario", ("cptest.scenario",)),
     ("engine runtimes", ("cptest.probe", "cptest.reference")),

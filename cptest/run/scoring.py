@@ -35,6 +35,7 @@ from cptest.evidence import RequestResult, Score
 from cptest.outline import Progress
 from cptest.plan.model import WorkloadPlan
 from cptest.plan.workload import prompt_sha256
+from cptest.request_ids import scoring_rid
 from cptest.run.driver import top_pairs
 from cptest.run.evidence_writer import RecordWriter
 
@@ -68,6 +69,7 @@ def payload(seq: Sequence, top_k: int) -> dict[str, Any]:
     # the logits scores token j + 1, so the token at logprob_start_len itself gets no logprob;
     # the pinned release's managers/scheduler_components/logprob_result_processor.py:36-38).
     return {
+        "rid": scoring_rid(seq.index),
         "input_ids": seq.input_ids,
         "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
         "return_logprob": True,

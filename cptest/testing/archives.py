@@ -31,6 +31,7 @@ from cptest.plan.model import (
     ServerPlan,
     WorkloadPlan,
 )
+from cptest.request_ids import workload_rid
 from cptest.store import Layout
 from cptest.topology import Degrees, dcp_owner, titled_geometry
 
@@ -38,9 +39,9 @@ PINNED_LOG_PATTERNS: LogPatterns = log_patterns_of("sglang", SGLangEngine(PINNED
 """The capacity contract's log patterns for the pinned SGLang release, as a plan carries them."""
 
 
-def rid(index: int, role: str = "main") -> str:
-    """The request id the workload driver is expected to send: `cptest-<role>-<index>`."""
-    return f"cptest-{role}-{index}"
+def rid(index: int) -> str:
+    """The request id the workload driver sends for the workload's request `index`."""
+    return workload_rid(index)
 
 
 def server_plan(
