@@ -66,8 +66,8 @@ def sha256_of(path: Path) -> str:
 def verified(path: Path, pin: WheelPin) -> Path:
     """`path` if it holds the pinned wheel; raises SourceUnavailable otherwise."""
     if not path.is_file():
-        raise SourceUnavailable(Problem(None, f"sources: no wheel at {path}",
-                                        hint=f"give the path of {pin.filename}, or leave --wheel out to fetch it"))
+        hint = f"give the path of {pin.filename}, or leave --wheel out to fetch it"
+        raise SourceUnavailable(Problem(None, f"sources: no wheel at {path}", hint=hint))
     digest = sha256_of(path)
     if digest != pin.sha256:
         raise SourceUnavailable(Problem(None, f"sources: {path} is not the pinned {pin.requirement} wheel",
@@ -92,8 +92,10 @@ def fetch(pin: WheelPin, cache: Path | None = None) -> Path:
         raise SourceUnavailable(f"sources: cannot run pip to fetch {pin.requirement}: {e}") from None
     if done.returncode != 0 or not wheel.is_file():
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise SourceUnavailable(Problem(None, f"sources: pip could not fetch {pin.filename}: {' '.join(tail)}",
-                                        hint=f"download it yourself and pass --wheel PATH, or set {WHEEL_ENV}"))
+        hint = f"download it yourself and pass --wheel PATH, or set {WHEEL_ENV}"
+        said = " ".join(tail)
+        message = f"sources: pip could not fetch {pin.filename}: {said}"
+        raise SourceUnavailable(Problem(None, message, hint=hint))
     return verified(wheel, pin)
 
 
@@ -106,7 +108,8 @@ def from_wheel(path: Path) -> Source:
     except (OSError, zipfile.BadZipFile) as e:
         raise SourceUnavailable(f"sources: {path} is not a readable wheel: {e}") from None
     names = set(archive.namelist())
-    return Source(path.name, lambda name: archive.read(name).decode("utf-8", "replace") if name in names else None)
+    return Source(path.name,
+                  lambda name: archive.read(name).decode("utf-8", "replace") if name in names else None)
 
 
 def installed() -> Source:
