@@ -8,7 +8,6 @@ source that cannot be had raises `SourceUnavailable` (exit 3); a citation that d
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cptest.archive_io import sha256_file
 from cptest.engines.sglang.citations import Citation, WheelPin
 from cptest.errors import CptestError, Problem
 
@@ -55,20 +55,12 @@ def cache_dir() -> Path:
     return Path(base) / "cptest" / "sglang-wheels"
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def verified(path: Path, pin: WheelPin) -> Path:
     """`path` if it holds the pinned wheel; raises SourceUnavailable otherwise."""
     if not path.is_file():
         hint = f"give the path of {pin.filename}, or leave --wheel out to fetch it"
         raise SourceUnavailable(Problem(None, f"sources: no wheel at {path}", hint=hint))
-    digest = sha256_of(path)
+    digest = sha256_file(path)
     if digest != pin.sha256:
         raise SourceUnavailable(Problem(None, f"sources: {path} is not the pinned {pin.requirement} wheel",
                                         expected=f"sha256 {pin.sha256}", found=f"sha256 {digest}",
