@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from click.testing import CliRunner
 
 from cptest.cli import main
 from cptest.engines.sglang import citations, sources
+from tests.engines.sglang.fake_source import fake_source
 
 PIN = citations.load("0.5.17").wheel
 
@@ -79,3 +81,30 @@ def test_the_cached_wheel_is_verified_before_use(tmp_path: Path):
 def test_the_cache_follows_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert sources.cache_dir() == tmp_path / "cptest" / "sglang-wheels"
+
+
+def test_installed_reads_the_sglang_package_this_interpreter_imports(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch):
+    root = fake_source(citations.load("0.5.17"), tmp_path)
+    (root / "sglang" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(root))
+    code, out = _check("--installed")
+    assert (code, out["problems"]) == (0, [])
+    assert str(root / "sglang") in out["source"]
+
+
+def test_the_environment_names_a_local_wheel_or_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(sources.WHEEL_ENV, str(fake_source(citations.load("0.5.17"), tmp_path)))
+    assert _check()[0] == 0
+
+
+def test_a_folder_without_sglang_is_no_source(tmp_path: Path):
+    assert _check("--wheel", str(tmp_path))[0] == 3
+
+
+def test_pip_failing_to_fetch_is_exit_3_with_what_pip_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    failed = subprocess.CompletedProcess([], 1, "", "ERROR: No matching distribution found for sglang")
+    monkeypatch.setattr(sources.subprocess, "run", lambda *a, **k: failed)
+    with pytest.raises(sources.SourceUnavailable, match="No matching distribution") as e:
+        sources.fetch(PIN, tmp_path)
+    assert e.value.exit_code == 3

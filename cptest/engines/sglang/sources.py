@@ -94,6 +94,9 @@ def fetch(pin: WheelPin, cache: Path | None = None) -> Path:
 def from_wheel(path: Path) -> Source:
     """A wheel file (read in place, never unpacked) or an unpacked tree holding `sglang/`."""
     if path.is_dir():
+        if not (path / "sglang").is_dir():
+            raise SourceUnavailable(Problem(None, f"sources: {path} holds no sglang/ folder",
+                                            hint="give the folder an unpacked wheel's sglang/ is in"))
         return Source(str(path), lambda name: _read_file(path / name))
     try:
         archive = zipfile.ZipFile(path)

@@ -5,6 +5,8 @@ tests/test_sources_cli.py."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from cptest.engines.sglang import citations
@@ -69,3 +71,9 @@ def test_a_malformed_entry_is_refused_with_its_key():
 def test_an_unknown_release_names_the_known_ones():
     with pytest.raises(KeyError, match="0.5.17, 0.5.23"):
         citations.load("0.5.71")
+
+
+def test_the_sglang_note_cites_no_bare_line_number_a_check_could_not_tie_to_a_file():
+    text = (citations.ROOT / "docs" / "sglang.md").read_text(encoding="utf-8")
+    bare = re.findall(r"`:?\d+(?:-\d+)?(?:, ?\d+(?:-\d+)?)*`", text)
+    assert bare == [], "name the file: `path.py:LINES`"
