@@ -15,10 +15,10 @@ same batches in lockstep).
   (an overlap-scheduled step). Queries are not split: attn_rows == rows_in on each DCP rank.
 - pcp_split: in every extend step and every ATTN_CP group, the CP ranks' attention rows of each
   request are disjoint and their union is one contiguous extend `[lo, hi)`; zigzag: rank r holds
-  blocks r and 2cp-1-r of it (sizes differ by at most one, larger first; 0.5.17 zigzag.py:150-160);
-  interleave: packed token i goes to rank i % cp. A CP extend step with `cp_active == False` is the
-  silent fallback of docs/sglang.md §5 and fails. ffn local: ffn_rows == attn_rows; gathered:
-  ffn_rows == rows_in.
+  blocks r and 2cp-1-r of it (sizes differ by at most one, larger first; the pinned release's
+  zigzag.py:150-160); interleave: packed token i goes to rank i % cp. A CP extend step with
+  `cp_active == False` is the silent fallback of docs/sglang.md §5 and fails. ffn local:
+  ffn_rows == attn_rows; gathered: ffn_rows == rows_in.
 - replicated: every rank of a TP group saw the same rows in each step (and attn_rows == rows_in).
 
 Findings: a *hard* violation (a position written twice or by the wrong rank, a wrong split) fails
@@ -81,7 +81,7 @@ class RowsParams(Params):
     strategy: str | None = None
     ffn: Literal["gathered", "local"] | None = None
     interleave: int = 1
-    """DCP interleave size (SGLang 0.5.17 has only 1)."""
+    """DCP interleave size (a release's `dcp_interleave_sizes` lists those it has)."""
 
 
 def resolve(expect: RowsExpect, ctx: PlanContext) -> RowsParams:

@@ -1,6 +1,6 @@
 """The workload driver: sends the plan's requests to SGLang's `/generate`, streaming, and records each.
 
-Request shape (SGLang 0.5.17, `srt/managers/io_struct.py` GenerateReqInput): `input_ids`,
+Request shape (the pinned SGLang release, `srt/managers/io_struct.py` GenerateReqInput): `input_ids`,
 `sampling_params` (the plan's sampling plus `max_new_tokens`), `return_logprob: true`,
 `logprob_start_len: -1` ("-1 ... will only return logprobs for output tokens", io_struct.py:206-208),
 `stream: true`.
