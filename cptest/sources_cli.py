@@ -28,7 +28,7 @@ def sources_group() -> None:
               help="a local wheel (verified against the pin) or an unpacked tree holding sglang/ "
                    f"(default ${sources.WHEEL_ENV}, else the pinned wheel, fetched once into the cache)")
 @click.option("--installed", is_flag=True, help="read the importable sglang package instead")
-@click.option("--release", type=click.Choice(citations.RELEASES), default=citations.RELEASES[0],
+@click.option("--release", type=click.Choice(citations.RELEASES), default=citations.PINNED,
               show_default=True, help="the registry to check")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output on stdout")
 def check(wheel: Path | None, installed: bool, release: str, as_json: bool) -> None:

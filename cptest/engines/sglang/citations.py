@@ -21,11 +21,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from cptest.engines.sglang.releases import KNOWN_RELEASES, PINNED_RELEASE
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 
-RELEASES = ("0.5.17", "0.5.23")
-"""Releases with a citation registry; the first is the one the GPU machine runs."""
+RELEASES = tuple(KNOWN_RELEASES)
+"""Every release with a table has a citation registry."""
+PINNED = PINNED_RELEASE.name
+"""The release the GPU machine runs: what `cptest sources check` reads unless told."""
 
 CITING = ("README.md", "docs/sglang.md", "docs/target-plan.md", "docs/support-matrix.md", "cptest/**/*.py")
 """The docs and code (globs relative to the checkout) whose `path:line` text must be registered."""
@@ -99,7 +103,7 @@ def registry_file(release: str) -> Path:
 
 
 @lru_cache(maxsize=4)
-def load(release: str = RELEASES[0]) -> Registry:
+def load(release: str = PINNED) -> Registry:
     """The release's registry; raises KeyError naming the known releases for one that has none."""
     if release not in RELEASES:
         raise KeyError(f"no citation registry for SGLang {release} (known: {', '.join(RELEASES)})")
