@@ -1063,3 +1063,8 @@ def models_add(directory: Path, models: Path | None, as_json: bool) -> int:
     _emit({"directory": str(target), "tree_sha256": tree}, as_json, f"{tree}  {target}")
     return 0
 
+
+
+from cptest.sources_cli import sources_group  # noqa: E402  (its own module: the command is self-contained)
+
+main.add_command(sources_group)

@@ -5,7 +5,7 @@ SGLang release (paths relative to `sglang/srt/` in its wheel, `engines.sglang.re
 where another release differs, the difference is a parameter whose value lives in the release table
 (`cptest.engines.sglang.releases`), never an `if` on a version here.
 
-Numbering (`distributed/parallel_state.py:2191-2545`, `entrypoints/engine.py:1754-1772`,
+Numbering (`distributed/parallel_state.py:2191-2547`, `entrypoints/engine.py:1755-1772`,
 `layers/dp_attention.py:317-331`):
 
 - world rank `= tp * pp_rank + tp_rank`; TP groups are contiguous blocks of `tp` ranks;
@@ -13,9 +13,10 @@ Numbering (`distributed/parallel_state.py:2191-2545`, `entrypoints/engine.py:175
   `tp_rank = (attn_dp_rank * attn_cp + attn_cp_rank) * attn_tp + attn_tp_rank`,
   `attn_tp = tp // attn_dp // attn_cp`;
 - DCP groups are contiguous `dcp`-slices of each TP group, so `dcp_rank = tp_rank % dcp`
-  (`parallel_state.py:2296-2317`; `model_executor/model_runner.py:288`);
-- ATTN_CP groups stride by `attn_tp` inside each attention-DP block (`parallel_state.py:2323-2355`);
-  ATTN_TP groups are contiguous `attn_tp` blocks (`:2363-2394`); PP groups stride by `world // pp`.
+  (`parallel_state.py:2334-2355`; `model_executor/model_runner.py:288`);
+- ATTN_CP groups stride by `attn_tp` inside each attention-DP block (`parallel_state.py:2361-2393`);
+  ATTN_TP groups are contiguous `attn_tp` blocks (`parallel_state.py:2397-2430`); PP groups stride by
+  `world // pp`.
 - GPUs: each node runs a contiguous slice of world ranks; local GPU id
   `= (pp_rank % pp_per_node) * tp_per_node + tp_rank % tp_per_node` (`engine.py:856-862`,
   `_calculate_rank_ranges` at `engine.py:1720-1752`; base_gpu_id 0, gpu_id_step 1).
@@ -404,7 +405,7 @@ def kv_heads_per_rank(tp: int, dcp: int, kv_heads: int, rule: KvHeadsRule = "att
 
     - `"attn_tp"` (the pinned release's): `max(1, kv_heads // tp)`; DCP does not change it
       (`configs/model_config.py:1121-1128`, called with `attn_tp_size` by
-      `model_executor/pool_configurator.py:292` and `mem_cache/kv_cache_configurator.py:491`).
+      `model_executor/pool_configurator.py:292` and `mem_cache/kv_cache_configurator.py:1442`).
     - `"attn_tp_over_dcp"`: `max(1, kv_heads // (tp // dcp))`, the DCP group's heads on every
       member (`configs/model_config.py:1700-1711` in the wheel of a release whose table names it).
     `Release.kv_heads_rule` says which one a release follows.

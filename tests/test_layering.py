@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("report", ("cptest.report",)),
     ("pipeline", ("cptest.pipeline",)),
     ("suite", ("cptest.suite",)),
-    ("cli", ("cptest.cli", "cptest.__main__", "cptest.interface", "cptest.console")),
+    ("cli", ("cptest.cli", "cptest.__main__", "cptest.interface", "cptest.console", "cptest.sources_cli")),
 ]
 """Lowest first. A module belongs to the layer of its longest matching prefix."""
 

@@ -64,7 +64,7 @@ def geometry(
 
     `groups` maps our group names (world, tp, dcp, attn_cp, attn_tp, pp) to the coordinator or
     None when SGLang did not build it (the pinned release leaves `_DCP` None unless dcp_size > 1,
-    parallel_state.py:2336). A missing group is recorded as size 1 with this rank alone.
+    parallel_state.py:2337). A missing group is recorded as size 1 with this rank alone.
     attn_dp is derived, not read: `tp_rank = (attn_dp*attn_cp + attn_cp_rank)*attn_tp + attn_tp_rank`
     (parallel_state.py:2357-2359), so attn_dp = tp_rank // (attn_cp*attn_tp).
     """

@@ -256,7 +256,7 @@ COLOCATION_ENV: Mapping[str, str] = {
     "NCCL_IB_DISABLE": "1",
     "NCCL_P2P_DISABLE": "1",
     "NCCL_SHM_DISABLE": "1",
-    # distributed/bootstrap.py:260-272: a rank that sees less free memory than 0.9 x the first one
+    # distributed/bootstrap.py:260-271: a rank that sees less free memory than 0.9 x the first one
     # raises "The memory capacity is unbalanced"; ranks sharing a GPU always do. 0 makes it a warning.
     "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "0",
 }
