@@ -197,4 +197,5 @@ def _write(key: str, v: Mapping[str, Any], show: Callable[[Any], str]) -> str:
 
 SYNTAX = Syntax("graph", {"graph_parity": _read, **CLAUSES}, _write)
 
-CONTRACT = Contract(NAME, 55, GraphParityExpect, GraphParityParams, resolve, check, SYNTAX)
+CONTRACT = Contract(NAME, 55, GraphParityExpect, GraphParityParams, resolve, check, SYNTAX,
+                    examples=("graph parity vs eager logprob p99 <= 4 * control free_running topk 5",))
