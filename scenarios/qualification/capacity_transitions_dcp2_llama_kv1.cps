@@ -42,6 +42,7 @@ scenario capacity_transitions_dcp2_llama_kv1 {
   }
   expect {
     capacity logical == 2 * physical within 0.01
+    capacity adapter
     capacity transitions peak >= 0.9
   }
 }

@@ -35,6 +35,7 @@ scenario dcp2_llama_kv1_graph {
     # is not observable (`rows kv_owner` says unknown for it); the eager scenario judges the owners.
     rows replicated
     capacity logical == 2 * physical within 0.01
+    capacity adapter
     # Teacher-forced against the measured noise floor (docs/language.md "Generation parity").
     generation logprob p99 <= 4 * control free_running topk 5 vs baseline
     graph decode captured

@@ -25,6 +25,7 @@ scenario dcp2_qwen3_kv1_eager {
   expect {
     rows kv_owner position % 2
     capacity logical == 2 * physical within 0.01
+    capacity adapter
     # Teacher-forced against the measured noise floor (docs/language.md "Generation parity").
     generation logprob p99 <= 4 * control free_running topk 5 vs baseline
   }

@@ -34,6 +34,7 @@ scenario dcp8_llama_kv1 {
   expect {
     rows kv_owner position % 8
     capacity logical == 8 * physical within 0.01
+    capacity adapter
     generation logprob p99 <= 4 * control free_running topk 5 vs baseline
     log contains "DCP enabled, dcp_size=8, tp_size=8"
   }
