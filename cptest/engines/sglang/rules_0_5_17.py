@@ -4,7 +4,7 @@ rule names the archive or test that showed it (docs/sglang.md explains them in p
 
 from __future__ import annotations
 
-from cptest.engines.sglang.release_model import PARSER_TEST, Rule
+from cptest.engines.sglang.release_model import DIFFERENTIAL_TEST, PARSER_TEST, Rule
 
 RULES_0_5_17: dict[str, Rule] = {
     "dcp_at_least_1": Rule(
@@ -26,6 +26,17 @@ RULES_0_5_17: dict[str, Rule] = {
         provenance="observed",
         evidence=PARSER_TEST,
     ),
+    "tp_divisible_by_attn_dp": Rule(
+        "tp_divisible_by_attn_dp",
+        "parse",
+        "AssertionError",
+        "",
+        "server_args.py:6462-6464",
+        note="a bare assert (empty message) in _handle_data_parallelism, which runs before the CP "
+        "checks: with attention DP, tp % dp_size != 0 is refused here whatever attn_cp is",
+        provenance="observed",
+        evidence=DIFFERENTIAL_TEST,
+    ),
     "tp_divisible_by_attn_cp": Rule(
         "tp_divisible_by_attn_cp",
         "parse",
@@ -42,7 +53,9 @@ RULES_0_5_17: dict[str, Rule] = {
         "AssertionError",
         "tp_size must be divisible by dp_size * attn_cp_size",
         "server_args.py:6343-6345",
-        note="only checked when attn_cp > 1; with dp 1 the attn_cp rule fires first, so never observed apart",
+        note="only checked when attn_cp > 1, after tp % dp_size (tp_divisible_by_attn_dp) and tp % attn_cp",
+        provenance="observed",
+        evidence=DIFFERENTIAL_TEST,
     ),
     "pcp_with_dcp": Rule(
         "pcp_with_dcp",
@@ -79,6 +92,8 @@ RULES_0_5_17: dict[str, Rule] = {
         "tensor_model_parallel_size ({tp}) must be divisible by decode_context_parallel_size ({dcp})",
         "distributed/parallel_state.py:2283-2287",
         note="not checked at parse time: tp 4 dcp 3 passes ServerArgs and fails in every scheduler",
+        provenance="observed",
+        evidence=DIFFERENTIAL_TEST,
     ),
     "zigzag_short_prompt": Rule(
         "zigzag_short_prompt",
