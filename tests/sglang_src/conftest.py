@@ -25,7 +25,8 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
               "num_key_value_heads": 2},
     "qwen3-moe": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
                   "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32, "num_experts": 8,
-                  "num_experts_per_tok": 2, "moe_intermediate_size": 64, "decoder_sparse_step": 1, "mlp_only_layers": []},
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 64, "decoder_sparse_step": 1,
+                  "mlp_only_layers": []},
 }
 """Configs only (no weights): what ServerArgs reads of a model. One dense model whose attention is
 sharded over attention-TP, one over full TP (Llama), and one CP-v2 class (Qwen3-MoE)."""
