@@ -10,7 +10,8 @@ Requests (`op` and its fields):
   exception's type, message and raising line. With `worker_start`, then calls the real
   `initialize_model_parallel` with the sizes `distributed/bootstrap.py:88-97` passes it.
 - `groups` {tp, pp, attn_dp, attn_cp, moe_ep, moe_dp, dcp}: every group `initialize_model_parallel`
-  builds (`distributed/parallel_state.py:2191-2545`), or its exception.
+  builds (`distributed/parallel_state.py:2191-2545`), or its exception; and per TP rank its
+  (attn_tp_rank, attn_dp_rank) from `layers/dp_attention.py:compute_dp_attention_world_info`.
 - `split` {strategy, cp, extend_lens, prefix_lens}: the prefill CP split of one batch on every CP
   rank, through the strategy's own `can_apply`, `build_metadata`, `pad_logical_token_to_physical`
   and `shard_hidden_states` (`layers/cp/zigzag.py`, `interleave.py`, `padding.py`).
@@ -136,7 +137,11 @@ def groups(req: dict[str, Any]) -> dict[str, Any]:
         for name, group in aliases.items():
             if group is not None:
                 built[name] = [list(g) for g in group.ranks]
-        return {"ok": True, "groups": built}
+        from sglang.srt.layers.dp_attention import compute_dp_attention_world_info
+
+        attn_dp, attn_cp = int(req.get("attn_dp", 1)), int(req.get("attn_cp", 1))
+        ranks = [compute_dp_attention_world_info(attn_dp > 1, r, tp, attn_dp, attn_cp) for r in range(tp)]
+        return {"ok": True, "groups": built, "attn_ranks": [[r[0], r[2]] for r in ranks]}
     except Exception as err:  # noqa: BLE001 - the answer is the exception
         return _error(err)
     finally:
