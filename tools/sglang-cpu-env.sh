@@ -13,6 +13,7 @@ cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 
 VENV="${1:-.venv-sglang}"
+case "$VENV" in /*) ;; *) VENV="$PWD/$VENV" ;; esac
 PYTHON="${PYTHON:-python3}"
 REQUIREMENTS=tools/sglang-cpu-requirements.txt
 # The GPU machine's wheel (its bundle's lock names the same hash). cp312 only matters for the three
@@ -22,13 +23,13 @@ WHEEL_SHA256=fb4cba478a5dca5ee146550b39f33add1c4e475d21ee11810b86ed1c58068093
 
 stamp="$(cat "$0" "$REQUIREMENTS" | sha256sum | cut -c1-16)-$WHEEL_SHA256"
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.cptest-stamp" 2>/dev/null)" = "$stamp" ]; then
-  echo "CPTEST_SGLANG_PYTHON=$PWD/$VENV/bin/python"
+  echo "CPTEST_SGLANG_PYTHON=$VENV/bin/python"
   exit 0
 fi
 
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
-py="$PWD/$VENV/bin/python"
+py="$VENV/bin/python"
 "$py" -m pip install -q --upgrade pip==26.3 setuptools==84.2.1 >&2
 # Quiet pip still warns about the machine's empty extra index folders; keep real errors.
 "$py" -m pip install -q -r "$REQUIREMENTS" 2> >(grep -v "is ignored: it is neither" >&2)
@@ -46,4 +47,4 @@ site="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 # SGLang imports, and reports its version, in the driver the tests use.
 echo '{"op": "version"}' | "$py" tests/sglang_src/driver.py | grep -q '"0.5.17"'
 echo "$stamp" > "$VENV/.cptest-stamp"
-echo "CPTEST_SGLANG_PYTHON=$PWD/$VENV/bin/python"
+echo "CPTEST_SGLANG_PYTHON=$VENV/bin/python"

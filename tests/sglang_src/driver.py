@@ -25,8 +25,8 @@ What is not SGLang's own, and why:
   so its C ops never load beside CPU torch, and its Python registers fakes for two of them anyway.
 - `initialize_model_parallel` runs with `init_model_parallel_group` replaced by a recorder (no
   process group is created; the rank lists are SGLang's), a world group stub with local rank 0, the
-  world size `tp * pp`, and `is_cuda` True (the GPU machine's platform; the CPU would fail the DCP
-  platform check before anything else).
+  world size `tp * pp`, and `is_cuda` True unless the request says `cuda: false` (the GPU machine's
+  platform; the CPU would fail the DCP platform check before anything else).
 """
 
 from __future__ import annotations
@@ -88,7 +88,13 @@ def server_args(req: dict[str, Any]) -> dict[str, Any]:
         # ServerArgs sets process-wide variables (SGLANG_ENABLE_CP_V2 ...): each request starts clean.
         os.environ.clear()
         os.environ.update(environ)
-    out: dict[str, Any] = {"ok": True, "resolved": {k: getattr(sa, k, None) for k in RESOLVED}}
+    from sglang.srt.layers.cp import base
+
+    # What `init_cp_strategy` (layers/cp/base.py:245-271) bound for this ServerArgs; read directly,
+    # since `get_cp_strategy` would fall back to the process's published args.
+    bound = base._STRATEGY
+    out: dict[str, Any] = {"ok": True, "resolved": {k: getattr(sa, k, None) for k in RESOLVED},
+                           "cp_strategy_bound": None if bound is None else bound.name}
     if req.get("worker_start"):
         out["worker_start"] = groups({
             "tp": sa.tp_size, "pp": sa.pp_size, "attn_dp": sa.dp_size if sa.enable_dp_attention else 1,
@@ -120,7 +126,7 @@ def groups(req: dict[str, Any]) -> dict[str, Any]:
             setattr(ps, name, None)
         ps._WORLD = SimpleNamespace(local_rank=0, device_group=None)
         ps.init_model_parallel_group = record
-        ps.is_cuda = lambda: True
+        ps.is_cuda = lambda: bool(req.get("cuda", True))
         torch.distributed.is_initialized = lambda: True
         torch.distributed.get_world_size = lambda *_a, **_k: tp * pp
         ps.initialize_model_parallel(

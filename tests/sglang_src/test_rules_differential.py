@@ -28,10 +28,34 @@ from tests.sglang_src.conftest import TINY_CONFIGS, SGLangDriver
 ARCHITECTURE = {name: cfg["architectures"][0] for name, cfg in TINY_CONFIGS.items()}
 BACKENDS = (None, "triton", "fa3", "flashinfer")
 
+COMPARED = frozenset({
+    # parse and worker start, generated and at their edges
+    "dcp_at_least_1", "cp_strategy_required", "tp_divisible_by_attn_dp", "tp_divisible_by_attn_cp",
+    "tp_divisible_by_dp_attn_cp", "pcp_with_dcp", "tp_divisible_by_dcp",
+    # worker-start messages, word for word
+    "dcp_at_least_1_worker", "dcp_platform",
+    # silent: no strategy bound here; no split (`can_apply`) in test_topology_differential
+    "prefill_cp_needs_attn_cp", "attn_cp_without_prefill_cp", "zigzag_short_prompt", "interleave_short_batch",
+})
 CPU_BLIND = {
-    "dcp_platform": "is_cuda() is patched True in the driver: the CPU is not the platform the rule is about",
-    "dcp_disables_prefill_graph": "a warning, not a refusal (graph settings are CUDA branches)",
+    "interleave_no_attention": "fails at the first CP extend: needs a forward",
+    "llama_pcp": "the KV-pool write of the first prefill: needs a forward",
+    "llama_pcp_silent": "wrong output: needs a forward",
+    "mha_dcp_kv_not_replicated": "wrong output: needs a forward",
+    "mla_dcp_triton_decode": "the first decode: needs a forward",
+    "mla_dcp_flashmla_lse_unpacked": "the first decode: needs a forward (and FlashMLA)",
+    "mla_dcp_fa3_no_lse": "the first decode: needs a forward (and fa3)",
+    "dcp_fused_rope_kv_write": "the fused RoPE store: needs a forward",
+    "dcp_backend_without_dcp_path": "wrong output: needs a forward",
+    "dcp_disables_prefill_graph": "a warning on the CUDA-graph branch, which device cpu does not take",
 }
+"""Every 0.5.17 rule is compared here or says why the CPU cannot show it (its provenance stays
+what a GPU run showed, or inferred)."""
+
+
+def test_every_rule_is_compared_or_says_why_not() -> None:
+    assert set(RELEASE_0_5_17.rules) == COMPARED | set(CPU_BLIND)
+    assert not COMPARED & set(CPU_BLIND)
 
 
 @dataclass
@@ -145,3 +169,42 @@ def test_each_rule_at_its_edge_matches_sglang(sglang: SGLangDriver, tiny_models:
                                    heads=cfg["num_attention_heads"], kv_heads=cfg["num_key_value_heads"]))
              for edge in EDGES]
     compare(sglang, tiny_models, batch)
+
+
+@pytest.mark.parametrize("code, request_", [
+    ("tp_divisible_by_dcp", {"tp": 4, "dcp": 3}),
+    ("tp_divisible_by_dcp", {"tp": 6, "dcp": 4}),
+    ("dcp_at_least_1_worker", {"tp": 2, "dcp": 0}),
+    ("dcp_platform", {"tp": 2, "dcp": 2, "cuda": False}),
+])
+def test_worker_start_messages_are_sglangs(sglang: SGLangDriver, code: str, request_: dict[str, Any]) -> None:
+    """The worker-start rules' messages, word for word, from SGLang's `initialize_model_parallel`
+    (dcp_at_least_1_worker is unreachable through ServerArgs, which refuses dcp < 1 first)."""
+    rule = RELEASE_0_5_17.rules[code]
+    answer = sglang.ask([{"op": "groups", **request_}])[0]
+    assert (answer["ok"], answer["type"]) == (False, rule.exception)
+    assert answer["message"] == rule.message.format(**request_)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("code, degrees", [
+    ("prefill_cp_needs_attn_cp", dict(tp=2, prefill_cp=True, cp_strategy="zigzag")),
+    ("attn_cp_without_prefill_cp", dict(tp=4, attn_cp=2)),
+    ("attn_cp_without_prefill_cp", dict(tp=4, attn_cp=2, cp_strategy="zigzag")),
+])
+def test_silent_pcp_rules_bind_no_strategy(sglang: SGLangDriver, tiny_models: dict[str, str], code: str,
+                                           degrees: dict[str, Any]) -> None:
+    """cptest's silent PCP rules: SGLang accepts the launch and binds no split strategy."""
+    launch = LaunchConfig(degrees=Degrees(**degrees), architecture=ARCHITECTURE["qwen3-moe"])
+    assert code in {w.code for w in predict(RELEASE_0_5_17, launch).warnings}
+    serve = serve_config(tiny_models["qwen3-moe"], **degrees)
+    answer = sglang.ask([{"op": "server_args", "argv": build_argv(RELEASE_0_5_17, serve)[len(LAUNCHER):]}])[0]
+    assert answer["ok"] and answer["cp_strategy_bound"] is None, answer
+
+
+def test_prefill_cp_binds_the_named_strategy(sglang: SGLangDriver, tiny_models: dict[str, str]) -> None:
+    """The other side of the silent rules: with attn_cp > 1, the split the scenario names is bound."""
+    for strategy in ("zigzag", "interleave"):
+        serve = serve_config(tiny_models["qwen3-moe"], tp=2, attn_cp=2, prefill_cp=True, cp_strategy=strategy)
+        argv = build_argv(RELEASE_0_5_17, serve)[len(LAUNCHER):]
+        answer = sglang.ask([{"op": "server_args", "argv": argv}])[0]
+        assert answer["cp_strategy_bound"] == strategy, answer

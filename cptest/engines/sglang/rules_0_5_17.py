@@ -75,6 +75,9 @@ RULES_0_5_17: dict[str, Rule] = {
         "RuntimeError",
         "decode_context_parallel_size ({dcp}) must be >= 1",
         "distributed/parallel_state.py:2272-2275",
+        note="unreachable through ServerArgs, which refuses dcp < 1 at parse time (dcp_at_least_1)",
+        provenance="observed",
+        evidence=DIFFERENTIAL_TEST,
     ),
     "dcp_platform": Rule(
         "dcp_platform",
@@ -84,6 +87,8 @@ RULES_0_5_17: dict[str, Rule] = {
         "AMD HIP platform or CUDA platform, but got decode_context_parallel_size ({dcp}) on a non-HIP "
         "or non-CUDA platform.",
         "distributed/parallel_state.py:2276-2282",
+        provenance="observed",
+        evidence=DIFFERENTIAL_TEST,
     ),
     "tp_divisible_by_dcp": Rule(
         "tp_divisible_by_dcp",
@@ -101,7 +106,9 @@ RULES_0_5_17: dict[str, Rule] = {
         None,
         None,
         "layers/cp/zigzag.py:109-119",
-        note="any extend length < 2*attn_cp disables the split for the whole batch, without a log line",
+        note="any extend length < 2*attn_cp disables the split for the whole batch, without a log line "
+        "(its predicate, ZigzagCPStrategy.can_apply, runs on the CPU in "
+        "tests/sglang_src/test_topology_differential.py; the unsplit forward needs a GPU run)",
     ),
     "interleave_short_batch": Rule(
         "interleave_short_batch",
@@ -109,7 +116,9 @@ RULES_0_5_17: dict[str, Rule] = {
         None,
         None,
         "layers/cp/interleave.py:64-69",
-        note="fewer than attn_cp extend tokens in the batch: no split",
+        note="fewer than attn_cp extend tokens in the batch: no split (the predicate is "
+        "InterleaveCPStrategy.can_apply, runs on the CPU in tests/sglang_src/test_topology_differential.py; "
+        "the unsplit forward needs a GPU run)",
     ),
     "prefill_cp_needs_attn_cp": Rule(
         "prefill_cp_needs_attn_cp",
@@ -117,7 +126,9 @@ RULES_0_5_17: dict[str, Rule] = {
         None,
         None,
         "layers/cp/base.py:245-256",
-        note="--enable-prefill-cp with attn_cp <= 1 leaves the strategy unset, no error",
+        note="--enable-prefill-cp with attn_cp <= 1 leaves the strategy unset, no error (ServerArgs "
+        "binding no strategy is checked on the CPU in tests/sglang_src/test_rules_differential.py; the "
+        "unsplit forward needs a GPU run)",
     ),
     "attn_cp_without_prefill_cp": Rule(
         "attn_cp_without_prefill_cp",
@@ -126,7 +137,8 @@ RULES_0_5_17: dict[str, Rule] = {
         None,
         "layers/cp/base.py:249-251",
         note="--attn-cp-size > 1 without --enable-prefill-cp builds CP groups and shrinks attention-TP "
-        "but never splits tokens",
+        "but never splits tokens (ServerArgs binding no strategy is checked on the CPU by "
+        "tests/sglang_src/test_rules_differential.py; the unsplit forward needs a GPU run)",
     ),
     "interleave_no_attention": Rule(
         "interleave_no_attention",
