@@ -4,7 +4,7 @@ rule names the archive or test that showed it (docs/sglang.md explains them in p
 
 from __future__ import annotations
 
-from cptest.engines.sglang.release_model import DIFFERENTIAL_TEST, PARSER_TEST, Rule
+from cptest.engines.sglang.release_model import DIFFERENTIAL_TEST, Rule
 
 RULES_0_5_17: dict[str, Rule] = {
     "dcp_at_least_1": Rule(
@@ -15,7 +15,7 @@ RULES_0_5_17: dict[str, Rule] = {
         "but got dcp_size={dcp}.",
         "server_args.py:3818-3823",
         provenance="observed",
-        evidence=PARSER_TEST,
+        evidence=DIFFERENTIAL_TEST,
     ),
     "cp_strategy_required": Rule(
         "cp_strategy_required",
@@ -24,7 +24,7 @@ RULES_0_5_17: dict[str, Rule] = {
         "--cp-strategy must be set when --enable-prefill-cp is enabled.",
         "server_args.py:6319-6322",
         provenance="observed",
-        evidence=PARSER_TEST,
+        evidence=DIFFERENTIAL_TEST,
     ),
     "tp_divisible_by_attn_dp": Rule(
         "tp_divisible_by_attn_dp",
@@ -45,7 +45,7 @@ RULES_0_5_17: dict[str, Rule] = {
         "server_args.py:6339-6342",
         note="only checked when attn_cp > 1",
         provenance="observed",
-        evidence=PARSER_TEST,
+        evidence=DIFFERENTIAL_TEST,
     ),
     "tp_divisible_by_dp_attn_cp": Rule(
         "tp_divisible_by_dp_attn_cp",
@@ -67,7 +67,7 @@ RULES_0_5_17: dict[str, Rule] = {
         "ServerArgs.from_cli_args; 0.5.23 does). It launched and served on 2 x H200 and on one H200 with "
         "the ranks co-located: results/pcp_dcp_rejected/20261203T082951Z-f1696101.",
         provenance="observed",
-        evidence="results/pcp_dcp_rejected/20261203T082951Z-f1696101; " + PARSER_TEST,
+        evidence="results/pcp_dcp_rejected/20261203T082951Z-f1696101; " + DIFFERENTIAL_TEST,
     ),
     "dcp_at_least_1_worker": Rule(
         "dcp_at_least_1_worker",
