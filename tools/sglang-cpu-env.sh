@@ -30,14 +30,15 @@ fi
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
 py="$VENV/bin/python"
-"$py" -m pip install -q --upgrade pip==26.3 setuptools==84.2.1 >&2
 # Quiet pip still warns about the machine's empty extra index folders; keep real errors.
-"$py" -m pip install -q -r "$REQUIREMENTS" 2> >(grep -v "is ignored: it is neither" >&2)
+quiet() { "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
+quiet "$py" -m pip install -q --upgrade pip==26.3 setuptools==84.2.1 >&2
+quiet "$py" -m pip install -q -r "$REQUIREMENTS" >&2
 
 download="$(mktemp -d)"
 trap 'rm -rf "$download"' EXIT
-"$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-  --platform manylinux_2_34_x86_64 -d "$download" sglang==0.5.17 2> >(grep -v "is ignored: it is neither" >&2)
+quiet "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --platform manylinux_2_34_x86_64 -d "$download" sglang==0.5.17 >&2
 echo "$WHEEL_SHA256  $download/$WHEEL" | sha256sum -c --quiet -
 # Unpacked, not installed: pip refuses a cp312 wheel for this interpreter. The dist-info comes along,
 # so the venv still says which sglang it holds; its console scripts are not needed here.
@@ -45,6 +46,10 @@ site="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 "$py" -m zipfile -e "$download/$WHEEL" "$site"
 
 # SGLang imports, and reports its version, in the driver the tests use.
-echo '{"op": "version"}' | "$py" tests/sglang_src/driver.py | grep -q '"0.5.17"'
+version="$(echo '{"op": "version"}' | "$py" tests/sglang_src/driver.py)"
+case "$version" in
+  *'"0.5.17"'*) ;;
+  *) echo "sglang-cpu-env: the driver answered $version, not sglang 0.5.17" >&2; exit 1 ;;
+esac
 echo "$stamp" > "$VENV/.cptest-stamp"
 echo "CPTEST_SGLANG_PYTHON=$VENV/bin/python"

@@ -93,8 +93,11 @@ def server_args(req: dict[str, Any]) -> dict[str, Any]:
     # What `init_cp_strategy` (layers/cp/base.py:245-271) bound for this ServerArgs; read directly,
     # since `get_cp_strategy` would fall back to the process's published args.
     bound = base._STRATEGY
+    graphs = sa.cuda_graph_config
     out: dict[str, Any] = {"ok": True, "resolved": {k: getattr(sa, k, None) for k in RESOLVED},
-                           "cp_strategy_bound": None if bound is None else bound.name}
+                           "cp_strategy_bound": None if bound is None else bound.name,
+                           "graph_backends": {"prefill": str(graphs.prefill.backend),
+                                              "decode": str(graphs.decode.backend)}}
     if req.get("worker_start"):
         out["worker_start"] = groups({
             "tp": sa.tp_size, "pp": sa.pp_size, "attn_dp": sa.dp_size if sa.enable_dp_attention else 1,

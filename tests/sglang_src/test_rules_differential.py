@@ -36,6 +36,8 @@ COMPARED = frozenset({
     "dcp_at_least_1_worker", "dcp_platform",
     # silent: no strategy bound here; no split (`can_apply`) in test_topology_differential
     "prefill_cp_needs_attn_cp", "attn_cp_without_prefill_cp", "zigzag_short_prompt", "interleave_short_batch",
+    # a parse-time warning: the resolved prefill graph backend
+    "dcp_disables_prefill_graph",
 })
 CPU_BLIND = {
     "interleave_no_attention": "fails at the first CP extend: needs a forward",
@@ -47,7 +49,6 @@ CPU_BLIND = {
     "mla_dcp_fa3_no_lse": "the first decode: needs a forward (and fa3)",
     "dcp_fused_rope_kv_write": "the fused RoPE store: needs a forward",
     "dcp_backend_without_dcp_path": "wrong output: needs a forward",
-    "dcp_disables_prefill_graph": "a warning on the CUDA-graph branch, which device cpu does not take",
 }
 """Every 0.5.17 rule is compared here or says why the CPU cannot show it (its provenance stays
 what a GPU run showed, or inferred)."""
@@ -208,3 +209,15 @@ def test_prefill_cp_binds_the_named_strategy(sglang: SGLangDriver, tiny_models: 
         argv = build_argv(RELEASE_0_5_17, serve)[len(LAUNCHER):]
         answer = sglang.ask([{"op": "server_args", "argv": argv}])[0]
         assert answer["cp_strategy_bound"] == strategy, answer
+
+
+@pytest.mark.parametrize("tp, dcp", [(4, 1), (4, 2), (4, 4), (2, 2)])
+def test_dcp_disables_the_prefill_graph_as_predicted(sglang: SGLangDriver, tiny_models: dict[str, str],
+                                                     tp: int, dcp: int) -> None:
+    """`_handle_cuda_graph_config` runs whatever the device: its resolved prefill backend shows the rule."""
+    launch = LaunchConfig(degrees=Degrees(tp=tp, dcp=dcp), architecture=ARCHITECTURE["qwen3"])
+    predicted = "dcp_disables_prefill_graph" in {w.code for w in predict(RELEASE_0_5_17, launch).warnings}
+    serve = serve_config(tiny_models["qwen3"], tp=tp, dcp=dcp)
+    answer = sglang.ask([{"op": "server_args", "argv": build_argv(RELEASE_0_5_17, serve)[len(LAUNCHER):]}])[0]
+    assert answer["ok"], answer
+    assert (answer["graph_backends"]["prefill"] == "disabled") == predicted, answer["graph_backends"]

@@ -259,5 +259,7 @@ RULES_0_5_17: dict[str, Rule] = {
         "disabling prefill CUDA graph.",
         "server_args.py:4440-4446, 4512-4520",
         note="a warning, not a rejection: the prefill graph is turned off",
+        provenance="observed",
+        evidence=DIFFERENTIAL_TEST,
     ),
 }
