@@ -175,8 +175,16 @@ class KvPool:
 
     def row_of(self, blocks: Sequence[int], pos: torch.Tensor) -> torch.Tensor:
         """Physical rows of positions (all owned by this rank) of a request with block table `blocks`."""
-        table = torch.tensor(list(blocks), dtype=torch.long)
-        return table[pos // self.block_tokens] * self.page + (pos % self.block_tokens) // self.dcp
+        return pool_rows(blocks, pos, self.page, self.dcp)
+
+
+def pool_rows(blocks: Sequence[int], pos: torch.Tensor, page: int, dcp: int) -> torch.Tensor:
+    """Physical rows of positions `pos` (all owned by one DCP rank) of a request whose j-th block of
+    `page * dcp` positions is allocator block `blocks[j]`: SGLang's logical slot
+    `blocks[p // B] * B + p % B` divided by `dcp` (B = page * dcp)."""
+    table = torch.tensor(list(blocks), dtype=torch.long)
+    block_tokens = page * dcp
+    return table[pos // block_tokens] * page + (pos % block_tokens) // dcp
 
 
 # ---------------------------------------------------------------------------------------- math

@@ -1,4 +1,5 @@
-# Rule tp_divisible_by_dcp (SGLang 0.5.17, worker start, inferred; distributed/parallel_state.py:
+# Rule tp_divisible_by_dcp (SGLang 0.5.17, worker start, observed on the CPU by
+# tests/sglang_src/test_rules_differential.py; distributed/parallel_state.py:
 # 2283-2287): tp % dcp != 0 passes ServerArgs (0.5.17 has no parse-time check, docs/sglang.md §2.3)
 # and every scheduler raises in initialize_model_parallel:
 # RuntimeError: tensor_model_parallel_size (2) must be divisible by decode_context_parallel_size (3)

@@ -1,9 +1,10 @@
-# Rule tp_divisible_by_dp_attn_cp (SGLang 0.5.17, parse, inferred; server_args.py:6343-6345): with
+# Rule tp_divisible_by_dp_attn_cp (SGLang 0.5.17, parse, observed on the CPU by
+# tests/sglang_src/test_rules_differential.py; server_args.py:6343-6345): with
 # attn_cp > 1, tp must be divisible by dp_size * attn_cp_size. TP2 with attention DP 2 (0.5.17
 # spelling: --dp-size 2 --enable-dp-attention) and attn_cp 2 passes the attn_cp check (2 % 2) and
 # fails this one (2 % 4), so the launcher exits with
 # AssertionError: tp_size must be divisible by dp_size * attn_cp_size
-# before any GPU work. Never seen apart before: with dp 1 the attn_cp rule fires first.
+# before any GPU work.
 # No scheduler is started, so none logs "Scheduler hit an exception" (the stage is parse).
 # - confirmed: the server does not come up (launch verdict pass, with the message in the log);
 # - refuted: the server comes up.

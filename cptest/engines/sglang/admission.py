@@ -105,11 +105,13 @@ def _layout(code: str) -> Predicate:
     return lambda c: code in layout_codes(c.degrees)
 
 
-# SGLang's evaluation order: `_handle_dcp_validation` (server_args.py:3501) runs before the CP block
-# (server_args.py:6319-6345); worker-start checks run in `initialize_model_parallel` afterwards.
+# SGLang's evaluation order: `_handle_dcp_validation` (server_args.py:3501) runs before
+# `_handle_data_parallelism` (its tp % dp_size assert, server_args.py:6464), which runs before the CP
+# block (server_args.py:6319-6345); worker-start checks run in `initialize_model_parallel` afterwards.
 CONDITIONS: tuple[tuple[str, Predicate], ...] = (
     ("dcp_at_least_1", lambda c: c.degrees.dcp < 1),
     ("pcp_with_dcp", lambda c: c.degrees.prefill_cp and c.degrees.dcp > 1),
+    ("tp_divisible_by_attn_dp", lambda c: c.degrees.attn_dp > 1 and c.degrees.tp % c.degrees.attn_dp != 0),
     ("cp_strategy_required", _layout("cp_strategy_required")),
     ("tp_divisible_by_attn_cp", _layout("tp_divisible_by_attn_cp")),
     ("tp_divisible_by_dp_attn_cp", _layout("tp_divisible_by_dp_attn_cp")),

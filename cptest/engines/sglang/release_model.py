@@ -20,6 +20,8 @@ names it) or `inferred` (read in the release's source, `citation`; a hypothesis 
 it). Lint blocks a run only on an observed rule."""
 PARSER_TEST = ("tests/engines/sglang/test_sglang_parser.py::test_parse_stage_predictions_match_sglang "
                "(the release's own ServerArgs.from_cli_args, in CI)")
+DIFFERENTIAL_TEST = ("tests/sglang_src/test_rules_differential.py (the release's own parser, ServerArgs and "
+                     "initialize_model_parallel on generated launches, in CI)")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ rule names the archive or test that showed it (docs/sglang.md explains them in p
 
 from __future__ import annotations
 
-from cptest.engines.sglang.release_model import PARSER_TEST, Rule
+from cptest.engines.sglang.release_model import DIFFERENTIAL_TEST, Rule
 
 RULES_0_5_17: dict[str, Rule] = {
     "dcp_at_least_1": Rule(
@@ -15,7 +15,7 @@ RULES_0_5_17: dict[str, Rule] = {
         "but got dcp_size={dcp}.",
         "server_args.py:3818-3823",
         provenance="observed",
-        evidence=PARSER_TEST,
+        evidence=DIFFERENTIAL_TEST,
     ),
     "cp_strategy_required": Rule(
         "cp_strategy_required",
@@ -24,7 +24,18 @@ RULES_0_5_17: dict[str, Rule] = {
         "--cp-strategy must be set when --enable-prefill-cp is enabled.",
         "server_args.py:6319-6322",
         provenance="observed",
-        evidence=PARSER_TEST,
+        evidence=DIFFERENTIAL_TEST,
+    ),
+    "tp_divisible_by_attn_dp": Rule(
+        "tp_divisible_by_attn_dp",
+        "parse",
+        "AssertionError",
+        "",
+        "server_args.py:6462-6464",
+        note="a bare assert (empty message) in _handle_data_parallelism, which runs before the CP "
+        "checks: with attention DP, tp % dp_size != 0 is refused here whatever attn_cp is",
+        provenance="observed",
+        evidence=DIFFERENTIAL_TEST,
     ),
     "tp_divisible_by_attn_cp": Rule(
         "tp_divisible_by_attn_cp",
@@ -34,7 +45,7 @@ RULES_0_5_17: dict[str, Rule] = {
         "server_args.py:6339-6342",
         note="only checked when attn_cp > 1",
         provenance="observed",
-        evidence=PARSER_TEST,
+        evidence=DIFFERENTIAL_TEST,
     ),
     "tp_divisible_by_dp_attn_cp": Rule(
         "tp_divisible_by_dp_attn_cp",
@@ -42,7 +53,9 @@ RULES_0_5_17: dict[str, Rule] = {
         "AssertionError",
         "tp_size must be divisible by dp_size * attn_cp_size",
         "server_args.py:6343-6345",
-        note="only checked when attn_cp > 1; with dp 1 the attn_cp rule fires first, so never observed apart",
+        note="only checked when attn_cp > 1, after tp % dp_size (tp_divisible_by_attn_dp) and tp % attn_cp",
+        provenance="observed",
+        evidence=DIFFERENTIAL_TEST,
     ),
     "pcp_with_dcp": Rule(
         "pcp_with_dcp",
@@ -54,7 +67,7 @@ RULES_0_5_17: dict[str, Rule] = {
         "ServerArgs.from_cli_args; 0.5.23 does). It launched and served on 2 x H200 and on one H200 with "
         "the ranks co-located: results/pcp_dcp_rejected/20261203T082951Z-f1696101.",
         provenance="observed",
-        evidence="results/pcp_dcp_rejected/20261203T082951Z-f1696101; " + PARSER_TEST,
+        evidence="results/pcp_dcp_rejected/20261203T082951Z-f1696101; " + DIFFERENTIAL_TEST,
     ),
     "dcp_at_least_1_worker": Rule(
         "dcp_at_least_1_worker",
@@ -62,6 +75,9 @@ RULES_0_5_17: dict[str, Rule] = {
         "RuntimeError",
         "decode_context_parallel_size ({dcp}) must be >= 1",
         "distributed/parallel_state.py:2272-2275",
+        note="unreachable through ServerArgs, which refuses dcp < 1 at parse time (dcp_at_least_1)",
+        provenance="observed",
+        evidence=DIFFERENTIAL_TEST,
     ),
     "dcp_platform": Rule(
         "dcp_platform",
@@ -71,6 +87,8 @@ RULES_0_5_17: dict[str, Rule] = {
         "AMD HIP platform or CUDA platform, but got decode_context_parallel_size ({dcp}) on a non-HIP "
         "or non-CUDA platform.",
         "distributed/parallel_state.py:2276-2282",
+        provenance="observed",
+        evidence=DIFFERENTIAL_TEST,
     ),
     "tp_divisible_by_dcp": Rule(
         "tp_divisible_by_dcp",
@@ -79,6 +97,8 @@ RULES_0_5_17: dict[str, Rule] = {
         "tensor_model_parallel_size ({tp}) must be divisible by decode_context_parallel_size ({dcp})",
         "distributed/parallel_state.py:2283-2287",
         note="not checked at parse time: tp 4 dcp 3 passes ServerArgs and fails in every scheduler",
+        provenance="observed",
+        evidence=DIFFERENTIAL_TEST,
     ),
     "zigzag_short_prompt": Rule(
         "zigzag_short_prompt",
@@ -86,7 +106,9 @@ RULES_0_5_17: dict[str, Rule] = {
         None,
         None,
         "layers/cp/zigzag.py:109-119",
-        note="any extend length < 2*attn_cp disables the split for the whole batch, without a log line",
+        note="any extend length < 2*attn_cp disables the split for the whole batch, without a log line "
+        "(its predicate, ZigzagCPStrategy.can_apply, runs on the CPU in "
+        "tests/sglang_src/test_topology_differential.py; the unsplit forward needs a GPU run)",
     ),
     "interleave_short_batch": Rule(
         "interleave_short_batch",
@@ -94,7 +116,9 @@ RULES_0_5_17: dict[str, Rule] = {
         None,
         None,
         "layers/cp/interleave.py:64-69",
-        note="fewer than attn_cp extend tokens in the batch: no split",
+        note="fewer than attn_cp extend tokens in the batch: no split (the predicate is "
+        "InterleaveCPStrategy.can_apply, runs on the CPU in tests/sglang_src/test_topology_differential.py; "
+        "the unsplit forward needs a GPU run)",
     ),
     "prefill_cp_needs_attn_cp": Rule(
         "prefill_cp_needs_attn_cp",
@@ -102,7 +126,9 @@ RULES_0_5_17: dict[str, Rule] = {
         None,
         None,
         "layers/cp/base.py:245-256",
-        note="--enable-prefill-cp with attn_cp <= 1 leaves the strategy unset, no error",
+        note="--enable-prefill-cp with attn_cp <= 1 leaves the strategy unset, no error (ServerArgs "
+        "binding no strategy is checked on the CPU in tests/sglang_src/test_rules_differential.py; the "
+        "unsplit forward needs a GPU run)",
     ),
     "attn_cp_without_prefill_cp": Rule(
         "attn_cp_without_prefill_cp",
@@ -111,7 +137,8 @@ RULES_0_5_17: dict[str, Rule] = {
         None,
         "layers/cp/base.py:249-251",
         note="--attn-cp-size > 1 without --enable-prefill-cp builds CP groups and shrinks attention-TP "
-        "but never splits tokens",
+        "but never splits tokens (ServerArgs binding no strategy is checked on the CPU by "
+        "tests/sglang_src/test_rules_differential.py; the unsplit forward needs a GPU run)",
     ),
     "interleave_no_attention": Rule(
         "interleave_no_attention",
@@ -232,5 +259,7 @@ RULES_0_5_17: dict[str, Rule] = {
         "disabling prefill CUDA graph.",
         "server_args.py:4440-4446, 4512-4520",
         note="a warning, not a rejection: the prefill graph is turned off",
+        provenance="observed",
+        evidence=DIFFERENTIAL_TEST,
     ),
 }

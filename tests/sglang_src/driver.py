@@ -1,0 +1,278 @@
+"""Run SGLang 0.5.17's own code on the CPU for the differential tests: one JSON request per stdin line,
+one JSON answer per stdout line (SGLang's import takes seconds, so one process answers many).
+
+Runs in the interpreter of `tools/sglang-cpu-env.sh` (never cptest's): it imports sglang, not cptest.
+Requests (`op` and its fields):
+
+- `version`: the sglang version.
+- `server_args` {argv}: SGLang's own parser and `ServerArgs.from_cli_args` on a launch argv
+  (`--device cpu` appended: there is no accelerator). Answers `ok` with resolved fields, or the
+  exception's type, message and raising line. With `worker_start`, then calls the real
+  `initialize_model_parallel` with the sizes `distributed/bootstrap.py:88-97` passes it.
+- `groups` {tp, pp, attn_dp, attn_cp, moe_ep, moe_dp, dcp}: every group `initialize_model_parallel`
+  builds (`distributed/parallel_state.py:2191-2545`), or its exception; and per TP rank its
+  (attn_tp_rank, attn_dp_rank) from `layers/dp_attention.py:compute_dp_attention_world_info`.
+- `split` {strategy, cp, extend_lens, prefix_lens}: the prefill CP split of one batch on every CP
+  rank, through the strategy's own `can_apply`, `build_metadata`, `pad_logical_token_to_physical`
+  and `shard_hidden_states` (`layers/cp/zigzag.py`, `interleave.py`, `padding.py`).
+- `dcp_lens` {dcp, lens, starts}: `layers/dcp/layout.py:get_dcp_lens` for every rank.
+- `dcp_filter` {dcp, locs}: `layers/dcp/layout.py:filter_dcp_local_kv_indices` for every rank.
+- `alloc_extend` {page_size, prefix_lens, seq_lens, last_loc, free_pages}: the paged allocator's
+  `alloc_extend_naive` (`mem_cache/allocator/paged.py:45-102`, the reference of its triton kernel).
+
+What is not SGLang's own, and why:
+- torchvision's two op schemas (`_define_torchvision_ops`): PyPI's torchvision links libtorch_cuda,
+  so its C ops never load beside CPU torch, and its Python registers fakes for two of them anyway.
+- `initialize_model_parallel` runs with `init_model_parallel_group` replaced by a recorder (no
+  process group is created; the rank lists are SGLang's), a world group stub with local rank 0, the
+  world size `tp * pp`, and `is_cuda` True unless the request says `cuda: false` (the GPU machine's
+  platform; the CPU would fail the DCP platform check before anything else).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import traceback
+from types import SimpleNamespace
+from typing import Any
+
+
+def _define_torchvision_ops() -> None:
+    import torch
+
+    for op in ("nms", "qnms"):
+        # A torchvision whose ops loaded has defined them already.
+        with contextlib.suppress(RuntimeError):
+            torch.library.define(f"torchvision::{op}",
+                                 "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+
+
+def _where(err: BaseException) -> str:
+    """`path:line` (relative to sglang/srt/) of the innermost sglang frame that raised."""
+    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        marker = "/sglang/srt/"
+        if marker in frame.filename:
+            return f"{frame.filename.split(marker, 1)[1]}:{frame.lineno}"
+    return ""
+
+
+def _error(err: BaseException) -> dict[str, Any]:
+    return {"ok": False, "type": type(err).__name__, "message": str(err), "where": _where(err)}
+
+
+RESOLVED = ("tp_size", "pp_size", "dp_size", "enable_dp_attention", "dcp_size", "attn_cp_size", "moe_dp_size",
+            "ep_size", "enable_prefill_cp", "cp_strategy", "attention_backend", "prefill_attention_backend",
+            "decode_attention_backend", "disable_cuda_graph")
+
+
+def server_args(req: dict[str, Any]) -> dict[str, Any]:
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    argv = list(req["argv"])
+    environ = dict(os.environ)
+    try:
+        ns = parser.parse_args([*argv, "--device", "cpu"])
+        sa = ServerArgs.from_cli_args(ns)
+    except SystemExit as err:  # argparse refuses the argv
+        return {"ok": False, "type": "SystemExit", "message": str(err), "where": "argparse"}
+    except Exception as err:  # noqa: BLE001 - the answer is the exception
+        return _error(err)
+    finally:
+        # ServerArgs sets process-wide variables (SGLANG_ENABLE_CP_V2 ...): each request starts clean.
+        os.environ.clear()
+        os.environ.update(environ)
+    from sglang.srt.layers.cp import base
+
+    # What `init_cp_strategy` (layers/cp/base.py:245-271) bound for this ServerArgs; read directly,
+    # since `get_cp_strategy` would fall back to the process's published args.
+    bound = base._STRATEGY
+    graphs = sa.cuda_graph_config
+    out: dict[str, Any] = {"ok": True, "resolved": {k: getattr(sa, k, None) for k in RESOLVED},
+                           "cp_strategy_bound": None if bound is None else bound.name,
+                           "graph_backends": {"prefill": str(graphs.prefill.backend),
+                                              "decode": str(graphs.decode.backend)}}
+    if req.get("worker_start"):
+        out["worker_start"] = groups({
+            "tp": sa.tp_size, "pp": sa.pp_size, "attn_dp": sa.dp_size if sa.enable_dp_attention else 1,
+            "attn_cp": sa.attn_cp_size, "moe_ep": sa.ep_size, "moe_dp": sa.moe_dp_size, "dcp": sa.dcp_size,
+        })
+    return out
+
+
+_GROUP_GLOBALS = ("_TP", "_PDMUX_PREFILL_TP_GROUP", "_DCP", "_ATTN_CP", "_ATTN_TP", "_MOE_DP", "_MOE_EP",
+                  "_MOE_TP", "_PP")
+
+
+def groups(req: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from sglang.srt.distributed import parallel_state as ps
+
+    built: dict[str, list[list[int]]] = {}
+
+    def record(group_ranks: list[list[int]], *_a: Any, group_name: str | None = None, **_k: Any) -> Any:
+        built[str(group_name)] = [list(g) for g in group_ranks]
+        return SimpleNamespace(ranks=group_ranks, rank_in_group=0, pynccl_comm=None, name=group_name)
+
+    tp, pp = int(req["tp"]), int(req.get("pp", 1))
+    saved = {name: getattr(ps, name) for name in (*_GROUP_GLOBALS, "_WORLD", "init_model_parallel_group",
+                                                   "is_cuda")}
+    saved_dist = (torch.distributed.is_initialized, torch.distributed.get_world_size)
+    try:
+        for name in _GROUP_GLOBALS:
+            setattr(ps, name, None)
+        ps._WORLD = SimpleNamespace(local_rank=0, device_group=None)
+        ps.init_model_parallel_group = record
+        ps.is_cuda = lambda: bool(req.get("cuda", True))
+        torch.distributed.is_initialized = lambda: True
+        torch.distributed.get_world_size = lambda *_a, **_k: tp * pp
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+            attention_data_parallel_size=int(req.get("attn_dp", 1)),
+            attention_context_model_parallel_size=int(req.get("attn_cp", 1)),
+            expert_model_parallel_size=int(req.get("moe_ep", 1)),
+            moe_data_model_parallel_size=int(req.get("moe_dp", 1)),
+            decode_context_parallel_size=int(req.get("dcp", 1)), backend="gloo",
+        )  # fmt: skip
+        # A group SGLang aliases to another (`_ATTN_CP = _TP` ...) is recorded under the alias too.
+        aliases = {"attn_cp": ps._ATTN_CP, "attention_tp": ps._ATTN_TP, "moe_dp": ps._MOE_DP,
+                   "moe_ep": ps._MOE_EP, "moe_tp": ps._MOE_TP, "dcp": ps._DCP}
+        for name, group in aliases.items():
+            if group is not None:
+                built[name] = [list(g) for g in group.ranks]
+        from sglang.srt.layers.dp_attention import compute_dp_attention_world_info
+
+        attn_dp, attn_cp = int(req.get("attn_dp", 1)), int(req.get("attn_cp", 1))
+        ranks = [compute_dp_attention_world_info(attn_dp > 1, r, tp, attn_dp, attn_cp) for r in range(tp)]
+        return {"ok": True, "groups": built, "attn_ranks": [[r[0], r[2]] for r in ranks]}
+    except Exception as err:  # noqa: BLE001 - the answer is the exception
+        return _error(err)
+    finally:
+        for name, value in saved.items():
+            setattr(ps, name, value)
+        torch.distributed.is_initialized, torch.distributed.get_world_size = saved_dist
+
+
+_PUBLISHED: dict[tuple[str, int], Any] = {}
+
+
+def _publish_pcp_args(strategy: str, cp: int, model_path: str) -> None:
+    """Publish a ServerArgs with prefill CP on (tp = attn_cp = cp): the split's padding reads the
+    published mode (`layers/cp/padding.py:23-31`)."""
+    from sglang.srt.runtime_context import get_context
+    from sglang.srt.server_args import ServerArgs
+
+    key = (strategy, cp)
+    if key not in _PUBLISHED:
+        _PUBLISHED[key] = ServerArgs(model_path=model_path, tp_size=cp, attn_cp_size=cp,
+                                     enable_prefill_cp=True, cp_strategy=strategy, device="cpu",
+                                     skip_tokenizer_init=True)
+    get_context().set_server_args(_PUBLISHED[key])
+
+
+def split(req: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from sglang.srt.layers.cp.interleave import InterleaveCPStrategy
+    from sglang.srt.layers.cp.padding import pad_logical_token_to_physical
+    from sglang.srt.layers.cp.zigzag import ZigzagCPStrategy
+    from sglang.srt.runtime_context import get_parallel
+
+    strategy, cp = str(req["strategy"]), int(req["cp"])
+    extend = [int(n) for n in req["extend_lens"]]
+    prefix = [int(n) for n in req.get("prefix_lens") or [0] * len(extend)]
+    _publish_pcp_args(strategy, cp, str(req["model_path"]))
+    cls = ZigzagCPStrategy if strategy == "zigzag" else InterleaveCPStrategy
+    total = sum(extend)
+    mode = SimpleNamespace(is_context_parallel_extend=lambda: True)
+    rows = torch.arange(1, total + 1)  # 0 marks a padding row
+    out: dict[str, Any] = {"ok": True, "rows": []}
+    for rank in range(cp):
+        with get_parallel().override(attn_cp_size=cp, attn_cp_rank=rank):
+            strat = cls(cp)
+            batch = SimpleNamespace(forward_mode=mode, extend_seq_lens_cpu=extend, input_ids=rows)
+            out["applies"] = bool(strat.can_apply(total, batch))
+            if not out["applies"]:
+                return out
+            meta = strat.build_metadata(total, [p + n for p, n in zip(prefix, extend, strict=True)], extend)
+            pad_logical_token_to_physical(meta)
+            batch.attn_cp_metadata = meta
+            local = strat.shard_hidden_states(rows, batch)
+            out["rows"].append([int(x) - 1 for x in local.tolist()])
+            out["logical"] = list(meta.per_rank_logical_token)
+            out["physical"] = list(meta.per_rank_actual_token)
+    return out
+
+
+def dcp_lens(req: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from sglang.srt.layers.dcp.layout import get_dcp_lens
+
+    dcp = int(req["dcp"])
+    lens = torch.tensor([int(n) for n in req["lens"]])
+    starts = req.get("starts")
+    start = None if starts is None else torch.tensor([int(s) for s in starts])
+    return {"ok": True, "lens": [get_dcp_lens(lens, dcp, r, start).tolist() for r in range(dcp)]}
+
+
+def dcp_filter(req: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from sglang.srt.layers.dcp.layout import filter_dcp_local_kv_indices
+    from sglang.srt.runtime_context import get_parallel
+
+    dcp = int(req["dcp"])
+    locs = torch.tensor([int(n) for n in req["locs"]], dtype=torch.int64)
+    out = []
+    for rank in range(dcp):
+        with get_parallel().override(dcp_enabled=dcp > 1, dcp_size=dcp, dcp_rank=rank):
+            out.append(filter_dcp_local_kv_indices(locs).tolist())
+    return {"ok": True, "local": out}
+
+
+def alloc_extend(req: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from sglang.srt.mem_cache.allocator.paged import alloc_extend_naive
+
+    def t(name: str) -> Any:
+        return torch.tensor([int(n) for n in req[name]], dtype=torch.int64)
+
+    prefix, seq = t("prefix_lens"), t("seq_lens")
+    out = torch.empty(int((seq - prefix).sum()), dtype=torch.int64)
+    alloc_extend_naive(prefix, seq, t("last_loc"), t("free_pages"), out, int(req["page_size"]), "cpu")
+    return {"ok": True, "locs": out.tolist()}
+
+
+def version(_req: dict[str, Any]) -> dict[str, Any]:
+    import sglang
+
+    return {"ok": True, "version": sglang.__version__}
+
+
+OPS = {"version": version, "server_args": server_args, "groups": groups, "split": split, "dcp_lens": dcp_lens,
+       "dcp_filter": dcp_filter, "alloc_extend": alloc_extend}
+
+
+def main() -> None:
+    # Answers own stdout; whatever SGLang prints or logs goes to stderr.
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    sys.stdout = sys.stderr
+    _define_torchvision_ops()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        try:
+            answer = OPS[req["op"]](req)
+        except Exception as err:  # noqa: BLE001 - a driver bug is an answer too, not a hang
+            answer = {**_error(err), "driver_error": traceback.format_exc()}
+        answers.write(json.dumps(answer) + "\n")
+
+
+if __name__ == "__main__":
+    main()
