@@ -506,13 +506,14 @@ def _run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_nam
          models: Path | None, as_json: bool, allow_unsafe: bool, engine_python: str | None) -> int:
     from cptest import pipeline
     from cptest.plan.build import require_allowed
+    from cptest.run.launcher import launcher_named
 
     gpu = shutil.which("nvidia-smi") is not None
     prepared = pipeline.prepare(file, engine=engine_name, gpu_present=gpu,
                                 placement=_placement(gpus, cpus, ports, rank_mem_fraction),
                                 placement_mode=placement_mode, gpus_here=_gpus_here())
     require_allowed(prepared.plan, allow_unsafe)
-    pipeline.launcher_named(launcher, engine_python=engine_python)  # bad together (docker): exit 2 now
+    launcher_named(launcher, engine_python=engine_python)  # bad together (docker): exit 2 now
     for note in prepared.notes:
         click.echo(note, err=True)
     for finding in prepared.findings:
@@ -527,7 +528,7 @@ def _run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_nam
         return 1
     out = pipeline.new_archive(results, prepared, datetime.now(UTC))
     outcome = pipeline.run_scenario(prepared.plan, out,
-                                    pipeline.launcher_named(launcher, engine_python=engine_python),
+                                    launcher_named(launcher, engine_python=engine_python),
                                     scenario_text=prepared.text, log=_log(as_json),
                                     includes=prepared.includes,
                                     run_options=_run_options(baseline_cache, no_baseline_cache),
@@ -597,10 +598,10 @@ def suite(paths: tuple[Path, ...], results: Path, gpus: str | None, cpus: str | 
     if allow_unsafe:  # each scenario is a child `cptest run`: it reads the same permission
         os.environ["CPTEST_ALLOW_UNSAFE"] = "1"
     if engine_python is not None:  # and the same interpreter, by absolute path (cptest.run.interpreter)
-        from cptest import pipeline
         from cptest.run.interpreter import ENV_VAR
+        from cptest.run.launcher import launcher_named
 
-        pipeline.launcher_named(launcher, engine_python=engine_python)  # bad together (docker): exit 2
+        launcher_named(launcher, engine_python=engine_python)  # bad together (docker): exit 2
         os.environ[ENV_VAR] = os.path.abspath(engine_python) if os.sep in engine_python else engine_python
     from cptest.suite.port_claims import port_base
 
@@ -639,8 +640,9 @@ def rerun(directory: Path, results: Path, launcher: str, accept_plan_changes: bo
     model found by its hash), then diff the evidence. A plan that would execute something else than
     the archived one is shown and refused (exit 3) unless --accept-plan-changes."""
     from cptest import pipeline
+    from cptest.run.launcher import launcher_named
 
-    done = pipeline.rerun(directory, results, pipeline.launcher_named(launcher, engine_python=engine_python),
+    done = pipeline.rerun(directory, results, launcher_named(launcher, engine_python=engine_python),
                           log=_log(as_json),
                           now=datetime.now(UTC), run_options=_run_options(baseline_cache, no_baseline_cache),
                           models=models, gpu_present=shutil.which("nvidia-smi") is not None,
