@@ -984,8 +984,9 @@ def image() -> None:
 def image_build(name: str, update_lock: bool, force: bool, as_json: bool) -> int:
     """Build an image from its pinned inputs, load it into the container engine ($DOCKER_HOST), check
     its digest against images/lock.json and that it runs; exit 3 when anything differs."""
-    from cptest.run.docker import engine_client, lock_path
-    from cptest.run.image import RECIPES, build
+    from cptest.image.build import RECIPES, build
+    from cptest.image.lock import lock_path
+    from cptest.run.docker import engine_client
 
     built = build(RECIPES[name], lock_path=lock_path(), client=engine_client(), log=_log(as_json),
                   update_lock=update_lock, force=force)
