@@ -12,13 +12,9 @@ from cptest.plan.model import Plan
 SCENARIO = """cptest 1
 scenario s {
   engine sglang "0.5.17"
-  model synthetic llama {
-    layers 2 hidden 256 heads 8 kv_heads 1 head_dim 32 vocab 512 intermediate 512 seed 1
-  }
-  topology { gpus 2 tp 2 dcp 2 }
-  serve { attention_backend triton mem_fraction 0.3 }
-  baseline { tp 2 }
-  workload { requests 4 concurrency 2 prompt_tokens uniform(16, 32) output_tokens 4 }
+  model synthetic llama { layers 2 hidden 256 heads 8 kv_heads 2 head_dim 32 vocab 512 intermediate 512 }
+  topology { gpus 4 tp 4 dcp 2 }
+  workload { requests 2 concurrency 1 prompt_tokens uniform(8, 16) output_tokens 2 }
   expect { rows kv_owner position % 2 }
 }
 """
