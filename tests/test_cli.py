@@ -1,6 +1,6 @@
 """Specification of the `cptest` command, through the real console entry (`python -m cptest`, argv lists).
 
-Exit codes (cli.py): 0 ok/pass, 1 lint findings/fail/would reformat, 2 bad input, 3 unknown verdict or
+Exit codes (cptest/cli/): 0 ok/pass, 1 lint findings/fail/would reformat, 2 bad input, 3 unknown verdict or
 infrastructure failure. Commands that would start SGLang are only tested for refusing to (no GPU here).
 """
 
