@@ -17,8 +17,8 @@ from cptest import __version__
 from cptest.cli import archives, authoring, running, stores
 from cptest.cli.archives import matrix_judge
 from cptest.cli.authoring import LWS_CLAIMS
-from cptest.cli.common import RESULTS, RUNS, verdict_text
-from cptest.cli.running import parse_placement, run
+from cptest.cli.common import RESULTS, RUNS, parse_placement, verdict_text
+from cptest.cli.running import run
 
 
 class _Cli(click.Group):

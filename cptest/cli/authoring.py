@@ -17,7 +17,6 @@ from cptest.cli.common import (
     ids_option,
     json_option,
     parse_placement,
-    read_scenario,
 )
 
 
@@ -39,7 +38,7 @@ def validate(files: tuple[Path, ...], as_json: bool) -> int:
             # knows no release.
             bad_flags = flag_problems(parse_file(f))
             if bad_flags:
-                raise ScenarioError(bad_flags, sources={str(f): read_scenario(f)})
+                raise ScenarioError(bad_flags, sources={str(f): _read(f)})
             results.append({"file": str(f), "ok": True, "problems": []})
             if not as_json:
                 click.echo(f"ok  {f}")
@@ -63,7 +62,7 @@ def fmt(files: tuple[Path, ...], check: bool, as_json: bool) -> int:
 
     code, done = 0, []
     for f in files:
-        text = read_scenario(f)
+        text = _read(f)
         out = format_text(text, str(f))
         entry: dict[str, Any] = {"file": str(f), "canonical": out == text, "written": False, "diff": None}
         done.append(entry)
@@ -279,6 +278,12 @@ def schema(command_name: str | None, list_: bool, as_json: bool) -> int:
                                     hint=f"did you mean {near!r}?" if near else "cptest schema --list"))
     click.echo(json.dumps(interface.schema_of(name), indent=2))
     return 0
+
+
+def _read(path: Path) -> str:
+    from cptest.pipeline import read_text
+
+    return read_text(path)
 
 
 COMMANDS = (validate, fmt, lint, compile_, schema)

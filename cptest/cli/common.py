@@ -4,7 +4,6 @@ the option stacks several commands take (composed once here, so each reads the s
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -170,22 +169,6 @@ engine_run_options = stack(baseline_options, models_option, engine_python_option
 """What every command that launches an engine (run, suite, rerun) takes, after its own options."""
 
 
-def gpus_here() -> int | None:
-    """How many GPUs this machine has (None: none can be read: no SGLang run here anyway)."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    from cptest.run.gpu import gpu_totals_mib
-
-    return len(gpu_totals_mib()) or None
-
-
-def run_options_of(baseline_cache: Path, no_baseline_cache: bool) -> Any:
-    from cptest.run.baseline_cache import BaselineCache
-    from cptest.run.runner import RunOptions
-
-    return RunOptions(baseline_cache=None if no_baseline_cache else BaselineCache(baseline_cache))
-
-
 def console_log(as_json: bool = False) -> Any:
     """The outline of a long command on stderr (`cptest.console`): a live display on a terminal, plain
     lines otherwise, no live display under --json or NO_COLOR (stdout stays the JSON document)."""
@@ -193,16 +176,6 @@ def console_log(as_json: bool = False) -> Any:
     from cptest.outline import Logger
 
     return Logger([console_sink(sys.stderr, live_allowed=not as_json)])
-
-
-def print_outcome(outcome: Any, as_json: bool) -> int:
-    """Print a run's verdict (and the fault that stopped it); return its exit code."""
-    verdict = outcome.verdict
-    emit(json.loads(verdict.to_json()) | {"archive": str(outcome.archive)}, as_json,
-          verdict_text(verdict, outcome.archive))
-    if outcome.error is not None:
-        click.echo(outcome.error.render(), err=True)
-    return outcome.exit_code
 
 
 def verdict_text(verdict: Any, out: Path) -> str:
@@ -228,12 +201,6 @@ def finding_json(file: Path, finding: Any) -> dict[str, Any]:
             "col": span.col if span else None, "code": finding.code, "message": finding.message,
             "citation": finding.citation, "provenance": finding.provenance, "evidence": finding.evidence,
             "blocks": finding.blocks}  # fmt: skip
-
-
-def read_scenario(path: Path) -> str:
-    from cptest.pipeline import read_text
-
-    return read_text(path)
 
 
 def parse_placement(gpus: str | None, cpus: str | None, ports: str | None,

@@ -6,6 +6,7 @@ import json
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -16,16 +17,14 @@ from cptest.cli.common import (
     engine_option,
     engine_run_options,
     finding_json,
-    gpus_here,
     guard,
     ids_option,
     ignore_lint_option,
     launcher_option,
     parse_placement,
     placement_options,
-    print_outcome,
-    run_options_of,
     trial_results_option,
+    verdict_text,
 )
 
 
@@ -83,7 +82,7 @@ def _run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_nam
     gpu = shutil.which("nvidia-smi") is not None
     prepared = pipeline.prepare(file, engine=engine_name, gpu_present=gpu,
                                 placement=parse_placement(gpus, cpus, ports, rank_mem_fraction),
-                                placement_mode=placement_mode, gpus_here=gpus_here())
+                                placement_mode=placement_mode, gpus_here=_gpus_here())
     require_allowed(prepared.plan, allow_unsafe)
     launcher_named(launcher, engine_python=engine_python)  # bad together (docker): exit 2 now
     for note in prepared.notes:
@@ -103,9 +102,9 @@ def _run(file: Path, results: Path, launcher: str, ignore_lint: bool, engine_nam
                                     launcher_named(launcher, engine_python=engine_python),
                                     scenario_text=prepared.text, log=console_log(as_json),
                                     includes=prepared.includes,
-                                    run_options=run_options_of(baseline_cache, no_baseline_cache),
+                                    run_options=_run_options(baseline_cache, no_baseline_cache),
                                     models=models, scenario_dir=file.parent)
-    return print_outcome(outcome, as_json)
+    return _print_outcome(outcome, as_json)
 
 
 @click.command()
@@ -180,7 +179,7 @@ def rerun(directory: Path, results: Path, launcher: str, accept_plan_changes: bo
 
     done = pipeline.rerun(directory, results, launcher_named(launcher, engine_python=engine_python),
                           log=console_log(as_json), now=datetime.now(UTC),
-                          run_options=run_options_of(baseline_cache, no_baseline_cache),
+                          run_options=_run_options(baseline_cache, no_baseline_cache),
                           models=models, gpu_present=shutil.which("nvidia-smi") is not None,
                           accept_plan_changes=accept_plan_changes, allow_unsafe=allow_unsafe)
     if as_json:  # one JSON document: the new run's verdict with the diff beside it
@@ -190,9 +189,35 @@ def rerun(directory: Path, results: Path, launcher: str, accept_plan_changes: bo
         if outcome.error is not None:
             click.echo(outcome.error.render(), err=True)
     else:
-        print_outcome(done.outcome, as_json)
+        _print_outcome(done.outcome, as_json)
         click.echo(done.diff.render())
     return done.exit_code
+
+
+def _gpus_here() -> int | None:
+    """How many GPUs this machine has (None: none can be read: no SGLang run here anyway)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    from cptest.run.gpu import gpu_totals_mib
+
+    return len(gpu_totals_mib()) or None
+
+
+def _run_options(baseline_cache: Path, no_baseline_cache: bool) -> Any:
+    from cptest.run.baseline_cache import BaselineCache
+    from cptest.run.runner import RunOptions
+
+    return RunOptions(baseline_cache=None if no_baseline_cache else BaselineCache(baseline_cache))
+
+
+def _print_outcome(outcome: Any, as_json: bool) -> int:
+    """Print a run's verdict (and the fault that stopped it); return its exit code."""
+    verdict = outcome.verdict
+    emit(json.loads(verdict.to_json()) | {"archive": str(outcome.archive)}, as_json,
+          verdict_text(verdict, outcome.archive))
+    if outcome.error is not None:
+        click.echo(outcome.error.render(), err=True)
+    return outcome.exit_code
 
 
 COMMANDS = (run, suite, rerun)
