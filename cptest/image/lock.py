@@ -32,6 +32,7 @@ def lock_path() -> Path:
     """The lock the launcher and `cptest image build` use: $CPTEST_IMAGE_LOCK, else images/lock.json."""
     return Path(os.environ.get(LOCK_ENV) or DEFAULT_LOCK_PATH)
 
+
 LOCK_STATUSES = ("pinned", "unbuilt")
 LOCK_ENTRY_KEYS = ("digest", "status", "build", "dockerfile", "sglang", "note", "engine", "cptest_mount",
                    "layer", "inputs", "driver_mounts")
@@ -160,7 +161,9 @@ class ImageLock:
 
 
 def cptest_volume(mount: str) -> dict[str, dict[str, str]]:
-    """The running cptest package, read-only at `<mount>/cptest` (docs/containers.md, section 3)."""
+    """The running cptest package, read-only at `<mount>/cptest` (docs/containers.md, section 3): what
+    an entry's `cptest_mount` asks of every container of its image, the launcher's and the image
+    builder's smoke test alike."""
     package = Path(cptest.__file__).resolve().parent
     return {str(package): {"bind": f"{mount.rstrip('/')}/cptest", "mode": "ro"}}
 

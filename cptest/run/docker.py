@@ -2,10 +2,11 @@
 
 Contract (the `Launcher` protocol of `cptest.run.launcher`, plus what containers add):
 
-- An image runs only if `images/lock.json` pins it and the local image has the pinned digest
-  (its image ID, or the digest part of one of its repo digests). An image that is missing from the
-  lock, marked `"status": "unbuilt"`, absent locally, or of another digest is refused with a
-  `RunError` (exit 3) *before* anything is created. Images are never pulled implicitly.
+- An image runs only if `images/lock.json` (read through `cptest.image.lock`, its one owner) pins it
+  and the local image has the pinned digest (its image ID, or the digest part of one of its repo
+  digests). An image that is missing from the lock, marked `"status": "unbuilt"`, absent locally, or
+  of another digest is refused with a `RunError` (exit 3) *before* anything is created. Images are
+  never pulled implicitly.
 - `pin_images(plan)`, which the pipeline calls before the archive is begun, does that check for every
   node of every server at once and returns the plan with the images it will run: a node that names
   no image gets the lock's image for its engine (`"engine": "reference"`: the reference engine's
@@ -53,7 +54,6 @@ from typing import Any
 
 import docker
 import docker.errors
-import docker.types
 import psutil
 import requests.exceptions
 
