@@ -28,7 +28,7 @@ from cptest.checks import check
 from cptest.contracts import CapacityParams, RowsParams, ServingParams
 from cptest.evidence import Capacity, KvPool, Lifecycle, RequestResult, ServerInfo
 from cptest.testing.archives import (
-    SGLANG_0_5_17,
+    PINNED_LOG_PATTERNS,
     dcp_steps,
     make_plan,
     rank_id,
@@ -58,7 +58,7 @@ def dcp_archive(root: Path, rows: int) -> tuple[Path, int, int]:
     prompts = {rid(i): plen for i in range(n_req)}
     expects = [
         RowsParams(mode="dcp_owner", dcp=WORLD),
-        CapacityParams(multiplier=WORLD, log_patterns=SGLANG_0_5_17),
+        CapacityParams(multiplier=WORLD, log_patterns=PINNED_LOG_PATTERNS),
         ServingParams(completed_min=n_req),
     ]
     plan = make_plan(
@@ -92,7 +92,7 @@ def pcp_archive(root: Path, rows: int) -> tuple[Path, int, int]:
     steps = max(rows // (WORLD * batch * plen), 1)
     expects = [
         RowsParams(mode="pcp_split", cp=WORLD, strategy="zigzag", ffn="local"),
-        CapacityParams(multiplier=1, log_patterns=SGLANG_0_5_17),
+        CapacityParams(multiplier=1, log_patterns=PINNED_LOG_PATTERNS),
     ]
     plan = make_plan(
         server_plan(world=WORLD, attn_cp=WORLD, cp_strategy="zigzag"),

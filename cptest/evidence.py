@@ -288,8 +288,8 @@ class PoolSample(_Record):
     running: int
     waiting: int
     scheduler_total: int | None = None
-    """The logical capacity the scheduler admits and reports usage against (SGLang 0.5.17: its
-    pool-stats observer's `max_total_num_tokens`, which is the rank's rows x dcp_size)."""
+    """The logical capacity the scheduler admits and reports usage against (the pinned SGLang
+    release: its pool-stats observer's `max_total_num_tokens`, which is the rank's rows x dcp_size)."""
     idle: bool = False
     """Sampled with nothing running or waiting: the scheduler drained."""
 

@@ -289,6 +289,26 @@ class VerifyOut(_Out):
     problems: list[ProblemOut]
 
 
+class SourceFindingOut(_Out):
+    key: str
+    file: str
+    lines: list[int]
+    anchor: str
+    status: Literal["moved", "not_found", "no_file", "out_of_range"]
+    found_at: list[int]
+    """Lines of the file where the anchor is now (moved)."""
+    cited_by: list[str]
+    """`file:line` of each doc or module text that cites it."""
+
+
+class SourcesCheckOut(_Out):
+    release: str
+    source: str
+    citations: int
+    ok: bool
+    problems: list[SourceFindingOut]
+
+
 class ReportOut(_Out):
     archive: str
     markdown: str | None = None
@@ -453,6 +473,7 @@ OUTPUTS: dict[str, tuple[type[BaseModel], ...]] = {
     "models make": (ModelsMakeOut,),
     "models list": (ModelsListOut,),
     "models add": (ModelsAddOut,),
+    "sources check": (SourcesCheckOut,),
 }
 """Each command (its words as typed after `cptest`) -> the models its `--json` output may take
 besides `ErrorOut` (`lint` prints `LintEvidenceOut` with --evidence; `matrix` prints

@@ -42,7 +42,8 @@ SCHEMA_VERSION = 1
 class Engine(Node):
     kind: Literal["sglang", "reference"]
     release: str
-    """SGLang release ("0.5.17"); "builtin" for the reference engine. Checked by the plan stage."""
+    """SGLang release, a key of `cptest.engines.sglang.releases.KNOWN_RELEASES`; "builtin" for the
+    reference engine. Checked by the plan stage."""
     image: str | None = None
 
 
@@ -149,7 +150,7 @@ class Serve(Node):
     extra_flags: list[list[str]] = Field(default_factory=list)
     """Pass-through flags with their values, checked against the release flag table by lint/plan."""
     env: dict[str, str] = Field(default_factory=dict)
-    """Extra environment of the server processes (e.g. SGLANG_ENABLE_CP_V2=1 on 0.5.17)."""
+    """Extra environment of the server processes (e.g. a release's `pcp_force_env` set to 1)."""
 
 
 class Baseline(Node):

@@ -1,11 +1,11 @@
 """Rank geometry and the layout contracts derived from it, exactly as SGLang builds them.
 
-Pure: no I/O, no clock, no SGLang import. Every formula cites the SGLang 0.5.17 line it mirrors
-(paths relative to `sglang/srt/` in the 0.5.17 wheel); where 0.5.23 differs, the difference is a
-parameter whose value lives in the release table (`cptest.engines.sglang.releases`), never an `if`
-on a version here.
+Pure: no I/O, no clock, no SGLang import. Every formula cites the line it mirrors in the pinned
+SGLang release (paths relative to `sglang/srt/` in its wheel, `engines.sglang.releases.PINNED_RELEASE`);
+where another release differs, the difference is a parameter whose value lives in the release table
+(`cptest.engines.sglang.releases`), never an `if` on a version here.
 
-Numbering (0.5.17 `distributed/parallel_state.py:2191-2545`, `entrypoints/engine.py:1754-1772`,
+Numbering (`distributed/parallel_state.py:2191-2547`, `entrypoints/engine.py:1755-1772`,
 `layers/dp_attention.py:317-331`):
 
 - world rank `= tp * pp_rank + tp_rank`; TP groups are contiguous blocks of `tp` ranks;
@@ -13,9 +13,10 @@ Numbering (0.5.17 `distributed/parallel_state.py:2191-2545`, `entrypoints/engine
   `tp_rank = (attn_dp_rank * attn_cp + attn_cp_rank) * attn_tp + attn_tp_rank`,
   `attn_tp = tp // attn_dp // attn_cp`;
 - DCP groups are contiguous `dcp`-slices of each TP group, so `dcp_rank = tp_rank % dcp`
-  (`parallel_state.py:2296-2317`; `model_executor/model_runner.py:288`);
-- ATTN_CP groups stride by `attn_tp` inside each attention-DP block (`parallel_state.py:2323-2355`);
-  ATTN_TP groups are contiguous `attn_tp` blocks (`:2363-2394`); PP groups stride by `world // pp`.
+  (`parallel_state.py:2334-2355`; `model_executor/model_runner.py:288`);
+- ATTN_CP groups stride by `attn_tp` inside each attention-DP block (`parallel_state.py:2361-2393`);
+  ATTN_TP groups are contiguous `attn_tp` blocks (`parallel_state.py:2397-2430`); PP groups stride by
+  `world // pp`.
 - GPUs: each node runs a contiguous slice of world ranks; local GPU id
   `= (pp_rank % pp_per_node) * tp_per_node + tp_rank % tp_per_node` (`engine.py:856-862`,
   `_calculate_rank_ranges` at `engine.py:1720-1752`; base_gpu_id 0, gpu_id_step 1).
@@ -48,7 +49,7 @@ class Degrees(BaseModel):
 
     `scenario.Topology` *is* a `Degrees` (with source positions); the plan stores one per server;
     SGLang's and the reference engine's argv builders and the admission rules take one. `attn_dp` is
-    attention data parallelism (`--dp-size N --enable-dp-attention` in SGLang 0.5.17). `gpus` None
+    attention data parallelism (its argv spelling is the release's `spellings["attn_dp"]`). `gpus` None
     means `tp * pp` (SGLang runs one scheduler process per GPU). Values are not range-checked here:
     `layout_problems` says what is wrong with them, so that a scenario *about* a rejected launch can
     still carry its impossible degrees to the engine.
@@ -256,7 +257,7 @@ def geometry(d: Degrees, title_prefix: str | None = None) -> list[RankGeometry]:
 def process_title(rank: RankGeometry, d: Degrees, prefix: str = "sglang::scheduler") -> str:
     """The scheduler's process title, `<prefix>_DP<d>_PP<p>_ATTN_CP<c>_TP<r>`.
 
-    Each part appears only when its size is > 1 (0.5.17 `managers/scheduler.py:4843-4859`; DP is
+    Each part appears only when its size is > 1 (`managers/scheduler.py:4843-4859`; DP is
     the attention-DP rank, `data_parallel_controller.py:636-644`). A TP1 server's title is the bare
     prefix. cptest has no expert-parallel degrees, so SGLang's MOE_DP and EP parts never appear.
     """
@@ -290,7 +291,7 @@ def titled_geometry(d: Degrees, prefix: str = "sglang::scheduler") -> list[RankG
 def zigzag_block_sizes(extend_len: int, cp: int) -> list[int]:
     """The `2*cp` block sizes of one sequence: the first `len % 2cp` blocks get one extra token.
 
-    Mirrors 0.5.17 `layers/cp/zigzag.py:150-158` exactly.
+    Mirrors `layers/cp/zigzag.py:150-158` exactly.
     """
     segments = 2 * cp
     base, rem = divmod(extend_len, segments)
@@ -300,7 +301,7 @@ def zigzag_block_sizes(extend_len: int, cp: int) -> list[int]:
 def zigzag_split(extend_len: int, cp: int) -> list[list[tuple[int, int]]]:
     """Per CP rank, the half-open token ranges it owns of one sequence's extend tokens.
 
-    Rank `r` owns blocks `r` and `2cp-1-r` (0.5.17 `zigzag.py:15-29, 160-168`); empty blocks (when
+    Rank `r` owns blocks `r` and `2cp-1-r` (`zigzag.py:15-29, 160-168`); empty blocks (when
     `extend_len < 2cp`, where SGLang falls back anyway, see `zigzag_applies`) are left out.
     """
     _check_degree(cp, "cp")
@@ -335,7 +336,7 @@ def zigzag_rank_token_counts(extend_lens: Sequence[int], cp: int) -> list[int]:
 def zigzag_applies(extend_lens: Sequence[int], cp: int) -> bool:
     """Whether zigzag really splits this extend batch; False is SGLang's *silent* fallback to no split.
 
-    0.5.17 `zigzag.py:109-119` (`can_apply`): false if `cp <= 1`, if the total is `< 2*cp`, or if
+    `zigzag.py:109-119` (`can_apply`): false if `cp <= 1`, if the total is `< 2*cp`, or if
     any one sequence's extend length is `< 2*cp` (one short request disables CP for the batch).
     The forward-mode condition (only CP extend batches) is not a function of lengths; callers
     apply it themselves.
@@ -348,7 +349,7 @@ def zigzag_applies(extend_lens: Sequence[int], cp: int) -> bool:
 def interleave_split(n: int, cp: int) -> list[range]:
     """Per CP rank, the packed token indices it owns under `--cp-strategy interleave`: `i % cp == r`.
 
-    0.5.17 `layers/cp/interleave.py` (round-robin over the packed batch).
+    `layers/cp/interleave.py` (round-robin over the packed batch).
     """
     _check_degree(cp, "cp")
     if n < 0:
@@ -357,7 +358,7 @@ def interleave_split(n: int, cp: int) -> list[range]:
 
 
 def interleave_applies(extend_lens: Sequence[int], cp: int) -> bool:
-    """0.5.17 `interleave.py:64-69`: splits only when `cp > 1` and the batch has `>= cp` extend tokens."""
+    """`interleave.py:64-69`: splits only when `cp > 1` and the batch has `>= cp` extend tokens."""
     total = sum(int(n) for n in extend_lens)
     return cp > 1 and total > 0 and total >= cp
 
@@ -368,8 +369,9 @@ def interleave_applies(extend_lens: Sequence[int], cp: int) -> bool:
 def dcp_owner(pos: int, dcp: int, interleave: int = 1) -> int:
     """DCP rank that writes KV position `pos`: `(pos // interleave) % dcp`.
 
-    0.5.17 has only interleave 1: owner `pos % dcp` (`layers/dcp/layout.py:13-31`; triton write mask
-    `positions % dcp_size == dcp_rank`, `layers/attention/triton_backend.py:1230-1238`).
+    The pinned release has only interleave 1 (`Release.dcp_interleave_sizes`): owner `pos % dcp`
+    (`layers/dcp/layout.py:13-31`; triton write mask `positions % dcp_size == dcp_rank`,
+    `layers/attention/triton_backend.py:1230-1238`).
     """
     _check_degree(dcp, "dcp")
     _check_degree(interleave, "interleave")
@@ -401,11 +403,12 @@ def capacity_groups(spec: Degrees) -> list[list[int]]:
 def kv_heads_per_rank(tp: int, dcp: int, kv_heads: int, rule: KvHeadsRule = "attn_tp") -> int:
     """KV heads one rank's pool holds (MHA/GQA). `tp` here is the attention-TP size.
 
-    - `"attn_tp"` (0.5.17): `max(1, kv_heads // tp)`; DCP does not change it
+    - `"attn_tp"` (the pinned release's): `max(1, kv_heads // tp)`; DCP does not change it
       (`configs/model_config.py:1121-1128`, called with `attn_tp_size` by
-      `model_executor/pool_configurator.py:292` and `mem_cache/kv_cache_configurator.py:491`).
-    - `"attn_tp_over_dcp"` (0.5.23): `max(1, kv_heads // (tp // dcp))`, the DCP group's heads on
-      every member (0.5.23 `configs/model_config.py:1700-1711`).
+      `model_executor/pool_configurator.py:292` and `mem_cache/kv_cache_configurator.py:1442`).
+    - `"attn_tp_over_dcp"`: `max(1, kv_heads // (tp // dcp))`, the DCP group's heads on every
+      member (`configs/model_config.py:1700-1711` in the wheel of a release whose table names it).
+    `Release.kv_heads_rule` says which one a release follows.
     """
     _check_degree(tp, "tp")
     _check_degree(dcp, "dcp")
@@ -430,9 +433,9 @@ def kv_replicated_in_dcp_group(tp: int, dcp: int, kv_heads: int) -> bool:
     """Whether every rank of each DCP group computes the same KV heads (MHA/GQA, attention-TP = tp).
 
     DCP all-gathers queries over the group and attends against each rank's local KV shard
-    (0.5.17 `triton_backend.py:1797-1810`), which is only right when the group's ranks hold the same
+    (`triton_backend.py:1797-1810`), which is only right when the group's ranks hold the same
     heads: true iff `dcp == 1` or `kv_heads <= tp // dcp` with the replica blocks aligned to the
-    groups. Nothing in 0.5.17 checks this on CUDA (docs/sglang.md §2.4).
+    groups. Nothing in the pinned release checks this on CUDA (docs/sglang.md §2.4).
     """
     if dcp == 1:
         return True
@@ -448,7 +451,7 @@ def expected_capacity_multiplier(
 ) -> float:
     """Logical KV capacity of `spec` relative to a TP-only server with the same `tp` and memory.
 
-    Logical capacity is `rows * dcp` (0.5.17 `managers/tp_worker.py:405-411`); rows per rank are
+    Logical capacity is `rows * dcp` (`managers/tp_worker.py:405-411`); rows per rank are
     inversely proportional to the KV heads a rank holds, so the multiplier is
     `dcp * heads(TP-only) / heads(spec)`. MLA has one latent head: `dcp`. PCP writes the full KV on
     every CP rank and shrinks attention-TP, so it never gains capacity. An estimate: it ignores the

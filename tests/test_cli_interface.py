@@ -33,6 +33,8 @@ from click.testing import CliRunner
 
 from cptest import interface
 from cptest.cli import main
+from cptest.engines.sglang import citations
+from tests.engines.sglang.fake_source import fake_source
 from tests.lang.cases import BASE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -274,6 +276,16 @@ class World:
             assert r.exit_code == 0, r.output
         return (store / "llama-kv1").resolve()
 
+    def sglang_source(self, shifted: bool = False) -> Path:
+        """An unpacked-wheel tree where every 0.5.17 citation holds; `shifted`: one range's anchor
+        pushed a line down."""
+        root = fake_source(citations.load("0.5.17"), self.root / ("shifted" if shifted else "source"))
+        if shifted:
+            first = citations.load("0.5.17").citations[0]
+            path = root / first.wheel_path
+            path.write_text("\n" * first.end + path.read_text())
+        return root
+
 
 @dataclass(frozen=True)
 class Case:
@@ -381,6 +393,11 @@ CASES = [
     Case("models add", 0, lambda w: ["models", "add", w.checkpoint(), "--models", w.root / "st2"], why="ok"),
     Case("models add", 2, lambda w: ["models", "add", w.missing], why="no such directory"),
     Case("models add", 2, lambda w: ["models", "add", w.empty], why="no checkpoint"),
+    Case("sources check", 0, lambda w: ["sources", "check", "--wheel", w.sglang_source()], why="ok"),
+    Case("sources check", 1, lambda w: ["sources", "check", "--wheel", w.sglang_source(shifted=True)],
+         why="a citation moved"),
+    Case("sources check", 3, lambda w: ["sources", "check", "--wheel", w.missing / "sglang.whl"],
+         why="no wheel"),
 ]
 
 NOT_HERE = {("image build", 0): "needs a container engine: tests/test_e2e_docker.py builds the image"}

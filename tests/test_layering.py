@@ -25,12 +25,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "cptest.bounds")),
     ("topology", ("cptest.topology",)),
     ("evidence", ("cptest.evidence", "cptest.archive_io", "cptest.store", "cptest.analyses",
-                  "cptest.verdict")),
+                  "cptest.verdict", "cptest.request_ids")),
     ("contracts", ("cptest.contracts",)),
     ("scenario", ("cptest.scenario",)),
-    ("lang", ("cptest.lang",)),
     ("engine runtimes", ("cptest.probe", "cptest.reference")),
     ("engines", ("cptest.engines",)),
+    ("lang", ("cptest.lang",)),
     ("plan", ("cptest.plan",)),
     # The image lock and the builder of cptest's own images: the docker launcher (run) asks the lock
     # which digest an image must have and the Kubernetes renderer (k8s) what it pins, so both sit
@@ -42,7 +42,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("report", ("cptest.report",)),
     ("pipeline", ("cptest.pipeline",)),
     ("suite", ("cptest.suite",)),
-    ("cli", ("cptest.cli", "cptest.__main__", "cptest.interface", "cptest.console")),
+    ("cli", ("cptest.cli", "cptest.__main__", "cptest.interface", "cptest.console", "cptest.sources_cli")),
 ]
 """Lowest first. A module belongs to the layer of its longest matching prefix."""
 

@@ -5,6 +5,9 @@ Its claims are lines of two forms: `` `archive results/<scenario>/<run>: <contra
 has that status) and `` `requires scenarios/qualification/<file>.cps: <contract>, ...` `` (the
 requirement scenario exists, parses and declares those contracts). CPU only: `cptest check` reads
 the archives, it runs nothing. When the archives are re-made, a claim they contradict fails here.
+Beyond the claims: a proposal whose archives show a contract failing or unjudged is titled
+conditional; what is ruled out by the source names a rule of the pinned release; what is not decided
+has a scenario and no published archive.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from cptest.analyses import current_verdict_file
+from cptest.engines.sglang.cells import CELL_RULES
+from cptest.engines.sglang.releases import PINNED_RELEASE
 from cptest.lang import parse_file
 from cptest.pipeline import check_archive
 from cptest.verdict import merge
@@ -121,3 +126,33 @@ def test_a_wrong_claim_would_be_caught():
     assert got["capacity"] == "FAIL" and got["rows"] == "PASS"
     assert ARCHIVE.findall(f"`archive {archive.relative_to(ROOT)}: capacity = PASS`") == [
         (str(archive.relative_to(ROOT)), "capacity", "PASS")]
+
+
+def test_a_proposal_with_an_unmet_contract_is_labelled_conditional():
+    # A combination whose archives show a contract failing or not judged does not simply proceed:
+    # it proceeds only once that condition is met, and its title says so.
+    for title, block in sections(_text(), "Proceeds").items():
+        unmet = sorted({f"{c} = {v}" for _, c, v in claims(block) if v in ("FAIL", "UNKNOWN")})
+        if unmet:
+            assert "conditional on" in title, f"{title!r} proceeds although its archives show {unmet}"
+
+
+def test_every_combination_ruled_out_by_the_source_names_a_rule_of_the_release():
+    part = _text().split("\n## Ruled out by the source, no archive\n", 1)[1].split("\n## ", 1)[0]
+    bullets = [b for b in re.split(r"\n- ", part)[1:]]
+    assert bullets
+    known = {r.code for r in CELL_RULES[PINNED_RELEASE.name]} | set(PINNED_RELEASE.rules)
+    for bullet in bullets:
+        named = set(re.findall(r"`([a-z0-9_]+)`", bullet))
+        assert named & known, f"ruled out without a rule of {PINNED_RELEASE.name}: {bullet[:80]!r}"
+
+
+def test_what_is_not_decided_has_a_scenario_and_no_published_archive():
+    # A candidate whose scenario has been run and published is decided: the plan must say how.
+    part = _text().split("\n## Not decided: no evidence yet\n", 1)[1].split("\n## ", 1)[0]
+    paths = re.findall(r"`(scenarios/[^`]+\.cps)`", part)
+    assert paths
+    for path in paths:
+        name = parse_file(ROOT / path).name
+        published = sorted((ROOT / "results" / name).glob("*/verdict.json"))
+        assert not published, f"{path} is 'not decided' but {published[0].parent} is published"

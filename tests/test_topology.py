@@ -35,7 +35,7 @@ def groups(spec: Degrees, attr: str) -> list[list[int]]:
 
 SINGLE = [[0], [1], [2], [3]]
 
-# docs/sglang.md §6 worked examples, re-derived from 0.5.17 parallel_state.py:2191-2545.
+# docs/sglang.md §6 worked examples, re-derived from 0.5.17 parallel_state.py:2191-2547.
 WORKED = [
     (Degrees(tp=2, dcp=2), [[0, 1]], [[0, 1]], [[0], [1]], [[0, 1]]),
     (Degrees(tp=4, dcp=2), [[0, 1, 2, 3]], [[0, 1, 2, 3]], [[0], [1], [2], [3]], [[0, 1], [2, 3]]),

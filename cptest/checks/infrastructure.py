@@ -9,7 +9,7 @@ cause instead of the failures the missing run would produce (`checks.check_loade
 The signatures are the operating system's and Python's own texts, which SGLang and the reference
 engine print unchanged in the traceback that ends them: EADDRINUSE and ENOSPC as `strerror` gives
 them, a missing checkpoint file as `FileNotFoundError` or transformers' `does not appear to have
-a file named config.json` (AutoConfig, which SGLang 0.5.17 loads the model's config with).
+a file named config.json` (AutoConfig, which the pinned SGLang release loads the model's config with).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from cptest.cli.archives import matrix_judge
 from cptest.cli.authoring import LWS_CLAIMS
 from cptest.cli.common import RESULTS, RUNS, parse_placement, verdict_text
 from cptest.cli.running import run
+from cptest.sources_cli import sources_group  # its own module: the command is self-contained
 
 
 class _Cli(click.Group):
@@ -49,7 +50,7 @@ def main() -> None:
     """Qualify SGLang prefill/decode context parallelism with rank-local evidence."""
 
 
-for command in (*authoring.COMMANDS, *running.COMMANDS, *archives.COMMANDS, *stores.COMMANDS):
+for command in (*authoring.COMMANDS, *running.COMMANDS, *archives.COMMANDS, *stores.COMMANDS, sources_group):
     main.add_command(command)
 
 # What callers outside the package name through `cptest.cli` (tests, benchmarks).

@@ -37,7 +37,7 @@ ENGINE_NAMES = ("sglang", "reference")
 class Declared(Node):
     """An expectation as written. `violated`: the scenario declares the contract broken (a no-go
     is the expected, valid result), `because` says why, `violated_on` on which engine and release
-    (written `on sglang "0.5.17"`; the scenario's own engine and release when not written): on any
+    (written `on sglang "<release>"`; the scenario's own engine and release when not written): on any
     other engine or release the contract is expected to hold."""
 
     violated: bool = False
@@ -76,7 +76,7 @@ class Params(BaseModel):
     """The scenario declares this contract broken on this engine and release: an observed
     violation passes."""
     violated_on: str | None = Field(default=None, exclude_if=lambda v: v is None)
-    """Where the scenario declares the contract broken (`sglang 0.5.17`), when it does; with
+    """Where the scenario declares the contract broken (`sglang <release>`), when it does; with
     `expect_violation` false, the run is elsewhere and the contract is expected to hold."""
     source: str = ""
     """file:line:col of the expectation in the scenario."""
@@ -98,8 +98,8 @@ class EngineFacts:
     rank_kill_exit_statuses: frozenset[int] | None = None
     kv_heads_rule: KvHeadsRule = "attn_tp"
     max_total_tokens_per_rank: bool = True
-    """`--max-total-tokens` caps each rank's pool rows and the logical capacity is rows x dcp (SGLang
-    0.5.17, docs/sglang.md §4.2: 65,536 rows per rank and 131,072 slots at TP2/DCP2); False: the flag
+    """`--max-total-tokens` caps each rank's pool rows and the logical capacity is rows x dcp (the pinned
+    SGLang release, docs/sglang.md §4.2: 65,536 rows per rank and 131,072 slots at TP2/DCP2); False: the flag
     is the logical capacity itself (the reference engine, `cptest.reference.server.pool_rows`). What a
     `fill_drain` workload is sized from (`cptest.plan.fill_drain`)."""
 

@@ -52,7 +52,7 @@ class LogPatterns(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     source: str
-    """e.g. `sglang 0.5.17 release table`."""
+    """e.g. `sglang <release> release table`."""
     kv_allocated: str | None = None
     """Per rank: `tp` (TP rank, from the line's prefix) and `tokens` (the pool's rows)."""
     max_total_num_tokens: str | None = None

@@ -9,7 +9,7 @@ iterations, `cptest.probe.pool_hooks`), against what the plan says:
 - **logical == group x physical, at every sample**: the allocator's token space (`total`) equals
   the DCP group size times the rank's pool rows (`KvPool.rows`), and the scheduler's own logical
   capacity (`scheduler_total`, where recorded) equals it too. Both SGLang releases cptest knows
-  promise this for the allocator (0.5.17 `mem_cache/kv_cache_configurator.py:1563-1566`, the
+  promise this for the allocator (the pinned release's `mem_cache/kv_cache_configurator.py:1563-1566`, the
   pool-stats observer `managers/scheduler.py:2005`), and so does the reference engine. A sample
   whose figures are out of range (free above the total, negative use) fails too.
 - **the pool was exercised**: some sample held at least `peak` of the total in use; otherwise the

@@ -15,10 +15,10 @@ same batches in lockstep).
   (an overlap-scheduled step). Queries are not split: attn_rows == rows_in on each DCP rank.
 - pcp_split: in every extend step and every ATTN_CP group, the CP ranks' attention rows of each
   request are disjoint and their union is one contiguous extend `[lo, hi)`; zigzag: rank r holds
-  blocks r and 2cp-1-r of it (sizes differ by at most one, larger first; 0.5.17 zigzag.py:150-160);
-  interleave: packed token i goes to rank i % cp. A CP extend step with `cp_active == False` is the
-  silent fallback of docs/sglang.md §5 and fails. ffn local: ffn_rows == attn_rows; gathered:
-  ffn_rows == rows_in.
+  blocks r and 2cp-1-r of it (sizes differ by at most one, larger first; the pinned release's
+  zigzag.py:150-160); interleave: packed token i goes to rank i % cp. A CP extend step with
+  `cp_active == False` is the silent fallback of docs/sglang.md §5 and fails. ffn local:
+  ffn_rows == attn_rows; gathered: ffn_rows == rows_in.
 - replicated: every rank of a TP group saw the same rows in each step (and attn_rows == rows_in).
 
 Findings: a *hard* violation (a position written twice or by the wrong rank, a wrong split) fails
@@ -37,6 +37,7 @@ from pydantic import field_validator
 from cptest.contracts.base import Contract, Declared, Params, PlanContext, choice, invalid
 from cptest.contracts.groups import groups, zigzag_blocks
 from cptest.evidence import Evidence, RoleEvidence, ranges_len, ranges_merge
+from cptest.request_ids import count_by_origin, origin_note
 from cptest.topology import CP_STRATEGIES
 from cptest.values import describe
 from cptest.verdict import Verdict, failed, passed, unknown
@@ -81,7 +82,7 @@ class RowsParams(Params):
     strategy: str | None = None
     ffn: Literal["gathered", "local"] | None = None
     interleave: int = 1
-    """DCP interleave size (SGLang 0.5.17 has only 1)."""
+    """DCP interleave size (a release's `dcp_interleave_sizes` lists those it has)."""
 
 
 def resolve(expect: RowsExpect, ctx: PlanContext) -> RowsParams:
@@ -180,6 +181,7 @@ def _dcp_owner(ev: RoleEvidence, dcp: int, inter: int) -> Verdict:
     holes: list[dict[str, Any]] = []
     ends = _expected_end(ev)
     n_requests = n_positions = n_ranges = tail_checked = 0
+    seen_rids: list[str] = []
     replayed_steps = padding = 0
     unobserved_total = 0
     for group in dcp_groups:
@@ -235,6 +237,7 @@ def _dcp_owner(ev: RoleEvidence, dcp: int, inter: int) -> Verdict:
             written[rid] = []  # a request decoded only in replays: its prefill was not seen either
         for rid, items in written.items():
             n_requests += 1
+            seen_rids.append(rid)
             n_ranges += len(items)
             items.sort()
             end = 0
@@ -287,6 +290,7 @@ def _dcp_owner(ev: RoleEvidence, dcp: int, inter: int) -> Verdict:
                if replayed_steps else "the probe did not see K/V writes")
         return unknown(NAME, f"no kv_written evidence from any rank of {role}: {why}",
                        replayed_steps=replayed_steps, unobserved_positions=unobserved_total)
+    by_origin = count_by_origin(seen_rids)
     figures = {
         "mode": "dcp_owner",
         "dcp": dcp,
@@ -294,6 +298,7 @@ def _dcp_owner(ev: RoleEvidence, dcp: int, inter: int) -> Verdict:
         "groups": len(dcp_groups),
         "groups_from": source,
         "requests": n_requests,
+        "requests_by_origin": by_origin,
         "positions": n_positions,
         "tail_checked": tail_checked,
         # only where a replay was seen: an eager run's verdict stays what it was (archived verdicts
@@ -301,7 +306,8 @@ def _dcp_owner(ev: RoleEvidence, dcp: int, inter: int) -> Verdict:
         **({"replayed_steps": replayed_steps, "unobserved_positions": unobserved_total,
             "padding_rows": padding} if replayed_steps else {}),
     }
-    ok = f"{n_positions} K/V positions of {n_requests} request(s) each written once, by rank p % {dcp}" + (
+    ok = (f"{n_positions} K/V positions of {n_requests} request(s) {origin_note(by_origin)} each written "
+          f"once, by rank p % {dcp}") + (
         f" (interleave {inter})" if inter != 1 else ""
     )
     verdict = _finish(violations, holes, _truncated(ev, [w for g in dcp_groups for w in g]), figures, ok)
@@ -336,6 +342,7 @@ def _pcp_split(ev: RoleEvidence, cp: int, strategy: str, ffn: str | None) -> Ver
     violations: list[dict[str, Any]] = []
     holes: list[dict[str, Any]] = []
     n_steps = n_rows = n_requests = ffn_checked = fallback_by_rule = 0
+    seen_rids: list[str] = []
     need_per_extend = 2 * cp if strategy == "zigzag" else cp
     for group in cp_groups:
         if len(group) != cp:
@@ -415,6 +422,7 @@ def _pcp_split(ev: RoleEvidence, cp: int, strategy: str, ffn: str | None) -> Ver
                 union = ranges_merge(x for rr in per_rank for x in rr)
                 total = ranges_len(union)
                 n_requests += 1
+                seen_rids.append(rid)
                 n_rows += total
                 if total != sum(counts):
                     pos = _first_overlap(per_rank)
@@ -475,6 +483,7 @@ def _pcp_split(ev: RoleEvidence, cp: int, strategy: str, ffn: str | None) -> Ver
         "groups_from": source,
         "steps": n_steps,
         "request_extends": n_requests,
+        "request_extends_by_origin": count_by_origin(seen_rids),
         "rows": n_rows,
         "ffn": ffn,
         "ffn_checked": ffn_checked,
@@ -484,7 +493,8 @@ def _pcp_split(ev: RoleEvidence, cp: int, strategy: str, ffn: str | None) -> Ver
             NAME, f"{ffn} FFN declared but no Step record carries ffn_rows (MLP hook missing?)", **figures
         )
     ok = (
-        f"{n_rows} rows of {n_requests} request extend(s) in {n_steps} step(s) "
+        f"{n_rows} rows of {n_requests} request extend(s) {origin_note(count_by_origin(seen_rids))} "
+        f"in {n_steps} step(s) "
         f"split by {strategy} over {cp} ranks"
     )
     return _finish(violations, holes, _truncated(ev, [w for g in cp_groups for w in g]), figures, ok)

@@ -85,6 +85,9 @@ class Engine(Protocol):
     release: str
     title_prefix: str
     """Scheduler process titles are `<prefix>[_DP<d>][_PP<p>][_ATTN_CP<c>][_TP<r>]`."""
+    server_info_paths: tuple[str, ...]
+    """The HTTP paths that answer with the server's resolved arguments and capacity, in the order
+    the runner asks them."""
 
     def facts(self) -> EngineFacts:
         """The engine's facts for the contracts (see `EngineFacts`)."""

@@ -45,6 +45,8 @@ class ReferenceEngine:
     name: str = "reference"
     release: str = REFERENCE_RELEASE
     title_prefix: str = TITLE_PREFIX
+    server_info_paths: tuple[str, ...] = ("/server_info", "/get_server_info")
+    """Both, as the SGLang it stands in for (`cptest.reference.server` answers either)."""
 
     def facts(self) -> EngineFacts:
         # No documented exit statuses: the shutdown contract checks them only when declared.

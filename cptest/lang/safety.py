@@ -1,4 +1,4 @@
-"""What a scenario may put into an engine's environment and argv: per-release allow/deny tables.
+"""What a scenario may put into an engine's environment and argv: judged against its release's table.
 
 A scenario's `serve { env ... }` and `serve { flag ... }` reach the engine's processes. Left
 unchecked they run the scenario's own code there (`env "PYTHONPATH"` to a folder with a
@@ -31,11 +31,12 @@ The environment table, and why it is shaped so. A variable is judged by its name
 Every refusal but the machine's and cptest's own is escapable by `unsafe "reason"`: a scenario may
 need one, and then says so, and whoever runs it says `--allow-unsafe`.
 
-The tables live here, in the language stage, because `cptest validate` must refuse these entries
-with their position and the language stage sits below the engines (docs/architecture.md §2); the
-engines read them from here (`cptest.engines.sglang.argv` refuses an unsafe flag a plan was not
-allowed). `tests/lang/test_safety.py` checks every table entry against the release's flag table.
-Pure data and pure functions: no clock, no files.
+The per-release tables are release knowledge and live with it (`Release.safety`,
+`cptest.engines.sglang.safety`); the judging lives here, in the language stage, because `cptest
+validate` must refuse these entries with their position, so the language stage sits above the
+engines (docs/architecture.md §2). The plan judges a scenario built in code with the same functions.
+`tests/lang/test_safety.py` checks every table entry against the release's flag table. Pure data and
+pure functions: no clock, no files.
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
+
+from cptest.engines.sglang.releases import KNOWN_RELEASES
+from cptest.engines.sglang.safety import CODE_WHY, CONFIG_WHY, Policy, option_like
 
 MACHINE_ENV: Mapping[str, str] = {
     # NVLink multicast must stay off on the shared GPU hosts (the GPU machine's rules).
@@ -69,116 +73,14 @@ PLACEMENT_ENV: Mapping[str, str] = {
 that); a scenario cannot set them, on either placement: the same scenario runs both ways."""
 
 
-@dataclass(frozen=True)
-class Policy:
-    """One release's table. Patterns are `fnmatch` patterns over names (case-sensitive)."""
-
-    env_allow: tuple[str, ...]
-    """Variables a scenario may set (prefix patterns); anything else is unsafe."""
-    env_deny: Mapping[str, str]
-    """Pattern -> why, checked first: unsafe even where `env_allow` matches."""
-    flag_deny: Mapping[str, str]
-    """Flag -> why it is unsafe (loads code or config, reads or writes files outside the archive)."""
-    flag_name_deny: str
-    """A regex over flag names: a flag of the release whose name says it takes a file, directory,
-    config, loader, plugin, module or endpoint is unsafe unless `flag_allow` lists it."""
-    flag_allow: frozenset[str] = field(default_factory=frozenset)
-    """Flags whose names match `flag_name_deny` but that name no file and load nothing."""
-
-
-_CODE = "loads code into the engine"
-_CONFIG = "makes the engine read a file or config cptest does not archive"
-_WRITES = "makes the engine write outside the run's archive"
-_NET = "makes the engine fetch from or talk to another host"
-
-POLICY_0_5_17 = Policy(
-    env_allow=(
-        "SGLANG_*", "SGL_*", "NCCL_*", "TORCH_*", "PYTORCH_*", "CUDA_*", "CUBLAS_*", "CUBLASLT_*",
-        "CUDNN_*", "TRITON_*", "NVSHMEM_*", "NVTE_*", "FLASHINFER_*", "GLOO_*", "OMP_NUM_THREADS",
-        "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
-    ),
-    env_deny={
-        # Names that point at files or load libraries: a path is a way to run code or read config.
-        "*PLUGIN*": "names a library or module the engine loads (NCCL_NET_PLUGIN, NCCL_TUNER_PLUGIN, ...)",
-        "*HOOK*": "names code the engine runs",
-        "*MODULE*": "names a module the engine imports",
-        "*_PATH": "points the engine at files (code, libraries or config)",
-        "*_PATHS": "points the engine at files (code, libraries or config)",
-        "*_DIR": "points the engine at a directory of files it loads or writes (caches hold compiled code)",
-        "*_FILE": "points the engine at a file it reads or writes",
-        "*_HOME": "points the engine at an installation it loads code from",
-        "*_CONFIG*": "points the engine at a config",
-        "*_LIB*": "names libraries the engine loads",
-        "*_SO": "names a shared object the engine loads",
-        "*SYS_PATH*": "adds to the engine's import path",
-        # Names that import code by name.
-        "*PACKAGE*": f"names a package the engine imports ({_CODE}: SGLANG_EXTERNAL_MODEL_PACKAGE)",
-        "*_MANAGER": f"names a class the engine imports ({_CODE}: TRITON_CACHE_MANAGER=module:Class)",
-        "*REMOTE_CACHE*": f"names a cache backend class the engine imports and a host it talks to ({_CODE})",
-        "*CACHE_BACKEND*": f"names a cache backend the engine imports ({_CODE})",
-        "*_CLASS": f"names a class the engine imports ({_CODE})",
-        "*_CLS": f"names a class the engine imports ({_CODE})",
-        "*_CMD": "names a command the engine runs",
-        "*_COMMAND": "names a command the engine runs",
-        # Files the engine writes or compiles into.
-        "*_OUT": f"names a file the engine writes ({_WRITES}: TORCH_LOGS_OUT)",
-        "*WORKSPACE_BASE": f"names a directory the engine writes and loads compiled kernels from ({_WRITES})",
-        # Deserialisation: a full pickle runs code when it is loaded.
-        "*WEIGHTS_ONLY*": "changes how torch.load unpickles checkpoints "
-                          "(TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD lets a checkpoint's pickle run code)",
-        "*PICKLE*": "makes the engine unpickle what it receives (a pickle runs code when it is loaded)",
-        "*TRUST_REMOTE*": f"{_CODE}: Python files shipped with the model",
-        # Other hosts.
-        "*_URL": _NET,
-        "*_URI": _NET,
-        "*_ENDPOINT": _NET,
-    },
-    flag_deny={
-        # Code (sglang 0.5.17 server_args.py: each is a documented loader of user code).
-        "--config": f"{_CONFIG}: a YAML file of further server arguments (server_args.py:8255)",
-        "--trust-remote-code": f"{_CODE}: Python files shipped with the model (server_args.py, "
-                               "arg_groups/arg_utils.py:25)",
-        "--enable-custom-logit-processor": f"{_CODE}: serialized logit processors from requests "
-                                           "(server_args.py:3343)",
-        "--custom-weight-loader": f"{_CODE}: imports the named functions (server_args.py:3087)",
-        "--forward-hooks": f"{_CODE}: imports the named hook factories (cptest sets its own)",
-        "--trace-modules": f"{_CODE}: imports the named modules",
-        "--model-config-parser": f"{_CODE}: selects a config parser by name",
-        "--load-format": f"{_CODE}: selects a weight loader (remote, private loaders)",
-        "--json-model-override-args": f"{_CONFIG}: overrides the model's config.json",
-        "--tokenizer-path": f"{_CONFIG}: a tokenizer outside the pinned model (may carry code)",
-        "--delete-ckpt-after-loading": "deletes the checkpoint the run pins",
-        "--enable-trace": f"{_NET}: exports traces",
-    },
-    flag_name_deny=r"(path|file|dir|folder|config|loader|plugin|hook|module|remote|endpoint|url|ssl"
-                   r"|-ip$|-host$|-addr$|export)",
-    flag_allow=frozenset({
-        # Names that match the pattern but take no file and load nothing.
-        "--disable-custom-all-reduce", "--mamba-max-states-per-path", "--weight-loader-disable-mmap",
-        "--weight-loader-drop-cache-after-load", "--weight-loader-prefetch-checkpoints",
-        "--weight-loader-prefetch-num-threads", "--fastapi-root-path", "--media-url-max-file-size-mb",
-        "--lora-strict-loading",
-    }),
-)  # fmt: skip
-
-POLICY_0_5_23 = replace(
-    POLICY_0_5_17,
-    flag_deny={
-        **POLICY_0_5_17.flag_deny,
-        "--trust-request-chat-template": f"{_CODE}: Jinja templates from requests",
-        "--startup-weight-load-mode": f"{_CODE}: selects a weight loader",
-        "--enable-response-store": _WRITES,
-    },
-)
+LATEST: Policy = list(KNOWN_RELEASES.values())[-1].safety
+"""An engine or release without a table (the plan rejects unknown releases) gets the newest one."""
 
 POLICIES: Mapping[tuple[str, str], Policy] = {
-    ("sglang", "0.5.17"): POLICY_0_5_17,
-    ("sglang", "0.5.23"): POLICY_0_5_23,
+    **{("sglang", name): release.safety for name, release in KNOWN_RELEASES.items()},
     # The CPU reference engine is cptest's own Python: the same environment rules; it takes no flags.
-    ("reference", "builtin"): POLICY_0_5_23,
+    ("reference", "builtin"): LATEST,
 }
-LATEST = POLICY_0_5_23
-"""An engine or release without a table (the plan rejects unknown releases) gets the newest one."""
 
 
 def policy_for(engine: str, release: str) -> Policy:
@@ -206,7 +108,7 @@ def env_value_problem(name: str, value: str) -> str | None:
     if "/" in value or "\\" in value or value.startswith("~"):
         return f"{name}={value!r} names a file or directory, outside the run's archive"
     if name.endswith(CODE_NAME_SUFFIXES) and _MODULE_VALUE.fullmatch(value.strip()):
-        return f"{name}={value!r} names a module or class the engine would import ({_CODE})"
+        return f"{name}={value!r} names a module or class the engine would import ({CODE_WHY})"
     return None
 
 
@@ -235,18 +137,6 @@ def env_verdict(policy: Policy, name: str, value: str | None = None) -> Verdict 
     return Verdict(f"{name} {why}", escapable=True)
 
 
-# argparse's own test (`_negative_number_matcher`): a value that starts with "-" and is not one of
-# these is read as an option by SGLang's parser, whatever flag it follows.
-_NEGATIVE_NUMBER = re.compile(r"-\d+|-\d*\.\d+")
-
-
-def option_like(value: str) -> bool:
-    """True when SGLang's parser would read `value` as an option rather than as a flag's value:
-    `flag "--cuda-graph-bs" "1" "--trust-remote-code"` would set `--trust-remote-code` behind every
-    table here. Needs no release table, so the language stage refuses it in every scenario."""
-    return value.startswith("-") and value != "-" and not _NEGATIVE_NUMBER.fullmatch(value)
-
-
 def flag_verdict(policy: Policy, flag: str) -> Verdict | None:
     """None when the scenario may pass `flag` through; else why not (always escapable: the plan's
     flag table refuses flags cptest manages itself)."""
@@ -255,7 +145,7 @@ def flag_verdict(policy: Policy, flag: str) -> Verdict | None:
     if flag in policy.flag_allow:
         return None
     if re.search(policy.flag_name_deny, flag):
-        return Verdict(f"{flag} names a file, directory, config, loader or endpoint: {_CONFIG}",
+        return Verdict(f"{flag} names a file, directory, config, loader or endpoint: {CONFIG_WHY}",
                        escapable=True)
     return None
 

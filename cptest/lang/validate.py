@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from cptest.engines.sglang.releases import PINNED_RELEASE
 from cptest.errors import ScenarioError, Span
 from cptest.lang import tables as T
 from cptest.lang.expect import check_evidence_needs, expect_block
@@ -180,6 +181,6 @@ def _engine(v: Values, where: Span) -> Engine | None:
         unknown_word(v.p, s.parts["kind"], f"unknown engine {kind!r}", kind, T.ENGINE_KINDS)
         return None
     if kind == "sglang" and not release:
-        v.p.add(s.span, "engine sglang needs a release", expected='engine sglang "0.5.17"')
+        v.p.add(s.span, "engine sglang needs a release", expected=f'engine sglang "{PINNED_RELEASE.name}"')
         return None
     return node(Engine, v.p, s.span, kind=kind, release=release or "builtin", image=image)

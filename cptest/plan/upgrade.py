@@ -25,7 +25,7 @@ def upgrade_v2(data: dict[str, Any]) -> dict[str, Any]:
 def upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
     """A version 1 plan.json in version 2's shape: expectations `{checker, params}` become their
     contract's parameters (capacity gains the log patterns of the plan's release table, the ones the
-    version 1 checker fell back to for SGLang 0.5.17); the always-zero expert-parallel ranks leave
+    version 1 checker fell back to for the pinned SGLang release); the always-zero expert-parallel ranks leave
     the geometry; a request's sampling loses its copy of `max_new_tokens`. Pure: the archived file
     is not changed."""
     out = dict(data, plan_version=2)

@@ -122,8 +122,8 @@ class CopyBatch:
     and an event per step, each of which cost 10-20 us of the engine's CPU on the GPU machine.
     One `torch.cat` over positions and masks together cost 196 us there (its dtype promotion
     converts every bool tensor on its own; benchmarks/cuda_ops.py, results/_measure), so
-    each dtype is concatenated apart. Until then the tensors are held as SGLang made them: 0.5.17
-    allocates positions and the DCP mask afresh for every forward
+    each dtype is concatenated apart. Until then the tensors are held as SGLang made them: the pinned
+    release allocates positions and the DCP mask afresh for every forward
     (model_executor/forward_batch_info.py:904,923,967), so holding them keeps them unchanged.
     Host tensors (tests, CPU) are cloned when added.
 

@@ -1,8 +1,8 @@
-"""Factories for SGLang's `--forward-hooks` (model_executor/hook_manager.py:11-56 in 0.5.17).
+"""Factories for SGLang's `--forward-hooks` (model_executor/hook_manager.py:11-56 of the pinned release).
 
 SGLang imports `hook_factory` ("module:function"), calls it with the spec's `config` and attaches
 the returned callable with `register_forward_hook` to every module whose name matches
-`target_modules` (fnmatch). 0.5.17 attaches them *after* CUDA-graph capture
+`target_modules` (fnmatch). The pinned release attaches them *after* CUDA-graph capture
 (cuda_graph_setup.py:157-164), so they fire on eager forwards only. A factory returns None when the
 probe is off, which SGLang logs and skips.
 
@@ -22,8 +22,8 @@ MODULES: dict[str, tuple[str, str]] = {
     "cptest_mlp_rows": ("cptest.probe.forward_hooks:mlp_rows", "model.layers.0.mlp"),
     "cptest_logits_rows": ("cptest.probe.forward_hooks:logits_rows", "logits_processor"),
 }
-"""Spec name -> (factory, module name). Module names hold for Llama and Qwen3 in 0.5.17
-(models/llama.py:209,329,535; models/qwen3.py:149,350,502)."""
+"""Spec name -> (factory, module name). Module names hold for Llama and Qwen3 in the pinned
+release (models/llama.py:209,329,535; models/qwen3.py:149,350,502)."""
 
 
 def _make(name: str, hook: str) -> ForwardHook | None:

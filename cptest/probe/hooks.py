@@ -1,5 +1,5 @@
 """The hooks SGLang installs: what `plugin.TARGETS` registers with SGLang's HookRegistry and what
-`forward_hooks` hands to `--forward-hooks`, each reading plain values out of SGLang 0.5.17 objects.
+`forward_hooks` hands to `--forward-hooks`, each reading plain values out of SGLang's objects.
 
 Each one is wrapped by `Probe.guarded` when it is installed, or contains its own errors
 (`guards_itself`: the hooks called every layer or every step), so an exception becomes a ProbeNote
@@ -12,7 +12,8 @@ named here beside the others); the inner hooks (CP split, zigzag positions, KV w
 hooks) fill the draft it opened, and the device tensors they keep travel with the step's copy
 batch (`copy_batches`).
 
-The SGLang line cited at each function is the 0.5.17 wheel's `sglang/srt/<path>:<line>`.
+The SGLang line cited at each function is the pinned release's `sglang/srt/<path>:<line>`
+(`cptest.engines.sglang.releases.PINNED_RELEASE`).
 """
 
 from __future__ import annotations
@@ -111,8 +112,8 @@ def after_kv_configure(result: Any, configurator: Any, *_args: Any, **_kwargs: A
 def after_scheduler_init_info(_result: Any, scheduler: Any, *_args: Any, **_kwargs: Any) -> None:
     """AFTER managers/scheduler.py:1607 `Scheduler.get_init_info` (sent once to the launcher at start).
 
-    In 0.5.17 `Scheduler.max_total_num_tokens` is the model runner's value, i.e. per-rank *rows*
-    under DCP (tp_worker.py:515); the scheduler multiplies by dcp_size where it admits
+    In the pinned release `Scheduler.max_total_num_tokens` is the model runner's value, i.e. per-rank *rows*
+    under DCP (tp_worker.py:515-516); the scheduler multiplies by dcp_size where it admits
     (scheduler.py:2005, 2137). The record carries the attribute as it is.
     """
     probe = get_probe()

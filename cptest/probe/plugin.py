@@ -1,12 +1,15 @@
 """The SGLang plugin entry point (`sglang.srt.plugins` group, `cptest_probe = cptest.probe.plugin:register`).
 
-SGLang 0.5.17 calls `register()` through `load_plugins()` in every scheduler process
+SGLang calls `register()` through `load_plugins()` in every scheduler process
 (managers/scheduler.py:4895) and in the launcher (launch_server.py:66), then applies the hooks
 (plugins/__init__.py:103-141). `register()` does nothing unless `CPTEST_PROBE_DIR` is set.
 
-`TARGETS` is the release-specific knowledge, as data: a target that does not resolve in the
-running SGLang is reported as a ProbeNote warning (the evidence it would give is then missing,
-and a checker says unknown) instead of failing the plugin.
+`TARGETS` is the release-specific knowledge, as data, with lines cited in the pinned release
+(`cptest.engines.sglang.releases.PINNED_RELEASE`; the probe runs inside SGLang and imports no
+cptest module above its own layer, so it cannot ask the release table). It never branches on a
+version string: whether a target exists in the running SGLang is the test (`pkgutil.resolve_name`),
+and one that does not resolve is reported as a ProbeNote warning (the evidence it would give is then
+missing, and a checker says unknown) instead of failing the plugin.
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ class Target:
     gives: str
     """What evidence goes missing when the target is absent."""
     cite: str
-    """0.5.17 wheel `sglang/srt/<path>:<line>`."""
+    """The pinned release's `sglang/srt/<path>:<line>`."""
 
 
-TARGETS_0_5_17: tuple[Target, ...] = (
+TARGETS: tuple[Target, ...] = (
     Target("sglang.srt.distributed.parallel_state.initialize_model_parallel", "after",
            hooks.after_initialize_model_parallel, "geometry", "distributed/parallel_state.py:2191"),
     Target("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure", "after",
@@ -54,7 +57,6 @@ TARGETS_0_5_17: tuple[Target, ...] = (
     Target("sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run", "after",
            pool_hooks.after_get_next_batch_to_run, "pool samples", "managers/scheduler.py:2925"),
 )
-TARGETS = TARGETS_0_5_17
 
 
 def register() -> None:

@@ -18,7 +18,7 @@ so the ranks of a DCP group write samples at the same steps and the checker comp
 Cost: a handful of attribute reads and `len()`s per iteration, and a record's line (no pydantic) when
 one is due; it joins the copy batch being filled (`Probe.write`). `available_size()` is
 `len(free_pages) * page_size` of a device tensor, whose length is host metadata (no CUDA sync,
-mem_cache/allocator/base.py:57-58, token.py:51-53 in the 0.5.17 wheel).
+mem_cache/allocator/base.py:57-58, token.py:51-53 in the pinned release's wheel).
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ MODE_NAMES: dict[str, StepMode] = {
     "MIXED": "mixed",
     "IDLE": "idle",
 }
-"""SGLang `ForwardMode` member name -> Step.mode (model_executor/forward_batch_info.py:98 in 0.5.17).
-TARGET_VERIFY, DRAFT_EXTEND_V2, SPLIT_PREFILL, DLLM_EXTEND, PREBUILT map to "other"."""
+"""SGLang `ForwardMode` member name -> Step.mode (model_executor/forward_batch_info.py:98 of the
+pinned release). TARGET_VERIFY, DRAFT_EXTEND_V2, SPLIT_PREFILL, DLLM_EXTEND, PREBUILT map to "other"."""
 
 
 class GroupLike(Protocol):
@@ -63,8 +63,8 @@ def geometry(
     """Geometry of one rank from its process groups as SGLang built them.
 
     `groups` maps our group names (world, tp, dcp, attn_cp, attn_tp, pp) to the coordinator or
-    None when SGLang did not build it (0.5.17 leaves `_DCP` None unless dcp_size > 1,
-    parallel_state.py:2336). A missing group is recorded as size 1 with this rank alone.
+    None when SGLang did not build it (the pinned release leaves `_DCP` None unless dcp_size > 1,
+    parallel_state.py:2337). A missing group is recorded as size 1 with this rank alone.
     attn_dp is derived, not read: `tp_rank = (attn_dp*attn_cp + attn_cp_rank)*attn_tp + attn_tp_rank`
     (parallel_state.py:2357-2359), so attn_dp = tp_rank // (attn_cp*attn_tp).
     """
@@ -229,7 +229,7 @@ def split_zigzag_local(
 ) -> dict[str, list[int]] | None:
     """This rank's positions after a zigzag PCP split, per request, or None when they do not fit.
 
-    SGLang's zigzag metadata (layers/cp/zigzag.py:121-200 in 0.5.17) cuts each request's extend
+    SGLang's zigzag metadata (layers/cp/zigzag.py:121-200 of the pinned release) cuts each request's extend
     tokens into 2*cp blocks (`split_list`, request-major) and a rank takes the blocks listed in
     `zigzag_index` in that order (`shard_position_ids`, zigzag.py:308-313), padding at the end.
     Block k belongs to request k // (2*cp).
@@ -563,7 +563,7 @@ def graph_capture(
 ) -> Graph:
     """A capture record, or `disabled` when SGLang bound the eager runner (or nothing) to the phase.
 
-    0.5.17 always builds an EagerRunner and points a phase at it when its graph is disabled
+    The pinned release always builds an EagerRunner and points a phase at it when its graph is disabled
     (model_executor/model_runner_components/cuda_graph_setup.py:105-155).
     """
     if runner_kind in ("", "NoneType", "EagerRunner"):

@@ -10,7 +10,7 @@ the same work measuring the probe's own time on the engine's thread (`Probe.timi
 
 The probe's errors are contained here (the hook is registered without `Probe.guarded`'s wrapper);
 SGLang's own exceptions pass through unchanged. The SGLang line cited at each function is the
-0.5.17 wheel's `sglang/srt/<path>:<line>`.
+pinned release's `sglang/srt/<path>:<line>` (`cptest.engines.sglang.releases.PINNED_RELEASE`).
 """
 
 from __future__ import annotations

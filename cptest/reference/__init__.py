@@ -7,5 +7,6 @@
     scheduler.py  continuous batching and KV capacity accounting (pure)
     model.py      Llama/Qwen3 forward in float32 with TP, PCP (zigzag, interleave), DCP (LSE merge), paged KV
     rank.py       one rank process: gloo, model shard, evidence records; rank 0 schedules and samples
-    server.py     `python3 -m cptest.reference.server`: HTTP (SGLang 0.5.17 /generate subset), signals
+    server.py     `python3 -m cptest.reference.server`: HTTP (the pinned SGLang release's
+                  /generate subset), signals
 """

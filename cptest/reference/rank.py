@@ -290,7 +290,7 @@ TopLogprobs = list[list[tuple[float, int]]]
 
 def top_logprobs(logp: torch.Tensor, k: int) -> TopLogprobs:
     """Top `k` of each row of log-probabilities [rows, vocab], sorted descending (torch.topk, as
-    SGLang's `get_top_logprobs_raw`, layers/logprob_processor.py:64-72 of 0.5.17)."""
+    SGLang's `get_top_logprobs_raw`, layers/logprob_processor.py:64-72 of the pinned release)."""
     k = min(k, logp.shape[-1])
     values, indices = logp.topk(k, dim=-1)
     return [list(zip(v, i, strict=True)) for v, i in zip(values.tolist(), indices.tolist(), strict=True)]
@@ -304,7 +304,7 @@ layers/logprob_processor.py:416-504, `_forward_by_chunk`)."""
 
 def input_logprobs(rows: torch.Tensor, ids: list[int], start: int, k: int
                    ) -> tuple[list[float | None], list[list[tuple[float, int]] | None] | None]:
-    """SGLang 0.5.17's input logprobs of positions `start`..len(ids)-1 from `rows`, the logits of
+    """The pinned SGLang release's input logprobs of positions `start`..len(ids)-1 from `rows`, the logits of
     positions `start`..len(ids)-1 (row j scores token j+1; the last row is the sampling row).
 
     Entry 0 is None whatever `start` is: SGLang computes logits from row `start` on, so token `start`

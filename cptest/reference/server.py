@@ -4,7 +4,7 @@ Process tree (like SGLang's): this process (title `cptest-ref::server`) serves H
 process per rank (`cptest-ref::scheduler_TP<r>`, see `rank.py`). With `--nnodes N` (SGLang's flags:
 `--node-rank k`, `--dist-init-addr HOST:PORT` of node 0's rendezvous) node 0 is this process with
 its block of ranks, and every other node a `FollowerNode` (`cptest-ref::node<k>`, no HTTP).
-HTTP subset (SGLang 0.5.17 shapes,
+HTTP subset (the pinned SGLang release's shapes,
 `cptest/run/driver.py`):
 
 - `POST /generate`: input_ids, sampling_params (max_new_tokens, temperature, top_k, top_p,
@@ -331,10 +331,10 @@ def _int_field(body: dict[str, Any], name: str, default: int) -> int:
 def logprob_options(body: dict[str, Any], n_input: int) -> tuple[int, int]:
     """(logprob_start_len, top_logprobs_num) of a /generate body; ValueError for a value it refuses.
 
-    As SGLang 0.5.17, both are ignored without `return_logprob` (managers/scheduler.py:2542-2544): then
-    (-1, 0). `logprob_start_len` is -1 (output tokens only) or 0 <= L <= len(input_ids); SGLang refuses
-    L > len(input_ids) (scheduler.py:2561-2565) and serves L == len(input_ids) as no input positions.
-    `top_logprobs_num` is 0 <= K <= MAX_TOP_LOGPROBS.
+    As in the pinned SGLang release, both are ignored without `return_logprob`
+    (managers/scheduler.py:2542-2544): then (-1, 0). `logprob_start_len` is -1 (output tokens only)
+    or 0 <= L <= len(input_ids); SGLang refuses L > len(input_ids) (scheduler.py:2561-2565) and
+    serves L == len(input_ids) as no input positions. `top_logprobs_num` is 0 <= K <= MAX_TOP_LOGPROBS.
     """
     start = _int_field(body, "logprob_start_len", -1)
     k = _int_field(body, "top_logprobs_num", 0)
@@ -355,9 +355,9 @@ def _triples(pairs: list[tuple[float, int]] | list[list[Any]] | None) -> list[li
 
 
 class Logprobs:
-    """The logprob fields of one request's `meta_info`, in SGLang 0.5.17's shapes.
+    """The logprob fields of one request's `meta_info`, in the pinned SGLang release's shapes.
 
-    Cited from `sglang/srt/` of the 0.5.17 wheel (cp312, sha256 fb4cba47...068093). SGLang
+    Cited from `sglang/srt/` of the pinned release's wheel (cp312, sha256 fb4cba47...068093). SGLang
     (return_text_in_logprobs false) sends every logprob as a triple `[logprob, token_id, null]`
     (managers/tokenizer_manager.py:2699-2711, `detokenize_logprob_tokens`). With `return_logprob`,
     every chunk's meta_info (2228-2236) has `input_token_logprobs`, `output_token_logprobs` and

@@ -1,8 +1,9 @@
 """Where a server's startup time goes, from SGLang's own log lines and cptest's outline log.
 
-SGLang 0.5.17 stamps each line with its wall time to the second (`[YYYY-MM-DD HH:MM:SS TP0] ...`, the
-machine's local time; UTC on the GPU machine), and cptest's `evidence/cptest.jsonl` stamps the
-launch and the moment `/health_generate` first answered. Between them, the phases:
+The pinned SGLang release stamps each line with its wall time to the second
+(`[YYYY-MM-DD HH:MM:SS TP0] ...`, the machine's local time; UTC on the GPU machine), and cptest's
+`evidence/cptest.jsonl` stamps the launch and the moment `/health_generate` first answered.
+Between them, the phases:
 
     imports      launch -> the first line SGLang writes (Python imports, argument parsing)
     spawn        -> the first `Init torch distributed begin` (scheduler processes start, import)

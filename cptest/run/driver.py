@@ -1,6 +1,6 @@
 """The workload driver: sends the plan's requests to SGLang's `/generate`, streaming, and records each.
 
-Request shape (SGLang 0.5.17, `srt/managers/io_struct.py` GenerateReqInput): `input_ids`,
+Request shape (the pinned SGLang release, `srt/managers/io_struct.py` GenerateReqInput): `input_ids`,
 `sampling_params` (the plan's sampling plus `max_new_tokens`), `return_logprob: true`,
 `logprob_start_len: -1` ("-1 ... will only return logprobs for output tokens", io_struct.py:206-208),
 `stream: true`.
@@ -37,6 +37,7 @@ from cptest.evidence import RequestResult, RunRole
 from cptest.outline import Progress
 from cptest.plan.model import PlannedRequest, WorkloadPlan
 from cptest.plan.workload import prompt_sha256
+from cptest.request_ids import workload_rid
 from cptest.run.evidence_writer import RecordWriter
 
 DONE = object()
@@ -49,6 +50,7 @@ OnDone = Callable[[RequestResult, int], None]
 def build_payload(req: PlannedRequest, top_logprobs: int = 0) -> dict[str, Any]:
     """The /generate body for a planned request (`top_logprobs`: the workload's top-k per output)."""
     payload = {
+        "rid": workload_rid(req.index),
         "input_ids": list(req.input_ids),
         "sampling_params": {**req.sampling.model_dump(), "max_new_tokens": req.max_new_tokens},
         "return_logprob": req.return_logprob,

@@ -167,7 +167,7 @@ _RELEASE_OF = re.compile(r"^v?(?P<release>\d+(?:\.\d+)*)(?:\.post\d+)?(?:\+[A-Za
 
 def same_release(installed: str, release: str) -> bool:
     """Whether SGLang `installed` is the release `release` a plan pins: the same version, or a
-    post-release or local build of it (`0.5.17.post1`, `0.5.17+cu128`). A pre-release, a dev build
+    post-release or local build of it (`<release>.post1`, `<release>+cu128`). A pre-release, a dev build
     or another version is not: the release table's argv and predictions are `release`'s."""
     if installed == release:
         return True

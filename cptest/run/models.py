@@ -62,7 +62,7 @@ TINY: dict[str, SyntheticGeometry] = {
     "qwen3-kv1": _tiny("qwen3", 1, 7),
     "deepseek-mla-512": _tiny("deepseek_mla", 8, 4321, head_dim=None, kv_lora_rank=512, q_lora_rank=128,
                               qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
-    # Qwen3-MoE, the MHA family SGLang 0.5.17 runs on its CP-v2 path by default: 1 KV head, the
+    # Qwen3-MoE, an MHA family the pinned SGLang release runs on its CP-v2 path by default: 1 KV head, the
     # kv_heads <= tp/dcp regime of DCP 2 on TP 2 (and of PCP 2, attention-TP 1); 8 experts, top 2.
     "qwen3-moe-kv1": _tiny("qwen3_moe", 1, 7, experts=8, experts_per_tok=2, moe_intermediate=128),
     # And with 4 KV heads: PCP's attention-TP 1 holds all four on each CP rank.
@@ -167,8 +167,8 @@ def _config(model: dict[str, Any]) -> dict[str, Any]:
                 "use_sliding_window": False, "sliding_window": None,
                 "max_window_layers": model["layers"], **common}  # fmt: skip
     if arch == "qwen3_moe":
-        # As Qwen/Qwen3-30B-A3B's config.json, scaled down; every layer a sparse MoE block. SGLang
-        # 0.5.17 builds one in every layer whatever the config says (models/qwen3_moe.py:759-760),
+        # As Qwen/Qwen3-30B-A3B's config.json, scaled down; every layer a sparse MoE block. The pinned
+        # SGLang release builds one in every layer whatever the config says (models/qwen3_moe.py:759-760),
         # transformers where `layer not in mlp_only_layers and (layer + 1) % decoder_sparse_step == 0`:
         # step 1 and no MLP-only layers make the two agree. `intermediate_size` is the dense MLP's
         # (no layer has one). norm_topk_prob as Qwen3-30B-A3B: SGLang's default when absent is true
@@ -250,8 +250,8 @@ def _mlp_and_norms(t: dict[str, Any], p: str, rnd: Any, ones: Any, h: int, inter
 
 def _moe_and_norms(t: dict[str, Any], p: str, rnd: Any, ones: Any, h: int, experts: int, inter: int) -> None:
     """A Qwen3-MoE layer's sparse block, named as Hugging Face's Qwen3-MoE checkpoints name it, the
-    router first, then expert by expert gate, up, down (the order fixes the bytes). What SGLang 0.5.17
-    reads (paths in its wheel, sglang/srt/):
+    router first, then expert by expert gate, up, down (the order fixes the bytes). What the pinned SGLang
+    release reads (paths in its wheel, sglang/srt/):
     - `mlp.gate.weight` [experts, hidden]: the router, `ReplicatedLinear(hidden_size, num_experts)`
       with prefix `gate` (models/qwen3_moe.py:279-285), loaded by name (qwen3_moe.py:1203-1219).
     - `mlp.experts.E.{gate,up,down}_proj.weight`: `FusedMoE.make_expert_params_mapping("gate_proj",

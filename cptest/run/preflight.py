@@ -22,7 +22,7 @@ Causes (`Cause.code`):
 - `gpus_missing`: the plan's GPUs are not all on this machine.
 - `gpu_memory_busy`: a planned GPU has less free memory than one server's runtime needs
   (`RUNTIME_MIB`, the largest per-server peak measured on the 2 x H200 machine, rounded up:
-  results/_suite-check). SGLang 0.5.17 sizes its pool from the memory free when it starts
+  results/_suite-check). The pinned SGLang release sizes its pool from the memory free when it starts
   (mem_cache/kv_cache_configurator.py:1614-1650), so a busy GPU either fails it or shrinks its
   capacity below what the scenario planned; either way not the engine's behaviour.
 - `disk_full`: less than `MIN_FREE_DISK` bytes free where the archive goes.
@@ -68,7 +68,7 @@ CauseCode = Literal["model_missing", "model_outside", "revision_mismatch", "weig
                     "sglang_mismatch"]
 RUNTIME_MIB = 4608
 """Per GPU, what an SGLang server holds besides weights and KV pool. The tiny-model archives of
-results/ (TP1, TP2, DCP2, PCP2 on 0.5.17) held at most 4098 MiB per GPU while running (GpuSample
+results/ (TP1, TP2, DCP2, PCP2 on the pinned release) held at most 4098 MiB per GPU while running (GpuSample
 "running" less "before", pool of 64 MiB included); 4608 is that with an eighth of margin.
 cptest.suite.demand plans with it too."""
 MIN_FREE_DISK = 512 << 20

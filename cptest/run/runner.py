@@ -47,6 +47,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from cptest.engines import engine_for
 from cptest.errors import RunError
 from cptest.evidence import Lifecycle, ProbeNote, RequestResult, ServerInfo, read_records
 from cptest.outline import JsonLinesSink, Logger
@@ -456,7 +457,7 @@ def _wait_ready(sup: Supervisor, server: ServerPlan, owned: list[Owned], writer:
 def _record_server_info(server: ServerPlan, writer: RecordWriter, opts: RunOptions) -> None:
     base = server.base_url.rstrip("/")
     errors = []
-    for path in ("/server_info", "/get_server_info"):  # 0.5.17: /get_server_info is the deprecated alias
+    for path in engine_for(server.engine, server.release).server_info_paths:
         try:
             r = httpx.get(base + path, timeout=opts.http_timeout_s)
             if r.status_code == 200:
@@ -512,7 +513,7 @@ def _score(sup: Supervisor, plan: Plan, server: ServerPlan, seqs: list[Sequence]
 
 
 def _flush_cache(server: ServerPlan, writer: RecordWriter, opts: RunOptions, log: Logger) -> None:
-    """Empty the server's prefix cache (SGLang 0.5.17 `/flush_cache`: 200 when done, 400 while
+    """Empty the server's prefix cache (SGLang's `/flush_cache`: 200 when done, 400 while
     requests are pending, so it is asked again for a few seconds); the outcome is recorded."""
     url = server.base_url.rstrip("/") + "/flush_cache"
     detail: dict[str, object] = {}

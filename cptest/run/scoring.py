@@ -7,7 +7,7 @@ The sequences are the baseline's: each workload prompt followed by the baseline'
      "return_logprob": true, "logprob_start_len": len(prompt) - 1, "top_logprobs_num": K,
      "stream": false}
 
-SGLang 0.5.17 answers with `meta_info.input_token_logprobs` (`[logprob, token_id, text]` for each
+The pinned SGLang release answers with `meta_info.input_token_logprobs` (`[logprob, token_id, text]` for each
 input position from `logprob_start_len` on: the log-probability of that position's token given
 everything before it, null for the first one) and `meta_info.input_top_logprobs` (the top K at
 each of those positions).
@@ -35,6 +35,7 @@ from cptest.evidence import RequestResult, Score
 from cptest.outline import Progress
 from cptest.plan.model import WorkloadPlan
 from cptest.plan.workload import prompt_sha256
+from cptest.request_ids import scoring_rid
 from cptest.run.driver import top_pairs
 from cptest.run.evidence_writer import RecordWriter
 
@@ -66,8 +67,9 @@ def sequences_from(baseline: Iterable[RequestResult], workload: WorkloadPlan) ->
 def payload(seq: Sequence, top_k: int) -> dict[str, Any]:
     # One position before the first scored one: SGLang's first input entry is always null (row j of
     # the logits scores token j + 1, so the token at logprob_start_len itself gets no logprob;
-    # 0.5.17 managers/scheduler_components/logprob_result_processor.py:36-38).
+    # the pinned release's managers/scheduler_components/logprob_result_processor.py:36-38).
     return {
+        "rid": scoring_rid(seq.index),
         "input_ids": seq.input_ids,
         "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
         "return_logprob": True,

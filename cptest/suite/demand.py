@@ -5,7 +5,7 @@ them needs: GPUs (one host: a suite cannot run a physical server of several node
 co-located server's nodes are local processes), GPU memory per GPU, CPUs. Nothing is measured here;
 the figures come from the plan, the scenario's serve settings and the model.
 
-GPU memory of an SGLang server, per GPU (0.5.17, `mem_cache/kv_cache_configurator.py:1614-1657`):
+GPU memory of an SGLang server, per GPU (the pinned release, `mem_cache/kv_cache_configurator.py:1614-1657`):
 the KV pool gets the memory free after loading the weights, less (1 - mem_fraction) of what was free
 before loading, and `--max-total-tokens` caps it. So a capped server holds its weights, its pool
 (rows x bytes per row) and a runtime part (CUDA context, NCCL buffers, activations, kernels); an

@@ -15,8 +15,8 @@ port + k (at most `MAX_COLOCATED_RANKS` of them) and node 0 hosts the rendezvous
 share the baseline port (they run one after the other), so a scenario holds two blocks."""
 SLOT_STRIDE = 2 * PORT_BLOCK
 """Slot k's main port is PORT_BASE + SLOT_STRIDE * k, its baseline port main + PORT_BLOCK: slot 0 is
-a lone run's 30000/30100, and no port of one slot's servers is another slot's. SGLang 0.5.17 takes
-its other ports itself: nccl and the rendezvous of a one-node server from the OS (`get_free_port`),
+a lone run's 30000/30100, and no port of one slot's servers is another slot's. The pinned SGLang release
+takes its other ports itself: nccl and the rendezvous of a one-node server from the OS (`get_free_port`),
 IPC through files; only DP attention derives one (HTTP port + 233, `ZMQ_TCP_PORT_DELTA`), which
 lands 33 above the next block's start: past its node ports, below its rendezvous."""
 CLIENT_CPUS = 2

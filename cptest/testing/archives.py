@@ -1,6 +1,6 @@
 """Synthetic plans and evidence that satisfy the CP contracts, for tests and the checks benchmark.
 
-Everything here builds *correct* evidence (the layout SGLang 0.5.17 should produce); a test breaks
+Everything here builds *correct* evidence (the layout the pinned SGLang release should produce); a test breaks
 one record to show a checker notices. Writers follow the archive layout of `cptest.store.Layout`.
 Pure except `write_archive`, which writes the files it is given and nothing else. Not used by any
 stage of cptest: this package (`cptest.testing`) serves the tests and the benchmarks.
@@ -19,7 +19,7 @@ from cptest.contracts import Expectation, LogPatterns
 from cptest.contracts.capacity import log_patterns_of
 from cptest.contracts.groups import zigzag_blocks
 from cptest.engines.sglang.engine import SGLangEngine
-from cptest.engines.sglang.releases import get_release
+from cptest.engines.sglang.releases import PINNED_RELEASE
 from cptest.evidence import RankId, Step, dump_record, ranges_from, ranges_merge
 from cptest.plan.model import (
     Colocation,
@@ -31,16 +31,17 @@ from cptest.plan.model import (
     ServerPlan,
     WorkloadPlan,
 )
+from cptest.request_ids import workload_rid
 from cptest.store import Layout
 from cptest.topology import Degrees, dcp_owner, titled_geometry
 
-SGLANG_0_5_17: LogPatterns = log_patterns_of("sglang", SGLangEngine(get_release("0.5.17")).facts())
-"""The capacity contract's log patterns for SGLang 0.5.17, as a plan carries them."""
+PINNED_LOG_PATTERNS: LogPatterns = log_patterns_of("sglang", SGLangEngine(PINNED_RELEASE).facts())
+"""The capacity contract's log patterns for the pinned SGLang release, as a plan carries them."""
 
 
-def rid(index: int, role: str = "main") -> str:
-    """The request id the workload driver is expected to send: `cptest-<role>-<index>`."""
-    return f"cptest-{role}-{index}"
+def rid(index: int) -> str:
+    """The request id the workload driver sends for the workload's request `index`."""
+    return workload_rid(index)
 
 
 def server_plan(
@@ -51,7 +52,7 @@ def server_plan(
     dcp: int = 1,
     attn_cp: int = 1,
     engine: str = "sglang",
-    release: str = "0.5.17",
+    release: str = PINNED_RELEASE.name,
     nodes: int = 1,
     cp_strategy: str | None = None,
 ) -> ServerPlan:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
+from cptest.engines.sglang.releases import KNOWN_RELEASES, PINNED_RELEASE
 from cptest.errors import CptestError
 from cptest.lang.tables import BLOCK_KEYS
 
@@ -69,7 +70,7 @@ WORDS = st.sampled_from(["triton", "zigzag", "interleave", "full", "breakable", 
                          "p50", "max", "decode", "prefill", "captured", "eager", "gathered", "local", "x"])
 STRINGS = st.one_of(
     st.text(st.characters(blacklist_characters='"\\\n', blacklist_categories=("Cs",)), max_size=12),
-    st.sampled_from(["", "0.5.17", "0.5.23", "9.9", "defaults/tiny.cps", "/dev/zero", "../..", "\\d+",
+    st.sampled_from(["", *KNOWN_RELEASES, "9.9", "defaults/tiny.cps", "/dev/zero", "../..", "\\d+",
                      "(a+)+$", "(x+x+)+y", "[", "Traceback", "DCP enabled"]),
 )
 DURATIONS = st.builds(lambda n, u: f"{n}{u}", st.integers(-2, 100_000),
@@ -117,7 +118,8 @@ EXPECTS = [
     "generation free_running topk {i} vs baseline", "generation tokens_agree >= {f} vs baseline",
     "graph {w} {w}", "serving all_complete", "serving completed >= {i} of {i}",
     "shutdown within {d} gpu_memory_released no_orphans exit_status in ({i}, -9)",
-    "log contains {s}", "log absent {s}", 'violated rows replicated on sglang "0.5.17" because {s}',
+    "log contains {s}", "log absent {s}",
+    'violated rows replicated on sglang "' + PINNED_RELEASE.name + '" because {s}',
 ]  # fmt: skip
 FAULTS = ["fault {a} rank {i} after {i} requests", "fault {a} server at {d}",
           "fault stop rank {i} at {d} for {d}", "fault {a} rank {i} after {i} decode_steps"]  # fmt: skip
@@ -177,7 +179,7 @@ def _valid_core(draw: st.DrawFn) -> list[str]:
     dcp = draw(st.sampled_from([d for d in (1, 2, 4) if tp % d == 0]))
     requests = draw(st.sampled_from([1, 4, 16, 64]))
     parts = [
-        draw(st.sampled_from(['engine sglang "0.5.17"', 'engine sglang "0.5.23"', "engine reference"])),
+        draw(st.sampled_from([*(f'engine sglang "{r}"' for r in KNOWN_RELEASES), "engine reference"])),
         f"model synthetic {draw(st.sampled_from(['llama', 'qwen3']))} {{ layers {draw(st.integers(1, 2))} "
         f"hidden 64 heads 8 kv_heads {draw(st.sampled_from([1, 2, 8]))} head_dim 16 "
         f"vocab {draw(st.sampled_from([256, 4096]))} intermediate 128 seed {draw(st.integers(0, 9))} }}",

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import random
 
+from cptest.engines.sglang.releases import PINNED_RELEASE
+
 _ARCH = {
     "llama": "layers {l} hidden {h} heads {n} kv_heads {k} head_dim {d} vocab 4096 intermediate 512 seed {s}",
     "qwen3": "layers {l} hidden {h} heads {n} kv_heads {k} head_dim {d} vocab 4096 intermediate 512",
@@ -103,7 +105,7 @@ def random_scenario_text(rng: random.Random) -> str:
     if rng.random() < 0.3:
         expect.append('log absent "Traceback"')
     stmts = [
-        'engine sglang "0.5.17"',
+        f'engine sglang "{PINNED_RELEASE.name}"',
         f"model synthetic {arch} {{ {geometry} }}",
         _block(rng, "topology", topo),
         _block(rng, "serve", serve),

@@ -1,6 +1,7 @@
 # DCP8 on TP8 with the tiny Llama's one KV head (kv_heads 1 <= tp/dcp = 1: every rank of the DCP
 # group holds the same head), the widest DCP the design card names. Co-located, eight ranks' collectives
-# go over loopback sockets, so the workload is a few short requests; the contracts are those of
+# go over loopback sockets, so the workload is four short requests decoding 8 tokens each (every
+# decode step crosses eight ranks over sockets); the contracts are those of
 # dcp2_llama_kv1_eager at degree 8: owner rank = position % 8, capacity x8, parity with TP8.
 cptest 1
 scenario dcp8_llama_kv1 {
@@ -25,10 +26,10 @@ scenario dcp8_llama_kv1 {
     tp 8
   }
   workload {
-    requests 8
+    requests 4
     concurrency 4
-    prompt_tokens uniform(64, 256)
-    output_tokens 16
+    prompt_tokens uniform(64, 192)
+    output_tokens 8
   }
   expect {
     rows kv_owner position % 8

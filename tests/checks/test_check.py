@@ -15,7 +15,7 @@ from cptest.contracts import CONTRACTS, CapacityParams, Expectation, LaunchParam
 from cptest.errors import EvidenceError
 from cptest.evidence import Lifecycle
 from cptest.plan.upgrade import PLAN_VERSION
-from cptest.testing.archives import SGLANG_0_5_17, colocate, make_plan, server_plan, write_archive
+from cptest.testing.archives import PINNED_LOG_PATTERNS, colocate, make_plan, server_plan, write_archive
 
 
 def _archive(tmp_path: Path, expectations: list[Expectation], engine: str = "sglang"):
@@ -61,7 +61,7 @@ def test_a_version_1_plan_is_upgraded_when_read(tmp_path: Path) -> None:
     capacity, launch = loaded.expectations
     assert isinstance(capacity, CapacityParams) and capacity.multiplier == 2.0 and capacity.expect_violation
     assert capacity.log_patterns.source == "sglang 0.5.17 release table (added when reading a version 1 plan)"
-    assert capacity.log_patterns.kv_allocated == SGLANG_0_5_17.kv_allocated
+    assert capacity.log_patterns.kv_allocated == PINNED_LOG_PATTERNS.kv_allocated
     assert isinstance(launch, LaunchParams) and launch.accepted and loaded.plan_version == PLAN_VERSION
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 from cptest.checks import check_loaded, load_archive
 from cptest.contracts import CapacityParams
 from cptest.evidence import Capacity, KvPool, ServerInfo
-from cptest.testing.archives import SGLANG_0_5_17, make_plan, rank_id, server_plan, write_archive
+from cptest.testing.archives import PINNED_LOG_PATTERNS, make_plan, rank_id, server_plan, write_archive
 
-EXPECT = CapacityParams(multiplier=2, tolerance=0.0, log_patterns=SGLANG_0_5_17)
+EXPECT = CapacityParams(multiplier=2, tolerance=0.0, log_patterns=PINNED_LOG_PATTERNS)
 
 
 def _log(rows: int, logical: int) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 from cptest.checks import check_loaded, load_archive
 from cptest.contracts import Expectation, RowsParams
 from cptest.evidence import Geometry, RequestResult, Step
+from cptest.request_ids import scoring_rid
 from cptest.testing.archives import (
     dcp_steps,
     make_plan,
@@ -332,3 +333,25 @@ def test_tp_ranks_running_one_step_differently_fail(tmp_path: Path) -> None:
     write_archive(tmp_path, plan, ranks={"main": _tp_steps((8, None))})
     v = check_loaded(load_archive(tmp_path)).verdicts[0]
     assert v.status == "fail" and "rank 1 ran it eagerly, rank 0 as a CUDA-graph replay of 8 rows" in v.reason
+
+
+def test_dcp_counts_requests_by_who_sent_them(tmp_path: Path) -> None:
+    # The workload's two requests, one scoring request and one of the engine's own (a health check)
+    prompts = {rid(0): 5, rid(1): 8, scoring_rid(0): 9, "5f0c2e9a": 3}
+    v = _dcp_archive(tmp_path, {w: list(dcp_steps(w, 2, prompts, decode_steps=1)) for w in (0, 1)})
+    assert v.status == "pass", v.reason
+    assert v.figures["requests_by_origin"] == {"workload": 2, "scoring": 1, "engine": 1}
+    assert "4 request(s) (2 workload, 1 scoring, 1 the engine's own)" in v.reason
+
+
+def test_dcp_request_counts_without_cptest_rids_say_what_they_hold(tmp_path: Path) -> None:
+    prompts = {"9b1f": 5, "c07e": 8}
+    v = _dcp_archive(tmp_path, {w: list(dcp_steps(w, 2, prompts, decode_steps=1)) for w in (0, 1)})
+    assert v.figures["requests_by_origin"] == {"workload": 0, "scoring": 0, "engine": 2}
+    assert "no rid is cptest's" in v.reason
+
+
+def test_zigzag_extends_are_counted_by_who_sent_them(tmp_path: Path) -> None:
+    v = _pcp(tmp_path, {w: [zigzag_steps(w, 2, {rid(0): 16, scoring_rid(0): 20})] for w in (0, 1)})
+    assert v.status == "pass", v.reason
+    assert v.figures["request_extends_by_origin"] == {"workload": 1, "scoring": 1, "engine": 0}

@@ -48,6 +48,13 @@ def test_each_release_states_its_own_exit_statuses_and_kv_heads_rule():
     assert (r17.kv_heads_rule, r23.kv_heads_rule) == ("attn_tp", "attn_tp_over_dcp")
 
 
+def test_each_engine_names_its_server_info_paths_current_spelling_first():
+    # The runner asks them in order; the release table holds SGLang's, the deprecated alias last.
+    assert engine_for("sglang", "0.5.17").server_info_paths == ("/server_info", "/get_server_info")
+    assert engine_for("sglang", "0.5.23").server_info_paths[0] == "/server_info"
+    assert engine_for("reference", "builtin").server_info_paths[0] == "/server_info"
+
+
 def test_the_reference_engine_states_its_own_log_line_and_no_exit_statuses():
     facts = engine_for("reference", "builtin").facts()
     line = f"[12:00:00 cptest-ref] {capacity_line(4096, 1, 2)}"  # as the server prints it

@@ -141,8 +141,8 @@ def test_a_target_missing_from_the_release_is_a_warning_not_a_failure(
 
 
 @needs_sglang
-@pytest.mark.parametrize("target", plugin.TARGETS_0_5_17, ids=lambda t: t.path.rsplit(".", 2)[-2])
-def test_every_0_5_17_target_is_defined_at_its_cited_line(target: Target) -> None:
+@pytest.mark.parametrize("target", plugin.TARGETS, ids=lambda t: t.path.rsplit(".", 2)[-2])
+def test_every_target_is_defined_at_its_cited_line_of_the_pinned_release(target: Target) -> None:
     assert ROOT is not None
     rel, line = target.cite.rsplit(":", 1)
     src = ROOT / "sglang/srt" / rel

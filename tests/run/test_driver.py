@@ -99,6 +99,7 @@ def test_cumulative_chunks_replace_and_incremental_chunks_extend() -> None:
 def test_payload_asks_for_output_logprobs_only_and_streams() -> None:
     req = PlannedRequest(index=0, input_ids=[1, 2], max_new_tokens=3, sampling={"temperature": 0.0})
     assert build_payload(req) == {
+        "rid": "cptest-0",
         "input_ids": [1, 2],
         "sampling_params": {"temperature": 0.0, "max_new_tokens": 3},
         "return_logprob": True,

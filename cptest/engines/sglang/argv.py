@@ -14,8 +14,8 @@ from typing import Any
 
 from cptest.engines.sglang.flag_values import value_problem
 from cptest.engines.sglang.releases import Release
+from cptest.engines.sglang.safety import option_like
 from cptest.errors import PlanError, Problem, did_you_mean, one_of
-from cptest.lang.safety import option_like
 from cptest.topology import Degrees
 
 LAUNCHER = ("python3", "-m", "sglang.launch_server")

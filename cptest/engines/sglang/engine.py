@@ -41,6 +41,10 @@ class SGLangEngine:
     def release(self) -> str:
         return self.table.name
 
+    @property
+    def server_info_paths(self) -> tuple[str, ...]:
+        return self.table.server_info_paths
+
     def facts(self) -> EngineFacts:
         return EngineFacts(
             release=self.table.name,

@@ -29,6 +29,7 @@ from cptest.engines.sglang.release_model import (
     SupportEntry,
 )
 from cptest.engines.sglang.rules_0_5_17 import RULES_0_5_17
+from cptest.engines.sglang.safety import POLICY_0_5_17, POLICY_0_5_23, Policy
 from cptest.errors import PlanError, did_you_mean, one_of
 from cptest.topology import KvHeadsRule
 
@@ -57,6 +58,12 @@ class Release:
     """Exit statuses of the launcher after one scheduler rank is killed (SIGQUIT path, then SIGKILL)."""
     graph_phases: Mapping[str, str]
     """Phase -> flag choosing its CUDA-graph backend; the values it accepts are in the flag table."""
+    server_info_paths: tuple[str, ...]
+    """The HTTP paths that answer with the server's resolved arguments and capacity, in the order
+    the runner asks them (the first that answers 200 is recorded)."""
+    safety: Policy
+    """What a scenario may put into the server's environment and argv (`safety.py`; judged by
+    `cptest.lang.safety` at validate time and again by the plan)."""
     colocation_env: Mapping[str, str] = field(default_factory=dict)
     """What every node of a co-located server gets in its environment (ranks as local nodes on
     shared GPUs: docs/placement.md), besides a host id of its own (`colocation_host_id_var`)."""
@@ -249,7 +256,7 @@ COLOCATION_ENV: Mapping[str, str] = {
     "NCCL_IB_DISABLE": "1",
     "NCCL_P2P_DISABLE": "1",
     "NCCL_SHM_DISABLE": "1",
-    # distributed/bootstrap.py:260-272: a rank that sees less free memory than 0.9 x the first one
+    # distributed/bootstrap.py:260-271: a rank that sees less free memory than 0.9 x the first one
     # raises "The memory capacity is unbalanced"; ranks sharing a GPU always do. 0 makes it a warning.
     "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "0",
 }
@@ -290,6 +297,9 @@ RELEASE_0_5_17 = Release(
     # into http_server.launch_server with no tokenizer manager and logs an AttributeError traceback
     # from the app's lifespan (seen on every co-located follower at shutdown).
     follower_ranks_ended=r"Scheduler or DataParallelController \d+ terminated with -?\d+",
+    # entrypoints/http_server.py:863; /get_server_info is its deprecated alias.
+    server_info_paths=("/server_info", "/get_server_info"),
+    safety=POLICY_0_5_17,
 )
 
 # ------------------------------------------------------------------------------------------ 0.5.23
@@ -400,10 +410,18 @@ RELEASE_0_5_23 = Release(
     colocation_env=COLOCATION_ENV,
     colocation_flags=RELEASE_0_5_17.colocation_flags,
     follower_ranks_ended=RELEASE_0_5_17.follower_ranks_ended,
+    server_info_paths=RELEASE_0_5_17.server_info_paths,
+    safety=POLICY_0_5_23,
 )
 
 KNOWN_RELEASES: Mapping[str, Release] = {r.name: r for r in (RELEASE_0_5_17, RELEASE_0_5_23)}
 """Every release cptest has a table for, oldest first."""
+
+PINNED_RELEASE: Release = RELEASE_0_5_17
+"""The release the GPU machine installs (images/lock.json): every SGLang `path:line` cited outside
+this package (the probe's hooks, the reference engine's HTTP shapes, topology's formulas, the
+contracts' and the runner's notes) is in its wheel, and such code calls it "the pinned release"
+rather than naming it. What differs between releases is a field of `Release`, never a comment there."""
 
 
 def get_release(name: str) -> Release:
@@ -431,6 +449,7 @@ def support_of(release: Release, family: str, mode: str, backend: str) -> Suppor
 __all__ = [
     "KNOWN_RELEASES",
     "PARSER_TEST",
+    "PINNED_RELEASE",
     "RULES_0_5_17",
     "LogPattern",
     "Provenance",

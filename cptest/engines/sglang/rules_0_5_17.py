@@ -149,7 +149,7 @@ RULES_0_5_17: dict[str, Rule] = {
         "silent",
         None,
         None,
-        "layers/attention/triton_backend.py:1797-1810; mem_cache/kv_cache_configurator.py:491",
+        "layers/attention/triton_backend.py:1797-1810; mem_cache/kv_cache_configurator.py:1442",
         note="DCP all-gathers Q over the group and attends against each rank's own KV heads "
         "(pool holds max(1, kv_heads // attn_tp)); right only if the DCP group's ranks hold the same "
         "KV heads, i.e. kv_heads <= tp/dcp. No check on CUDA (wrong output: observed with 4 KV heads at "

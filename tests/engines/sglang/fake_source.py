@@ -1,0 +1,22 @@
+"""An unpacked-wheel tree in which every citation of a registry holds, without SGLang: each cited
+file holds, on each range's first line, the anchors of the ranges that start there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cptest.engines.sglang.citations import Registry
+
+
+def fake_source(registry: Registry, root: Path) -> Path:
+    files: dict[str, dict[int, list[str]]] = {}
+    for c in registry.citations:
+        files.setdefault(c.wheel_path, {}).setdefault(c.start, []).append(c.anchor)
+    ends = {c.wheel_path: 0 for c in registry.citations}
+    for c in registry.citations:
+        ends[c.wheel_path] = max(ends[c.wheel_path], c.end)
+    for name, lines in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(" ".join(lines.get(i, [])) + "\n" for i in range(1, ends[name] + 1)))
+    return root
