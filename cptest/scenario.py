@@ -15,23 +15,10 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.json_schema import SkipJsonSchema
 
-from cptest.contracts import (
-    CONTRACTS,
-    CapacityExpect,
-    CapacityTransitionsExpect,
-    Declared,
-    GenerationExpect,
-    GraphExpect,
-    GraphParityExpect,
-    LaunchExpect,
-    LogExpect,
-    RowsExpect,
-    ServingExpect,
-    ShutdownExpect,
-)
+from cptest.contracts import CONTRACTS, Contract, Declared
 from cptest.node import Node
 from cptest.topology import Degrees
 
@@ -233,24 +220,8 @@ class Fault(Node, FaultSpec):
     """A fault as written in the scenario."""
 
 
-class Expect(Node):
+class _Declared(Node):
     """The declared expectations. Each kind is defined by its contract module (`cptest.contracts`)."""
-
-    launch: LaunchExpect | None = None
-    rows: RowsExpect | None = None
-    capacity: CapacityExpect | None = None
-    capacity_transitions: CapacityTransitionsExpect | None = Field(default=None,
-                                                              exclude_if=lambda v: v is None)
-    """Absent from the dump when not declared, so every scenario written before it keeps its hash."""
-    generation: GenerationExpect | None = None
-    graph: list[GraphExpect] = Field(default_factory=list)
-    """At most one per phase, decode before prefill."""
-    graph_parity: GraphParityExpect | None = Field(default=None, exclude_if=lambda v: v is None)
-    """Absent from the dump when not declared, so that the value (and `scenario_sha256`) of every
-    scenario written before it stays the same."""
-    serving: ServingExpect | None = None
-    shutdown: ShutdownExpect | None = None
-    log: list[LogExpect] = Field(default_factory=list)
 
     def entries(self) -> list[tuple[str, Declared]]:
         """Every declared expectation as (contract name, entry), in the registry's order."""
@@ -262,6 +233,26 @@ class Expect(Node):
             elif value is not None:
                 out.append((name, value))
         return out
+
+
+def _absent(value: Any) -> bool:
+    return value is None or value == []
+
+
+def _field(contract: Contract[Any, Any]) -> tuple[Any, Any]:
+    """One contract's field: a list when it may repeat, else optional. A contract that is not
+    `dumped_when_absent` is left out of the dump when not declared (see that flag)."""
+    kind: Any = list[contract.expect] if contract.repeatable else contract.expect | None
+    default: dict[str, Any] = {"default_factory": list} if contract.repeatable else {"default": None}
+    if not contract.dumped_when_absent:
+        default["exclude_if"] = _absent
+    return kind, Field(**default)
+
+
+Expect = create_model("Expect", __base__=_Declared, __module__=__name__, __doc__=_Declared.__doc__,
+                      **{name: _field(c) for name, c in CONTRACTS.items()})
+"""The declared expectations: one field per contract of the registry, by its name, in its order (a
+graph is a list, at most one per phase, decode before prefill; a log, any number)."""
 
 
 class Scenario(Node):

@@ -105,10 +105,10 @@ def not_judged(archive: Archive) -> ScenarioVerdict:
     return scenario_verdict(plan.scenario, plan.main.engine, plan.main.release, verdicts, plan.placement)
 
 
-ABSENCE_BASED = frozenset({"serving", "shutdown", "log"})
+ABSENCE_BASED = frozenset(c.name for c in CONTRACTS.values() if c.absence_based)
 """Contracts whose failures an interrupted run can produce by itself: a hung request and an
 unrecorded exit look alike when cptest was killed, and tearing an engine down mid-run prints
-tracebacks into its log."""
+tracebacks into its log (`Contract.absence_based`)."""
 
 
 def run_unfinished(archive: Archive) -> str | None:

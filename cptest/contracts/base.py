@@ -8,9 +8,13 @@ A contract module (`cptest/contracts/<name>.py`) defines, once:
   checker needs (what `plan.json` stores, discriminated by `kind`);
 - `resolve(expect, ctx) -> Params` (pure, at plan time) and `check(evidence, params) -> Verdict`
   (pure, at check time);
-- `CONTRACT = Contract(...)`, which `cptest.contracts` lists.
-Adding a contract is: its grammar rule (`lang/cps.lark` and its transformer method), one such
-module, one line in the registry and in `scenario.Expect`, and its documentation.
+- its `Syntax`: which grammar rules of `lang/cps.lark` are its statements, how each is read into the
+  expectation's raw values, and how the formatter writes it back;
+- `CONTRACT = Contract(...)`: the registry (`cptest.contracts`) finds it there, by importing every
+  module of the package, and everything that lists contracts derives from it (the verdict order,
+  the scenario's `expect` model, the plan's `Expectation` union, the language's key tables, the
+  formatter, the report's checker order).
+Adding a contract is: its grammar rule in `lang/cps.lark`, one such module, and its tests.
 """
 
 from __future__ import annotations
@@ -123,20 +127,90 @@ P = TypeVar("P", bound=Params)
 
 
 @dataclass(frozen=True)
+class Written:
+    """One expectation statement as a contract's reader gives it to the language."""
+
+    key: str
+    """The statement's key: the contract's name, or one of its `Syntax.keys` (`graph decode`)."""
+    value: dict[str, Any]
+    """The raw values its `Declared` model validates."""
+    parts: Mapping[str, Any] = field(default_factory=dict)
+    """Part name -> the token it was written with: where a complaint about that part points."""
+
+
+class Misread(Exception):
+    """A statement a contract's reader refuses as written (a clause given twice): a syntax problem at
+    the statement, raised before any value is validated."""
+
+
+Reader = Callable[[list[Any]], Any]
+"""A grammar rule's children -> the statement (`Written`), or for a clause rule the value its
+statement's reader receives. Children are in the rule's order: values already read (numbers,
+durations, words, strings, a clause's value), named tokens (IDENT, INT, STRING) as `str` with their
+position, a STRING's text unquoted; an optional part not written is None."""
+
+Writer = Callable[[str, Mapping[str, Any], Callable[[Any], str]], str]
+"""(key, raw values, how a value is spelled) -> the statement's canonical text, without its
+`violated` wrapper: what `cptest fmt` prints, and reads back to the same values."""
+
+
+@dataclass(frozen=True)
+class Syntax:
+    """How a contract's statements are written."""
+
+    keyword: str
+    """The first word of its statements: what the parser lists among the expectations."""
+    rules: Mapping[str, Reader]
+    """Grammar rule (its `-> alias` in cps.lark) -> reader; a rule no contract reads is the
+    language's own."""
+    write: Writer
+    keys: tuple[str, ...] = ()
+    """Its statement keys in canonical order, when they are not just the contract's name: each may
+    be written once (`graph decode`, `graph prefill`)."""
+
+
+@dataclass(frozen=True)
 class Contract(Generic[E, P]):
     """One contract family, as the registry lists it."""
 
     name: str
+    order: int
+    """Where its verdicts come in a scenario's list (and its statements in a formatted file):
+    ascending."""
     expect: type[E]
     params: type[P]
     resolve: Callable[[E, PlanContext], P]
     check: Callable[[Evidence, P], Verdict]
+    syntax: Syntax
     repeatable: bool = False
     """A scenario may declare it more than once (graph: once per phase; log: any number)."""
     needs_eager: bool = False
     """Its evidence can only come from eager forwards: the plan disables every graph phase
     (docs/sglang.md, "CUDA graphs": Python hooks never fire on a replay). No contract needs it, as the
     probe records replays as steps; the flag stays for one whose evidence a replay cannot give at all."""
+    absence_based: bool = False
+    """Its failures can come from an interrupted run by itself (a hung request and an unrecorded exit
+    look alike when cptest was killed): in an unfinished run they become unknown."""
+    dumped_when_absent: bool = False
+    """The scenario's dump writes it as null (or []) when not declared. Only the contracts whose
+    absence has always been written keep it: any other is left out of the dump when not declared, so
+    that the value (and `scenario_sha256`) of every scenario written before it stays the same."""
+    qualifier: str | None = None
+    """For a repeatable contract, the field that tells its entries apart in a name
+    (`contract[graph:decode]`)."""
+    examples: tuple[str, ...] = ()
+    """Statements that parse and validate (in a scenario of 8 requests with a baseline): what the
+    language's fuzzer writes, and its tests read back."""
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Its statement keys, in canonical order."""
+        return self.syntax.keys or (self.name,)
+
+    @property
+    def listed(self) -> bool:
+        """Its one statement key may be written any number of times (`log`)."""
+        return self.repeatable and not self.syntax.keys
 
 
 # ------------------------------------------------------------------------------------ validation

@@ -18,11 +18,21 @@ engine's release table), so an archive says what it was judged with.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from cptest.contracts.base import Contract, Declared, EngineFacts, Params, PlanContext, number
+from cptest.contracts.base import (
+    Contract,
+    Declared,
+    EngineFacts,
+    Params,
+    PlanContext,
+    Syntax,
+    Written,
+    number,
+)
 from cptest.contracts.groups import all_ranks
 from cptest.evidence import Evidence, RoleEvidence
 from cptest.verdict import Verdict, failed, passed, unknown
@@ -224,4 +234,16 @@ def find_all(pattern: str, text: str) -> list[dict[str, Any]]:
     return out
 
 
-CONTRACT = Contract(NAME, CapacityExpect, CapacityParams, resolve, check)
+def _read(c: list[Any]) -> Written:
+    return Written(NAME, {"multiplier": c[0], "tolerance": c[1]})
+
+
+def _write(key: str, v: Mapping[str, Any], show: Callable[[Any], str]) -> str:
+    body = f"capacity logical == {show(v['multiplier'])} * physical"
+    return body + (f" within {show(v['tolerance'])}" if v["tolerance"] is not None else "")
+
+
+SYNTAX = Syntax("capacity", {"capacity": _read}, _write)
+
+CONTRACT = Contract(NAME, 30, CapacityExpect, CapacityParams, resolve, check, SYNTAX, dumped_when_absent=True,
+                    examples=("capacity logical == 2 * physical within 0.01",))

@@ -34,11 +34,12 @@ never fail.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import field_validator
 
-from cptest.contracts.base import Contract, Declared, Params, PlanContext, invalid, number
+from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written, invalid, number
 from cptest.contracts.groups import all_ranks, groups
 from cptest.evidence import Evidence, PoolSample, RoleEvidence
 from cptest.values import describe
@@ -207,4 +208,20 @@ def _together(ev: RoleEvidence, slack: int, fails: list[str], unknowns: list[str
     return out
 
 
-CONTRACT = Contract(NAME, CapacityTransitionsExpect, CapacityTransitionsParams, resolve, check)
+def _read(c: list[Any]) -> Written:
+    return Written(NAME, {"peak": c[0], "slack": c[1]})
+
+
+def _write(key: str, v: Mapping[str, Any], show: Callable[[Any], str]) -> str:
+    body = "capacity transitions"
+    if v["peak"] is not None:
+        body += f" peak >= {show(v['peak'])}"
+    if v["slack"] is not None:
+        body += f" together within {show(v['slack'])}"
+    return body
+
+
+SYNTAX = Syntax("capacity", {"capacity_transitions": _read}, _write)
+
+CONTRACT = Contract(NAME, 35, CapacityTransitionsExpect, CapacityTransitionsParams, resolve, check, SYNTAX,
+                    examples=("capacity transitions peak >= 0.9",))

@@ -23,15 +23,26 @@ unknown. The verdict records every figure, the floor, and each measured/floor ra
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from cptest.contracts import parity
-from cptest.contracts.base import Contract, Declared, Params, PlanContext, choice, invalid, number
+from cptest.contracts.base import (
+    Contract,
+    Declared,
+    Params,
+    PlanContext,
+    Syntax,
+    Written,
+    choice,
+    invalid,
+    number,
+)
 from cptest.evidence import Evidence
 from cptest.node import Node
-from cptest.values import describe
+from cptest.values import Ident, describe
 from cptest.verdict import Verdict, failed, passed, unknown
 
 NAME = "generation"
@@ -338,4 +349,77 @@ def _greedy_prefix(
     )
 
 
-CONTRACT = Contract(NAME, GenerationExpect, GenerationParams, resolve, check)
+# ------------------------------------------------------------------------------------ syntax
+# The clauses `generation ... vs baseline` and `graph parity vs eager ...` share: each read as
+# (key, value), a bound as ("bound", its raw values).
+def _tokens_agree(c: list[Any]) -> tuple[str, Any]:
+    return ("tokens_agree", c[1])
+
+
+def _logprob_within(c: list[Any]) -> tuple[str, Any]:
+    return ("logprob_within", c[1])
+
+
+def _logprob(c: list[Any]) -> tuple[str, Any]:
+    _tok, stat, limit, rel = c
+    return ("bound", {"metric": "logprob", "stat": Ident(stat), "limit": limit, "relative": rel is not None})
+
+
+def _topk_agree(c: list[Any]) -> tuple[str, Any]:
+    _tok, k, _agree, limit, rel = c
+    return ("bound", {"metric": "topk_agree", "k": k, "limit": limit, "relative": rel is not None})
+
+
+def _free_running(c: list[Any]) -> tuple[str, Any]:
+    return ("free_running_topk", c[2])
+
+
+CLAUSES = {"gen_tokens_agree": _tokens_agree, "gen_logprob_within": _logprob_within, "gen_logprob": _logprob,
+           "gen_topk_agree": _topk_agree, "gen_free_running": _free_running}
+"""The clause rules (`gen_clause` in cps.lark) -> their readers."""
+
+
+def gather(value: dict[str, Any], clauses: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`value` with each clause set (a bound appended to `bounds`)."""
+    for key, v in clauses:
+        if key == "bound":
+            value["bounds"].append(v)
+        else:  # the older keys too, which a contract that has none of them refuses by name
+            value[key] = v
+    return value
+
+
+def write_clauses(v: Mapping[str, Any], show: Callable[[Any], str]) -> str:
+    """The teacher-forced bounds and the free-running clause, as written back."""
+    out = ""
+    for b in v.get("bounds") or []:
+        rel = " * control" if b["relative"] else ""
+        if b["metric"] == "logprob":
+            out += f" logprob {b['stat']} <= {show(b['limit'])}{rel}"
+        else:
+            out += f" topk {show(b['k'])} agree >= {show(b['limit'])}{rel}"
+    if v.get("free_running_topk") is not None:
+        out += f" free_running topk {show(v['free_running_topk'])}"
+    return out
+
+
+def _read(c: list[Any]) -> Written:
+    value = {"tokens_agree": None, "logprob_within": None, "bounds": [], "free_running_topk": None}
+    return Written(NAME, gather(value, c))
+
+
+def _write(key: str, v: Mapping[str, Any], show: Callable[[Any], str]) -> str:
+    body = "generation"
+    if v["tokens_agree"] is not None:
+        body += f" tokens_agree >= {show(v['tokens_agree'])}"
+    if v["logprob_within"] is not None:
+        body += f" logprob_within {show(v['logprob_within'])}"
+    return body + write_clauses(v, show) + " vs baseline"
+
+
+SYNTAX = Syntax("generation", {"generation": _read, **CLAUSES}, _write)
+
+CONTRACT = Contract(NAME, 40, GenerationExpect, GenerationParams, resolve, check, SYNTAX,
+                    dumped_when_absent=True, examples=(
+                        "generation logprob p99 <= 4 * control topk 5 agree >= 0.9 vs baseline",
+                        "generation free_running topk 5 vs baseline"))

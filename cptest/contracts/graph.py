@@ -15,13 +15,15 @@ below means eager ones.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import ValidationInfo, field_validator
 
-from cptest.contracts.base import Contract, Declared, Params, PlanContext, choice
+from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written, choice
 from cptest.contracts.groups import all_ranks
 from cptest.evidence import Evidence
+from cptest.values import Ident
 from cptest.verdict import Verdict, failed, passed, unknown
 
 NAME = "graph"
@@ -142,4 +144,17 @@ def check(evidence: Evidence, p: GraphParams) -> Verdict:
     )
 
 
-CONTRACT = Contract(NAME, GraphExpect, GraphParams, resolve, check, repeatable=True)
+def _read(c: list[Any]) -> Written:
+    phase, mode = c
+    value = {"phase": Ident(phase), "mode": Ident(mode)}
+    return Written(f"graph {phase}", value, {"phase": phase, "mode": mode})
+
+
+def _write(key: str, v: Mapping[str, Any], show: Callable[[Any], str]) -> str:
+    return f"graph {v['phase']} {v['mode']}"
+
+
+SYNTAX = Syntax("graph", {"graph": _read}, _write, keys=tuple(f"graph {phase}" for phase in MODES))
+
+CONTRACT = Contract(NAME, 50, GraphExpect, GraphParams, resolve, check, SYNTAX, repeatable=True,
+                    dumped_when_absent=True, qualifier="phase", examples=("graph decode disabled",))

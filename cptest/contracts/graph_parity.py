@@ -30,14 +30,16 @@ SGLang qualification).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from cptest.contracts import parity
-from cptest.contracts.base import Contract, Declared, Params, PlanContext, choice, invalid
-from cptest.contracts.generation import GenBound, judge_bound
+from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written, choice, invalid
+from cptest.contracts.generation import CLAUSES, GenBound, gather, judge_bound, write_clauses
 from cptest.evidence import Evidence, RoleEvidence
+from cptest.values import Ident
 from cptest.verdict import Verdict, failed, passed, unknown
 
 NAME = "graph_parity"
@@ -183,4 +185,17 @@ def check(evidence: Evidence, p: GraphParityParams) -> Verdict:
     return passed(NAME, "; ".join(verdicts["pass"] + note), **figures)
 
 
-CONTRACT = Contract(NAME, GraphParityExpect, GraphParityParams, resolve, check)
+def _read(c: list[Any]) -> Written:
+    what, against, *clauses = c
+    value = {"what": Ident(what), "against": Ident(against), "bounds": [], "free_running_topk": None}
+    return Written(NAME, gather(value, clauses), {"what": what, "against": against})
+
+
+def _write(key: str, v: Mapping[str, Any], show: Callable[[Any], str]) -> str:
+    return f"graph {v['what']} vs {v['against']}" + write_clauses(v, show)
+
+
+SYNTAX = Syntax("graph", {"graph_parity": _read, **CLAUSES}, _write)
+
+CONTRACT = Contract(NAME, 55, GraphParityExpect, GraphParityParams, resolve, check, SYNTAX,
+                    examples=("graph parity vs eager logprob p99 <= 4 * control free_running topk 5",))

@@ -9,12 +9,13 @@ the role (plus the `launch_failed` reason, which carries the log tail the runner
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 from pydantic import field_validator
 
 from cptest.contracts import patterns
-from cptest.contracts.base import Contract, Declared, Params, PlanContext, invalid
+from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written, invalid
 from cptest.evidence import Evidence
 from cptest.verdict import Verdict, failed, passed, unknown
 
@@ -109,4 +110,21 @@ def check(evidence: Evidence, p: LaunchParams) -> Verdict:
     )
 
 
-CONTRACT = Contract(NAME, LaunchExpect, LaunchParams, resolve, check)
+def _accepted(c: list[Any]) -> Written:
+    return Written(NAME, {"accepted": True})
+
+
+def _rejected(c: list[Any]) -> Written:
+    return Written(NAME, {"accepted": False, "matching": str(c[0]) if c[0] is not None else None})
+
+
+def _write(key: str, v: Mapping[str, Any], show: Callable[[Any], str]) -> str:
+    if v["accepted"]:
+        return "launch accepted"
+    return "launch rejected" + (f" matching {show(v['matching'])}" if v.get("matching") is not None else "")
+
+
+SYNTAX = Syntax("launch", {"launch_accepted": _accepted, "launch_rejected": _rejected}, _write)
+
+CONTRACT = Contract(NAME, 10, LaunchExpect, LaunchParams, resolve, check, SYNTAX, dumped_when_absent=True,
+                    examples=("launch accepted", 'launch rejected matching "rejected|error"'))

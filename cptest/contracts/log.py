@@ -9,12 +9,13 @@ log is unknown, never a hang of `cptest check`.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 from pydantic import field_validator
 
 from cptest.contracts import patterns
-from cptest.contracts.base import Contract, Declared, Params, PlanContext, invalid
+from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written, invalid
 from cptest.evidence import Evidence
 from cptest.verdict import Verdict, failed, passed, unknown
 
@@ -85,4 +86,20 @@ def _set_apart(tails: dict[int, int]) -> str:
             "ended: the co-located placement's, not the server's; docs/placement.md)")
 
 
-CONTRACT = Contract(NAME, LogExpect, LogParams, resolve, check, repeatable=True)
+def _contains(c: list[Any]) -> Written:
+    return Written(NAME, {"mode": "contains", "pattern": str(c[0])})
+
+
+def _absent(c: list[Any]) -> Written:
+    return Written(NAME, {"mode": "absent", "pattern": str(c[0])})
+
+
+def _write(key: str, v: Mapping[str, Any], show: Callable[[Any], str]) -> str:
+    return f"log {v['mode']} {show(v['pattern'])}"
+
+
+SYNTAX = Syntax("log", {"log_contains": _contains, "log_absent": _absent}, _write)
+
+CONTRACT = Contract(NAME, 80, LogExpect, LogParams, resolve, check, SYNTAX, repeatable=True,
+                    absence_based=True, dumped_when_absent=True, qualifier="mode",
+                    examples=('log contains "DCP enabled"', 'log absent "Traceback"'))

@@ -30,16 +30,17 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import field_validator
 
-from cptest.contracts.base import Contract, Declared, Params, PlanContext, choice, invalid
+from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written, choice, invalid
 from cptest.contracts.groups import groups, zigzag_blocks
 from cptest.evidence import Evidence, RoleEvidence, ranges_len, ranges_merge
 from cptest.request_ids import count_by_origin, origin_note
 from cptest.topology import CP_STRATEGIES
-from cptest.values import describe
+from cptest.values import Ident, describe
 from cptest.verdict import Verdict, failed, passed, unknown
 
 NAME = "rows"
@@ -613,4 +614,31 @@ def _how(graph_rows: int | None) -> str:
 
 # Not `needs_eager`: replayed steps are recorded, so the plan leaves the scenario's graph
 # mode as declared; what a replay hides (the owner mask) is unknown here, never assumed.
-CONTRACT = Contract(NAME, RowsExpect, RowsParams, resolve, check)
+def _read_replicated(c: list[Any]) -> Written:
+    return Written(NAME, {"mode": "replicated"})
+
+
+def _read_kv_owner(c: list[Any]) -> Written:
+    return Written(NAME, {"mode": "kv_owner", "modulus": c[0]})
+
+
+def _read_split(c: list[Any]) -> Written:
+    strategy, ffn = c
+    parts = {"strategy": strategy} | ({"ffn": ffn} if ffn is not None else {})
+    value = {"mode": "split", "strategy": Ident(strategy), "ffn": Ident(ffn) if ffn is not None else None}
+    return Written(NAME, value, parts)
+
+
+def _write(key: str, v: Mapping[str, Any], show: Callable[[Any], str]) -> str:
+    if v["mode"] == "replicated":
+        return "rows replicated"
+    if v["mode"] == "kv_owner":
+        return f"rows kv_owner position % {show(v['modulus'])}"
+    return f"rows split {v['strategy']}" + (f" ffn {v['ffn']}" if v["ffn"] is not None else "")
+
+
+SYNTAX = Syntax("rows", {"rows_replicated": _read_replicated, "rows_kv_owner": _read_kv_owner,
+                        "rows_split": _read_split}, _write)
+
+CONTRACT = Contract(NAME, 20, RowsExpect, RowsParams, resolve, check, SYNTAX, dumped_when_absent=True,
+                    examples=("rows replicated", "rows kv_owner position % 2"))

@@ -11,11 +11,12 @@ style guide's rule: a request that timed out is indeterminate, not failed).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import ValidationInfo, model_validator
 
-from cptest.contracts.base import Contract, Declared, Params, PlanContext, invalid
+from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written, invalid
 from cptest.evidence import Evidence
 from cptest.values import describe
 from cptest.verdict import Verdict, failed, passed, unknown
@@ -118,4 +119,21 @@ def check(evidence: Evidence, p: ServingParams) -> Verdict:
     )
 
 
-CONTRACT = Contract(NAME, ServingExpect, ServingParams, resolve, check)
+def _completed(c: list[Any]) -> Written:
+    return Written(NAME, {"all_complete": False, "completed": c[0], "of": c[1]})
+
+
+def _all(c: list[Any]) -> Written:
+    return Written(NAME, {"all_complete": True})
+
+
+def _write(key: str, v: Mapping[str, Any], show: Callable[[Any], str]) -> str:
+    if v["all_complete"]:
+        return "serving all_complete"
+    return f"serving completed >= {show(v['completed'])} of {show(v['of'])}"
+
+
+SYNTAX = Syntax("serving", {"serving_completed": _completed, "serving_all": _all}, _write)
+
+CONTRACT = Contract(NAME, 60, ServingExpect, ServingParams, resolve, check, SYNTAX, absence_based=True,
+                    dumped_when_absent=True, examples=("serving all_complete", "serving completed >= 4 of 8"))

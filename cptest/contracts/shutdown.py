@@ -20,11 +20,12 @@ part is pass, fail or unknown on its own; the verdict is the worst.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import model_validator
 
-from cptest.contracts.base import Contract, Declared, Params, PlanContext, invalid
+from cptest.contracts.base import Contract, Declared, Misread, Params, PlanContext, Syntax, Written, invalid
 from cptest.evidence import Evidence, RoleEvidence, RunnerEvidence
 from cptest.values import describe
 from cptest.verdict import Status, Verdict, combine, unknown
@@ -215,4 +216,51 @@ def _own_gpu_memory(samples: list[Any], last: Any, figures: dict[str, Any]) -> t
     return ("gpu_memory", "pass", f"no process of this run holds GPU memory after shutdown (peak {where})")
 
 
-CONTRACT = Contract(NAME, ShutdownExpect, ShutdownParams, resolve, check)
+# The clauses of a shutdown statement, each read as (name, value).
+def _within(c: list[Any]) -> tuple[str, Any]:
+    return ("within", c[0])
+
+
+def _gpu_memory_released(c: list[Any]) -> tuple[str, Any]:
+    return ("gpu_memory_released", True)
+
+
+def _no_orphans(c: list[Any]) -> tuple[str, Any]:
+    return ("no_orphans", True)
+
+
+def _exit_status(c: list[Any]) -> tuple[str, Any]:
+    return ("exit_status", tuple(int(t) for t in c))
+
+
+def _read(c: list[tuple[str, Any]]) -> Written:
+    value: dict[str, Any] = {}
+    for name, v in c:
+        if name in value:
+            raise Misread(f"'{name}' given twice in one shutdown expectation")
+        value[name] = v
+    return Written(NAME, value)
+
+
+def _write(key: str, v: Mapping[str, Any], show: Callable[[Any], str]) -> str:
+    parts = ["shutdown"]
+    if "within" in v:
+        parts.append(f"within {show(v['within'])}")
+    if v.get("gpu_memory_released"):
+        parts.append("gpu_memory_released")
+    if v.get("no_orphans"):
+        parts.append("no_orphans")
+    if "exit_status" in v:
+        parts.append(f"exit_status in ({', '.join(str(x) for x in v['exit_status'])})")
+    return " ".join(parts)
+
+
+CLAUSES = {"within": _within, "gpu_memory_released": _gpu_memory_released, "no_orphans": _no_orphans,
+           "exit_status": _exit_status}
+"""The clause rules (`shutdown_opt` in cps.lark) -> their readers."""
+
+SYNTAX = Syntax("shutdown", {"shutdown": _read, **CLAUSES}, _write)
+
+CONTRACT = Contract(NAME, 70, ShutdownExpect, ShutdownParams, resolve, check, SYNTAX, absence_based=True,
+                    dumped_when_absent=True,
+                    examples=("shutdown within 30s gpu_memory_released no_orphans",))

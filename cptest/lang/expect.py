@@ -9,10 +9,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from cptest.contracts import CONTRACTS, Declared
-from cptest.contracts.graph import MODES as GRAPH_MODES
 from cptest.errors import ProblemCollector, Span
 from cptest.lang.settings import Values, node
 from cptest.lang.syntax import Stmt
+from cptest.lang.tables import EXPECT_ORDER, contract_of
 from cptest.scenario import Engine, Expect, Workload
 
 
@@ -34,9 +34,13 @@ def expect_block(v: Values, workload: Workload | None, engine: Engine | None) ->
     opener = v.stmt("", "expect")
     fields: dict[str, Any] = {}
     spans: dict[str, Span] = {}
-    stmts = [s for (b, _k), s in v.one.items() if b == "expect"] + v.many.get(("expect", "log"), [])
+    stmts = [s for (b, _k), s in v.one.items() if b == "expect"]
+    stmts += [s for (b, _k), many in v.many.items() if b == "expect" for s in many]
+    # A contract's entries in the order of its keys (a graph's decode before prefill), each key's in
+    # source order.
+    stmts.sort(key=lambda s: _key_rank(s.key))
     for s in stmts:
-        name = s.key.split()[0]  # "graph decode" is a graph expectation
+        name = contract_of(s.key)
         entry = _entry(v.p, s, CONTRACTS[name].expect, workload)
         if entry is None:
             continue
@@ -49,12 +53,18 @@ def expect_block(v: Values, workload: Workload | None, engine: Engine | None) ->
         else:
             fields[name] = entry
             spans[name] = s.span
-    if "graph" in fields:
-        fields["graph"].sort(key=lambda g: list(GRAPH_MODES).index(g.phase))
     return (
         node(Expect, v.p, opener.span if opener else None, field_spans=spans, **fields)
         or Expect()
     )
+
+
+EXPECT_RANK = {key: i for i, key in enumerate(EXPECT_ORDER)}
+
+
+def _key_rank(key: str) -> int:
+    """Where a statement key comes in the canonical order; a key no contract lists comes last."""
+    return EXPECT_RANK.get(key, len(EXPECT_RANK))
 
 
 def _entry(p: ProblemCollector, s: Stmt, cls: type[Declared], workload: Workload | None) -> Declared | None:

@@ -18,6 +18,7 @@ import decimal
 from dataclasses import dataclass, field
 from typing import Any
 
+from cptest.contracts import CONTRACTS
 from cptest.lang import tables as T
 from cptest.lang.syntax import BLOCK, Comment, Doc, Stmt, quote, read_doc
 from cptest.values import Call, Duration, Ident
@@ -224,73 +225,8 @@ def _fault(v: dict[str, Any]) -> str:
     return out
 
 
-def _bounds(v: dict[str, Any]) -> str:
-    """The teacher-forced bounds and the free-running clause (generation, graph parity)."""
-    out = ""
-    for b in v.get("bounds") or []:
-        rel = " * control" if b["relative"] else ""
-        if b["metric"] == "logprob":
-            out += f" logprob {b['stat']} <= {render_value(b['limit'])}{rel}"
-        else:
-            out += f" topk {render_value(b['k'])} agree >= {render_value(b['limit'])}{rel}"
-    if v.get("free_running_topk") is not None:
-        out += f" free_running topk {render_value(v['free_running_topk'])}"
-    return out
-
-
 def _expectation(key: str, v: dict[str, Any]) -> str:
-    if key == "launch":
-        body = "launch accepted" if v["accepted"] else "launch rejected"
-        if not v["accepted"] and v.get("matching") is not None:
-            body += f" matching {quote(v['matching'])}"
-    elif key == "rows":
-        if v["mode"] == "replicated":
-            body = "rows replicated"
-        elif v["mode"] == "kv_owner":
-            body = f"rows kv_owner position % {render_value(v['modulus'])}"
-        else:
-            body = f"rows split {v['strategy']}" + (f" ffn {v['ffn']}" if v["ffn"] is not None else "")
-    elif key == "capacity":
-        body = f"capacity logical == {render_value(v['multiplier'])} * physical"
-        if v["tolerance"] is not None:
-            body += f" within {render_value(v['tolerance'])}"
-    elif key == "capacity_transitions":
-        body = "capacity transitions"
-        if v["peak"] is not None:
-            body += f" peak >= {render_value(v['peak'])}"
-        if v["slack"] is not None:
-            body += f" together within {render_value(v['slack'])}"
-    elif key == "generation":
-        body = "generation"
-        if v["tokens_agree"] is not None:
-            body += f" tokens_agree >= {render_value(v['tokens_agree'])}"
-        if v["logprob_within"] is not None:
-            body += f" logprob_within {render_value(v['logprob_within'])}"
-        body += _bounds(v) + " vs baseline"
-    elif key == "graph_parity":
-        body = f"graph {v['what']} vs {v['against']}" + _bounds(v)
-    elif key.startswith("graph"):
-        body = f"graph {v['phase']} {v['mode']}"
-    elif key == "serving":
-        if v["all_complete"]:
-            body = "serving all_complete"
-        else:
-            body = f"serving completed >= {render_value(v['completed'])} of {render_value(v['of'])}"
-    elif key == "shutdown":
-        parts = ["shutdown"]
-        if "within" in v:
-            parts.append(f"within {render_value(v['within'])}")
-        if v.get("gpu_memory_released"):
-            parts.append("gpu_memory_released")
-        if v.get("no_orphans"):
-            parts.append("no_orphans")
-        if "exit_status" in v:
-            parts.append(f"exit_status in ({', '.join(str(x) for x in v['exit_status'])})")
-        body = " ".join(parts)
-    elif key == "log":
-        body = f"log {v['mode']} {quote(v['pattern'])}"
-    else:
-        raise AssertionError(key)
+    body = CONTRACTS[T.contract_of(key)].syntax.write(key, v, render_value)
     if v.get("violated"):
         on = v.get("violated_on")
         scope = ""

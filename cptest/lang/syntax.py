@@ -17,6 +17,8 @@ from typing import Any
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
+from cptest.contracts import CONTRACTS
+from cptest.contracts.base import Misread, Reader, Written
 from cptest.errors import Problem, ScenarioError, Span, did_you_mean, one_of
 from cptest.lang.lexer import ScenarioLexer
 from cptest.lang.tables import BLOCK_KEYS, TOP_BLOCK
@@ -116,6 +118,19 @@ def _tok_span(filename: str, tok: Token) -> Span:
     return Span(filename, tok.line or 0, tok.column or 0, tok.end_line or 0, tok.end_column or 0)
 
 
+def _readers() -> dict[str, Reader]:
+    """Every grammar rule a contract reads -> its reader (a clause rule two contracts share, once)."""
+    out: dict[str, Reader] = {}
+    for contract in CONTRACTS.values():
+        for rule, reader in contract.syntax.rules.items():
+            if out.setdefault(rule, reader) is not reader:
+                raise RuntimeError(f"grammar rule {rule} is read by two contracts differently")
+    return out
+
+
+READERS = _readers()
+
+
 def unquote(text: str) -> str:
     """Decode a STRING token: only `\\"` and `\\\\` are escapes, so regexes read naturally ("\\d+")."""
     body = text[1:-1]
@@ -181,7 +196,7 @@ class _Build:
         name = str(tree.data)
         method = self._methods.get(name)
         if method is None:
-            method = self._methods[name] = getattr(self, name)
+            method = self._methods[name] = self._contract_rule(name) or getattr(self, name)
         return method(tree.meta, children)
 
     def start(self, meta: Any, c: list[Any]) -> list[Any]:
@@ -396,116 +411,34 @@ class _Build:
         value = (Ident(str(kind)), unquote(str(path)) if path is not None else None)
         return Stmt("workload", "source", value, span, span, {"kind": _tok_span(self.f, kind)})
 
-    # -- expectations: (key, value dict, parts) -> Stmt in the expect block
-    def _exp(self, meta: Any, key: str, value: dict[str, Any], **parts: Span) -> Stmt:
-        span = _span(self.f, meta)
-        return Stmt("expect", key, value, span, span, dict(parts))
+    # -- expectations: each rule is read by the contract that lists it (`Syntax.rules`)
+    def _contract_rule(self, name: str) -> Any:
+        """The method for a grammar rule a contract reads, or None."""
+        reader = READERS.get(name)
+        if reader is None:
+            return None
 
-    def launch_accepted(self, meta: Any, c: list[Any]) -> Stmt:
-        return self._exp(meta, "launch", {"accepted": True})
+        def read(meta: Any, c: list[Any]) -> Any:
+            try:
+                out = reader([self._token(x) if isinstance(x, Token) else x for x in c])
+            except Misread as err:
+                raise _Dup(_span(self.f, meta), str(err)) from None
+            if not isinstance(out, Written):
+                return out  # a clause: its statement's reader takes it
+            span = _span(self.f, meta)
+            parts = {k: _tok_span(self.f, tok) for k, tok in out.parts.items()}
+            return Stmt("expect", out.key, out.value, span, span, parts)
 
-    def launch_rejected(self, meta: Any, c: list[Any]) -> Stmt:
-        matching = unquote(str(c[0])) if c[0] is not None else None
-        return self._exp(meta, "launch", {"accepted": False, "matching": matching})
+        return read
 
-    def rows_replicated(self, meta: Any, c: list[Any]) -> Stmt:
-        return self._exp(meta, "rows", {"mode": "replicated"})
-
-    def rows_kv_owner(self, meta: Any, c: list[Any]) -> Stmt:
-        return self._exp(meta, "rows", {"mode": "kv_owner", "modulus": c[0]})
-
-    def rows_split(self, meta: Any, c: list[Any]) -> Stmt:
-        strategy, ffn = c
-        parts = {"strategy": _tok_span(self.f, strategy)}
-        if ffn is not None:
-            parts["ffn"] = _tok_span(self.f, ffn)
-        value = {"mode": "split", "strategy": Ident(str(strategy)), "ffn": Ident(str(ffn)) if ffn else None}
-        return self._exp(meta, "rows", value, **parts)
-
-    def capacity(self, meta: Any, c: list[Any]) -> Stmt:
-        return self._exp(meta, "capacity", {"multiplier": c[0], "tolerance": c[1]})
-
-    def capacity_transitions(self, meta: Any, c: list[Any]) -> Stmt:
-        return self._exp(meta, "capacity_transitions", {"peak": c[0], "slack": c[1]})
-
-    def generation(self, meta: Any, c: list[Any]) -> Stmt:
-        value: dict[str, Any] = {"tokens_agree": None, "logprob_within": None, "bounds": [],
-                                 "free_running_topk": None}
-        for key, v in c:
-            if key == "bound":
-                value["bounds"].append(v)
-            else:
-                value[key] = v
-        return self._exp(meta, "generation", value)
-
-    def gen_tokens_agree(self, meta: Any, c: list[Any]) -> tuple[str, Any]:
-        return ("tokens_agree", c[1])
-
-    def gen_logprob_within(self, meta: Any, c: list[Any]) -> tuple[str, Any]:
-        return ("logprob_within", c[1])
-
-    def gen_logprob(self, meta: Any, c: list[Any]) -> tuple[str, Any]:
-        _tok, stat, limit, rel = c
-        return ("bound", {"metric": "logprob", "stat": Ident(str(stat)), "limit": limit,
-                          "relative": rel is not None})
-
-    def gen_topk_agree(self, meta: Any, c: list[Any]) -> tuple[str, Any]:
-        _tok, k, _agree, limit, rel = c
-        return ("bound", {"metric": "topk_agree", "k": k, "limit": limit, "relative": rel is not None})
-
-    def gen_free_running(self, meta: Any, c: list[Any]) -> tuple[str, Any]:
-        return ("free_running_topk", c[2])
-
-    def graph(self, meta: Any, c: list[Token]) -> Stmt:
-        phase, mode = c
-        value = {"phase": Ident(str(phase)), "mode": Ident(str(mode))}
-        return self._exp(
-            meta, f"graph {phase}", value, phase=_tok_span(self.f, phase), mode=_tok_span(self.f, mode)
-        )
-
-    def graph_parity(self, meta: Any, c: list[Any]) -> Stmt:
-        what, against, *clauses = c
-        value: dict[str, Any] = {"what": Ident(str(what)), "against": Ident(str(against)), "bounds": [],
-                                 "free_running_topk": None}
-        for key, v in clauses:
-            if key == "bound":
-                value["bounds"].append(v)
-            else:  # free_running_topk; the older keys too, which the contract refuses by name
-                value[key] = v
-        return self._exp(meta, "graph_parity", value, what=_tok_span(self.f, what),
-                         against=_tok_span(self.f, against))
-
-    def serving_completed(self, meta: Any, c: list[Any]) -> Stmt:
-        return self._exp(meta, "serving", {"all_complete": False, "completed": c[0], "of": c[1]})
-
-    def serving_all(self, meta: Any, c: list[Any]) -> Stmt:
-        return self._exp(meta, "serving", {"all_complete": True})
-
-    def within(self, meta: Any, c: list[Any]) -> tuple[str, Any]:
-        return ("within", c[0])
-
-    def gpu_memory_released(self, meta: Any, c: list[Any]) -> tuple[str, Any]:
-        return ("gpu_memory_released", True)
-
-    def no_orphans(self, meta: Any, c: list[Any]) -> tuple[str, Any]:
-        return ("no_orphans", True)
-
-    def exit_status(self, meta: Any, c: list[Token]) -> tuple[str, Any]:
-        return ("exit_status", tuple(self._int(t) for t in c))
-
-    def shutdown(self, meta: Any, c: list[tuple[str, Any]]) -> Stmt:
-        value: dict[str, Any] = {}
-        for name, v in c:
-            if name in value:
-                raise _Dup(_span(self.f, meta), f"'{name}' given twice in one shutdown expectation")
-            value[name] = v
-        return self._exp(meta, "shutdown", value)
-
-    def log_contains(self, meta: Any, c: list[Token]) -> Stmt:
-        return self._exp(meta, "log", {"mode": "contains", "pattern": unquote(str(c[0]))})
-
-    def log_absent(self, meta: Any, c: list[Token]) -> Stmt:
-        return self._exp(meta, "log", {"mode": "absent", "pattern": unquote(str(c[0]))})
+    def _token(self, tok: Token) -> Token:
+        """A named token as a contract's reader gets it: a STRING's text unquoted, its position kept;
+        an INT's length checked as every integer's."""
+        if tok.type == "STRING":
+            return Token.new_borrow_pos("STRING", unquote(str(tok)), tok)
+        if tok.type == "INT":
+            self._int(tok)
+        return tok
 
     def violated(self, meta: Any, c: list[Any]) -> Stmt:
         # `violated EXPECTATION [on ENGINE ["RELEASE"]] because "why"`

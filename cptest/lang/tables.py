@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cptest.contracts import CONTRACTS
+
 TOP_BLOCK = "scenario"
 """Name used for the scenario (or defaults) body in BLOCK_KEYS."""
 
@@ -34,19 +36,25 @@ BLOCK_KEYS: dict[str, tuple[str, ...]] = {
         "logprobs", "source", "timeout", "ignore_eos", "fill_drain",
     ),
     "sampling": ("temperature", "top_p", "top_k", "seed"),
-    "expect": (
-        "launch", "rows", "capacity", "generation", "graph", "serving", "shutdown", "log", "violated",
-    ),
+    "expect": (*dict.fromkeys(c.syntax.keyword for c in CONTRACTS.values()), "violated"),
 }  # fmt: skip
 
-EXPECT_ORDER: tuple[str, ...] = (
-    "launch", "rows", "capacity", "capacity_transitions", "generation",
-    "graph decode", "graph prefill", "serving", "shutdown", "log",
-)  # fmt: skip
-"""Canonical order of expectation statement keys (graph is keyed by phase)."""
+EXPECT_ORDER: tuple[str, ...] = tuple(key for c in CONTRACTS.values() for key in c.keys)
+"""Canonical order of expectation statement keys: the registry's (graph is keyed by phase)."""
+
+EXPECT_KEYS: dict[str, str] = {key: c.name for c in CONTRACTS.values() for key in c.keys}
+"""Expectation statement key -> its contract's name."""
+
+
+def contract_of(key: str) -> str:
+    """The contract an expectation statement's key belongs to (a key no contract lists, such as a
+    `graph` statement of an unknown phase, by its first word)."""
+    return EXPECT_KEYS.get(key, key.split()[0])
+
 
 LIST_KEYS: frozenset[tuple[str, str]] = frozenset(
-    {("", "fault"), ("serve", "flag"), ("serve", "env"), ("expect", "log")}
+    {("", "fault"), ("serve", "flag"), ("serve", "env")}
+    | {("expect", c.name) for c in CONTRACTS.values() if c.listed}
 )
 """Statements that may repeat; everything else may appear once per block."""
 

@@ -17,6 +17,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
+from cptest.contracts import CONTRACTS
 from cptest.plan.model import Plan
 from cptest.report import views
 from cptest.report.text import md_block, md_inline, xml_attr, xml_text
@@ -136,7 +137,7 @@ def matrix_rows(archives: Iterable[Path | str], judged: Judge | None = None
                 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The matrix's rows (newest archive per scenario, engine and placement: `scenario`, `engine`,
     `placement`, `status`, `by` checker, `dir`, `older`, generation `notes`, and `analysis`, the
-    label of a re-analysis whose verdict the row shows) and its checkers in order
+    label of a re-analysis whose verdict the row shows) and its checkers in the registry's order
     (`render_matrix`). Each verdict is `judged`'s (see `Judge`). Physical rows come before
     co-located ones of the same scenario."""
     newest: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -172,7 +173,9 @@ def matrix_rows(archives: Iterable[Path | str], judged: Judge | None = None
     rows = sorted(newest.values(), key=lambda r: (r["scenario"], r["engine"], r["placement"] != "physical"))
     for r in rows:
         r["older"] = older.get(_matrix_key(r), 0)
-    return rows, list(checkers)
+    # The registry's order; what is no contract (`run`, `evidence`) after, as first seen.
+    rank = {name: i for i, name in enumerate(CONTRACTS)}
+    return rows, sorted(checkers, key=lambda c: rank.get(c, len(rank)))
 
 
 def _as_archived(d: Path) -> tuple[ScenarioVerdict, str | None] | None:

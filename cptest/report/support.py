@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from cptest.contracts import CONTRACTS
 from cptest.engines.protocol import MAX_COLOCATED_RANKS
 from cptest.engines.sglang.cells import (
     ARCHITECTURES,
@@ -44,7 +45,8 @@ GAPS: Mapping[str, str] = {}
 """Family -> why a not-yet-run cell of it has no scenario (a gap of cptest, not of SGLang). Empty: cptest
 writes synthetic weights of every family in the grid; a family cptest cannot write a model of goes here."""
 
-CHECKER_ORDER = ("launch", "rows", "capacity", "generation", "graph", "serving", "shutdown", "log")
+CHECKER_ORDER = tuple(CONTRACTS)
+"""The order a run's contracts are listed in: the registry's."""
 
 
 @dataclass(frozen=True)

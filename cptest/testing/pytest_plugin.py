@@ -47,9 +47,6 @@ if TYPE_CHECKING:
     from cptest.verdict import Verdict
 
 SUFFIX = ".cps"
-QUALIFIER = {"graph": "phase", "log": "mode"}
-"""For a contract a scenario may declare more than once, the field that tells its entries apart in
-the item's name (`contract[graph:decode]`, `contract[log:absent]`); a `#2` follows only a repeat."""
 
 
 class CpsLintWarning(UserWarning):
@@ -147,11 +144,14 @@ def _in_archive(path: Path) -> bool:
 
 def contract_ids(scenario: Scenario) -> list[str]:
     """The name of each declared expectation's item, in the plan's order: the contract's name, with
-    `QUALIFIER`'s field for repeatable ones, and `#n` for the n-th repeat of the same name."""
+    its `qualifier` field for repeatable ones (`contract[graph:decode]`, `contract[log:absent]`), and
+    `#n` for the n-th repeat of the same name."""
+    from cptest.contracts import CONTRACTS
+
     seen: Counter[str] = Counter()
     out = []
     for name, entry in scenario.expect.entries():
-        field = QUALIFIER.get(name)
+        field = CONTRACTS[name].qualifier
         key = f"{name}:{getattr(entry, field)}" if field else name
         seen[key] += 1
         out.append(key if seen[key] == 1 else f"{key}#{seen[key]}")
