@@ -31,11 +31,12 @@ from cptest.lang import parse_file
 from cptest.lang.files import read_path
 from cptest.outline import Logger
 from cptest.plan import plan
-from cptest.plan.build import EXPLICIT_MEM_FRACTION, require_allowed
+from cptest.plan.archive_reader import placement_of
+from cptest.plan.build import require_allowed
+from cptest.plan.compare import FAILED, integrity_differences, plan_changes, short
 from cptest.plan.flags import flag_problems
 from cptest.plan.lint import Finding, lint
 from cptest.plan.model import Placement, Plan
-from cptest.plan.workload import prompt_sha256
 from cptest.run.launcher import Launcher
 from cptest.scenario import Scenario
 from cptest.verdict import ScenarioVerdict, read_verdict
@@ -279,6 +280,7 @@ def _run_rooted(planned: Plan, launched: Plan, out: Path, launcher: Launcher, *,
                 log: Logger, includes: Mapping[str, str] | None, environment: Mapping[str, Any] | None,
                 run_options: Any, preflight: Mapping[str, Any] | None) -> Outcome:
     from cptest.run.environment import collect_environment
+    from cptest.run.interpreter import inspect_launched, manifest_facts
     from cptest.run.models import ensure_synthetic, model_tree_sha256, weights_sha256
     from cptest.run.preflight import require
     from cptest.run.process import Interrupted, install_signal_handlers
@@ -299,10 +301,10 @@ def _run_rooted(planned: Plan, launched: Plan, out: Path, launcher: Launcher, *,
         causes = launcher_preflight(launched)
         if causes:
             raise InfrastructureError(causes)
-    engine_python = _inspect_engine_python(launched, launcher)
+    engine_python = inspect_launched(launched, launcher)
     require(launched, results=out, engine_python=engine_python, **(preflight or {}))
     env = dict(collect_environment(Path.cwd()) if environment is None else environment)
-    env.update(_engine_python_facts(env, engine_python, launcher))
+    env.update(manifest_facts(env, engine_python, launcher))
     env["weights_sha256"] = weights_sha256(model_dir)
     pins = planned.pins.model_dump(mode="json")
     if model_dir and Path(model_dir).is_dir():
@@ -349,46 +351,6 @@ def _run_rooted(planned: Plan, launched: Plan, out: Path, launcher: Launcher, *,
     verdict = checks.check(out, require_finished=False)  # this run is the one finishing it
     finish_archive(out, verdict, planned)
     return Outcome(verdict, out, error)
-
-
-def _inspect_engine_python(launched: Plan, launcher: Launcher) -> Any:
-    """What SGLang's interpreter says (`run.interpreter.inspect`) when a server of the plan runs
-    SGLang on a host interpreter (a launcher with `engine_python`: process, slurm; a container runs
-    its image's), else None. An interpreter that answered becomes the launcher's, by its absolute
-    path: the one preflight judged is the one launched."""
-    if not hasattr(launcher, "engine_python") or not any(s.engine == "sglang" for s in launched.servers()):
-        return None
-    from cptest.run.interpreter import inspect
-
-    found = inspect(launcher.engine_python)
-    if found.ok:
-        launcher.engine_python = found.path
-    return found
-
-
-def _engine_python_facts(env: Mapping[str, Any], found: Any, launcher: Launcher) -> dict[str, Any]:
-    """The manifest's facts of the engine's interpreter: SGLang's (its path, what named it, and the
-    SGLang install it imports, in place of cptest's own interpreter's), the reference engine's
-    (cptest's own), or none under a container (its image's, pinned by digest)."""
-    import sys
-
-    reasons = dict(env.get("reasons") or {})
-    if found is not None:
-        out = {"engine_python": found.path, "engine_python_named_by": found.named_by, "sglang": found.version,
-               "sglang_wheel_sha256": found.wheel_sha256, "sglang_record_sha256": found.record_sha256}
-        reasons.pop("sglang", None)
-        why = {"sglang_wheel_sha256": "pip recorded no wheel hash (installed from an index, or not by pip)",
-               "sglang_record_sha256": "its sglang distribution has no RECORD (not installed by pip)"}
-        for key, reason in why.items():
-            reasons.pop(key, None)
-            if out[key] is None:
-                reasons[key] = reason
-    elif hasattr(launcher, "engine_python"):
-        out = {"engine_python": sys.executable}
-    else:
-        out = {"engine_python": None}
-        reasons["engine_python"] = "the image's interpreter (pins.image_digest)"
-    return out | {"reasons": reasons}
 
 
 class CptestCrash(RunError):
@@ -605,7 +567,7 @@ def recompile(archive: Path, archived: Plan, *, gpu_present: bool = True) -> Pre
     Raises ScenarioError/PlanError when it does not plan, IntegrityError when the archived plan's
     placement is not one (a port out of range)."""
     try:
-        placement = _placement_of(archived)
+        placement = placement_of(archived)
     except ValueError as e:
         where = Span(str(store.Layout(archive).plan), 1, 1)
         message = f"plan.json places its servers impossibly: {_first_line(e)}"
@@ -618,39 +580,12 @@ def _first_line(e: Exception) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
-METADATA = ("source", "violated_on")
-"""Fields of an expectation that say where it was written or what it annotates, never how evidence
-is judged: the oldest archives hold absolute sources, and some no `violated_on`."""
-
-
-def expectation_core(plan: Plan) -> list[dict[str, Any]]:
-    """Each expectation as it decides a verdict: its kind and parameters, without `METADATA` (and
-    without its log patterns' `source` note)."""
-    out = []
-    for e in plan.expectations:
-        d = {k: v for k, v in e.model_dump(mode="json").items() if k not in METADATA}
-        if isinstance(d.get("log_patterns"), dict):
-            d["log_patterns"] = {k: v for k, v in d["log_patterns"].items() if k != "source"}
-        out.append(d)
-    return out
-
-
-def _servers_core(plan: Plan) -> list[dict[str, Any]]:
-    return [{"role": s.role, "engine": s.engine, "release": s.release, "world_size": s.world_size,
-             "degrees": s.topology.model_dump(mode="json"), "nodes": len(s.nodes), "probe": s.probe}
-            for s in plan.servers()]  # fmt: skip
-
-
 def integrity_problems(archive: Path) -> list[Problem]:
-    """What the archive's plan.json says that its scenario.cps, compiled again, does not: the
-    scenario's name, each expectation (kind and parameters, `expectation_core`), the servers
-    (roles, engines, releases, sizes, degrees), what each node executes (argv, environment, image,
-    model mount, GPUs, host: `_executed`) and the serve options that are not argv (`_serve_core`),
-    the faults, the workload (`_workload_core`) and the layout contracts. What legitimately differs
-    between the run and now is left out: the CPUs a machine without them leaves unpinned, the
-    image digest and model hash pinned at run time, cptest's version, where each expectation was
-    written, and what an older planner wrote differently (`LEGACY_PLANNER`). A scenario that no
-    longer parses or plans is a problem too."""
+    """What the archive's plan.json says that its scenario.cps, compiled again, does not
+    (`plan.compare.integrity_differences`: expectations, servers, what each node executes, serve
+    options, faults, workload, layout contracts). What legitimately differs between the run and now,
+    and what an older planner wrote differently, is left out (`plan.archive_reader`). A scenario that
+    no longer parses or plans is a problem too."""
     layout = store.Layout(archive)
     archived = checks.load_plan(archive)
     hint = "plan.json or scenario.cps was edited after the run: restore the archive from a copy you trust"
@@ -659,126 +594,7 @@ def integrity_problems(archive: Path) -> list[Problem]:
     except (ScenarioError, PlanError) as e:
         return [Problem(Span(str(layout.scenario), 1, 1), f"{FAILED}: the archived scenario.cps does not "
                         f"compile: {_first_line(e)}", hint=hint)]
-    out: list[Problem] = []
-
-    def bad(message: str, expected: Any = None, found: Any = None) -> None:
-        out.append(Problem(Span(str(layout.plan), 1, 1), f"{FAILED}: {message}", hint=hint,
-                           expected=None if expected is None else _short(expected),
-                           found=None if found is None else _short(found)))
-
-    if archived.scenario != planned.scenario:
-        bad("plan.json names another scenario than scenario.cps", planned.scenario, archived.scenario)
-    ours, theirs = expectation_core(archived), expectation_core(planned)
-    if len(ours) != len(theirs):
-        bad(f"plan.json holds {len(ours)} expectations, scenario.cps compiles to {len(theirs)}",
-            [e["kind"] for e in theirs], [e["kind"] for e in ours])
-    else:
-        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
-            keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-            if keys:
-                bad(f"expectation {i + 1} ({b['kind']}) differs from scenario.cps in {', '.join(keys)}",
-                    {k: b.get(k) for k in keys}, {k: a.get(k) for k in keys})
-    if _servers_core(archived) != _servers_core(planned):
-        bad("plan.json's servers (roles, engines, sizes, degrees) differ from scenario.cps",
-            _servers_core(planned), _servers_core(archived))
-    faults = [[f.model_dump(mode="json") for f in p.faults] for p in (archived, planned)]
-    if faults[0] != faults[1]:
-        bad("plan.json's faults differ from scenario.cps", faults[1], faults[0])
-    counts = [len(p.workload.requests) for p in (archived, planned)]
-    if counts[0] != counts[1]:
-        bad(f"plan.json plans {counts[0]} requests, scenario.cps {counts[1]}")
-    legacy = _planned_before_d43(archived)
-    if _servers_core(archived) == _servers_core(planned):  # else named above; nodes cannot be paired
-        old, new = _launch_core(archived, legacy=legacy), _launch_core(planned, legacy=legacy)
-        for role in old:
-            for k, (a, b) in enumerate(zip(old[role]["nodes"], new[role]["nodes"], strict=True)):
-                for key in (key for key in a if a[key] != b[key]):
-                    bad(f"{role} node {k} {key} differs from what scenario.cps plans", b[key], a[key])
-            was, now = old[role]["serve"], new[role]["serve"]
-            for key in (key for key in was if was[key] != now[key]):
-                bad(f"the {role} server's {key} differs from what scenario.cps plans", now[key], was[key])
-    if counts[0] == counts[1]:
-        ours_w, theirs_w = _workload_core(archived, legacy=legacy), _workload_core(planned, legacy=legacy)
-        for key in (key for key in ours_w if ours_w[key] != theirs_w[key]):
-            bad(f"plan.json's workload {key} differs from what scenario.cps plans",
-                theirs_w[key], ours_w[key])
-    for key in ("contracts", "model_facts", "deadline_s", "unsafe"):
-        a, b = (getattr(p, key) for p in (archived, planned))
-        if a != b:
-            bad(f"plan.json's {key} differs from what scenario.cps plans",
-                None if b is None else b.model_dump(mode="json") if hasattr(b, "model_dump") else b,
-                None if a is None else a.model_dump(mode="json") if hasattr(a, "model_dump") else a)
-    return out
-
-
-LEGACY_PLANNER = (("--cuda-graph-backend-prefill", "disabled"),)
-"""Flag pairs an older planner (absolute model mounts) put into argv that this one leaves to the
-engine. An archive of that planner (its plan names the model by an absolute path) may hold them
-where the re-plan does not; each only disables something. Every other argv difference is tampering
-or a planner change to list here, with the archives it keeps valid."""
-
-
-def _planned_before_d43(plan: Plan) -> bool:
-    """Whether the older planner made `plan`: every model mount is an absolute path."""
-    mounts = [n.model_mount for s in plan.servers() for n in s.nodes if n.model_mount]
-    return bool(mounts) and all(os.path.isabs(m) for m in mounts)
-
-
-def _without_legacy_flags(argv: list[str]) -> list[str]:
-    out, i = [], 0
-    while i < len(argv):
-        if tuple(argv[i:i + 2]) in LEGACY_PLANNER:
-            i += 2
-            continue
-        out.append(argv[i])
-        i += 1
-    return out
-
-
-def _launch_core(plan: Plan, *, legacy: bool) -> dict[str, dict[str, Any]]:
-    """By role: what each node executes (`_executed`) and the serve options of the server that are
-    not argv. A plan of the older planner (`legacy`) is read without `LEGACY_PLANNER`'s flags
-    and without the `eager` label, which that planner set whenever decode graphs were off."""
-    executed = _executed(plan, legacy_model=legacy)
-    out = {}
-    for s in plan.servers():
-        nodes = executed[s.role]
-        if legacy:
-            nodes = [n | {"argv": _without_legacy_flags(n["argv"])} for n in nodes]
-        out[s.role] = {"nodes": nodes, "serve": _serve_core(s, legacy=legacy)}
-    return out
-
-
-def _serve_core(server: Any, *, legacy: bool) -> dict[str, Any]:
-    core = {"ready_timeout_s": server.ready_timeout_s, "shutdown_timeout_s": server.shutdown_timeout_s,
-            "process_title_prefix": server.process_title_prefix, "probe": server.probe,
-            "geometry": [g.model_dump(mode="json") for g in server.geometry],
-            "colocation": server.colocation.model_dump(mode="json") if server.colocation else None}
-    return core if legacy else core | {"eager": server.eager}
-
-
-def _workload_core(plan: Plan, *, legacy: bool) -> dict[str, Any]:
-    """The workload as it decides what is sent: every field, each prompt as the hash of its token
-    ids however the plan holds them (stored, or named in the synthetic stream, as plans of version 3
-    do), and without the prompts where an older planner generated them (`legacy`), whose prompts
-    differ from this one's."""
-    w = plan.workload.model_dump(mode="json")
-    requests = w.pop("requests")
-    for planned, r in zip(plan.workload.requests, requests, strict=True):
-        r.pop("prompt")
-        if not legacy:
-            r["prompt_sha256"] = prompt_sha256(planned.input_ids)
-    return w | {"requests": requests}
-
-
-FAILED = "integrity check failed"
-
-
-def _short(value: Any, width: int = 300) -> str:
-    import json
-
-    text = json.dumps(value, sort_keys=True)
-    return text if len(text) <= width else text[: width - 3] + "..."
+    return integrity_differences(archived, planned, str(layout.plan), hint)
 
 
 @dataclass(frozen=True)
@@ -796,55 +612,6 @@ class PlanChanged(CptestError):
     model mounts, GPUs): refused unless the user trusts the change (`--accept-plan-changes`)."""
 
     exit_code = 3
-
-
-def _executed(plan: Plan, *, legacy_model: bool) -> dict[str, list[dict[str, Any]]]:
-    """What each server's nodes execute, by role: argv, environment, image (without the digest a
-    run pins), model mount, GPU ids, host. With `legacy_model` (an archive of the older planner, whose
-    plan holds an absolute model path where a plan now says `<models>/NAME`) the model directory
-    is named `<model>` wherever it stands: which model it is, the pinned tree hash decides. So is a
-    model given by its path (`model local`), which a plan writes relative to the scenario's folder:
-    the archived scenario lies in another folder than the one the run was planned from, so the same
-    model has another relative path there."""
-
-    def node(n: Any) -> dict[str, Any]:
-        by_path = bool(n.model_mount) and n.model_mount.startswith(paths.SCENARIO + "/")
-        model = n.model_mount if legacy_model or by_path else None
-        return {"argv": ["<model>" if model and a == model else a for a in n.argv], "env": dict(n.env),
-                "image": n.image.split("@", 1)[0] if n.image else None,
-                "model_mount": "<model>" if model else n.model_mount, "gpu_ids": list(n.gpu_ids),
-                "host": n.host}
-
-    return {s.role: [node(n) for n in s.nodes] for s in plan.servers()}
-
-
-def plan_changes(archived: Plan, planned: Plan) -> list[Problem]:
-    """What the new plan would execute that the archived one did not, one problem per difference
-    (`_executed`), plus another scenario name (it decides where the new archive is written). The
-    model path is compared as written, unless every archived mount is an absolute path (an archive
-    of the older planner): then by the pinned hash alone."""
-    out = []
-    if archived.scenario != planned.scenario:
-        out.append(Problem(None, "plan.json names another scenario than scenario.cps",
-                           expected=_short(planned.scenario), found=_short(archived.scenario)))
-    mounts = [n.model_mount for s in archived.servers() for n in s.nodes if n.model_mount]
-    legacy = bool(mounts) and all(os.path.isabs(m) for m in mounts)
-    old, new = _executed(archived, legacy_model=legacy), _executed(planned, legacy_model=legacy)
-    for role in sorted(set(old) | set(new)):
-        if role not in new or role not in old:
-            where = "archived plan" if role in old else "new plan"
-            out.append(Problem(None, f"the {role} server is only in the {where}"))
-            continue
-        if len(old[role]) != len(new[role]):
-            counts = f"{len(old[role])} nodes archived, {len(new[role])} now"
-            out.append(Problem(None, f"the {role} server has {counts}"))
-            continue
-        for k, (a, b) in enumerate(zip(old[role], new[role], strict=True)):
-            for key in a:
-                if a[key] != b[key]:
-                    out.append(Problem(None, f"{role} node {k} {key} differs",
-                                       expected=f"now {_short(b[key])}", found=f"archived {_short(a[key])}"))
-    return out
 
 
 def rerun(archive: Path, results: Path, launcher: Launcher, *, log: Logger, now: datetime,
@@ -881,7 +648,7 @@ def rerun(archive: Path, results: Path, launcher: Launcher, *, log: Logger, now:
     pinned = model_pin.get("sha256") or archived.pins.model.sha256
     if pinned is not None and not (isinstance(pinned, str) and len(pinned) == 64
                                    and all(c in "0123456789abcdef" for c in pinned)):
-        message = f"the model's pinned tree hash {_short(pinned, 80)} is not a sha256"
+        message = f"the model's pinned tree hash {short(pinned, 80)} is not a sha256"
         raise store.IntegrityError(Problem(Span(str(layout.manifest), 1, 1), message))
     # A launcher that runs images pins each node's image now, as the run will (its preflight):
     # compared before, a docker archive's pinned image would read as a change.
@@ -919,48 +686,3 @@ def rerun(archive: Path, results: Path, launcher: Launcher, *, log: Logger, now:
                            models=store_root, scenario_dir=archive)
     # Accepted changes may include the scenario's name: the user asked for this comparison.
     return Rerun(outcome, diff(archive, out, other_scenario=accept_plan_changes))
-
-
-def _placement_of(archived: Plan) -> Placement:
-    """Where the archived run's servers ran: the same ports and GPUs (CPUs only where this machine
-    has them all, else unpinned)."""
-    node = archived.main.nodes[0]
-    # The baseline's port is also the control's and the eager twin's (their runs never overlap); a
-    # plan may have the twin without a baseline (`graph parity vs eager free_running topk K`).
-    second = next((s for s in (archived.baseline, archived.control, archived.eager) if s is not None), None)
-    base = second.nodes[0].port if second is not None else Placement().baseline_port
-    cpus = node.cpus
-    if cpus and not set(cpus) <= set(os.sched_getaffinity(0)):
-        cpus = None
-    colocated = [s.colocation for s in archived.servers() if s.colocation is not None]
-    if colocated:
-        # The GPUs the ranks were spread over, in the order the widest server took them.
-        widest = max(colocated, key=lambda c: len(c.rank_gpus))
-        gpus = list(dict.fromkeys(widest.rank_gpus))
-        explicit = widest.mem_fraction if widest.mem_fraction_basis == EXPLICIT_MEM_FRACTION else None
-        return Placement(main_port=node.port, baseline_port=base, gpus=gpus, cpus=cpus, mode="colocated",
-                         rank_mem_fraction=explicit)
-    return Placement(main_port=node.port, baseline_port=base, gpus=list(node.gpu_ids) or None, cpus=cpus)
-
-
-def launcher_named(name: str, *, engine_python: str | None = None) -> Launcher:
-    """The launcher the CLI's `--launcher` names: `process` (local process trees), `docker` or
-    `slurm` (a Slurm job per server, docs/slurm.md). `engine_python` names SGLang's interpreter
-    (`run.interpreter`); a container runs its image's, so naming one there is bad input (exit 2)."""
-    if name == "slurm":
-        from cptest.run.slurm import SlurmLauncher
-
-        return SlurmLauncher(engine_python=engine_python)
-    if name == "docker":
-        if engine_python is not None:
-            raise ScenarioError(Problem(None, "--engine-python names an interpreter of this machine; under "
-                                        "--launcher docker SGLang runs on its image's (pinned by digest)",
-                                        hint="leave --engine-python out, or use --launcher process"))
-        from cptest.run.docker import DockerLauncher
-
-        return DockerLauncher()
-    from cptest.run.process import ProcessLauncher
-
-    return ProcessLauncher(engine_python=engine_python)
-
-

@@ -1,6 +1,6 @@
 """Specification of the `cptest` command, through the real console entry (`python -m cptest`, argv lists).
 
-Exit codes (cli.py): 0 ok/pass, 1 lint findings/fail/would reformat, 2 bad input, 3 unknown verdict or
+Exit codes (cptest/cli/): 0 ok/pass, 1 lint findings/fail/would reformat, 2 bad input, 3 unknown verdict or
 infrastructure failure. Commands that would start SGLang are only tested for refusing to (no GPU here).
 """
 
@@ -433,11 +433,11 @@ def test_json_error_output_parses(tmp_path: Path):
 
 
 def test_the_verdict_text_of_a_colocated_run_says_so_on_its_first_line(tmp_path: Path):
-    from cptest.cli import _verdict_text
+    from cptest.cli import verdict_text
     from cptest.verdict import Verdict, scenario_verdict
 
     verdicts = [Verdict(checker="rows", status="pass", reason="ok")]
     physical = scenario_verdict("dcp2", "sglang", "0.5.17", verdicts)
     colocated = scenario_verdict("dcp2", "sglang", "0.5.17", verdicts, placement="colocated")
-    assert _verdict_text(physical, tmp_path).splitlines()[0] == "dcp2: PASS (engine sglang)"
-    assert _verdict_text(colocated, tmp_path).splitlines()[0] == "dcp2: PASS (engine sglang, co-located)"
+    assert verdict_text(physical, tmp_path).splitlines()[0] == "dcp2: PASS (engine sglang)"
+    assert verdict_text(colocated, tmp_path).splitlines()[0] == "dcp2: PASS (engine sglang, co-located)"

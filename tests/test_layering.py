@@ -32,6 +32,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engines", ("cptest.engines",)),
     ("lang", ("cptest.lang",)),
     ("plan", ("cptest.plan",)),
+    # The image lock and the builder of cptest's own images: the docker launcher (run) asks the lock
+    # which digest an image must have and the Kubernetes renderer (k8s) what it pins, so both sit
+    # above it; the builder needs only the lock and the container engine's client it is handed.
+    ("images", ("cptest.image",)),
     ("run", ("cptest.run",)),
     ("k8s", ("cptest.k8s",)),
     ("checks", ("cptest.checks",)),
@@ -137,7 +141,7 @@ def test_the_scan_finds_an_upward_import_and_a_fixture_import(tmp_path: Path):
 @pytest.mark.parametrize(("module", "layer"), [
     ("cptest.contracts.rows", "contracts"), ("cptest.plan.model", "plan"), ("cptest.store", "evidence"),
     ("cptest.engines.sglang.releases", "engines"), ("cptest.reference.server", "engine runtimes"),
-    ("cptest.k8s.render", "k8s"),
+    ("cptest.k8s.render", "k8s"), ("cptest.image.lock", "images"),
 ])  # fmt: skip
 def test_a_module_is_placed_by_its_longest_prefix(module: str, layer: str):
     assert LAYERS[layer_of(module)][0] == layer  # type: ignore[index]

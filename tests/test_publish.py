@@ -133,10 +133,11 @@ def test_matrix_says_once_whether_it_read_trial_runs_or_published_evidence(
     from click.testing import CliRunner
 
     from cptest import cli
+    from cptest.cli import archives
 
     runs = tmp_path / "runs"
     shutil.copytree(ARCHIVE, runs / ARCHIVE.parent.name / ARCHIVE.name)
-    monkeypatch.setattr(cli, "RUNS", runs)
+    monkeypatch.setattr(archives, "RUNS", runs)  # where `matrix` reads which folders are trial runs
     trial = CliRunner().invoke(cli.main, ["matrix", str(runs)])
     assert trial.exit_code == 0, trial.output
     assert f"1 archive(s) under {runs}: trial runs, not published evidence" in trial.stderr

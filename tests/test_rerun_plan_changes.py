@@ -1,4 +1,4 @@
-"""Specifications of `pipeline.plan_changes`: what a rerun compares between the archived plan and
+"""Specifications of `plan.compare.plan_changes`: what a rerun compares between the archived plan and
 the plan this cptest makes of the archived scenario (the tamper suite, tests/test_tamper.py, runs
 the whole command)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cptest.pipeline import plan_changes
+from cptest.plan.compare import plan_changes
 from cptest.plan.model import Plan
 from cptest.testing.archives import make_plan, server_plan
 

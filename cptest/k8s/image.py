@@ -17,14 +17,11 @@ given, say whether it is pinned by digest (`cptest/image-pinned`) and what the l
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from cptest.errors import CptestError, PlanError, Problem
+from cptest.image.build import RECIPES
+from cptest.image.lock import ImageLock, lock_path
 from cptest.k8s.render import SOURCE_ENGINES, Image, is_pinned
 from cptest.plan.model import Plan
-
-if TYPE_CHECKING:
-    from cptest.run.docker import ImageLock
 
 SGLANG_IMAGE = "sglang-cptest:{release}"
 """The lock's name for the SGLang image of a release (images/README.md)."""
@@ -35,9 +32,6 @@ def resolve(plan: Plan, override: str | None) -> Image:
     the image, and for the reference engine the image itself and where it expects cptest. A lock that
     cannot be read only changes the note, except for a reference plan naming no image (PlanError:
     only the lock names the reference image)."""
-    # Imported here: the docker SDK loads only when manifests are rendered, not with the CLI.
-    from cptest.run.docker import ImageLock, lock_path
-
     try:
         lock: ImageLock | None = ImageLock.load(lock_path())
         unreadable = ""
@@ -64,8 +58,6 @@ def resolve(plan: Plan, override: str | None) -> Image:
     entry = lock.entries.get(reference) if lock else None
     mount = None
     if engine in SOURCE_ENGINES:
-        from cptest.run.image import RECIPES
-
         recipe = RECIPES.get(engine)
         mount = (entry.cptest_mount if entry else None) or (recipe.cptest_mount if recipe else None)
     known = {"lock_digest": entry.digest if entry else None, "cptest_mount": mount}
@@ -80,8 +72,6 @@ def resolve(plan: Plan, override: str | None) -> Image:
 
 
 def _lock_says(lock: ImageLock | None, reference: str) -> str:
-    from cptest.run.docker import lock_path
-
     if lock is None:
         return "no readable image lock"
     entry = lock.entries.get(reference)

@@ -2,10 +2,11 @@
 
 Contract (the `Launcher` protocol of `cptest.run.launcher`, plus what containers add):
 
-- An image runs only if `images/lock.json` pins it and the local image has the pinned digest
-  (its image ID, or the digest part of one of its repo digests). An image that is missing from the
-  lock, marked `"status": "unbuilt"`, absent locally, or of another digest is refused with a
-  `RunError` (exit 3) *before* anything is created. Images are never pulled implicitly.
+- An image runs only if `images/lock.json` (read through `cptest.image.lock`, its one owner) pins it
+  and the local image has the pinned digest (its image ID, or the digest part of one of its repo
+  digests). An image that is missing from the lock, marked `"status": "unbuilt"`, absent locally, or
+  of another digest is refused with a `RunError` (exit 3) *before* anything is created. Images are
+  never pulled implicitly.
 - `pin_images(plan)`, which the pipeline calls before the archive is begun, does that check for every
   node of every server at once and returns the plan with the images it will run: a node that names
   no image gets the lock's image for its engine (`"engine": "reference"`: the reference engine's
@@ -40,7 +41,6 @@ Docker SDK and engine errors are turned into `RunError` here; they never reach t
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -48,184 +48,35 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import docker
 import docker.errors
-import docker.types
 import psutil
 import requests.exceptions
 
-import cptest
-from cptest.errors import Problem, RunError, did_you_mean, one_of
+from cptest.errors import Problem, RunError
+from cptest.image.lock import BUILD_HINT, ImageLock, lock_path
 from cptest.plan.model import NodeLaunch, Plan
 from cptest.run import gpu
+from cptest.run.container_config import (
+    LABEL_LAUNCHER,
+    LABEL_NODE,
+    container_config,
+    gpu_access_of,
+    gpu_device_nodes,
+)
 from cptest.run.launcher import ExitInfo
 from cptest.run.preflight import Cause, InfrastructureError
 
 log = logging.getLogger(__name__)
 
-LOCK_VERSION = 1
-"""Version of the `images/lock.json` format this module reads."""
-
-DEFAULT_LOCK_PATH = Path(__file__).resolve().parents[2] / "images" / "lock.json"
-"""The committed lock of the repository (images/lock.json)."""
-LOCK_ENV = "CPTEST_IMAGE_LOCK"
-"""Names another lock file in place of the committed one (tests; a site's own images)."""
-
-
-def lock_path() -> Path:
-    """The lock the launcher and `cptest image build` use: $CPTEST_IMAGE_LOCK, else images/lock.json."""
-    return Path(os.environ.get(LOCK_ENV) or DEFAULT_LOCK_PATH)
-
-LABEL_RUN = "cptest.run"
-LABEL_ROLE = "cptest.role"
-LABEL_NODE = "cptest.node"
-LABEL_SCENARIO = "cptest.scenario"
-LABEL_LAUNCHER = "cptest.launcher"
-"""Always `docker`: `.ci/container-engine.sh stop` and `sweep` find our containers by it."""
-
-LOCK_STATUSES = ("pinned", "unbuilt")
-LOCK_ENTRY_KEYS = ("digest", "status", "build", "dockerfile", "sglang", "note", "engine", "cptest_mount",
-                   "layer", "inputs", "driver_mounts")
-"""Keys of one lock entry. The launcher reads digest, status, build, engine, cptest_mount and
-driver_mounts; `cptest image build` reads layer and inputs; the rest documents the image."""
-_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-_BUILD_HINT = "build it and pin it as images/README.md describes"
-
 # Exit statuses above 128 are the init's report of a signal death (128 + N); the process launcher
 # reports those as -N (subprocess convention), and the two launchers must agree (ExitInfo.status).
 _SIGNAL_BASE = 128
 _MAX_SIGNAL = 64
-
-
-def container_labels(run_id: str, role: str, scenario: str, node_rank: int | None = None) -> dict[str, str]:
-    """The labels the supervisor passes to `start` and `sweep` (node is added by `start`)."""
-    labels = {LABEL_RUN: run_id, LABEL_ROLE: role, LABEL_SCENARIO: scenario}
-    if node_rank is not None:
-        labels[LABEL_NODE] = str(node_rank)
-    return labels
-
-
-# --------------------------------------------------------------------------------------------------
-# The image lock
-
-
-@dataclass(frozen=True)
-class LockEntry:
-    """One image reference of the lock. `digest` is None exactly when `status` is "unbuilt"."""
-
-    reference: str
-    digest: str | None
-    status: str
-    build: str | None = None
-    """How to build the image (a human instruction; shown when the entry is unbuilt)."""
-    engine: str | None = None
-    """The engine whose nodes run this image when their plan names none (at most one per engine)."""
-    cptest_mount: str | None = None
-    """Where the image expects the cptest package (mounted read-only from the running checkout)."""
-    driver_mounts: tuple[str, ...] = ()
-    """Host paths bound read-only at the same path when GPUs go in as device nodes (Podman): the
-    driver's user-space libraries, which the image cannot carry (they must match the host's driver)."""
-
-
-@dataclass(frozen=True)
-class ImageLock:
-    """`images/lock.json`: image reference -> pinned digest. Read with `ImageLock.load`."""
-
-    path: Path
-    entries: dict[str, LockEntry] = field(default_factory=dict)
-
-    @classmethod
-    def load(cls, path: Path | str = DEFAULT_LOCK_PATH) -> ImageLock:
-        """Read and validate a lock file; every problem of the file is reported at once (RunError)."""
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise RunError(
-                Problem(None, f"image lock {path} does not exist", hint="see images/README.md")
-            ) from None
-        except (OSError, json.JSONDecodeError) as e:
-            raise RunError(Problem(None, f"image lock {path} is unreadable: {e}")) from None
-        return cls.from_data(data, path)
-
-    @classmethod
-    def from_data(cls, data: Any, path: Path | str = "<lock>") -> ImageLock:
-        path = Path(path)
-        problems: list[Problem] = []
-        if not isinstance(data, dict) or not isinstance(data.get("images"), dict):
-            raise RunError(Problem(None, f"{path}: expected an object with an \"images\" object"))
-        if data.get("lock_version") != LOCK_VERSION:
-            problems.append(
-                Problem(None, f"{path}: unsupported lock_version",
-                        expected=str(LOCK_VERSION), found=repr(data.get("lock_version")))
-            )
-        entries: dict[str, LockEntry] = {}
-        for ref, raw in data["images"].items():
-            where = f"{path}: images[{ref!r}]"
-            if not isinstance(raw, dict):
-                problems.append(Problem(None, f"{where} is not an object"))
-                continue
-            for key in sorted(set(raw) - set(LOCK_ENTRY_KEYS)):
-                close = did_you_mean(key, LOCK_ENTRY_KEYS)
-                problems.append(Problem(None, f"{where} has an unknown key {key!r}",
-                                        expected=one_of(LOCK_ENTRY_KEYS),
-                                        hint=f"did you mean {close!r}?" if close else None))
-            status = raw.get("status", "pinned")
-            digest = raw.get("digest")
-            if status not in LOCK_STATUSES:
-                problems.append(Problem(None, f"{where}.status is not known",
-                                        expected=one_of(LOCK_STATUSES), found=repr(status)))
-                continue
-            if status == "pinned" and not (isinstance(digest, str) and _DIGEST_RE.match(digest)):
-                problems.append(Problem(None, f"{where}.digest must be a sha256 digest when pinned",
-                                        expected="sha256:<64 hex digits>", found=repr(digest)))
-                continue
-            if status == "unbuilt" and digest is not None:
-                problems.append(Problem(None, f"{where} is unbuilt but has a digest",
-                                        expected="null", found=repr(digest),
-                                        hint='set "status": "pinned" once the digest is real'))
-                continue
-            engine = raw.get("engine")
-            if engine is not None and any(e.engine == engine for e in entries.values()):
-                problems.append(Problem(None, f"{where}: a second image for engine {engine!r}",
-                                        hint="one image per engine; remove the older entry"))
-                continue
-            mounts = raw.get("driver_mounts", [])
-            if not isinstance(mounts, list) or not all(
-                    isinstance(m, str) and os.path.isabs(m) for m in mounts):
-                problems.append(Problem(None, f"{where}.driver_mounts must be a list of absolute host paths",
-                                        expected='["/usr/local/nvidia", ...]', found=repr(mounts)))
-                continue
-            entries[ref] = LockEntry(ref, digest, status, raw.get("build"), engine, raw.get("cptest_mount"),
-                                     tuple(mounts))
-        if problems:
-            raise RunError(problems)
-        return cls(path, entries)
-
-    def for_engine(self, engine: str) -> LockEntry | None:
-        """The entry marked `"engine": engine` (the image of nodes that name none), or None."""
-        return next((e for e in self.entries.values() if e.engine == engine), None)
-
-    def entry(self, reference: str) -> LockEntry:
-        """The pinned entry of `reference`; RunError if it is absent or unbuilt."""
-        found = self.entries.get(reference)
-        if found is None:
-            close = did_you_mean(reference, self.entries)
-            raise RunError(Problem(
-                None, f"image {reference!r} is not pinned in {self.path}",
-                expected=one_of(sorted(self.entries)) or "an entry for it",
-                hint=(f"did you mean {close!r}?" if close else f"{_BUILD_HINT}, then add it to the lock"),
-            ))
-        if found.status == "unbuilt":
-            raise RunError(Problem(
-                None, f"image {reference!r} is unbuilt: {self.path} has no digest for it",
-                hint=f"{found.build or _BUILD_HINT}; then set its digest and \"status\": \"pinned\"",
-            ))
-        return found
 
 
 def image_digests(attrs: Mapping[str, Any]) -> list[str]:
@@ -257,7 +108,7 @@ def verify_image(client: docker.DockerClient, reference: str, lock: ImageLock) -
     except docker.errors.ImageNotFound:
         raise ImageRefused("image_missing", Problem(
             None, f"image {reference!r} is not present in the container engine",
-            expected=pinned.digest, hint=f"{pinned.build or _BUILD_HINT} (cptest never pulls implicitly)",
+            expected=pinned.digest, hint=f"{pinned.build or BUILD_HINT} (cptest never pulls implicitly)",
         )) from None
     except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
         raise _engine_error(f"looking up image {reference!r}", e) from None
@@ -272,36 +123,6 @@ def verify_image(client: docker.DockerClient, reference: str, lock: ImageLock) -
     return str(pinned.digest)
 
 
-# --------------------------------------------------------------------------------------------------
-# What a container is made of (pure: tested without an engine)
-
-
-def gpu_device_requests(gpu_ids: list[int]) -> list[docker.types.DeviceRequest]:
-    """The device request for exactly these GPUs; no request at all for a CPU node."""
-    if not gpu_ids:
-        return []
-    return [docker.types.DeviceRequest(device_ids=[str(g) for g in gpu_ids], capabilities=[["gpu"]])]
-
-
-GPU_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
-"""The driver's device nodes every CUDA process opens besides its GPUs' (`nvidia-modeset` where present)."""
-
-
-def gpu_device_nodes(gpu_ids: list[int], minors: Mapping[int, int], dev: Path = Path("/dev")) -> list[str]:
-    """Docker `devices` entries (`HOST:CONTAINER:rwm`) for exactly these GPUs: `/dev/nvidia<minor>`
-    of each and the control nodes present; RunError when a GPU's node is missing (an infrastructure
-    fault: the run is `unknown`, never an engine failure)."""
-    if not gpu_ids:
-        return []
-    nodes = [dev / f"nvidia{minors[g]}" for g in gpu_ids]
-    missing = [str(n) for n in nodes if not n.exists()]
-    if missing:
-        raise RunError(Problem(None, f"GPU device node(s) {', '.join(missing)} not found on this host",
-                               hint="the GPUs the plan names must exist here (nvidia-smi -L)"))
-    nodes += [dev / n for n in GPU_CONTROL_NODES if (dev / n).exists()]
-    return [f"{n}:{n}:rwm" for n in nodes]
-
-
 def engine_gpu_access(client: docker.DockerClient) -> str:
     """How this engine attaches GPUs: "device_requests" (Docker, through NVIDIA's runtime hook) or
     "device_nodes" (Podman, whose Docker-compatible API ignores device requests)."""
@@ -309,88 +130,6 @@ def engine_gpu_access(client: docker.DockerClient) -> str:
         return gpu_access_of(client.version())
     except (docker.errors.DockerException, requests.exceptions.RequestException):
         return "device_requests"
-
-
-def gpu_access_of(version: Mapping[str, Any]) -> str:
-    """`engine_gpu_access` from the engine's /version answer: Podman names itself in a component."""
-    components = version.get("Components") or []
-    names = [str(c.get("Name", "")) for c in components if isinstance(c, dict)]
-    return "device_nodes" if any("podman" in n.lower() for n in names) else "device_requests"
-
-
-def container_env(node: NodeLaunch) -> dict[str, str]:
-    """The node's env; with GPUs, CUDA_VISIBLE_DEVICES renumbered as the container sees them (0..n-1)."""
-    env = dict(node.env)
-    if node.gpu_ids:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(node.gpu_ids)))
-    return env
-
-
-def container_config(
-    node: NodeLaunch,
-    labels: Mapping[str, str],
-    *,
-    probe_dir: Path | None = None,
-    ipc_mode: str = "host",
-    shm_size: str | None = "16g",
-    init: bool = True,
-    cptest_mount: str | None = None,
-    device_nodes: list[str] | None = None,
-    driver_mounts: tuple[str, ...] = (),
-    gpus: bool = True,
-) -> dict[str, Any]:
-    """Keyword arguments for `client.containers.create` of this node (image checked elsewhere).
-
-    `cptest_mount`: the image runs cptest from there (its lock entry says so): the running cptest
-    package is mounted read-only under it and PYTHONPATH points at it. `device_nodes` (an engine
-    that ignores device requests: `gpu_device_nodes`): the GPUs go in as these devices, with
-    `driver_mounts` bound read-only, instead of a device request. `gpus` False: no GPU at all (a
-    reference-engine node, which models GPUs on the CPU)."""
-    if node.image is None:
-        raise RunError(Problem(None, f"node {node.node_rank} has no image; the docker launcher needs one",
-                               hint="give the scenario's engine an image, or use the process launcher"))
-    volumes: dict[str, dict[str, str]] = {}
-    if node.model_mount:
-        volumes[node.model_mount] = {"bind": node.model_mount, "mode": "ro"}
-    if probe_dir is None and node.env.get("CPTEST_PROBE_DIR"):
-        # The runner tells the ranks where to write their evidence: it must be the host's folder.
-        probe_dir = Path(node.env["CPTEST_PROBE_DIR"])
-    if probe_dir is not None:
-        volumes[str(probe_dir)] = {"bind": str(probe_dir), "mode": "rw"}
-    env = container_env(node)
-    if cptest_mount:
-        volumes.update(cptest_volume(cptest_mount))
-        env["PYTHONPATH"] = cptest_mount
-    if device_nodes and gpus:
-        for m in driver_mounts:
-            volumes[m] = {"bind": m, "mode": "ro"}
-    config: dict[str, Any] = {
-        "image": node.image,
-        "command": list(node.argv),
-        "environment": env,
-        "labels": {**labels, LABEL_NODE: str(node.node_rank), LABEL_LAUNCHER: "docker"},
-        "network_mode": "host",
-        "ipc_mode": ipc_mode,
-        "init": init,
-        "volumes": volumes,
-        "detach": True,
-        "device_requests": [] if device_nodes or not gpus else gpu_device_requests(node.gpu_ids),
-    }
-    if device_nodes and gpus:
-        config["devices"] = list(device_nodes)
-    if node.cpus:  # a suite's placement: the container runs on these host CPUs only
-        config["cpuset_cpus"] = ",".join(str(c) for c in node.cpus)
-    # With the host's IPC namespace /dev/shm is the host's: Docker ignores shm_size there and
-    # Podman refuses the pair ("cannot set shmsize when running in the host IPC Namespace").
-    if shm_size and ipc_mode != "host":
-        config["shm_size"] = shm_size
-    return config
-
-
-def cptest_volume(mount: str) -> dict[str, dict[str, str]]:
-    """The running cptest package, read-only at `<mount>/cptest` (docs/containers.md, section 3)."""
-    package = Path(cptest.__file__).resolve().parent
-    return {str(package): {"bind": f"{mount.rstrip('/')}/cptest", "mode": "ro"}}
 
 
 def engine_client(base_url: str | None = None, timeout_s: float = 60.0) -> docker.DockerClient:

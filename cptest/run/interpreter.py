@@ -27,8 +27,15 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cptest.plan.model import Plan
+    from cptest.run.launcher import Launcher
 
 ENV_VAR = "CPTEST_SGLANG_PYTHON"
 DEFAULT = "python3"
@@ -166,3 +173,39 @@ def same_release(installed: str, release: str) -> bool:
         return True
     m = _RELEASE_OF.match(installed.strip())
     return m is not None and m.group("release") == release
+
+
+def inspect_launched(launched: Plan, launcher: Launcher) -> EnginePython | None:
+    """What SGLang's interpreter says (`inspect`) when a server of the plan runs
+    SGLang on a host interpreter (a launcher with `engine_python`: process, slurm; a container runs
+    its image's), else None. An interpreter that answered becomes the launcher's, by its absolute
+    path: the one preflight judged is the one launched."""
+    if not hasattr(launcher, "engine_python") or not any(s.engine == "sglang" for s in launched.servers()):
+        return None
+    found = inspect(launcher.engine_python)
+    if found.ok:
+        launcher.engine_python = found.path
+    return found
+
+
+def manifest_facts(env: Mapping[str, Any], found: EnginePython | None, launcher: Launcher) -> dict[str, Any]:
+    """The manifest's facts of the engine's interpreter: SGLang's (its path, what named it, and the
+    SGLang install it imports, in place of cptest's own interpreter's), the reference engine's
+    (cptest's own), or none under a container (its image's, pinned by digest)."""
+    reasons = dict(env.get("reasons") or {})
+    if found is not None:
+        out = {"engine_python": found.path, "engine_python_named_by": found.named_by, "sglang": found.version,
+               "sglang_wheel_sha256": found.wheel_sha256, "sglang_record_sha256": found.record_sha256}
+        reasons.pop("sglang", None)
+        why = {"sglang_wheel_sha256": "pip recorded no wheel hash (installed from an index, or not by pip)",
+               "sglang_record_sha256": "its sglang distribution has no RECORD (not installed by pip)"}
+        for key, reason in why.items():
+            reasons.pop(key, None)
+            if out[key] is None:
+                reasons[key] = reason
+    elif hasattr(launcher, "engine_python"):
+        out = {"engine_python": sys.executable}
+    else:
+        out = {"engine_python": None}
+        reasons["engine_python"] = "the image's interpreter (pins.image_digest)"
+    return out | {"reasons": reasons}

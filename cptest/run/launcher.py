@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from cptest.errors import Problem, ScenarioError
 from cptest.plan.model import NodeLaunch
 
 
@@ -68,3 +69,24 @@ class Launcher(Protocol):
         Returns a description of each thing removed.
         """
         ...
+
+
+def launcher_named(name: str, *, engine_python: str | None = None) -> Launcher:
+    """The launcher the CLI's `--launcher` names: `process` (local process trees), `docker` or
+    `slurm` (a Slurm job per server, docs/slurm.md). `engine_python` names SGLang's interpreter
+    (`run.interpreter`); a container runs its image's, so naming one there is bad input (exit 2)."""
+    if name == "slurm":
+        from cptest.run.slurm import SlurmLauncher
+
+        return SlurmLauncher(engine_python=engine_python)
+    if name == "docker":
+        if engine_python is not None:
+            raise ScenarioError(Problem(None, "--engine-python names an interpreter of this machine; under "
+                                        "--launcher docker SGLang runs on its image's (pinned by digest)",
+                                        hint="leave --engine-python out, or use --launcher process"))
+        from cptest.run.docker import DockerLauncher
+
+        return DockerLauncher()
+    from cptest.run.process import ProcessLauncher
+
+    return ProcessLauncher(engine_python=engine_python)

@@ -304,6 +304,7 @@ def _run_prepared(node: ScenarioFile, prepared: Prepared, gpu: bool) -> RunResul
     from cptest.outline import Logger, TerminalSink
     from cptest.plan.build import require_allowed
     from cptest.run.baseline_cache import BaselineCache
+    from cptest.run.launcher import launcher_named
     from cptest.run.runner import RunOptions
 
     config = node.config
@@ -328,7 +329,7 @@ def _run_prepared(node: ScenarioFile, prepared: Prepared, gpu: bool) -> RunResul
     try:
         out = pipeline.new_archive(_results(config), prepared, datetime.now(UTC))
         outcome = pipeline.run_scenario(
-            prepared.plan, out, pipeline.launcher_named("process"), scenario_text=prepared.text, log=log,
+            prepared.plan, out, launcher_named("process"), scenario_text=prepared.text, log=log,
             includes=prepared.includes, run_options=RunOptions(baseline_cache=BaselineCache(cache)),
             models=Path(models) if models else None, scenario_dir=node.path.parent)
     except CptestError as e:

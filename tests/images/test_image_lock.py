@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from cptest.errors import RunError
-from cptest.run.docker import DEFAULT_LOCK_PATH, ImageLock
-from cptest.run.image import RECIPES, REFERENCE, Inputs, image_config, reference_for
+from cptest.image.build import RECIPES, REFERENCE, Inputs, image_config, reference_for
+from cptest.image.lock import DEFAULT_LOCK_PATH, ImageLock
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "images"

@@ -122,10 +122,10 @@ def test_the_qualification_scenario_plans_graphs_on_main_and_an_eager_twin() -> 
 
 
 def test_a_rerun_puts_a_twin_without_baseline_back_on_its_port() -> None:
-    from cptest.pipeline import _placement_of
+    from cptest.plan.archive_reader import placement_of
     from cptest.plan.model import Placement
 
     text = BASE.replace("  baseline { tp 2 }\n", "").replace("logprob p99 <= 4 * control ", "")
     archived = plan(parse_text(text, "t.cps"), placement=Placement(main_port=30040, baseline_port=30041))
     assert archived.baseline is None and archived.eager is not None
-    assert _placement_of(archived).baseline_port == 30041
+    assert placement_of(archived).baseline_port == 30041

@@ -13,7 +13,9 @@ from cptest.errors import PlanError, ScenarioError
 from cptest.lang import parse_text
 from cptest.lang.safety import PLACEMENT_ENV
 from cptest.plan import plan
+from cptest.plan.archive_reader import placement_of
 from cptest.plan.build import rank_gpus
+from cptest.plan.compare import plan_changes
 from cptest.plan.model import Placement, Plan
 from cptest.run.preflight import preflight
 
@@ -169,9 +171,9 @@ def test_a_colocated_archive_is_planned_again_exactly_as_it_ran() -> None:
     for placement in (Placement(mode="colocated"), Placement(mode="colocated", gpus=[2, 3], main_port=31000,
                                                              baseline_port=31100, rank_mem_fraction=0.2)):
         archived = plan(parse_text(DCP2, "s.cps"), placement=placement)
-        again = plan(parse_text(DCP2, "s.cps"), placement=pipeline._placement_of(archived))
+        again = plan(parse_text(DCP2, "s.cps"), placement=placement_of(archived))
         assert again == archived
-        assert pipeline.plan_changes(archived, again) == []
+        assert plan_changes(archived, again) == []
 
 
 def test_a_colocated_servers_rendezvous_port_in_use_is_unknown_before_launch(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cptest.cli import matrix_judge
-from cptest.engines.sglang.cells import CELL_RULES, Cell, cells, ruled_out
+from cptest.engines.sglang.cells import CELL_RULES, Cell, cell_rules, cells, default_release, ruled_out
 from cptest.engines.sglang.releases import get_release
 from cptest.lang import parse_file
 from cptest.report.support import (
@@ -190,6 +190,11 @@ def test_a_rule_reuses_the_release_table_where_it_has_one_and_otherwise_cites_it
     # A reused rule carries the release table's provenance and evidence, not a copy.
     got = ruled_out(RELEASE, Cell("qwen3", "kv>tp/dcp", "dcp2", "triton", "graph"))
     assert got is not None and got.evidence == RELEASE.rules["mha_dcp_kv_not_replicated"].evidence
+
+
+def test_the_default_release_is_a_known_release_with_cell_rules():
+    # `matrix --support` without --release reads it: it must have a table, and a release entry.
+    assert cell_rules(default_release()) and get_release(default_release()).name == default_release()
 
 
 def test_the_first_matching_rule_wins_and_a_cell_with_a_path_is_left_to_a_run():

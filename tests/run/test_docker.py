@@ -24,20 +24,18 @@ import psutil
 import pytest
 
 from cptest.errors import RunError
+from cptest.image.lock import ImageLock
 from cptest.plan.model import NodeLaunch
-from cptest.run.docker import (
+from cptest.run.container_config import (
     LABEL_LAUNCHER,
     LABEL_NODE,
     LABEL_ROLE,
     LABEL_RUN,
     LABEL_SCENARIO,
-    DockerLauncher,
-    ImageLock,
     container_config,
     container_labels,
-    engine_gpu_access,
-    iter_labelled,
 )
+from cptest.run.docker import DockerLauncher, engine_gpu_access, iter_labelled
 from cptest.run.launcher import Handle, Launcher
 
 ENGINE_DIR = Path(os.environ.get("CPTEST_ENGINE_DIR", "/tmp/cptest-engine"))

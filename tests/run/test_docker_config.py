@@ -8,20 +8,18 @@ import docker.types
 import pytest
 
 from cptest.errors import RunError
+from cptest.image.lock import ImageLock
 from cptest.plan.model import NodeLaunch
-from cptest.run.docker import (
+from cptest.run.container_config import (
     LABEL_LAUNCHER,
     LABEL_NODE,
-    ImageLock,
-    _top_pids,
     container_config,
     container_labels,
-    exit_status,
     gpu_access_of,
     gpu_device_nodes,
     gpu_device_requests,
-    image_digests,
 )
+from cptest.run.docker import _top_pids, exit_status, image_digests
 
 DIGEST = "sha256:" + "ab" * 32
 

@@ -13,8 +13,10 @@ import pytest
 
 import cptest
 from cptest.errors import RunError
+from cptest.image.lock import ImageLock
 from cptest.plan.model import NodeLaunch, Plan
-from cptest.run.docker import DockerLauncher, ImageLock, container_config
+from cptest.run.container_config import container_config
+from cptest.run.docker import DockerLauncher
 from cptest.run.preflight import InfrastructureError
 
 REPO = Path(__file__).resolve().parents[2]

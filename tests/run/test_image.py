@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from cptest.errors import RunError
+from cptest.image import build as image
+from cptest.image.build import REFERENCE, Entry, Inputs, collect, image_config, wheel_entries, write_layer
 from cptest.outline import Logger
-from cptest.run import image
-from cptest.run.image import REFERENCE, Entry, Inputs, collect, image_config, wheel_entries, write_layer
 
 INPUTS = Inputs(debian={"libc6:amd64": "2.36-9+deb12u14"}, wheels={"numpy==2.4.6": "sha256:" + "ab" * 32},
                 recipe=1)

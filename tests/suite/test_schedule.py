@@ -170,13 +170,14 @@ def child_plan(entry: Entry, granted: Granted, rank_mem_fraction: float | None =
     """What the child `cptest run` plans from its argv, on a machine with more GPUs than the suite
     gave it (its own `auto` would not co-locate there)."""
     from cptest import pipeline
-    from cptest.cli import _placement, run
+    from cptest.cli import parse_placement, run
 
     argv = child_argv(entry, granted, results=Path("r"), engine=None, ignore_lint=False, launcher="process",
                       rank_mem_fraction=rank_mem_fraction)
     o = run.make_context("run", argv[4:]).params
     return pipeline.prepare(Path(o["file"]), engine=o["engine_name"], gpu_present=True,
-                            placement=_placement(o["gpus"], o["cpus"], o["ports"], o["rank_mem_fraction"]),
+                            placement=parse_placement(o["gpus"], o["cpus"], o["ports"],
+                                                      o["rank_mem_fraction"]),
                             placement_mode=o["placement_mode"], gpus_here=8).plan
 
 

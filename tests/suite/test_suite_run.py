@@ -185,7 +185,7 @@ def test_run_placement_options_reach_the_plan_and_bad_ones_are_exit_2(tmp_path: 
     bad = subprocess.run([sys.executable, "-m", "cptest", "run", str(f), "--ports", "30000"],
                          capture_output=True, text=True, timeout=120, cwd=REPO)
     assert bad.returncode == 2 and "--ports '30000': expected two port numbers" in bad.stderr
-    from cptest.cli import _placement
+    from cptest.cli import parse_placement
 
-    p = _placement("1", "4-5", "31000,31001")
+    p = parse_placement("1", "4-5", "31000,31001")
     assert (p.gpus, p.cpus, p.main_port, p.baseline_port) == ([1], [4, 5], 31000, 31001)

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from cptest.engines.sglang.releases import Provenance, Release, get_release
+from cptest.engines.sglang.releases import RELEASE_0_5_17, Provenance, Release, get_release
 
 Family = Literal["llama", "qwen3", "qwen3-moe", "mla"]
 Regime = Literal["kv<=tp/dcp", "kv>tp/dcp", "latent"]
@@ -191,12 +191,18 @@ CELL_RULES_0_5_17: tuple[CellRule, ...] = (
 )
 """0.5.17's rules, first match first."""
 
-SUPPORT_RELEASE = "0.5.17"
+SUPPORT_RELEASE = RELEASE_0_5_17.name
 """The release of the lent machine's bundle: the one release with cell rules, `cptest matrix
---support`'s default."""
+--support`'s default (`default_release`)."""
 
 CELL_RULES: Mapping[str, tuple[CellRule, ...]] = {SUPPORT_RELEASE: CELL_RULES_0_5_17}
 """Release -> its cell rules. Only the release of the lent machine's bundle has a table."""
+
+
+def default_release() -> str:
+    """The SGLang release a command that takes `--release` uses without one: the release whose cell
+    rules cptest has (`SUPPORT_RELEASE`), so that its default always has a table to read."""
+    return SUPPORT_RELEASE
 
 
 def cell_rules(release: str) -> tuple[CellRule, ...]:
@@ -223,4 +229,4 @@ def ruled_out(release: Release, cell: Cell) -> RuledOut | None:
 
 
 __all__ = ["ARCHITECTURES", "BACKENDS", "DECODES", "FAMILIES", "MODES", "Cell", "CellRule", "RuledOut",
-           "cell_rules", "cells", "regimes_of", "ruled_out"]
+           "cell_rules", "cells", "default_release", "regimes_of", "ruled_out"]

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from cptest.errors import Problem, RunError
+from cptest.image.lock import ImageLock, write_engine_entry
 from cptest.outline import Logger
 
 EPOCH = "1970-01-01T00:00:00Z"
@@ -506,14 +507,6 @@ def reference_for(recipe: Recipe, inputs: Inputs) -> str:
     return f"{recipe.repository}:py{recipe.python}-torch{re.sub(r'[^A-Za-z0-9_.-]', '-', torch)}"
 
 
-def lock_entry(lock: Mapping[str, Any], recipe: Recipe) -> tuple[str, dict[str, Any]] | None:
-    """(reference, raw entry) of the lock's image for the recipe's engine, or None."""
-    for ref, raw in (lock.get("images") or {}).items():
-        if isinstance(raw, dict) and raw.get("engine") == recipe.engine:
-            return ref, raw
-    return None
-
-
 def build(recipe: Recipe, *, lock_path: Path, client: Any, log: Logger, cache: Path = DEFAULT_CACHE,
           update_lock: bool = False, force: bool = False) -> Built:
     """Make the recipe's image, load it into the engine `client` talks to, run its smoke test.
@@ -526,38 +519,37 @@ def build(recipe: Recipe, *, lock_path: Path, client: Any, log: Logger, cache: P
     wheels) and the lock entry is rewritten with them and the digest.
     """
     t0 = time.monotonic()
-    lock = json.loads(lock_path.read_text())
-    found = lock_entry(lock, recipe)
+    found = ImageLock.load(lock_path).for_engine(recipe.engine)
     if update_lock:
         pinned = None
         wanted = environment_wheels(recipe)
         debian = installed_debian(recipe.debian)
     else:
-        if found is None or found[1].get("status") != "pinned" or "inputs" not in found[1]:
+        if found is None or found.status != "pinned" or found.inputs is None:
             raise RunError(Problem(None, f"{lock_path} pins no {recipe.name} image (an entry with "
                                    f"\"engine\": \"{recipe.engine}\", its inputs and digest)",
                                    hint=f"make one: cptest image build {recipe.name} --update-lock"))
-        pinned = Inputs.from_json(found[1]["inputs"], f"{lock_path}: images[{found[0]!r}]")
+        pinned = Inputs.from_json(found.inputs, f"{lock_path}: images[{found.reference!r}]")
         wanted = sorted(pinned.wheels)
         here = Inputs(debian=installed_debian(list(pinned.debian)), wheels=pinned.wheels,
                       recipe=recipe.version)
         differ = pinned.differences(here)
         if differ:
             raise RunError(Problem(
-                None, f"this machine's inputs are not the ones {lock_path} pins for {found[0]}: "
+                None, f"this machine's inputs are not the ones {lock_path} pins for {found.reference}: "
                 + "; ".join(differ),
                 hint=f"install the pinned versions, or re-pin here (cptest image build {recipe.name} "
                      "--update-lock) and commit the lock",
             ))
         debian = pinned.debian
-        if not force and _engine_digest(client, found[0]) == found[1]["digest"]:
-            log.info(f"{found[0]} is already in the engine with the pinned digest {found[1]['digest']}")
-            return Built(found[0], found[1]["digest"], str(found[1].get("layer")), 0, 0, pinned,
+        if not force and _engine_digest(client, found.reference) == found.digest:
+            log.info(f"{found.reference} is already in the engine with the pinned digest {found.digest}")
+            return Built(found.reference, str(found.digest), str(found.layer), 0, 0, pinned,
                          time.monotonic() - t0, loaded=False)
     wheels = fetch_wheels(wanted, pinned.wheels if pinned else None, cache, log)
     inputs = pinned or Inputs(debian=debian, recipe=recipe.version,
                               wheels={k: "sha256:" + _sha256_path(p) for k, p in wheels.items()})
-    reference = found[0] if (found and not update_lock) else reference_for(recipe, inputs)
+    reference = found.reference if (found and not update_lock) else reference_for(recipe, inputs)
 
     def entries() -> Iterator[Entry]:
         for package in sorted(debian):
@@ -576,12 +568,12 @@ def build(recipe: Recipe, *, lock_path: Path, client: Any, log: Logger, cache: P
         config = image_config(recipe, diff_id, inputs)
         digest = "sha256:" + hashlib.sha256(config).hexdigest()
         log.info(f"layer {diff_id} ({size / 1e6:.0f} MB, {len(members)} entries); image {digest}")
-        if found and not update_lock and digest != found[1]["digest"]:
+        if found and not update_lock and digest != found.digest:
             raise RunError(Problem(
                 None, f"the pinned inputs gave {reference} another image than {lock_path} pins: {digest} "
-                f"(layer {diff_id}), pinned {found[1]['digest']} (layer {found[1].get('layer')})",
+                f"(layer {diff_id}), pinned {found.digest} (layer {found.layer})",
                 hint="the inputs match, so the recipe is not deterministic here: a bug in "
-                     "cptest/run/image.py; please report it with both layers' listings (tar -tvf)",
+                     "cptest/image/build.py; please report it with both layers' listings (tar -tvf)",
             ))
         archive = Path(tmp) / "image.tar"
         write_archive(reference, config, layer, archive)
@@ -628,7 +620,7 @@ def smoke(client: Any, recipe: Recipe, reference: str, log: Logger) -> None:
     import docker.errors
     import requests.exceptions
 
-    from cptest.run.docker import cptest_volume
+    from cptest.image.lock import cptest_volume
 
     with log.step(f"checking that {reference} runs the {recipe.engine} engine's imports"):
         try:
@@ -646,11 +638,9 @@ def smoke(client: Any, recipe: Recipe, reference: str, log: Logger) -> None:
 
 
 def write_lock_entry(lock_path: Path, recipe: Recipe, built: Built) -> None:
-    """Replace the lock's entry for the recipe's engine with `built` (other entries kept as they are)."""
-    lock = json.loads(lock_path.read_text())
-    images = {ref: raw for ref, raw in lock["images"].items()
-              if not (isinstance(raw, dict) and raw.get("engine") == recipe.engine)}
-    images[built.reference] = {
+    """Pin `built` as the lock's image for the recipe's engine (`lock.write_engine_entry`: other
+    entries kept as they are)."""
+    write_engine_entry(lock_path, recipe.engine, built.reference, {
         "digest": built.digest,
         "status": "pinned",
         "engine": recipe.engine,
@@ -658,8 +648,4 @@ def write_lock_entry(lock_path: Path, recipe: Recipe, built: Built) -> None:
         "cptest_mount": recipe.cptest_mount,
         "layer": built.layer,
         "inputs": built.inputs.to_json(),
-    }
-    lock["images"] = images
-    tmp = lock_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(lock, indent=2) + "\n")
-    tmp.replace(lock_path)
+    })

@@ -1,0 +1,3 @@
+from cptest.cli import main
+
+main()
