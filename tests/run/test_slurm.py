@@ -180,10 +180,11 @@ def test_sigkill_of_cptest_mid_run_leaves_no_job_and_no_engine_process(tmp_path:
     text = text.replace('extends "defaults/tiny.cps"', f'extends "{REPO / "scenarios/defaults/tiny.cps"}"')
     scenario.write_text(text.replace("reference_two_node_kill_rank", "slurm_sigkill"))
     results = tmp_path / "runs"
+    err = tmp_path / "cptest.stderr"  # what cptest said, should it end before its server is ready
     proc = subprocess.Popen([sys.executable, "-m", "cptest", "run", str(scenario), "--launcher", "slurm",
                              "--engine", "reference", "--results", str(results), "--models", str(models),
                              "--no-baseline-cache"],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=err.open("wb"),
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 180
@@ -195,7 +196,8 @@ def test_sigkill_of_cptest_mid_run_leaves_no_job_and_no_engine_process(tmp_path:
                 if any(r.get("event") == "ready" for r in recs):
                     launched = [r["detail"] for r in recs if r.get("event") == "launched"]
                     break
-            assert proc.poll() is None, "cptest ended before its server was ready"
+            assert proc.poll() is None, (
+                f"cptest ended before its server was ready: {err.read_text(errors='replace')[-2000:]}")
             time.sleep(0.2)
         assert len(launched) == 2, "the server did not become ready"
         name = launched[0]["where"]["job_name"]
