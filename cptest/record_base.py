@@ -1,0 +1,75 @@
+"""What every evidence record shares: the schema version, the record base, the rank a probe record
+names, and the position ranges records carry (sorted, merged half-open `[start, end)` pairs, so that
+a 100k token prompt is one pair, not 100k integers; the `ranges_*` helpers are the only code that
+builds or reads them). `cptest.evidence` re-exports all of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from pydantic import BaseModel, ConfigDict
+
+SCHEMA_VERSION = 5
+"""v5: `pool_sample` records (`PoolSample`); steps of CUDA-graph replays, marked by
+`graph_rows` (`Step`, `StepBlock`); every v1-v4 record reads unchanged.
+v2: a compact step's `pos` may be packed (base64 of little-endian int32) and its `kv` a string
+of 0/1 digits (`Step`). v3: consecutive decode steps over the same requests may be one `steps`
+line (`StepBlock`), which the reader expands into its Step records. v4: teacher-forced `score`
+records, a request's `output_top`, and the `control` server's records. Every v1-v3 record reads
+unchanged."""
+Ranges = list[tuple[int, int]]
+"""Sorted, disjoint, merged half-open integer ranges."""
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    v: int = SCHEMA_VERSION
+    t: float = 0.0
+    """Seconds since the writer started (monotonic); for ordering and timing only."""
+
+
+class RankId(BaseModel):
+    """Which rank wrote a record; every probe record carries it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    world: int
+    tp: int = 0
+    dcp: int = 0
+    attn_cp: int = 0
+    attn_tp: int = 0
+    attn_dp: int = 0
+    pid: int = 0
+
+
+# ---------------------------------------------------------------- position ranges
+def ranges_from(values: Iterable[int]) -> Ranges:
+    """Sorted merged half-open ranges covering exactly `values`."""
+    out: Ranges = []
+    for v in sorted(set(values)):
+        if out and out[-1][1] == v:
+            out[-1] = (out[-1][0], v + 1)
+        else:
+            out.append((v, v + 1))
+    return out
+
+
+def ranges_merge(ranges: Iterable[tuple[int, int]]) -> Ranges:
+    out: Ranges = []
+    for a, b in sorted((int(a), int(b)) for a, b in ranges):
+        if a >= b:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def ranges_len(ranges: Iterable[tuple[int, int]]) -> int:
+    return sum(b - a for a, b in ranges)
+
+
+def ranges_iter(ranges: Iterable[tuple[int, int]]) -> Iterator[int]:
+    for a, b in ranges:
+        yield from range(a, b)
