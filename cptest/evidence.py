@@ -41,11 +41,13 @@ from cptest.record_base import (
     SCHEMA_VERSION,
     Ranges,
     RankId,
+    SlotRuns,
     _Record,
     ranges_from,
     ranges_iter,
     ranges_len,
     ranges_merge,
+    slot_runs_from,
 )
 from cptest.topology import Degrees, PlacementMode
 
@@ -53,7 +55,7 @@ __all__ = [
     "SCHEMA_VERSION", "Capacity", "Evidence", "Geometry", "Graph", "KvPool", "PoolSample", "ProbeNote",
     "RankEvidence", "RankId", "Ranges", "Record", "RequestResult", "RoleEvidence", "RunRole",
     "RunnerEvidence", "Step", "StepBlock", "dump_record", "parse_record", "ranges_from", "ranges_iter",
-    "ranges_len", "ranges_merge", "read_records",
+    "ranges_len", "ranges_merge", "read_records", "SlotRuns", "slot_runs_from",
 ]  # fmt: skip
 """The records and helpers other modules import from here, wherever they are defined."""
 
@@ -279,7 +281,10 @@ def held_cost(record: Record, cost: int) -> int:
         kv = 2 if record.kv is not None else 1
         return max(cost * len(record.step), bounds.ENTRY_BYTES * kv * len(record.step) * len(record.rids))
     if isinstance(record, Step):
-        return max(cost, bounds.ENTRY_BYTES * (len(record.seq_positions) + len(record.kv_written)))
+        maps = (len(record.seq_positions) + len(record.kv_written) + len(record.kv_slots)
+                + len(record.kv_read) + len(record.ffn_seq_positions or ())
+                + len(record.ffn_out_seq_positions or ()))
+        return max(cost, bounds.ENTRY_BYTES * maps)
     return cost
 
 

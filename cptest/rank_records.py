@@ -13,7 +13,14 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from cptest.record_base import Ranges, RankId, _Record, ranges_from
+from cptest.record_base import Ranges, RankId, SlotRuns, _Record, ranges_from
+
+V6_FIELDS = ("ffn_out_rows", "layers", "layer_rows", "ffn_seq_positions", "ffn_out_seq_positions", "kv_slots",
+             "kv_read")
+"""The fields a Step gained in schema v6: every layer's rows, the MLP's output rows and the rows'
+identity, the KV slots written and read."""
+LayerPart = Literal["attn", "ffn", "ffn_out"]
+"""The parts of a layer whose rows a step records per layer (`Step.layer_rows`)."""
 
 
 class Geometry(_Record):
@@ -85,6 +92,8 @@ class Step(_Record):
     """Rows entering attention on this rank (after any CP split)."""
     ffn_rows: int | None = None
     """Rows entering the first MLP on this rank."""
+    ffn_out_rows: int | None = None
+    """Rows leaving the first MLP (its output) on this rank; None: not observed."""
     logits_rows: int | None = None
     cp_active: bool | None = None
     positions: Ranges = Field(default_factory=list)
@@ -98,6 +107,36 @@ class Step(_Record):
     graph_rows: int | None = None
     """Rows the CUDA graph ran when this step was a replay (the batch padded to a captured size;
     `graph_rows - rows_in` rows are padding); None for an eager forward."""
+    layers: int | None = None
+    """Layers whose attention ran in this step on this rank (each one observed); None: not observed
+    (a replay, an archive from before the field, or a probe without its per-layer hooks)."""
+    layer_rows: dict[LayerPart, list[int]] | None = None
+    """The row counts of every layer, in the order the layers ran, for each part whose count was
+    not the same in all of them: `attn` (rows entering attention as its hook saw them: under PCP the
+    padded shard), `ffn` (entering the MLP), `ffn_out` (leaving it). A part absent had its first
+    layer's count (`ffn_rows`, `ffn_out_rows`) in each of `layers`; None: no part changed."""
+    ffn_seq_positions: dict[str, Ranges] | None = None
+    """Request id -> positions of the rows entering the MLP, when they are not the attention rows
+    (`seq_positions`): under attention CP an MLP over the whole batch (the shards gathered back).
+    None: the MLP's rows are the attention rows, or were not observed (`ffn_rows` None)."""
+    ffn_out_seq_positions: dict[str, Ranges] | None = None
+    """The same for the rows leaving the MLP (a block that gathers rows may cut them back)."""
+    kv_slots: dict[str, SlotRuns] = Field(default_factory=dict)
+    """Request id -> `[start, end, slot]` runs: the K/V of positions `start..end-1` that this rank
+    wrote in this step went to rows `slot..slot+end-start-1` of its own pool (under DCP the
+    rank-local row, SGLang's slot `out_cache_loc // dcp`). Covers `kv_written` exactly; empty when
+    the slots were not observed."""
+    kv_read: dict[str, Ranges] = Field(default_factory=dict)
+    """Request id -> the rows of this rank's pool its attention read in this step (the request's
+    block-table row over its length; under DCP the rows of this rank's share); empty when not
+    observed."""
+
+    def model_dump_json(self, **kwargs: Any) -> str:  # type: ignore[override]
+        """The record's line, the fields of v6 (`V6_FIELDS`) left out while unset: a step that
+        carries none of them is written with the bytes it had before."""
+        if "exclude" not in kwargs:
+            kwargs["exclude"] = {f for f in V6_FIELDS if getattr(self, f) in (None, {})}
+        return super().model_dump_json(**kwargs)
 
     @property
     def replayed(self) -> bool:
@@ -181,12 +220,18 @@ class StepBlock(_Record):
     kv: str | None
     graph_rows: int | None = None
     """The rows every step of the block ran as a CUDA-graph replay (see `Step.graph_rows`)."""
+    ffn_out_rows: list[int | None] | None = None
+    """One entry per step (see `Step.ffn_out_rows`); None in blocks from before the field."""
+    layers: int | None = None
+    """The layers of every step of the block (see `Step.layers`)."""
 
     @model_validator(mode="after")
     def _shape(self) -> StepBlock:
         n, b = len(self.step), len(self.rids)
-        if any(len(x) != n for x in (self.t, self.rows_in, self.attn_rows, self.ffn_rows, self.logits_rows)):
-            raise ValueError("steps: t, step, rows_in, attn_rows, ffn_rows and logits_rows differ in length")
+        if any(len(x) != n for x in (self.t, self.rows_in, self.attn_rows, self.ffn_rows, self.logits_rows,
+                                     self.step if self.ffn_out_rows is None else self.ffn_out_rows)):
+            raise ValueError("steps: t, step, rows_in, attn_rows, ffn_rows, ffn_out_rows and logits_rows "
+                             "differ in length")
         if len(set(self.rids)) != b:
             raise ValueError("steps: rids must be distinct")
         if len(_unpack_positions(self.pos)) != n * b:
@@ -206,7 +251,8 @@ class StepBlock(_Record):
                 "batch_size": b, "rows_in": self.rows_in[k], "attn_rows": self.attn_rows[k],
                 "ffn_rows": self.ffn_rows[k], "logits_rows": self.logits_rows[k], "cp_active": self.cp_active,
                 "rows": {"rids": self.rids, "pos": pos[k * b:(k + 1) * b], "kv": kv},
-                "graph_rows": self.graph_rows,
+                "graph_rows": self.graph_rows, "layers": self.layers,
+                "ffn_out_rows": self.ffn_out_rows[k] if self.ffn_out_rows is not None else None,
             }))
         return out
 

@@ -10,8 +10,11 @@ from collections.abc import Iterable, Iterator
 
 from pydantic import BaseModel, ConfigDict
 
-SCHEMA_VERSION = 5
-"""v5: `pool_sample` records (`PoolSample`); steps of CUDA-graph replays, marked by
+SCHEMA_VERSION = 6
+"""v6: a step's every layer (`layers`, `layer_rows`), its MLP's output rows, which rows the MLP
+saw (`ffn_seq_positions`), the pool rows its KV writes went to and its attention read
+(`kv_slots`, `kv_read`; `Step`), all optional; every v1-v5 record reads unchanged.
+v5: `pool_sample` records (`PoolSample`); steps of CUDA-graph replays, marked by
 `graph_rows` (`Step`, `StepBlock`); every v1-v4 record reads unchanged.
 v2: a compact step's `pos` may be packed (base64 of little-endian int32) and its `kv` a string
 of 0/1 digits (`Step`). v3: consecutive decode steps over the same requests may be one `steps`
@@ -73,3 +76,19 @@ def ranges_len(ranges: Iterable[tuple[int, int]]) -> int:
 def ranges_iter(ranges: Iterable[tuple[int, int]]) -> Iterator[int]:
     for a, b in ranges:
         yield from range(a, b)
+
+
+SlotRuns = list[tuple[int, int, int]]
+"""`[start, end, slot]` runs: positions `start..end-1` held by rows `slot..slot+end-start-1`."""
+
+
+def slot_runs_from(pairs: Iterable[tuple[int, int]]) -> SlotRuns:
+    """(position, row) pairs as runs of consecutive positions in consecutive rows, sorted by
+    position: a request's contiguous allocation is one run whatever its length."""
+    out: SlotRuns = []
+    for p, s in sorted(set(pairs)):
+        if out and out[-1][1] == p and out[-1][2] + p - out[-1][0] == s:
+            out[-1] = (out[-1][0], p + 1, out[-1][2])
+        else:
+            out.append((p, p + 1, s))
+    return out

@@ -154,6 +154,9 @@ class Probe:
         self.graph_flush_s = graph_flush_s
         self.rank: RankId | None = None
         self.rank_json: str | None = None
+        self.dcp_size = 1
+        """The rank's DCP group size (from its geometry): a KV slot's row in this rank's pool is the
+        allocator's slot divided by it."""
         self.pid = os.getpid()
         self._fd: int | None = None
         self._held: list[BaseModel] = []
