@@ -47,6 +47,7 @@ from cptest.record_base import (
     ranges_iter,
     ranges_len,
     ranges_merge,
+    slot_pairs,
     slot_runs_from,
 )
 from cptest.topology import Degrees, PlacementMode
@@ -55,7 +56,7 @@ __all__ = [
     "SCHEMA_VERSION", "Capacity", "Evidence", "Geometry", "Graph", "KvPool", "PoolSample", "ProbeNote",
     "RankEvidence", "RankId", "Ranges", "Record", "RequestResult", "RoleEvidence", "RunRole",
     "RunnerEvidence", "Step", "StepBlock", "dump_record", "parse_record", "ranges_from", "ranges_iter",
-    "ranges_len", "ranges_merge", "read_records", "SlotRuns", "slot_runs_from",
+    "ranges_len", "ranges_merge", "read_records", "SlotRuns", "slot_pairs", "slot_runs_from",
 ]  # fmt: skip
 """The records and helpers other modules import from here, wherever they are defined."""
 

@@ -122,10 +122,10 @@ class Step(_Record):
     ffn_out_seq_positions: dict[str, Ranges] | None = None
     """The same for the rows leaving the MLP (a block that gathers rows may cut them back)."""
     kv_slots: dict[str, SlotRuns] = Field(default_factory=dict)
-    """Request id -> `[start, end, slot]` runs: the K/V of positions `start..end-1` that this rank
-    wrote in this step went to rows `slot..slot+end-start-1` of its own pool (under DCP the
-    rank-local row, SGLang's slot `out_cache_loc // dcp`). Covers `kv_written` exactly; empty when
-    the slots were not observed."""
+    """Request id -> `[start, end, slot]` runs over its `kv_written` (`SlotRuns`): the K/V of the
+    positions this rank wrote in `[start, end)`, in order, went to rows `slot, slot + 1, ...` of its
+    own pool (under DCP the rank-local row, SGLang's slot `out_cache_loc // dcp`); `slot_pairs`
+    lists them. Empty when the slots were not observed."""
     kv_read: dict[str, Ranges] = Field(default_factory=dict)
     """Request id -> the rows of this rank's pool its attention read in this step (the request's
     block-table row over its length; under DCP the rows of this rank's share); empty when not

@@ -79,16 +79,39 @@ def ranges_iter(ranges: Iterable[tuple[int, int]]) -> Iterator[int]:
 
 
 SlotRuns = list[tuple[int, int, int]]
-"""`[start, end, slot]` runs: positions `start..end-1` held by rows `slot..slot+end-start-1`."""
+"""`[start, end, slot]` runs over a set of positions (a step's `kv_written` of one request): the
+positions of the set in `[start, end)`, in order, are held by rows `slot, slot + 1, ...`. Over the
+set, not over every position: a DCP rank holds every dcp-th position in consecutive rows, one run."""
 
 
 def slot_runs_from(pairs: Iterable[tuple[int, int]]) -> SlotRuns:
-    """(position, row) pairs as runs of consecutive positions in consecutive rows, sorted by
-    position: a request's contiguous allocation is one run whatever its length."""
+    """(position, row) pairs as runs (`SlotRuns`) over the pairs' positions, sorted by position: a
+    request's contiguous allocation is one run whatever its length and whichever positions it owns."""
     out: SlotRuns = []
+    n = 0  # positions in the last run
     for p, s in sorted(set(pairs)):
-        if out and out[-1][1] == p and out[-1][2] + p - out[-1][0] == s:
+        if out and out[-1][2] + n == s:
             out[-1] = (out[-1][0], p + 1, out[-1][2])
+            n += 1
         else:
             out.append((p, p + 1, s))
+            n = 1
+    return out
+
+
+def slot_pairs(runs: Iterable[tuple[int, int, int]], positions: Iterable[tuple[int, int]]
+               ) -> list[tuple[int, int]]:
+    """The (position, row) pairs of `runs` over `positions` (Ranges, the set the runs were made
+    over): what `slot_runs_from` was given."""
+    owned = list(ranges_iter(positions))
+    out: list[tuple[int, int]] = []
+    i = 0
+    for start, end, slot in runs:
+        while i < len(owned) and owned[i] < start:
+            i += 1
+        k = 0
+        while i < len(owned) and owned[i] < end:
+            out.append((owned[i], slot + k))
+            i += 1
+            k += 1
     return out

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from cptest.evidence import Step  # noqa: E402
+from cptest.evidence import Step, slot_pairs  # noqa: E402
 from cptest.probe import hooks, runtime  # noqa: E402
 from cptest.probe.runtime import Probe  # noqa: E402
 from tests.probe.test_hooks import (  # noqa: E402
@@ -144,7 +144,8 @@ def test_an_extend_under_dcp_records_the_rank_local_pool_rows_of_what_it_wrote(
     (s,) = _steps(probe)
     assert s.kv_written == {"a": [(1, 2), (3, 4), (5, 6)], "b": [(1, 2)]}
     # loc // 2 of the rows this rank owns: a's 101, 103, 105 -> 50, 51, 52 (positions 1, 3, 5)
-    assert s.kv_slots == {"a": [(1, 2, 50), (3, 4, 51), (5, 6, 52)], "b": [(1, 2, 20)]}
+    assert s.kv_slots == {"a": [(1, 6, 50)], "b": [(1, 2, 20)]}  # one run over a's owned positions
+    assert slot_pairs(s.kv_slots["a"], s.kv_written["a"]) == [(1, 50), (3, 51), (5, 52)]
 
 
 def test_without_dcp_a_contiguous_allocation_is_one_run_per_request(probe: Probe, monkeypatch: MP) -> None:
