@@ -17,20 +17,13 @@ from typing import Any
 
 ForwardHook = Callable[[Any, tuple[Any, ...], Any], None]
 
-LAYERS = ("[0-9]", "[0-9][0-9]", "[0-9][0-9][0-9]")
-"""A layer's index in a module name, as fnmatch patterns: `*` would match dots too, and with them
-modules inside a layer's MLP whose names end the same way."""
-
-MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "cptest_attn_rows": ("cptest.probe.forward_hooks:attn_rows",
-                         tuple(f"model.layers.{i}.self_attn.attn" for i in LAYERS)),
-    "cptest_mlp_rows": ("cptest.probe.forward_hooks:mlp_rows",
-                        tuple(f"model.layers.{i}.mlp" for i in LAYERS)),
-    "cptest_logits_rows": ("cptest.probe.forward_hooks:logits_rows", ("logits_processor",)),
+MODULES: dict[str, tuple[str, str]] = {
+    "cptest_attn_rows": ("cptest.probe.forward_hooks:attn_rows", "model.layers.0.self_attn.attn"),
+    "cptest_mlp_rows": ("cptest.probe.forward_hooks:mlp_rows", "model.layers.0.mlp"),
+    "cptest_logits_rows": ("cptest.probe.forward_hooks:logits_rows", "logits_processor"),
 }
-"""Spec name -> (factory, module name patterns): every layer's attention and MLP, and the logits
-processor. Module names hold for Llama and Qwen3 in the pinned release (models/llama.py:209,329,535;
-models/qwen3.py:149,350,502)."""
+"""Spec name -> (factory, module name). Module names hold for Llama and Qwen3 in the pinned
+release (models/llama.py:209,329,535; models/qwen3.py:149,350,502)."""
 
 
 def _make(name: str, hook: str) -> ForwardHook | None:
@@ -61,7 +54,7 @@ def spec(names: tuple[str, ...] = tuple(MODULES)) -> str:
     """The `--forward-hooks` argument value (compact JSON) for the given hook names."""
     return json.dumps(
         [
-            {"name": n, "target_modules": list(MODULES[n][1]), "hook_factory": MODULES[n][0], "config": {}}
+            {"name": n, "target_modules": [MODULES[n][1]], "hook_factory": MODULES[n][0], "config": {}}
             for n in names
         ],
         separators=(",", ":"),

@@ -18,7 +18,9 @@ The SGLang line cited at each function is the pinned release's `sglang/srt/<path
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import sys
 from collections.abc import Callable
@@ -26,6 +28,7 @@ from typing import Any, TypeVar
 
 from cptest.probe import records
 from cptest.probe import runtime as _runtime
+from cptest.probe.forward_hooks import MODULES
 from cptest.probe.runtime import Probe, get_probe
 from cptest.probe.steps import around_model_runner_forward, int_list, text_positions
 from cptest.rank_records import LayerPart
@@ -146,6 +149,35 @@ def after_capture_cuda_graphs(result: Any, *_args: Any, **kwargs: Any) -> None:
             rank=probe.rank, t=probe.now(), phase=phase, runner_kind=type(r).__name__,
             batch_sizes=int_list(sizes) if sizes is not None else None,
         ))
+    if runner is not None:
+        probe.call("every_layer", _hook_every_layer, runner)
+
+
+_LAYER_MODULE = re.compile(r"model\.layers\.\d+\.(self_attn\.attn|mlp)")
+"""The modules of a layer whose rows the probe counts (Llama, Qwen3: forward_hooks.MODULES)."""
+
+
+def _hook_every_layer(runner: Any) -> None:
+    """Give every layer the attention and MLP hooks that `--forward-hooks` gave the first.
+
+    The plan's argv names the first layer's modules alone (`forward_hooks.MODULES`), and archives
+    pin that argv: the other layers are hooked here, where the model is at hand. SGLang registers
+    the `--forward-hooks` at the end of `capture_cuda_graphs` (cuda_graph_setup.py:157-164), so
+    these too fire on eager forwards only. A layer whose spec the server was not given stays
+    unhooked, as the first would be."""
+    specs = getattr(getattr(runner, "server_args", None), "forward_hooks", None) or ()
+    if isinstance(specs, str):
+        specs = json.loads(specs)
+    given = {s.get("name") for s in specs if isinstance(s, dict)}
+    hooks = {"self_attn.attn": ("cptest_attn_rows", on_attn_input), "mlp": ("cptest_mlp_rows", on_mlp_input)}
+    hooked_by_spec = {module for _, module in MODULES.values()}
+    for name, module in runner.model.named_modules():
+        m = _LAYER_MODULE.fullmatch(name)
+        if m is None or name in hooked_by_spec:
+            continue
+        spec, hook = hooks[m.group(1)]
+        if spec in given:
+            module.register_forward_hook(hook)
 
 
 # ---------------------------------------------------------------- inner hooks of a forward
@@ -205,9 +237,10 @@ def after_set_kv_buffer(_result: Any, pool: Any, layer: Any, loc_info: Any, cach
 # ---------------------------------------------------------------- torch forward hooks
 @guards_itself
 def on_attn_input(_module: Any, args: tuple[Any, ...], _output: Any) -> None:
-    """Forward hook on every layer's `self_attn.attn` (RadixAttention, layers/radix_attention.py:150):
-    rows entering it. The layers run in order, so the hook's k-th call in a step is the step's k-th
-    layer on this rank; a count that differs from the first layer's starts `layer_rows`."""
+    """Forward hook on every layer's `self_attn.attn` (RadixAttention, layers/radix_attention.py:150;
+    the first by `--forward-hooks`, the others by `_hook_every_layer`): rows entering it. The
+    layers run in order, so the hook's k-th call in a step is the step's k-th layer on this rank; a
+    count that differs from the first layer's starts `layer_rows`."""
     probe = _runtime._PROBE
     draft = probe.current if probe is not None else None
     if draft is None or not args:

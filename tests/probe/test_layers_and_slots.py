@@ -3,6 +3,8 @@ extend writes, against fake SGLang objects holding small CPU tensors (as tests/p
 
 from __future__ import annotations
 
+import json
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cptest.evidence import Step, slot_pairs  # noqa: E402
-from cptest.probe import hooks, runtime  # noqa: E402
+from cptest.probe import forward_hooks, hooks, runtime  # noqa: E402
 from cptest.probe.runtime import Probe  # noqa: E402
 from tests.probe.test_hooks import (  # noqa: E402
     MP,
@@ -217,3 +219,66 @@ def test_mlp_rows_that_fit_no_layout_are_noted_not_guessed(probe: Probe, monkeyp
     assert s.ffn_rows == 7 and s.ffn_seq_positions is None
     notes = [r.message for r in _records(probe) if getattr(r, "kind", "") == "probe_note"]
     assert any("7 rows entering the MLP" in n for n in notes)
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.self_attn = torch.nn.Module()
+        self.self_attn.attn = Rows()
+        self.mlp = Rows()
+
+    def forward(self, x: Any) -> Any:
+        return self.mlp(self.self_attn.attn(x))
+
+
+class _Model(torch.nn.Module):
+    """SGLang's module names: `model.layers.<i>.self_attn.attn`, `model.layers.<i>.mlp`."""
+
+    def __init__(self, layers: int) -> None:
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.layers = torch.nn.ModuleList(_Layer() for _ in range(layers))
+
+    def forward(self, x: Any) -> Any:
+        for layer in self.model.layers:
+            x = layer(x)
+        return x
+
+
+def _graph_setup(probe: Probe, monkeypatch: MP, specs: list[str]) -> _Model:
+    """What SGLang's `capture_cuda_graphs` leaves: the `--forward-hooks` on the first layer's
+    modules (those of the given specs), then the probe's AFTER hook with the model runner."""
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    model = _Model(3)
+    first = dict(model.named_modules())
+    for name in specs:
+        factory, module = forward_hooks.MODULES[name]
+        first[module].register_forward_hook(getattr(forward_hooks, factory.split(":")[1])())
+    runner = types.SimpleNamespace(model=model, is_draft_worker=False, server_args=types.SimpleNamespace(
+        forward_hooks=json.loads(forward_hooks.spec(tuple(specs)))))
+    hooks.after_capture_cuda_graphs(types.SimpleNamespace(prefill=None, decode=None), model_runner=runner)
+    return model
+
+
+def test_the_graph_setup_hook_gives_every_layer_the_first_layers_forward_hooks(
+        probe: Probe, monkeypatch: MP) -> None:
+    model = _graph_setup(probe, monkeypatch, ["cptest_attn_rows", "cptest_mlp_rows"])
+
+    def forward(runner: Runner, fb: Batch) -> Output:
+        k = torch.zeros(4, 1, 4)
+        hooks.after_set_kv_buffer(None, object(), object(), None, k, k)
+        model(torch.zeros(4, 8))
+        return Output(can_run_graph=False)
+
+    hooks.around_model_runner_forward(forward, Runner(), _extend())
+    (s,) = _steps(probe)
+    assert (s.layers, s.ffn_rows, s.ffn_out_rows, s.layer_rows) == (3, 4, 4, None)
+
+
+def test_a_layer_is_not_hooked_for_a_spec_the_server_was_not_given(probe: Probe, monkeypatch: MP) -> None:
+    model = _graph_setup(probe, monkeypatch, ["cptest_mlp_rows"])
+    attn_hooks = [len(layer.self_attn.attn._forward_hooks) for layer in model.model.layers]
+    mlp_hooks = [len(layer.mlp._forward_hooks) for layer in model.model.layers]
+    assert (attn_hooks, mlp_hooks) == ([0, 0, 0], [1, 1, 1])
