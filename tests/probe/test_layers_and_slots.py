@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import types
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,28 +13,18 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cptest.evidence import Step, slot_pairs  # noqa: E402
-from cptest.probe import forward_hooks, hooks, runtime  # noqa: E402
+from cptest.probe import forward_hooks, hooks  # noqa: E402
 from cptest.probe.runtime import Probe  # noqa: E402
 from tests.probe.test_hooks import (  # noqa: E402
     MP,
     Batch,
-    Meta,
     Mode,
     Output,
     Runner,
-    Zigzag,
     _fake_parallel_state,
     _records,
+    zigzag_step,
 )
-
-
-@pytest.fixture
-def probe(tmp_path: Path) -> Iterator[Probe]:
-    p = Probe(tmp_path, graph_flush_s=0.0)
-    runtime.set_probe(p)
-    yield p
-    runtime.set_probe(None)
-    p.close()
 
 
 @dataclass
@@ -175,29 +163,13 @@ def test_a_decode_step_records_no_slots_and_keeps_its_run(probe: Probe, monkeypa
 
 
 def _zigzag_step(probe: Probe, monkeypatch: MP, mlp_in: int, mlp_out: int) -> Step:
-    _fake_parallel_state(monkeypatch, 1)
-    hooks.after_initialize_model_parallel(None)
-    probe.cp_configured = True
-    probe.rank = probe.rank.model_copy(update={"attn_cp": 1})  # type: ignore[union-attr]
-    # one request of 10 tokens, cp=2: blocks [3,3,2,2]; rank 1 owns blocks 1 and 2 -> positions 3..7
-    meta = Meta([3, 3, 2, 2], [1, 2], per_rank_actual_token=[6, 6], per_rank_logical_token=[5, 5])
-    fb = Batch(Mode("EXTEND"), torch.arange(10), torch.arange(10), ["q"], 1, [10], [0])
-    loaded = Batch(Mode("EXTEND"), torch.arange(10), torch.arange(10), ["q"], 1, [10], [0],
-                   attn_cp_metadata=meta)
-
-    def forward(r: Runner, b: Batch) -> Output:
-        hooks.after_prepare_cp_forward(None, loaded)
-        sharded = torch.tensor([3, 4, 5, 6, 7, 0])  # padded to the physical 6 rows
-        hooks.after_zigzag_shard_positions(sharded, Zigzag(), loaded.positions, loaded)
-        k = torch.zeros(10, 1, 4)
-        hooks.after_set_kv_buffer(None, object(), object(), None, k, k)
-        hooks.on_attn_input(None, (torch.zeros(6, 8),), None)  # the padded shard
+    """test_hooks' zigzag extend (rank 1 computes positions 3..7 of 10), its first layer's
+    attention seeing the padded shard of 6 rows and its MLP `mlp_in` rows in, `mlp_out` out."""
+    def layer() -> None:
+        hooks.on_attn_input(None, (torch.zeros(6, 8),), None)
         hooks.on_mlp_input(None, (torch.zeros(mlp_in, 8),), torch.zeros(mlp_out, 8))
-        return Output(False)
 
-    hooks.around_model_runner_forward(forward, Runner(), fb)
-    (s,) = _steps(probe)
-    return s
+    return zigzag_step(probe, monkeypatch, layer)
 
 
 def test_a_pcp_mlp_over_its_shard_sees_the_attention_rows(probe: Probe, monkeypatch: MP) -> None:
