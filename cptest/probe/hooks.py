@@ -164,7 +164,9 @@ def _hook_every_layer(runner: Any) -> None:
     pin that argv: the other layers are hooked here, where the model is at hand. SGLang registers
     the `--forward-hooks` at the end of `capture_cuda_graphs` (cuda_graph_setup.py:157-164), so
     these too fire on eager forwards only. A layer whose spec the server was not given stays
-    unhooked, as the first would be."""
+    unhooked, as the first would be; so does every layer with `runtime.ENV_LAYERS` set to `first`."""
+    if os.environ.get(_runtime.ENV_LAYERS, "all") == "first":
+        return
     specs = getattr(getattr(runner, "server_args", None), "forward_hooks", None) or ()
     if isinstance(specs, str):
         specs = json.loads(specs)

@@ -65,6 +65,10 @@ if TYPE_CHECKING:
 ENV_DIR = "CPTEST_PROBE_DIR"
 ENV_POSITIONS = "CPTEST_PROBE_POSITIONS"
 """`0` stops gathering position and mask tensors for the host: steps are recorded without them."""
+ENV_LAYERS = "CPTEST_PROBE_LAYERS"
+"""`first` hooks the first layer's attention and MLP alone (what `--forward-hooks` names): steps
+then carry no `layers` and no per-layer rows, and an eager forward pays two hook calls instead of
+two per layer."""
 ENV_GRAPH_FLUSH_S = "CPTEST_PROBE_GRAPH_FLUSH_S"
 ENV_SWITCH = "CPTEST_PROBE_SWITCH"
 """A file whose content `off` pauses the probe at run time (anything else, or no file: on). The

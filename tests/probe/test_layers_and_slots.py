@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cptest.evidence import Step, slot_pairs  # noqa: E402
-from cptest.probe import forward_hooks, hooks  # noqa: E402
+from cptest.probe import forward_hooks, hooks, runtime  # noqa: E402
 from cptest.probe.runtime import Probe  # noqa: E402
 from tests.probe.test_hooks import (  # noqa: E402
     MP,
@@ -254,3 +254,9 @@ def test_a_layer_is_not_hooked_for_a_spec_the_server_was_not_given(probe: Probe,
     attn_hooks = [len(layer.self_attn.attn._forward_hooks) for layer in model.model.layers]
     mlp_hooks = [len(layer.mlp._forward_hooks) for layer in model.model.layers]
     assert (attn_hooks, mlp_hooks) == ([0, 0, 0], [1, 1, 1])
+
+
+def test_with_the_first_layer_alone_asked_for_no_other_layer_is_hooked(probe: Probe, monkeypatch: MP) -> None:
+    monkeypatch.setenv(runtime.ENV_LAYERS, "first")
+    model = _graph_setup(probe, monkeypatch, ["cptest_attn_rows", "cptest_mlp_rows"])
+    assert [len(layer.mlp._forward_hooks) for layer in model.model.layers] == [1, 0, 0]
