@@ -4,9 +4,9 @@ The real figure is the decode-throughput overhead on the GPU machine
 (`tools/device/probe-overhead.sh`, target <= 3 %); this is its CPU-side part, measurable anywhere,
 for finding where the time goes. One simulated SGLang step drives the same hook bodies SGLang's
 wrappers call: `ModelRunner.forward` (AROUND), the KV write of every layer (AFTER, with a DCP
-owner mask), the attention / MLP / logits forward hooks. With `--device cpu` (default) the
-tensors are small CPU tensors and the figures are pure Python; with `--device cuda` they live on
-the GPU and the figures include the probe's device copies and events.
+owner mask), every layer's attention and MLP forward hooks, the logits one. With `--device cpu`
+(default) the tensors are small CPU tensors and the figures are pure Python; with `--device cuda`
+they live on the GPU and the figures include the probe's device copies and events.
 
 Printed, per step of a `--batch`-request decode batch over `--layers` layers:
 - engine thread: wall time of the hooked step minus the bare one: what SGLang's loop pays,
@@ -139,10 +139,10 @@ def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
     def forward(_runner: Any, _fb: Any) -> Any:
         if engine_us:
             engine_work(engine_us)
-        for _ in range(layers):
+        for _ in range(layers):  # each layer's KV write, attention and MLP, as SGLang calls them
             hooks.after_set_kv_buffer(None, None, None, None, k, k, dcp_kv_mask=mask)
-        hooks.on_attn_input(None, (hidden,), None)
-        hooks.on_mlp_input(None, (hidden,), None)
+            hooks.on_attn_input(None, (hidden,), None)
+            hooks.on_mlp_input(None, (hidden,), hidden)
         hooks.on_logits_input(None, (None, hidden), None)
         return out
 
@@ -151,8 +151,9 @@ def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
             engine_work(engine_us)
         for _ in range(layers):
             _noop(None, None, None, None, k, k, dcp_kv_mask=mask)
-        for _ in range(3):
             _noop(None, (hidden,), None)
+            _noop(None, (hidden,), hidden)
+        _noop(None, (hidden,), None)
         return out
 
     return (forward if hooked else bare), fb

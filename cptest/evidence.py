@@ -9,316 +9,60 @@ or a newer `v` is an `EvidenceError`; a truncated last line (a rank killed mid-w
 counted, so a checker can say `unknown` with the reason.
 
 Position sets are carried as sorted, merged half-open ranges `[[start, end), ...]` so that a 100k
-token prompt is one pair, not 100k integers; `ranges_*` helpers below are the only code that
-builds or reads them.
+token prompt is one pair, not 100k integers (`cptest.record_base`). The rank-local records are
+defined in `cptest.rank_records`, the records' base and the ranges in `cptest.record_base`; both
+are re-exported here.
 """
 
 from __future__ import annotations
 
-import array
-import base64
-import binascii
 import json
-import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from cptest import bounds
 from cptest.archive_io import Budget, read_lines
 from cptest.errors import EvidenceError, Problem, Span
+from cptest.rank_records import (
+    Capacity,
+    Geometry,
+    Graph,
+    KvPool,
+    PoolSample,
+    ProbeNote,
+    Step,
+    StepBlock,
+)
+from cptest.record_base import (
+    SCHEMA_VERSION,
+    Ranges,
+    RankId,
+    SlotRuns,
+    _Record,
+    ranges_from,
+    ranges_iter,
+    ranges_len,
+    ranges_merge,
+    slot_pairs,
+    slot_runs_from,
+)
 from cptest.topology import Degrees, PlacementMode
 
-SCHEMA_VERSION = 5
-"""v5: `pool_sample` records (`PoolSample`); steps of CUDA-graph replays, marked by
-`graph_rows` (`Step`, `StepBlock`); every v1-v4 record reads unchanged.
-v2: a compact step's `pos` may be packed (base64 of little-endian int32) and its `kv` a string
-of 0/1 digits (`Step`). v3: consecutive decode steps over the same requests may be one `steps`
-line (`StepBlock`), which the reader expands into its Step records. v4: teacher-forced `score`
-records, a request's `output_top`, and the `control` server's records. Every v1-v3 record reads
-unchanged."""
+__all__ = [
+    "SCHEMA_VERSION", "Capacity", "Evidence", "Geometry", "Graph", "KvPool", "PoolSample", "ProbeNote",
+    "RankEvidence", "RankId", "Ranges", "Record", "RequestResult", "RoleEvidence", "RunRole",
+    "RunnerEvidence", "Step", "StepBlock", "dump_record", "parse_record", "ranges_from", "ranges_iter",
+    "ranges_len", "ranges_merge", "read_records", "SlotRuns", "slot_pairs", "slot_runs_from",
+]  # fmt: skip
+"""The records and helpers other modules import from here, wherever they are defined."""
+
 RunRole = Literal["main", "baseline", "control", "eager"]
 """The servers of a run: the one under test, the parity reference, the noise-floor control, and the
 main server's eager twin (`graph parity vs eager`)."""
-Ranges = list[tuple[int, int]]
-"""Sorted, disjoint, merged half-open integer ranges."""
-
-
-class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    v: int = SCHEMA_VERSION
-    t: float = 0.0
-    """Seconds since the writer started (monotonic); for ordering and timing only."""
-
-
-class RankId(BaseModel):
-    """Which rank wrote a record; every probe record carries it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    world: int
-    tp: int = 0
-    dcp: int = 0
-    attn_cp: int = 0
-    attn_tp: int = 0
-    attn_dp: int = 0
-    pid: int = 0
-
-
-# ---------------------------------------------------------------- probe records (inside ranks)
-class Geometry(_Record):
-    """Rank geometry and process groups as the engine built them (world ranks in each group)."""
-
-    kind: Literal["geometry"] = "geometry"
-    rank: RankId
-    sizes: dict[str, int]
-    """tp, dcp, attn_cp, attn_tp, attn_dp, pp, world."""
-    groups: dict[str, list[int]]
-    """Group name (tp, dcp, attn_cp, attn_tp, ...) -> world ranks of *this rank's* group."""
-    gpu: int | None = None
-    hostname: str = ""
-
-
-class KvPool(_Record):
-    """Physical KV pool of this rank and the allocator's token space over it."""
-
-    kind: Literal["kv_pool"] = "kv_pool"
-    rank: RankId
-    rows: int
-    """Physical token rows of the pool on this rank."""
-    allocator_size: int | None = None
-    """Token slots the allocator hands out (logical); rows * dcp under DCP."""
-    page_size: int | None = None
-    allocator_page_size: int | None = None
-    head_num: int | None = None
-    head_dim: int | None = None
-    layer_num: int | None = None
-    dtype: str = ""
-
-
-class Capacity(_Record):
-    """The scheduler's admission capacity as this rank sees it."""
-
-    kind: Literal["capacity"] = "capacity"
-    rank: RankId
-    max_total_num_tokens: int
-    max_running_requests: int | None = None
-    context_len: int | None = None
-
-
-class Step(_Record):
-    """One forward step on this rank: an eager forward, or a CUDA-graph replay (`graph_rows` set).
-
-    A replay's record comes from the forward batch and the graph runner as the replay starts:
-    its rows, positions and requests are observed; what runs inside the graph
-    (attention, MLP and logits inputs, the KV write and its DCP owner mask) is not, so those
-    fields are null and `kv_written` is empty: unobserved, not unwritten.
-
-    On disk a step of one row per distinct request (decode) may be written in its compact form,
-    `"rows": {"rids": [...], "pos": [...], "kv": [0/1, ...] | "all" | null}` in place of
-    positions / seq_positions / kv_written: the probe writes it on the engine's thread once per
-    step, where building the per-request maps cost more than the rest of the probe. Reading
-    expands it (`_expand_rows`): request i's row is at position pos[i]; its K/V was written by this
-    rank if kv[i] is true ("all": every row; null: no write seen, kv_written empty).
-    Since v2 `pos` may be a string, the base64 of the positions as little-endian int32, and `kv` a
-    string of "0"/"1" digits: the probe then never turns a number into text on the engine's thread.
-    """
-
-    kind: Literal["step"] = "step"
-    rank: RankId
-    step: int
-    mode: Literal["extend", "decode", "mixed", "idle", "other"]
-    batch_size: int
-    rows_in: int
-    """Tokens of the forward batch as it reached the model on this rank."""
-    attn_rows: int | None = None
-    """Rows entering attention on this rank (after any CP split)."""
-    ffn_rows: int | None = None
-    """Rows entering the first MLP on this rank."""
-    logits_rows: int | None = None
-    cp_active: bool | None = None
-    positions: Ranges = Field(default_factory=list)
-    """Positions of the rows this rank computes attention for, per request merged (see `rids`)."""
-    seq_positions: dict[str, Ranges] = Field(default_factory=dict)
-    """Request id -> positions of its rows in this step on this rank (attention rows)."""
-    kv_written: dict[str, Ranges] = Field(default_factory=dict)
-    """Request id -> token positions whose K/V this rank wrote into its own pool in this step."""
-    extend_lens: list[int] = Field(default_factory=list)
-    prefix_lens: list[int] = Field(default_factory=list)
-    graph_rows: int | None = None
-    """Rows the CUDA graph ran when this step was a replay (the batch padded to a captured size;
-    `graph_rows - rows_in` rows are padding); None for an eager forward."""
-
-    @property
-    def replayed(self) -> bool:
-        """Whether this step ran as a CUDA-graph replay (its inside is not observed)."""
-        return self.graph_rows is not None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _expand_rows(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or "rows" not in data:
-            return data
-        data = dict(data)
-        rows = data.pop("rows")
-        if not isinstance(rows, dict) or set(rows) != {"rids", "pos", "kv"}:
-            raise ValueError("rows: expected an object with exactly rids, pos and kv")
-        rids, pos, kv = rows["rids"], _unpack_positions(rows["pos"]), rows["kv"]
-        if isinstance(kv, str) and kv != "all":
-            if kv.strip("01"):
-                raise ValueError('rows: kv as a string must be "all" or 0/1 digits')
-            kv = [c == "1" for c in kv]
-        if not (isinstance(rids, list) and isinstance(pos, list) and len(rids) == len(pos)
-                and len(set(rids)) == len(rids)):
-            raise ValueError("rows: rids and pos must be lists of one length, rids distinct")
-        if any(k in data for k in ("positions", "seq_positions", "kv_written")):
-            raise ValueError("rows: given with positions, seq_positions or kv_written")
-        seq = {r: [(p, p + 1)] for r, p in zip(rids, pos, strict=True)}
-        data["positions"] = ranges_from(pos)
-        data["seq_positions"] = seq
-        if kv == "all":
-            data["kv_written"] = seq
-        elif isinstance(kv, list) and len(kv) == len(pos):
-            data["kv_written"] = {r: [(p, p + 1)] if k else [] for r, p, k in zip(rids, pos, kv, strict=True)}
-        elif kv is None:
-            data["kv_written"] = {}
-        else:
-            raise ValueError('rows: kv must be a list as long as pos, "all" or null')
-        return data
-
-
-def _unpack_positions(pos: Any) -> Any:
-    """A packed `pos` (base64 of little-endian int32) as a list; anything else as it is."""
-    if not isinstance(pos, str):
-        return pos
-    try:
-        raw = base64.b64decode(pos, validate=True)
-    except binascii.Error as e:
-        raise ValueError(f"rows: pos is neither a list nor base64: {e}") from None
-    if len(raw) % 4:
-        raise ValueError("rows: packed pos is not a whole number of int32")
-    values = array.array("i", raw)
-    if sys.byteorder != "little":
-        values.byteswap()
-    return values.tolist()
-
-
-class StepBlock(_Record):
-    """Consecutive decode steps of one rank over the same requests, one row per request each: one
-    line for up to a copy batch of steps (the probe writes it on the engine's thread, where a line
-    per step cost more than the rest of the probe). `read_records` expands it into one `Step` per
-    step, so nothing downstream sees this kind.
-
-    `pos` is the base64 of every step's positions as little-endian int32, step after step
-    (`len(step) * len(rids)` values); `kv` the 0/1 digits of the DCP owner mask in the same
-    order, "all" (every row written) or null (no write seen). `t`, `step`, `rows_in`,
-    `attn_rows`, `ffn_rows` and `logits_rows` have one entry per step; `batch_size` is the number
-    of requests.
-    """
-
-    kind: Literal["steps"] = "steps"
-    t: list[float]  # type: ignore[assignment]
-    rank: RankId
-    mode: Literal["decode"] = "decode"
-    cp_active: bool | None = None
-    rids: list[str]
-    step: list[int]
-    rows_in: list[int]
-    attn_rows: list[int | None]
-    ffn_rows: list[int | None]
-    logits_rows: list[int | None]
-    pos: str
-    kv: str | None
-    graph_rows: int | None = None
-    """The rows every step of the block ran as a CUDA-graph replay (see `Step.graph_rows`)."""
-
-    @model_validator(mode="after")
-    def _shape(self) -> StepBlock:
-        n, b = len(self.step), len(self.rids)
-        if any(len(x) != n for x in (self.t, self.rows_in, self.attn_rows, self.ffn_rows, self.logits_rows)):
-            raise ValueError("steps: t, step, rows_in, attn_rows, ffn_rows and logits_rows differ in length")
-        if len(set(self.rids)) != b:
-            raise ValueError("steps: rids must be distinct")
-        if len(_unpack_positions(self.pos)) != n * b:
-            raise ValueError("steps: pos must hold one position per request per step")
-        if self.kv is not None and self.kv != "all" and (len(self.kv) != n * b or self.kv.strip("01")):
-            raise ValueError('steps: kv must be "all", null, or one 0/1 digit per request per step')
-        return self
-
-    def expand(self) -> list[Step]:
-        n, b = len(self.step), len(self.rids)
-        pos = _unpack_positions(self.pos)
-        out = []
-        for k in range(n):
-            kv = self.kv if self.kv in (None, "all") else self.kv[k * b:(k + 1) * b]  # type: ignore[index]
-            out.append(Step.model_validate({
-                "v": self.v, "t": self.t[k], "rank": self.rank, "step": self.step[k], "mode": self.mode,
-                "batch_size": b, "rows_in": self.rows_in[k], "attn_rows": self.attn_rows[k],
-                "ffn_rows": self.ffn_rows[k], "logits_rows": self.logits_rows[k], "cp_active": self.cp_active,
-                "rows": {"rids": self.rids, "pos": pos[k * b:(k + 1) * b], "kv": kv},
-                "graph_rows": self.graph_rows,
-            }))
-        return out
-
-
-class PoolSample(_Record):
-    """The KV pool and the scheduler's token accounting of this rank at one scheduler iteration
-    (docs/language.md "Capacity transitions"). Written when the figures changed, at most every
-    `probe.pool_hooks.STEP_EVERY` forward batches while busy, and once more when the scheduler goes
-    idle, so the drained state is always the last sample. Every figure is in the allocator's token
-    space: *logical* tokens under DCP (`total` = rows x dcp), while `KvPool.rows` is the rank's
-    physical pool."""
-
-    kind: Literal["pool_sample"] = "pool_sample"
-    rank: RankId
-    step: int
-    """Forward batches the scheduler has run so far (SGLang's `Scheduler.forward_ct`; the reference's
-    step count): every rank of one server counts the same, which is what ranks are compared at."""
-    total: int
-    """The allocator's token space (`allocator.size`)."""
-    free: int
-    """Tokens the allocator can hand out now (`allocator.available_size()`)."""
-    evictable: int | None = None
-    """Tokens the prefix cache holds for no running request (radix `evictable_size()`): reusable,
-    not leaked; None where the engine has no prefix cache."""
-    protected: int | None = None
-    """Tokens the prefix cache holds locked by running requests (radix `protected_size()`)."""
-    running: int
-    waiting: int
-    scheduler_total: int | None = None
-    """The logical capacity the scheduler admits and reports usage against (the pinned SGLang
-    release: its pool-stats observer's `max_total_num_tokens`, which is the rank's rows x dcp_size)."""
-    idle: bool = False
-    """Sampled with nothing running or waiting: the scheduler drained."""
-
-    @property
-    def used(self) -> int:
-        """Tokens held by requests: what is neither free nor evictable."""
-        return self.total - self.free - (self.evictable or 0)
-
-
-class Graph(_Record):
-    """CUDA-graph capture and replay as observed by the probe."""
-
-    kind: Literal["graph"] = "graph"
-    rank: RankId
-    event: Literal["capture", "replay", "eager", "disabled"]
-    phase: Literal["decode", "prefill"]
-    batch_sizes: list[int] = Field(default_factory=list)
-    count: int = 1
-
-
-class ProbeNote(_Record):
-    """Something the probe could not observe or an error inside it (never raised into the engine)."""
-
-    kind: Literal["probe_note"] = "probe_note"
-    rank: RankId | None = None
-    level: Literal["info", "warning", "error"] = "info"
-    message: str
-
-
 # ---------------------------------------------------------------- runner records (outside ranks)
 class RequestResult(_Record):
     """One workload request as sent and as answered."""
@@ -538,7 +282,10 @@ def held_cost(record: Record, cost: int) -> int:
         kv = 2 if record.kv is not None else 1
         return max(cost * len(record.step), bounds.ENTRY_BYTES * kv * len(record.step) * len(record.rids))
     if isinstance(record, Step):
-        return max(cost, bounds.ENTRY_BYTES * (len(record.seq_positions) + len(record.kv_written)))
+        maps = (len(record.seq_positions) + len(record.kv_written) + len(record.kv_slots)
+                + len(record.kv_read) + len(record.ffn_seq_positions or ())
+                + len(record.ffn_out_seq_positions or ()))
+        return max(cost, bounds.ENTRY_BYTES * maps)
     return cost
 
 
@@ -665,34 +412,3 @@ class Evidence:
         return self.roles.get(role) or RoleEvidence(role=role, planned=False, missing=[f"evidence/{role}/"])
 
 
-# ---------------------------------------------------------------- position ranges
-def ranges_from(values: Iterable[int]) -> Ranges:
-    """Sorted merged half-open ranges covering exactly `values`."""
-    out: Ranges = []
-    for v in sorted(set(values)):
-        if out and out[-1][1] == v:
-            out[-1] = (out[-1][0], v + 1)
-        else:
-            out.append((v, v + 1))
-    return out
-
-
-def ranges_merge(ranges: Iterable[tuple[int, int]]) -> Ranges:
-    out: Ranges = []
-    for a, b in sorted((int(a), int(b)) for a, b in ranges):
-        if a >= b:
-            continue
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
-
-
-def ranges_len(ranges: Iterable[tuple[int, int]]) -> int:
-    return sum(b - a for a, b in ranges)
-
-
-def ranges_iter(ranges: Iterable[tuple[int, int]]) -> Iterator[int]:
-    for a, b in ranges:
-        yield from range(a, b)

@@ -1,4 +1,5 @@
-"""cptest/evidence.py: the compact decode form of Step, as the probe writes it and readers see it."""
+"""cptest/evidence.py: the compact decode form of Step, as the probe writes it and readers see it,
+and the fields of schema v6."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cptest.errors import EvidenceError
-from cptest.evidence import Step, parse_record, read_records
+from cptest.evidence import Step, parse_record, read_records, slot_pairs
 
 BASE = {"v": 1, "kind": "step", "rank": {"world": 1}, "step": 4, "mode": "decode", "batch_size": 3,
         "rows_in": 3}
@@ -106,3 +107,28 @@ def test_a_malformed_steps_block_is_an_evidence_error(bad: dict[str, object]) ->
 def test_a_block_of_a_newer_schema_is_refused() -> None:
     with pytest.raises(EvidenceError, match="newer"):
         parse_record(json.dumps(_block(v=99)))
+
+
+def test_a_v6_block_gives_each_step_its_mlp_output_rows_and_the_blocks_layers(tmp_path: Path) -> None:
+    f = tmp_path / "rank1.jsonl"
+    f.write_text(json.dumps(_block(v=6, ffn_out_rows=[2, 1], layers=32)) + "\n")
+    first, second = read_records(f)[0]
+    assert isinstance(first, Step) and isinstance(second, Step)
+    assert (first.ffn_out_rows, second.ffn_out_rows, first.layers, second.layers) == (2, 1, 32, 32)
+
+
+def test_a_block_of_mlp_output_rows_not_one_per_step_is_an_evidence_error() -> None:
+    with pytest.raises(EvidenceError):
+        parse_record(json.dumps(_block(v=6, ffn_out_rows=[2], layers=32)))
+
+
+def test_a_step_without_the_v6_fields_is_written_as_before_and_with_them_reads_back_equal() -> None:
+    old = parse_record(_line(v=5, rows={"rids": ["a"], "pos": [3], "kv": "all"}, batch_size=1, rows_in=1))
+    assert isinstance(old, Step)
+    v6 = {"layers", "kv_slots", "kv_read", "ffn_out_rows", "layer_rows", "ffn_seq_positions"}
+    assert not v6 & json.loads(old.model_dump_json()).keys()
+    new = old.model_copy(update={"v": 6, "layers": 4, "ffn_out_rows": 1, "layer_rows": {"ffn": [1, 1, 2, 1]},
+                                 "kv_slots": {"a": [(3, 4, 17)]}, "kv_read": {"a": [(0, 18)]},
+                                 "ffn_seq_positions": {"a": [(0, 4)]}})
+    assert parse_record(new.model_dump_json()) == new
+    assert slot_pairs(new.kv_slots["a"], new.kv_written["a"]) == [(3, 17)]

@@ -32,32 +32,32 @@ COPY_EVERY = 16
 COPY_WITHIN_S = 0.1
 """...unless the first of them is older than this (slow steps: records stay timely)."""
 
-WHICH: dict[tuple[bool, bool, bool], tuple[str, ...]] = {
-    (p, m, z): tuple(n for n, on in (("positions", p), ("kv_mask", m), ("zigzag", z)) if on)
-    for p in (False, True) for m in (False, True) for z in (False, True)
+WHICH: dict[tuple[bool, bool, bool, bool], tuple[str, ...]] = {
+    (p, m, z, s): tuple(n for n, on in (("positions", p), ("kv_mask", m), ("zigzag", z), ("slots", s)) if on)
+    for p in (False, True) for m in (False, True) for z in (False, True) for s in (False, True)
 }
 """The names of a step's tensors in its CopyBatch, made once (a draft keeps one of these): the
 step recording compares them by identity."""
-WHICH_POS, _WHICH_POS_MASK = WHICH[True, False, False], WHICH[True, True, False]
-WHICH_NONE = WHICH[False, False, False]
+WHICH_POS, _WHICH_POS_MASK = WHICH[True, False, False, False], WHICH[True, True, False, False]
+WHICH_NONE = WHICH[False, False, False, False]
 NO_RIDS: list[str] = []
 """What a run given back holds instead of its requests' ids (it keeps no list of SGLang's alive)."""
 
 
 class Run:
     """Consecutive decode steps of one copy batch that one `steps` line can carry: the same
-    requests (the same list, `Probe.same_rids`), tensors, graph size, CP and KV-write shape. Each
+    requests (the same list, `Probe.same_rids`), tensors, graph size, layers, CP and KV-write shape. Each
     step is kept as a row of its plain values, so the step's draft goes straight back to the probe
     for the next step instead of waiting for the copies, and the batch's `run()` builds the line
     from columns. `rows`: (step, t, rows_in, batch_size, attn_rows, ffn_rows, logits_rows,
-    kv_rows) per step; `first`: the index of the first step's first tensor in the batch, the
+    kv_rows, ffn_out_rows) per step; `first`: the index of the first step's first tensor in the batch, the
     steps' tensors following one another (`len(which)` each). Runs are reused, as drafts are
     (`open`, `Probe.runs`): a fresh one per run would live until its batch is finished, long
     enough for Python's collector to move it to its oldest generation (see StepDraft); the rows,
     tuples of plain values, the collector stops tracking at its first look."""
 
     __slots__ = ("rids", "which", "cp_configured", "graph_rows", "kv_none", "kv_full", "first", "rows",
-                 "pos_2d")
+                 "pos_2d", "layers")
 
     def __init__(self) -> None:
         self.pos_2d = False
@@ -66,6 +66,8 @@ class Run:
         self.which: tuple[str, ...] = ()
         self.cp_configured: bool | None = None
         self.graph_rows: int | None = None
+        self.layers = 0
+        """The layers each step ran (`StepDraft.attn_layers`; 0: not observed, a replay)."""
         self.kv_none = self.kv_full = False
         self.first = 0
         self.rows: list[tuple[Any, ...]] = []
@@ -81,6 +83,7 @@ class Run:
         run.which = draft.which
         run.cp_configured = draft.cp_configured
         run.graph_rows = draft.graph_rows
+        run.layers = draft.attn_layers
         kv_rows = draft.kv_rows
         run.kv_none = kv_rows is None
         run.kv_full = kv_rows == len(draft.rids)
@@ -98,7 +101,7 @@ class Run:
 
     def draft(self, probe: Probe, k: int) -> StepDraft:
         """Step `k` as the draft it was made from (a spare one, filled again)."""
-        step, t, rows_in, batch_size, attn, ffn, logits, kv_rows = self.rows[k]
+        step, t, rows_in, batch_size, attn, ffn, logits, kv_rows, ffn_out = self.rows[k]
         rids = self.rids
         try:  # the writer thread finishes batches while the engine's thread takes drafts too
             d = probe.drafts.pop()
@@ -107,7 +110,8 @@ class Run:
         StepDraft.__init__(d, step=step, mode="decode", batch_size=batch_size, rows_in=rows_in, rids=rids,
                            cp_configured=self.cp_configured, attn_rows_seen=attn, ffn_rows=ffn,
                            logits_rows=logits, kv_rows=kv_rows, graph_rows=self.graph_rows, t=t,
-                           first=self.first + k * len(self.which), which=self.which)
+                           first=self.first + k * len(self.which), which=self.which, ffn_out_rows=ffn_out,
+                           attn_layers=self.layers)
         return d
 
 
@@ -183,18 +187,20 @@ class CopyBatch:
         self.steps += 1
         which, rids = draft.which, draft.rids
         if ((which is WHICH_POS or which is _WHICH_POS_MASK) and draft.mode == "decode" and rids
-                and not draft.cp_active and draft.extend_lens is None and draft.notes is None):
+                and not draft.cp_active and draft.extend_lens is None and draft.notes is None
+                and draft.layer_rows is None):
             kv_rows = draft.kv_rows
             run = self.run_
             if (run is None or run.rids is not rids or run.which is not which
                     or run.cp_configured is not draft.cp_configured or run.graph_rows != draft.graph_rows
+                    or run.layers != draft.attn_layers
                     or run.kv_none is not (kv_rows is None) or run.kv_full is not (kv_rows == len(rids))):
                 if self.later:
                     self.end_run()
                 run = self.run_ = Run.open(self.probe, draft, first)
                 self.items.append(run)
             run.rows.append((draft.step, draft.t, draft.rows_in, draft.batch_size, draft.attn_rows_seen,
-                             draft.ffn_rows, draft.logits_rows, kv_rows))
+                             draft.ffn_rows, draft.logits_rows, kv_rows, draft.ffn_out_rows))
             return True
         draft.first = first
         self.end_run()
@@ -376,13 +382,13 @@ def _run_block_line(probe: Probe, batch: CopyBatch, run: Run, k: int, quoted: st
     end = first + len(rows) * width
     positions = batch.rows(range(first, end, width), b)
     mask = batch.rows(range(first + 1, end, width), b) if kv == "mask" else None
-    step, clock, rows_in, _, attn, ffn, logits, _ = zip(*rows, strict=True)
+    step, clock, rows_in, _, attn, ffn, logits, _, ffn_out = zip(*rows, strict=True)
     t0 = probe.t0
     t = [round(c - t0, 6) for c in clock]  # _record_t
     return records.steps_block_line(
         t=t, step=step, rows_in=rows_in, attn_rows=attn, ffn_rows=ffn, logits_rows=logits,
         cp_configured=run.cp_configured, graph_rows=run.graph_rows, rank_json=probe.rank_json, quoted=quoted,
-        positions=positions, kv=kv, mask=mask)
+        positions=positions, kv=kv, mask=mask, ffn_out_rows=ffn_out, layers=run.layers or None)
 
 
 def send_copies(probe: Probe) -> None:
@@ -491,7 +497,8 @@ def join_run(probe: Probe, draft: StepDraft, pos_t: Any) -> bool:
         run = batch.run_
         if (run is None or run.rids is not rids or run.which is not WHICH_POS or draft.mode != "decode"
                 or draft.cp_active or draft.extend_lens is not None or draft.notes is not None
-                or run.cp_configured is not draft.cp_configured or run.graph_rows != draft.graph_rows):
+                or run.cp_configured is not draft.cp_configured or run.graph_rows != draft.graph_rows
+                or run.layers != draft.attn_layers or draft.layer_rows is not None):
             return False
         kv_rows = draft.kv_rows
         if run.kv_none is not (kv_rows is None) or run.kv_full is not (kv_rows == len(rids)):
@@ -499,7 +506,7 @@ def join_run(probe: Probe, draft: StepDraft, pos_t: Any) -> bool:
         batch.parts.append(pos_t[0] if run.pos_2d else pos_t)
         batch.steps += 1
         run.rows.append((draft.step, draft.t, draft.rows_in, draft.batch_size, draft.attn_rows_seen,
-                         draft.ffn_rows, draft.logits_rows, kv_rows))
+                         draft.ffn_rows, draft.logits_rows, kv_rows, draft.ffn_out_rows))
         probe.spare = draft  # its run keeps its values: the draft serves the next step
         close_if_due(probe, batch)
     return True
@@ -515,6 +522,8 @@ def _step_line(probe: Probe, batch: CopyBatch, draft: StepDraft) -> str:
             positions = value
         elif name == "kv_mask":
             draft.kv_mask = value  # 0/1 (or bools): truth is what counts; a numpy view
+        elif name == "slots":
+            draft.kv_slots = value // probe.dcp_size if probe.dcp_size > 1 else value
         else:
             _resolve_zigzag(draft, value.tolist())
     return records.finish_step_line(draft, rank=probe.rank, rank_json=probe.rank_json,

@@ -18,7 +18,9 @@ The SGLang line cited at each function is the pinned release's `sglang/srt/<path
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import sys
 from collections.abc import Callable
@@ -26,8 +28,10 @@ from typing import Any, TypeVar
 
 from cptest.probe import records
 from cptest.probe import runtime as _runtime
+from cptest.probe.forward_hooks import MODULES
 from cptest.probe.runtime import Probe, get_probe
 from cptest.probe.steps import around_model_runner_forward, int_list, text_positions
+from cptest.rank_records import LayerPart
 
 __all__ = [
     "after_capture_cuda_graphs",
@@ -85,6 +89,7 @@ def _geometry(probe: Probe) -> None:
         gpu=int(gpu) if gpu is not None else None, hostname=socket.gethostname(), t=probe.now(),
     )
     probe.set_rank(rank)
+    probe.dcp_size = max(int(geo.sizes.get("dcp", 1)), 1)
     probe.write(geo)
 
 
@@ -144,6 +149,37 @@ def after_capture_cuda_graphs(result: Any, *_args: Any, **kwargs: Any) -> None:
             rank=probe.rank, t=probe.now(), phase=phase, runner_kind=type(r).__name__,
             batch_sizes=int_list(sizes) if sizes is not None else None,
         ))
+    if runner is not None:
+        probe.call("every_layer", _hook_every_layer, runner)
+
+
+_LAYER_MODULE = re.compile(r"model\.layers\.\d+\.(self_attn\.attn|mlp)")
+"""The modules of a layer whose rows the probe counts (Llama, Qwen3: forward_hooks.MODULES)."""
+
+
+def _hook_every_layer(runner: Any) -> None:
+    """Give every layer the attention and MLP hooks that `--forward-hooks` gave the first.
+
+    The plan's argv names the first layer's modules alone (`forward_hooks.MODULES`), and archives
+    pin that argv: the other layers are hooked here, where the model is at hand. SGLang registers
+    the `--forward-hooks` at the end of `capture_cuda_graphs` (cuda_graph_setup.py:157-164), so
+    these too fire on eager forwards only. A layer whose spec the server was not given stays
+    unhooked, as the first would be; so does every layer with `runtime.ENV_LAYERS` set to `first`."""
+    if os.environ.get(_runtime.ENV_LAYERS, "all") == "first":
+        return
+    specs = getattr(getattr(runner, "server_args", None), "forward_hooks", None) or ()
+    if isinstance(specs, str):
+        specs = json.loads(specs)
+    given = {s.get("name") for s in specs if isinstance(s, dict)}
+    hooks = {"self_attn.attn": ("cptest_attn_rows", on_attn_input), "mlp": ("cptest_mlp_rows", on_mlp_input)}
+    hooked_by_spec = {module for _, module in MODULES.values()}
+    for name, module in runner.model.named_modules():
+        m = _LAYER_MODULE.fullmatch(name)
+        if m is None or name in hooked_by_spec:
+            continue
+        spec, hook = hooks[m.group(1)]
+        if spec in given:
+            module.register_forward_hook(hook)
 
 
 # ---------------------------------------------------------------- inner hooks of a forward
@@ -203,26 +239,61 @@ def after_set_kv_buffer(_result: Any, pool: Any, layer: Any, loc_info: Any, cach
 # ---------------------------------------------------------------- torch forward hooks
 @guards_itself
 def on_attn_input(_module: Any, args: tuple[Any, ...], _output: Any) -> None:
-    """Forward hook on `model.layers.0.self_attn.attn` (RadixAttention, layers/radix_attention.py:150)."""
+    """Forward hook on every layer's `self_attn.attn` (RadixAttention, layers/radix_attention.py:150;
+    the first by `--forward-hooks`, the others by `_hook_every_layer`): rows entering it. The
+    layers run in order, so the hook's k-th call in a step is the step's k-th layer on this rank; a
+    count that differs from the first layer's starts `layer_rows`."""
     probe = _runtime._PROBE
     draft = probe.current if probe is not None else None
-    if draft is not None and draft.attn_rows_seen is None and args:
-        try:
-            draft.attn_rows_seen = int(args[0].shape[0])
-        except Exception as e:
-            probe.call("attn_rows", probe.error, "attn_rows", e)
+    if draft is None or not args:
+        return
+    try:
+        n = args[0].shape[0]
+        k = draft.attn_layers
+        draft.attn_layers = k + 1
+        if k == 0:
+            draft.attn_rows_seen = int(n)
+        elif n != draft.attn_rows_seen or (draft.layer_rows is not None and "attn" in draft.layer_rows):
+            _layer_rows(draft, "attn", k, int(n), draft.attn_rows_seen)
+    except Exception as e:
+        probe.call("attn_rows", probe.error, "attn_rows", e)
 
 
 @guards_itself
-def on_mlp_input(_module: Any, args: tuple[Any, ...], _output: Any) -> None:
-    """Forward hook on `model.layers.0.mlp`: rows entering the first MLP."""
+def on_mlp_input(_module: Any, args: tuple[Any, ...], output: Any) -> None:
+    """Forward hook on every layer's `mlp` (the dense MLP or the MoE block): rows entering it and
+    rows leaving it, per layer as `on_attn_input` counts them."""
     probe = _runtime._PROBE
     draft = probe.current if probe is not None else None
-    if draft is not None and draft.ffn_rows is None and args:
-        try:
-            draft.ffn_rows = int(args[0].shape[0])
-        except Exception as e:
-            probe.call("mlp_rows", probe.error, "mlp_rows", e)
+    if draft is None or not args:
+        return
+    try:
+        n = args[0].shape[0]
+        o = output[0] if isinstance(output, tuple) else output
+        out = None if o is None else int(o.shape[0])
+        k = draft.ffn_layers
+        draft.ffn_layers = k + 1
+        if k == 0:
+            draft.ffn_rows, draft.ffn_out_rows = int(n), out
+            return
+        lr = draft.layer_rows
+        if n != draft.ffn_rows or (lr is not None and "ffn" in lr):
+            _layer_rows(draft, "ffn", k, int(n), draft.ffn_rows)
+        if out is not None and (out != draft.ffn_out_rows or (lr is not None and "ffn_out" in lr)):
+            _layer_rows(draft, "ffn_out", k, out, draft.ffn_out_rows)
+    except Exception as e:
+        probe.call("mlp_rows", probe.error, "mlp_rows", e)
+
+
+def _layer_rows(draft: Any, part: LayerPart, k: int, n: int, first: int | None) -> None:
+    """Layer `k`'s count `n` of `part`, the layers before it having had the first one's (`first`)."""
+    lr = draft.layer_rows
+    if lr is None:
+        lr = draft.layer_rows = {}
+    rows = lr.get(part)
+    if rows is None:
+        rows = lr[part] = [-1 if first is None else first] * k
+    rows.append(n)
 
 
 @guards_itself

@@ -22,10 +22,13 @@ from cptest.evidence import (
     KvPool,
     Ranges,
     RankId,
+    SlotRuns,
     Step,
     ranges_from,
     ranges_merge,
+    slot_runs_from,
 )
+from cptest.rank_records import LayerPart
 
 StepMode = Literal["extend", "decode", "mixed", "idle", "other"]
 
@@ -166,8 +169,19 @@ class StepDraft:
     cp_local_positions: dict[str, list[int]] | None = None
     """Request id -> positions of this rank's rows after the PCP split (observed)."""
     attn_rows_seen: int | None = None
+    """Rows entering the first layer's attention, as its forward hook saw them."""
     ffn_rows: int | None = None
+    ffn_out_rows: int | None = None
     logits_rows: int | None = None
+    attn_layers: int = 0
+    """Layers whose attention hook fired so far in this step (the next one's index)."""
+    ffn_layers: int = 0
+    """Layers whose MLP hook fired so far in this step."""
+    layer_rows: dict[LayerPart, list[int]] | None = None
+    """Per-layer counts of the parts whose count changed between layers (`Step.layer_rows`)."""
+    kv_slots: Any = None
+    """This rank's pool row of each row of the batch (SGLang's `out_cache_loc`, divided by the DCP
+    size), once its host copy arrived; None when not observed."""
     kv_rows: int | None = None
     """Rows handed to the KV pool's write in the first layer of this step."""
     kv_mask: list[bool] | None = None
@@ -286,16 +300,20 @@ def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence
             seq_positions = {rid: ranges_from(p) for rid, p in per_req.items()}
 
     kv_written: dict[str, Ranges] = {}
+    kv_slots: dict[str, SlotRuns] = {}
     if per_req is not None and positions is not None and lens is not None:
         source = _kv_source(draft, len(positions))
+        owned: list[int] = []
         if source == "mask":
             owned = [p if m else -1 for p, m in zip(positions, draft.kv_mask or (), strict=True)]
+        elif source == "all":
+            owned = list(positions)
+        if owned:
             kv_written = {
                 rid: ranges_from(p for p in ps if p >= 0)
                 for rid, ps in split_per_request(owned, draft.rids, lens).items()
             }
-        elif source == "all":
-            kv_written = {rid: ranges_from(p) for rid, p in per_req.items()}
+            kv_slots = _kv_slots(draft, owned, lens)
     elif draft.kv_rows is None:
         _kv_source(draft, 0)  # notes that no KV write was seen
 
@@ -317,7 +335,47 @@ def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence
         extend_lens=list(draft.extend_lens or []),
         prefix_lens=list(draft.prefix_lens or []),
         graph_rows=draft.graph_rows,
+        ffn_out_rows=draft.ffn_out_rows,
+        layers=draft.attn_layers or None,
+        layer_rows=draft.layer_rows,
+        ffn_seq_positions=_ffn_rows_of(draft, draft.ffn_rows, attn_rows, per_req, "entering"),
+        ffn_out_seq_positions=_ffn_rows_of(draft, draft.ffn_out_rows, attn_rows, per_req, "leaving"),
+        kv_slots=kv_slots,
     )
+
+
+def _kv_slots(draft: StepDraft, owned: Sequence[int], lens: Sequence[int]) -> dict[str, SlotRuns]:
+    """Request id -> the runs of pool rows the rows this rank wrote went to (`Step.kv_slots`):
+    `owned` holds each batch row's position, or -1 for a row not written here."""
+    slots = draft.kv_slots
+    if slots is None:
+        return {}
+    slots = slots.tolist() if hasattr(slots, "tolist") else list(slots)
+    if len(slots) != len(owned):
+        draft.note(f"step {draft.step}: {len(slots)} KV slots for {len(owned)} rows; kv_slots left empty")
+        return {}
+    pairs: dict[str, list[tuple[int, int]]] = {}
+    at = 0
+    for rid, n in zip(draft.rids, lens, strict=True):
+        mine = pairs.setdefault(rid, [])
+        mine.extend((p, s) for p, s in zip(owned[at:at + n], slots[at:at + n], strict=True) if p >= 0)
+        at += n
+    return {rid: slot_runs_from(ps) for rid, ps in pairs.items() if ps}
+
+
+def _ffn_rows_of(draft: StepDraft, rows: int | None, attn_rows: int | None,
+                 per_req: dict[str, list[int]] | None, side: str) -> dict[str, Ranges] | None:
+    """Which rows the MLP saw, from their count (`Step.ffn_seq_positions`): None when they are the
+    attention rows (as counted, or as the attention hook saw them, padding included) or were not
+    seen; the whole batch's, per request, when a PCP step's MLP runs over the rows gathered back.
+    A count that fits neither is noted and left None: the rows cannot be named."""
+    if rows is None or rows == attn_rows or rows == draft.attn_rows_seen:
+        return None
+    if draft.cp_active and per_req is not None and rows == sum(len(p) for p in per_req.values()):
+        return {rid: ranges_from(p) for rid, p in per_req.items()}
+    draft.note(f"step {draft.step}: {rows} rows {side} the MLP are neither the attention's nor the "
+               "batch's; their positions are not recorded")
+    return None
 
 
 def _kv_source(draft: StepDraft, n_rows: int, mask_len: int | None = -1) -> Literal["mask", "all"] | None:
@@ -389,7 +447,8 @@ def finish_step_line(draft: StepDraft, *, rank: RankId, rank_json: str, t: float
     """
     rids = draft.rids
     one_each = False
-    if positions is not None and not draft.cp_active and len(rids) == len(positions) and rids:
+    if (positions is not None and not draft.cp_active and len(rids) == len(positions) and rids
+            and draft.layer_rows is None and draft.kv_slots is None):
         if draft.mode == "decode" and draft.extend_lens is None:
             one_each = True  # a decode batch: one row per request (request_lens)
         else:
@@ -418,7 +477,9 @@ def finish_step_line(draft: StepDraft, *, rank: RankId, rank_json: str, t: float
         f'"rows":{{"rids":["{quoted}"],"pos":{pos},"kv":{kv}}},'
         f'"extend_lens":[{",".join(map(str, draft.extend_lens or []))}],'
         f'"prefix_lens":[{",".join(map(str, draft.prefix_lens or []))}]'
-        + ("}" if draft.graph_rows is None else f',"graph_rows":{int(draft.graph_rows)}}}')
+        + ("" if draft.graph_rows is None else f',"graph_rows":{int(draft.graph_rows)}')
+        + ("" if draft.ffn_out_rows is None else f',"ffn_out_rows":{int(draft.ffn_out_rows)}')
+        + ("}" if not draft.attn_layers else f',"layers":{int(draft.attn_layers)}}}')
     )
 
 
@@ -426,7 +487,8 @@ def steps_block_line(*, t: Sequence[float], step: Sequence[int], rows_in: Sequen
                      attn_rows: Sequence[int | None], ffn_rows: Sequence[int | None],
                      logits_rows: Sequence[int | None], cp_configured: bool | None, graph_rows: int | None,
                      rank_json: str, quoted: str, positions: Any, kv: Literal["mask", "all"] | None,
-                     mask: Any = None) -> str:
+                     mask: Any = None, ffn_out_rows: Sequence[int | None] | None = None,
+                     layers: int | None = None) -> str:
     """The JSON line of a `StepBlock`: decode steps over the same requests (`quoted`, from
     `RidText.of`), their values as columns of one entry per step (ints, and None for a row count
     not seen: what the probe keeps of a run of decode steps, `copy_batches.Run`), `positions` and `mask`
@@ -441,7 +503,10 @@ def steps_block_line(*, t: Sequence[float], step: Sequence[int], rows_in: Sequen
         f'"attn_rows":[{_json_ints(attn_rows)}],"ffn_rows":[{_json_ints(ffn_rows)}],'
         f'"logits_rows":[{_json_ints(logits_rows)}],'
         f'"pos":{_packed_pos(positions)},"kv":{kv_text}'
-        + ("}" if graph_rows is None else f',"graph_rows":{int(graph_rows)}}}')
+        + ("" if graph_rows is None else f',"graph_rows":{int(graph_rows)}')
+        + ("" if layers is None or ffn_out_rows is None or ffn_out_rows.count(None) == len(ffn_out_rows)
+           else f',"ffn_out_rows":[{_json_ints(ffn_out_rows)}]')
+        + ("}" if layers is None else f',"layers":{int(layers)}}}')
     )
 
 

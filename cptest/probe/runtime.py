@@ -65,6 +65,10 @@ if TYPE_CHECKING:
 ENV_DIR = "CPTEST_PROBE_DIR"
 ENV_POSITIONS = "CPTEST_PROBE_POSITIONS"
 """`0` stops gathering position and mask tensors for the host: steps are recorded without them."""
+ENV_LAYERS = "CPTEST_PROBE_LAYERS"
+"""`first` hooks the first layer's attention and MLP alone (what `--forward-hooks` names): steps
+then carry no `layers` and no per-layer rows, and an eager forward pays two hook calls instead of
+two per layer."""
 ENV_GRAPH_FLUSH_S = "CPTEST_PROBE_GRAPH_FLUSH_S"
 ENV_SWITCH = "CPTEST_PROBE_SWITCH"
 """A file whose content `off` pauses the probe at run time (anything else, or no file: on). The
@@ -154,6 +158,9 @@ class Probe:
         self.graph_flush_s = graph_flush_s
         self.rank: RankId | None = None
         self.rank_json: str | None = None
+        self.dcp_size = 1
+        """The rank's DCP group size (from its geometry): a KV slot's row in this rank's pool is the
+        allocator's slot divided by it."""
         self.pid = os.getpid()
         self._fd: int | None = None
         self._held: list[BaseModel] = []

@@ -186,6 +186,8 @@ def _begin_step_body(probe: Probe, runner: Any, fb: Any) -> None:
         draft.step, draft.mode, draft.batch_size, draft.rows_in, draft.rids = step, mode, bs, rows_in, rids
         draft.cp_configured = cp
         draft.attn_rows_seen = draft.ffn_rows = draft.logits_rows = draft.kv_rows = draft.graph_rows = None
+        draft.ffn_out_rows = draft.layer_rows = None
+        draft.attn_layers = draft.ffn_layers = 0
         probe.current = draft
         return
     try:  # not `if probe.drafts`: the writer thread may take the last one in between (writer_finishes)
@@ -259,7 +261,11 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
     # (`copy_batches._record_t`), where it runs for all its steps in a row; on its own, once a step
     # after the engine's work, it cost several times as much (benchmarks/probe_step.py --engine-us).
     draft.t = probe.clock()
-    if mask is None and zigzag is None:  # a decode step's usual case: positions alone
+    # The KV slots of a step that writes several rows per request (extend, mixed), while the write
+    # was seen (an eager forward): decode steps keep positions alone, their runs one line a batch.
+    seen_write = has_pos and draft.mode != "decode" and draft.kv_rows is not None
+    slots = getattr(fb, "out_cache_loc", None) if seen_write else None
+    if mask is None and zigzag is None and slots is None:  # a decode step's usual case: positions alone
         if has_pos:
             draft.which = WHICH_POS
             if join_run(probe, draft, pos_t):
@@ -277,7 +283,9 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
             tensors.append(mask)
         if zigzag is not None:
             tensors.append(zigzag[0])
-        draft.which = WHICH[has_pos, mask is not None, zigzag is not None]
+        if slots is not None:
+            tensors.append(slots)
+        draft.which = WHICH[has_pos, mask is not None, zigzag is not None, slots is not None]
     with probe.copy_lock:
         batch = probe.copies
         if batch is None:
@@ -401,7 +409,7 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
                     done = True
                     batch.parts.append(pos[0] if run.pos_2d else pos)
                     batch.steps += 1
-                    run.rows.append((step, t, rows_in, st.bs, None, None, None, None))
+                    run.rows.append((step, t, rows_in, st.bs, None, None, None, None, None))
                     st.totals[_REPLAY_DECODE] += 1  # Probe.count_graph, inline (one writer: this thread)
                     if batch.steps >= COPY_EVERY or not probe.writer_polls:
                         close_if_due(probe, batch)  # full: the next step opens a batch by the general end

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -274,6 +274,11 @@ class ForwardStats:
     cp_active: bool
     local_rows: list[int]
     kv_written: dict[str, list[int]]
+    layers: int = 0
+    kv_slots: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    """Request id -> (position, pool row) of each K/V this rank wrote."""
+    kv_read: dict[str, list[int]] = field(default_factory=dict)
+    """Request id -> the pool rows its attention read (this rank's share of its context)."""
 
 
 class Model:
@@ -360,7 +365,8 @@ class Model:
             sel = torch.tensor(rows, dtype=torch.long)
             logits = rms_norm(hidden[sel], sh.norm, cfg.eps) @ sh.lm_head.t()
         return logits, ForwardStats(attn_rows=len(local), ffn_rows=n_rows, cp_active=split,
-                                    local_rows=local, kv_written=kv_written)
+                                    local_rows=local, kv_written=kv_written, layers=len(sh.layers),
+                                    kv_slots=self._slots, kv_read=self._reads)
 
     def _gather_rows(self, t: torch.Tensor, per_cp: list[list[int]]) -> torch.Tensor:
         """Rows computed by each CP rank -> all rows in packed order (padded all-gather)."""
@@ -380,6 +386,8 @@ class Model:
         rank's shard of its context (`_ctx`)."""
         lay = self.layout
         src, dst, ctx = [], [], []
+        self._slots: dict[str, list[tuple[int, int]]] = {}
+        self._reads: dict[str, list[int]] = {}
         at = 0
         for s in seqs:
             n = len(s.positions)
@@ -387,8 +395,10 @@ class Model:
             if bool(sel.any()):
                 src.append(torch.arange(at, at + n)[sel])
                 dst.append(self.pool.row_of(s.blocks, pos[at : at + n][sel]))
+                self._slots[s.rid] = list(zip(pos[at : at + n][sel].tolist(), dst[-1].tolist(), strict=True))
             kpos = torch.arange(lay.dcp_rank, max(s.context, lay.dcp_rank), lay.dcp, dtype=torch.long)
             ctx.append((kpos, self.pool.row_of(s.blocks, kpos)))
+            self._reads[s.rid] = ctx[-1][1].tolist()
             at += n
         empty = torch.zeros(0, dtype=torch.long)
         self._w_src = torch.cat(src) if src else empty

@@ -26,7 +26,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cptest.evidence import Capacity, Geometry, Graph, KvPool, ProbeNote, RankId, Step, ranges_from
+from cptest.evidence import (
+    Capacity,
+    Geometry,
+    Graph,
+    KvPool,
+    ProbeNote,
+    RankId,
+    Step,
+    ranges_from,
+    slot_runs_from,
+)
 from cptest.probe.pool_hooks import PoolSampler
 from cptest.reference.layout import Layout
 from cptest.reference.modeling import KvPool as Pool
@@ -224,6 +234,12 @@ def _step(model: Model, ev: Evidence, rid: RankId, msg: dict[str, Any], want_log
         kv_written={k: ranges_from(v) for k, v in st.kv_written.items() if v},
         extend_lens=[len(s.positions) for s in seqs] if msg["extend"] else [],
         prefix_lens=[0] * len(seqs) if msg["extend"] else [],
+        # Every layer runs the same rows here, and the MLP runs over the whole batch: under PCP the
+        # attention shards are gathered back before it, so its rows are not the attention's.
+        ffn_out_rows=st.ffn_rows, layers=st.layers,
+        ffn_seq_positions={s.rid: ranges_from(s.positions) for s in seqs} if st.cp_active else None,
+        kv_slots={k: slot_runs_from(v) for k, v in st.kv_slots.items() if v},
+        kv_read={k: ranges_from(v) for k, v in st.kv_read.items() if v},
     ))  # fmt: skip
     return logits
 

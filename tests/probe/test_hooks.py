@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,15 +22,6 @@ from cptest.probe import steps as probe_steps  # noqa: E402
 from cptest.probe.runtime import Probe  # noqa: E402
 
 MP = pytest.MonkeyPatch
-
-
-@pytest.fixture
-def probe(tmp_path: Path) -> Iterator[Probe]:
-    p = Probe(tmp_path, graph_flush_s=0.0)
-    runtime.set_probe(p)
-    yield p
-    runtime.set_probe(None)
-    p.close()
 
 
 def _records(p: Probe) -> list[Any]:
@@ -335,12 +326,14 @@ class Zigzag:
     cp_rank = 1
 
 
-def test_a_zigzag_step_records_this_ranks_blocks(probe: Probe, monkeypatch: MP) -> None:
+def zigzag_step(probe: Probe, monkeypatch: MP, inner: Callable[[], None] | None = None) -> Step:
+    """The Step of one PCP zigzag extend on rank 1 of cp 2: one request of 10 tokens, blocks
+    [3,3,2,2], rank 1 owning blocks 1 and 2 (positions 3..7); `inner` runs inside the forward,
+    after the CP split and the KV write (further hooks of the forward)."""
     _fake_parallel_state(monkeypatch, 1)
     hooks.after_initialize_model_parallel(None)
     probe.cp_configured = True
     probe.rank = probe.rank.model_copy(update={"attn_cp": 1})  # type: ignore[union-attr]
-    # one request of 10 tokens, cp=2: blocks [3,3,2,2]; rank 1 owns blocks 1 and 2 -> positions 3..7
     meta = Meta([3, 3, 2, 2], [1, 2], per_rank_actual_token=[6, 6], per_rank_logical_token=[5, 5])
     fb = Batch(Mode("EXTEND"), torch.arange(10), torch.arange(10), ["q"], 1, [10], [0])
     loaded = Batch(Mode("EXTEND"), torch.arange(10), torch.arange(10), ["q"], 1, [10], [0],
@@ -352,10 +345,17 @@ def test_a_zigzag_step_records_this_ranks_blocks(probe: Probe, monkeypatch: MP) 
         hooks.after_zigzag_shard_positions(sharded, Zigzag(), loaded.positions, loaded)
         k = torch.zeros(10, 1, 4)
         hooks.after_set_kv_buffer(None, object(), object(), None, k, k)
+        if inner is not None:
+            inner()
         return Output(False)
 
     hooks.around_model_runner_forward(forward, Runner(), fb)
     (s,) = [r for r in _records(probe) if isinstance(r, Step)]
+    return s
+
+
+def test_a_zigzag_step_records_this_ranks_blocks(probe: Probe, monkeypatch: MP) -> None:
+    s = zigzag_step(probe, monkeypatch)
     assert (s.cp_active, s.attn_rows) == (True, 5)
     assert s.seq_positions == {"q": [(3, 8)]}
     assert s.kv_written == {"q": [(0, 10)]}

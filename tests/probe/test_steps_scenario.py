@@ -9,9 +9,13 @@ without a padded size, a forward that raised) on a clock only the scenario moves
 Since D72 a pool sample no longer splits the run of decode steps it was made in: its line follows
 the run's `steps` line, so the file's lines differ from the reference's in that order (and in how
 steps are grouped into lines) and nothing else: the same records, and the same per-kind order
-that every reader of rank files sees (`RankEvidence`). `data/steps_scenario_d72.jsonl` pins the
-bytes the probe writes now; a change to how steps are gathered, copied or formatted must leave it
-byte for byte the same, and both files must keep reading as the same evidence.
+that every reader of rank files sees (`RankEvidence`). `data/steps_scenario_d72.jsonl` holds the
+bytes the probe wrote then; both files must keep reading as the same evidence.
+
+Schema v6 added each eager step's layers (here one: the scenario's forwards run one layer).
+`data/steps_scenario_v6.jsonl` pins the bytes the probe writes now: a change to how steps are
+gathered, copied or formatted must leave it byte for byte the same, and without the fields of v6 it
+reads as the D72 file does.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ from tests.probe import steps_scenario  # noqa: E402
 
 REFERENCE = Path(__file__).parent / "data" / "steps_scenario.jsonl"
 """Written at 3bfa576, before D69 and D72: the records the probe must keep writing."""
-GOLDEN = Path(__file__).parent / "data" / "steps_scenario_d72.jsonl"
-"""The bytes the probe writes since D72 (pool samples after their run's steps)."""
+GOLDEN_D72 = Path(__file__).parent / "data" / "steps_scenario_d72.jsonl"
+"""The bytes the probe wrote since D72 (pool samples after their run's steps), before schema v6."""
+GOLDEN = Path(__file__).parent / "data" / "steps_scenario_v6.jsonl"
+"""The bytes the probe writes now."""
 
 
 def _note_times_out(text: bytes) -> str:
@@ -53,7 +59,7 @@ def test_with_the_writer_thread_the_records_are_the_same_but_for_when_notes_were
     assert _note_times_out(got) == _note_times_out(GOLDEN.read_bytes())
 
 
-@pytest.mark.parametrize("path", [REFERENCE, GOLDEN], ids=["reference", "golden"])
+@pytest.mark.parametrize("path", [REFERENCE, GOLDEN_D72, GOLDEN], ids=["reference", "d72", "golden"])
 def test_the_scenario_file_holds_every_kind_of_step_line(path: Path) -> None:
     text = path.read_text()
     recs, dropped = read_records(path)
@@ -73,7 +79,7 @@ def _non_step_lines(path: Path) -> list[str]:
             if '"kind":"step"' not in line and '"kind":"steps"' not in line]
 
 
-def test_the_golden_file_reads_as_the_same_evidence_as_the_reference() -> None:
+def test_the_d72_file_reads_as_the_same_evidence_as_the_reference() -> None:
     """D72 moved each pool sample after the steps of the run it was made in. What the readers of
     rank files see is unchanged: the same records (Step records as read_records expands `steps`
     lines), the same records of each kind in the same order (RankEvidence: every checker, contract
@@ -81,19 +87,19 @@ def test_the_golden_file_reads_as_the_same_evidence_as_the_reference() -> None:
     line that is not a step's (pool samples, notes, capacity, graph counts: only steps moved
     around them), and the same count for the fault trigger that reads the file itself."""
     ref, ref_dropped = read_records(REFERENCE)
-    got, got_dropped = read_records(GOLDEN)
+    got, got_dropped = read_records(GOLDEN_D72)
     assert ref_dropped == got_dropped == 0
     assert Counter(r.model_dump_json() for r in got) == Counter(r.model_dump_json() for r in ref)
     ev_ref, ev_got = RankEvidence.of(1, ref), RankEvidence.of(1, got)
     for f in dataclasses.fields(RankEvidence):
         assert getattr(ev_got, f.name) == getattr(ev_ref, f.name), f.name
     assert ev_got.steps and ev_got.pool_samples and ev_got.notes and ev_got.capacities
-    assert _non_step_lines(GOLDEN) == _non_step_lines(REFERENCE)
-    assert DecodeStepCounter(GOLDEN).poll() == DecodeStepCounter(REFERENCE).poll() == sum(
+    assert _non_step_lines(GOLDEN_D72) == _non_step_lines(REFERENCE)
+    assert DecodeStepCounter(GOLDEN_D72).poll() == DecodeStepCounter(REFERENCE).poll() == sum(
         isinstance(r, Step) and r.mode == "decode" for r in ref)
     # What moved: only pool samples, and only later, past decode steps (of the run they were made
     # in); every other line has the same steps before it as in the reference.
-    ref_at, got_at = _steps_before_each_other_line(REFERENCE), _steps_before_each_other_line(GOLDEN)
+    ref_at, got_at = _steps_before_each_other_line(REFERENCE), _steps_before_each_other_line(GOLDEN_D72)
     assert [kind for kind, _ in got_at] == [kind for kind, _ in ref_at]
     moved = 0
     for (kind, got_before), (_, ref_before) in zip(got_at, ref_at, strict=True):
@@ -105,7 +111,26 @@ def test_the_golden_file_reads_as_the_same_evidence_as_the_reference() -> None:
             assert got_before == ref_before, kind
     assert moved > 5
     assert len([r for r in got if isinstance(r, PoolSample)]) > 10
-    assert GOLDEN.read_text().count("\n") < REFERENCE.read_text().count("\n")
+    assert GOLDEN_D72.read_text().count("\n") < REFERENCE.read_text().count("\n")
+
+
+def test_the_golden_file_is_the_d72_one_with_each_eager_steps_layers() -> None:
+    """Schema v6 changed nothing the D72 file says: its records, the v6 fields dropped, are the
+    same in the same order; each step whose forward hooks fired says it ran one layer (the scenario's
+    forwards call each hook once), any other none; no other v6 field is set (the scenario has no
+    MLP output, KV slots or per-layer rows)."""
+    old, _ = read_records(GOLDEN_D72)
+    new, _ = read_records(GOLDEN)
+    assert len(new) == len(old)
+    for a, b in zip(new, old, strict=True):
+        if isinstance(a, Step):
+            assert a.layers == (None if a.ffn_rows is None else 1), a.step  # the hooks fired together
+            assert (a.ffn_out_rows, a.layer_rows, a.kv_slots, a.kv_read) == (None, None, {}, {})
+            a = a.model_copy(update={"layers": None, "v": b.v})
+        else:
+            a = a.model_copy(update={"v": b.v})
+        assert a == b
+    assert GOLDEN.read_text().count('"layers":1') > 10
 
 
 def _steps_before_each_other_line(path: Path) -> list[tuple[str, list[tuple[int, str]]]]:

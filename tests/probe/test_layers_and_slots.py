@@ -1,0 +1,262 @@
+"""The probe's per-layer rows, the MLP's output rows and rows' identity, and the KV slots an
+extend writes, against fake SGLang objects holding small CPU tensors (as tests/probe/test_hooks.py)."""
+
+from __future__ import annotations
+
+import json
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cptest.evidence import Step, slot_pairs  # noqa: E402
+from cptest.probe import forward_hooks, hooks, runtime  # noqa: E402
+from cptest.probe.runtime import Probe  # noqa: E402
+from tests.probe.test_hooks import (  # noqa: E402
+    MP,
+    Batch,
+    Mode,
+    Output,
+    Runner,
+    _fake_parallel_state,
+    _records,
+    zigzag_step,
+)
+
+
+@dataclass
+class SlotBatch(Batch):
+    out_cache_loc: Any = None
+
+
+class Rows(torch.nn.Module):
+    """A stand-in module whose output keeps its first `keep` rows (all of them when None)."""
+
+    def __init__(self, keep: int | None = None) -> None:
+        super().__init__()
+        self.keep = keep
+
+    def forward(self, x: Any) -> Any:
+        return x if self.keep is None else x[: self.keep]
+
+
+def _model(mlp_keeps: list[int | None], attn_rows: list[int] | None = None) -> Any:
+    """A model of one layer per entry: an attention module (fed `attn_rows[i]` rows, the batch's
+    when None) and an MLP keeping `mlp_keeps[i]` rows, each carrying the probe's forward hooks,
+    as `--forward-hooks` attaches them to every layer."""
+    attns, mlps = [], []
+    for keep in mlp_keeps:
+        a, m = Rows(), Rows(keep)
+        a.register_forward_hook(hooks.on_attn_input)
+        m.register_forward_hook(hooks.on_mlp_input)
+        attns.append(a)
+        mlps.append(m)
+
+    def forward(runner: Runner, fb: Batch, *_a: Any, **_k: Any) -> Output:
+        n = int(fb.input_ids.shape[0])
+        k = torch.zeros(n, 1, 4)
+        hooks.after_set_kv_buffer(None, object(), object(), None, k, k)
+        for i, (a, m) in enumerate(zip(attns, mlps, strict=True)):
+            a(torch.zeros(attn_rows[i] if attn_rows else n, 8))
+            m(torch.zeros(n, 8))
+        return Output(can_run_graph=False)
+
+    return forward
+
+
+def _steps(probe: Probe) -> list[Step]:
+    return [r for r in _records(probe) if isinstance(r, Step)]
+
+
+def _extend(n: int = 4) -> SlotBatch:
+    return SlotBatch(Mode("EXTEND"), torch.arange(n), torch.arange(n), ["a"], 1, [n], [0])
+
+
+def test_a_step_records_how_many_layers_ran_and_no_per_layer_list_when_all_agree(
+        probe: Probe, monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    hooks.around_model_runner_forward(_model([None] * 3), Runner(), _extend())
+    (s,) = _steps(probe)
+    assert (s.layers, s.attn_rows, s.ffn_rows, s.ffn_out_rows, s.layer_rows) == (3, 4, 4, 4, None)
+    assert s.ffn_seq_positions is None and s.ffn_out_seq_positions is None  # the attention rows
+
+
+def test_a_layer_whose_rows_differ_from_the_first_lists_every_layer_of_that_part_alone(
+        probe: Probe, monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    model = _model([None, None, 2, None], attn_rows=[4, 3, 4, 4])
+    hooks.around_model_runner_forward(model, Runner(), _extend())
+    (s,) = _steps(probe)
+    assert s.layers == 4 and (s.ffn_rows, s.ffn_out_rows) == (4, 4)
+    assert s.layer_rows == {"attn": [4, 3, 4, 4], "ffn_out": [4, 4, 2, 4]}
+
+
+def test_a_decode_step_with_a_layer_of_its_own_leaves_the_run_and_says_so(probe: Probe,
+                                                                          monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    same, odd = _model([None, None]), _model([None, 1])
+
+    def decode(step: int) -> SlotBatch:
+        return SlotBatch(Mode("DECODE"), torch.arange(2), torch.tensor([5 + step, 9 + step]), ["a", "b"], 2)
+
+    for k, fwd in enumerate([same, same, odd, same, same]):
+        hooks.around_model_runner_forward(fwd, Runner(), decode(k))
+    steps = _steps(probe)
+    assert [s.layers for s in steps] == [2] * 5
+    assert [s.layer_rows for s in steps] == [None, None, {"ffn_out": [2, 1]}, None, None]
+    assert [s.ffn_out_rows for s in steps] == [2] * 5
+    assert [s.seq_positions["b"] for s in steps] == [[(9 + k, 10 + k)] for k in range(5)]
+    text = (probe.out_dir / "rank0.jsonl").read_text()
+    assert text.count('"kind":"steps"') == 2 and '"layers":2' in text  # the runs before and after it
+
+
+def test_an_extend_under_dcp_records_the_rank_local_pool_rows_of_what_it_wrote(
+        probe: Probe, monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 1)  # dcp 2, this rank 1: it stores odd positions
+    hooks.after_initialize_model_parallel(None)
+    # request a at positions 0..5 in slots 100..105, request b at 0..2 in slots 41, 40, 43
+    loc = torch.tensor([100, 101, 102, 103, 104, 105, 41, 40, 43])
+    fb = SlotBatch(Mode("EXTEND"), torch.arange(9), torch.tensor([0, 1, 2, 3, 4, 5, 0, 1, 2]), ["a", "b"], 2,
+                   [6, 3], [0, 0], out_cache_loc=loc)
+
+    def forward(runner: Runner, b: Batch) -> Output:
+        k = torch.zeros(9, 1, 4)
+        hooks.after_set_kv_buffer(None, object(), object(), None, k, k, dcp_kv_mask=b.positions % 2 == 1)
+        return Output(can_run_graph=False)
+
+    hooks.around_model_runner_forward(forward, Runner(), fb)
+    (s,) = _steps(probe)
+    assert s.kv_written == {"a": [(1, 2), (3, 4), (5, 6)], "b": [(1, 2)]}
+    # loc // 2 of the rows this rank owns: a's 101, 103, 105 -> 50, 51, 52 (positions 1, 3, 5)
+    assert s.kv_slots == {"a": [(1, 6, 50)], "b": [(1, 2, 20)]}  # one run over a's owned positions
+    assert slot_pairs(s.kv_slots["a"], s.kv_written["a"]) == [(1, 50), (3, 51), (5, 52)]
+
+
+def test_without_dcp_a_contiguous_allocation_is_one_run_per_request(probe: Probe, monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    probe.dcp_size = 1
+    fb = _extend(6)
+    fb.out_cache_loc = torch.arange(30, 36)
+    hooks.around_model_runner_forward(_model([None]), Runner(), fb)
+    (s,) = _steps(probe)
+    assert s.kv_slots == {"a": [(0, 6, 30)]}
+
+
+def test_a_decode_step_records_no_slots_and_keeps_its_run(probe: Probe, monkeypatch: MP) -> None:
+    """Decode steps' slots are not copied: their runs stay one line a batch."""
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    for k in range(3):
+        fb = SlotBatch(Mode("DECODE"), torch.arange(1), torch.tensor([7 + k]), ["a"], 1,
+                       out_cache_loc=torch.tensor([50 + k]))
+        hooks.around_model_runner_forward(_model([None]), Runner(), fb)
+    steps = _steps(probe)
+    assert [s.kv_slots for s in steps] == [{}] * 3 and [s.layers for s in steps] == [1] * 3
+    assert (probe.out_dir / "rank0.jsonl").read_text().count('"kind":"steps"') == 1
+
+
+def _zigzag_step(probe: Probe, monkeypatch: MP, mlp_in: int, mlp_out: int) -> Step:
+    """test_hooks' zigzag extend (rank 1 computes positions 3..7 of 10), its first layer's
+    attention seeing the padded shard of 6 rows and its MLP `mlp_in` rows in, `mlp_out` out."""
+    def layer() -> None:
+        hooks.on_attn_input(None, (torch.zeros(6, 8),), None)
+        hooks.on_mlp_input(None, (torch.zeros(mlp_in, 8),), torch.zeros(mlp_out, 8))
+
+    return zigzag_step(probe, monkeypatch, layer)
+
+
+def test_a_pcp_mlp_over_its_shard_sees_the_attention_rows(probe: Probe, monkeypatch: MP) -> None:
+    s = _zigzag_step(probe, monkeypatch, mlp_in=6, mlp_out=6)
+    assert s.seq_positions == {"q": [(3, 8)]} and s.layers == 1
+    assert s.ffn_seq_positions is None and s.ffn_out_seq_positions is None
+
+
+def test_a_pcp_mlp_over_the_gathered_batch_names_the_whole_batchs_rows_and_the_cut_back_output(
+        probe: Probe, monkeypatch: MP) -> None:
+    s = _zigzag_step(probe, monkeypatch, mlp_in=10, mlp_out=5)
+    assert (s.ffn_rows, s.ffn_out_rows) == (10, 5)
+    assert s.ffn_seq_positions == {"q": [(0, 10)]}
+    assert s.ffn_out_seq_positions is None  # cut back to this rank's attention rows
+
+
+def test_mlp_rows_that_fit_no_layout_are_noted_not_guessed(probe: Probe, monkeypatch: MP) -> None:
+    s = _zigzag_step(probe, monkeypatch, mlp_in=7, mlp_out=7)
+    assert s.ffn_rows == 7 and s.ffn_seq_positions is None
+    notes = [r.message for r in _records(probe) if getattr(r, "kind", "") == "probe_note"]
+    assert any("7 rows entering the MLP" in n for n in notes)
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.self_attn = torch.nn.Module()
+        self.self_attn.attn = Rows()
+        self.mlp = Rows()
+
+    def forward(self, x: Any) -> Any:
+        return self.mlp(self.self_attn.attn(x))
+
+
+class _Model(torch.nn.Module):
+    """SGLang's module names: `model.layers.<i>.self_attn.attn`, `model.layers.<i>.mlp`."""
+
+    def __init__(self, layers: int) -> None:
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.layers = torch.nn.ModuleList(_Layer() for _ in range(layers))
+
+    def forward(self, x: Any) -> Any:
+        for layer in self.model.layers:
+            x = layer(x)
+        return x
+
+
+def _graph_setup(probe: Probe, monkeypatch: MP, specs: list[str]) -> _Model:
+    """What SGLang's `capture_cuda_graphs` leaves: the `--forward-hooks` on the first layer's
+    modules (those of the given specs), then the probe's AFTER hook with the model runner."""
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    model = _Model(3)
+    first = dict(model.named_modules())
+    for name in specs:
+        factory, module = forward_hooks.MODULES[name]
+        first[module].register_forward_hook(getattr(forward_hooks, factory.split(":")[1])())
+    runner = types.SimpleNamespace(model=model, is_draft_worker=False, server_args=types.SimpleNamespace(
+        forward_hooks=json.loads(forward_hooks.spec(tuple(specs)))))
+    hooks.after_capture_cuda_graphs(types.SimpleNamespace(prefill=None, decode=None), model_runner=runner)
+    return model
+
+
+def test_the_graph_setup_hook_gives_every_layer_the_first_layers_forward_hooks(
+        probe: Probe, monkeypatch: MP) -> None:
+    model = _graph_setup(probe, monkeypatch, ["cptest_attn_rows", "cptest_mlp_rows"])
+
+    def forward(runner: Runner, fb: Batch) -> Output:
+        k = torch.zeros(4, 1, 4)
+        hooks.after_set_kv_buffer(None, object(), object(), None, k, k)
+        model(torch.zeros(4, 8))
+        return Output(can_run_graph=False)
+
+    hooks.around_model_runner_forward(forward, Runner(), _extend())
+    (s,) = _steps(probe)
+    assert (s.layers, s.ffn_rows, s.ffn_out_rows, s.layer_rows) == (3, 4, 4, None)
+
+
+def test_a_layer_is_not_hooked_for_a_spec_the_server_was_not_given(probe: Probe, monkeypatch: MP) -> None:
+    model = _graph_setup(probe, monkeypatch, ["cptest_mlp_rows"])
+    attn_hooks = [len(layer.self_attn.attn._forward_hooks) for layer in model.model.layers]
+    mlp_hooks = [len(layer.mlp._forward_hooks) for layer in model.model.layers]
+    assert (attn_hooks, mlp_hooks) == ([0, 0, 0], [1, 1, 1])
+
+
+def test_with_the_first_layer_alone_asked_for_no_other_layer_is_hooked(probe: Probe, monkeypatch: MP) -> None:
+    monkeypatch.setenv(runtime.ENV_LAYERS, "first")
+    model = _graph_setup(probe, monkeypatch, ["cptest_attn_rows", "cptest_mlp_rows"])
+    assert [len(layer.mlp._forward_hooks) for layer in model.model.layers] == [1, 0, 0]
