@@ -15,7 +15,9 @@ from typing import Literal
 Origin = Literal["workload", "scoring", "engine"]
 ORIGINS: tuple[Origin, ...] = ("workload", "scoring", "engine")
 
-_WORKLOAD = re.compile(r"^cptest-(\d+)$")
+# The forms that name the workload's request i: the one the driver sends, and those earlier drivers
+# and test fixtures used (`cptest-main-<i>`, `<i>`).
+_WORKLOAD = re.compile(r"^(?:cptest-)?(?:(?:main|baseline)-)?(\d+)$")
 _SCORING = re.compile(r"^cptest-score-(\d+)$")
 
 
@@ -29,9 +31,15 @@ def scoring_rid(index: int) -> str:
     return f"cptest-score-{index}"
 
 
+def workload_index(rid: str) -> int | None:
+    """The index of the workload's request that `rid` names; None for any other request."""
+    m = _WORKLOAD.match(rid)
+    return int(m.group(1)) if m else None
+
+
 def origin(rid: str) -> Origin:
     """Who sent the request that `rid` names."""
-    if _WORKLOAD.match(rid):
+    if workload_index(rid) is not None:
         return "workload"
     if _SCORING.match(rid):
         return "scoring"

@@ -28,7 +28,6 @@ mid-write would also leave holes), else unknown.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -38,13 +37,12 @@ from pydantic import field_validator
 from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written, choice, invalid
 from cptest.contracts.groups import groups, zigzag_blocks
 from cptest.evidence import Evidence, RoleEvidence, ranges_len, ranges_merge
-from cptest.request_ids import count_by_origin, origin_note
+from cptest.request_ids import count_by_origin, origin_note, workload_index
 from cptest.topology import CP_STRATEGIES
 from cptest.values import Ident, describe
 from cptest.verdict import Verdict, failed, passed, unknown
 
 NAME = "rows"
-_RID_INDEX = re.compile(r"^(?:cptest-)?(?:(?:main|baseline)-)?(\d+)$")
 FFN_MODES = ("gathered", "local")
 MODES = {"kv_owner": "dcp_owner", "split": "pcp_split", "replicated": "replicated"}
 """Declared mode -> the layout the checker verifies."""
@@ -162,13 +160,13 @@ def _finish(
 
 
 # ---------------------------------------------------------------- DCP: K/V owner
-def _expected_end(ev: RoleEvidence) -> dict[str, tuple[int, int]]:
-    """rid -> (min end, max end) for completed requests whose rid names their index."""
+def _expected_end(ev: RoleEvidence) -> dict[int, tuple[int, int]]:
+    """workload index -> (min end, max end) for completed requests."""
     if ev.runner is None:
         return {}
     by_index = {r.index: r for r in ev.runner.requests if r.status == "ok"}
     return {
-        str(i): (r.prompt_len + len(r.output_ids) - 1, r.prompt_len + len(r.output_ids))
+        i: (r.prompt_len + len(r.output_ids) - 1, r.prompt_len + len(r.output_ids))
         for i, r in by_index.items()
     }
 
@@ -273,9 +271,9 @@ def _dcp_owner(ev: RoleEvidence, dcp: int, inter: int) -> Verdict:
                     end = b
                     prev_rank = world
             end = _past_unobserved(end, None, gaps)
-            m = _RID_INDEX.match(rid)
-            if m and m.group(1) in ends:
-                lo, hi = ends[m.group(1)]
+            index = workload_index(rid)
+            if index is not None and index in ends:
+                lo, hi = ends[index]
                 tail_checked += 1
                 if not lo <= end <= hi and len(holes) < 100:
                     holes.append(
