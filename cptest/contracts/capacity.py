@@ -87,6 +87,27 @@ def resolve(expect: CapacityExpect, ctx: PlanContext) -> CapacityParams:
                           log_patterns=log_patterns_of(ctx.engine, ctx.facts))
 
 
+def missing_records(ev: RoleEvidence, ranks: list[int], name: str, role: str) -> Verdict | None:
+    """Unknown for contract `name` when a rank wrote no KvPool or no Capacity record: both capacity
+    contracts are judged from the two."""
+    for what, attr in (("KvPool", "kv_pools"), ("Capacity", "capacities")):
+        missing = [w for w in ranks if not getattr(ev.ranks[w], attr)]
+        if missing:
+            return unknown(name, f"no {what} record from rank {missing[0]} of {role}", missing_ranks=missing)
+    return None
+
+
+def server_info_tokens(ev: RoleEvidence) -> Any:
+    """`/server_info`'s `max_total_num_tokens` as last answered, or None."""
+    infos = ev.runner.server_info if ev.runner else []
+    return infos[-1].info.get("max_total_num_tokens") if infos else None
+
+
+def logged_totals(patterns: LogPatterns, text: str | None) -> list[dict[str, Any]]:
+    """The engine's `max_total_num_tokens=` log lines, read with the plan's pattern."""
+    return find_all(patterns.max_total_num_tokens, text) if text and patterns.max_total_num_tokens else []
+
+
 def _close(found: float, want: float, tol: float) -> bool:
     return abs(found - want) <= tol * abs(want)
 
@@ -99,12 +120,9 @@ def check(evidence: Evidence, p: CapacityParams) -> Verdict:
     ranks = all_ranks(ev, NAME)
     if isinstance(ranks, Verdict):
         return ranks
-    no_pool = [w for w in ranks if not ev.ranks[w].kv_pools]
-    if no_pool:
-        return unknown(NAME, f"no KvPool record from rank {no_pool[0]} of {role}", missing_ranks=no_pool)
-    no_cap = [w for w in ranks if not ev.ranks[w].capacities]
-    if no_cap:
-        return unknown(NAME, f"no Capacity record from rank {no_cap[0]} of {role}", missing_ranks=no_cap)
+    missing = missing_records(ev, ranks, NAME, role)
+    if missing:
+        return missing
 
     mismatches: list[dict[str, Any]] = []
     not_seen: list[str] = []
@@ -139,8 +157,7 @@ def check(evidence: Evidence, p: CapacityParams) -> Verdict:
         "per_rank": per_rank,
         "expected_logical": logical,
     }
-    infos = ev.runner.server_info if ev.runner else []
-    server_tokens = infos[-1].info.get("max_total_num_tokens") if infos else None
+    server_tokens = server_info_tokens(ev)
     figures["server_info"] = server_tokens
     if server_tokens is not None and logical is not None and not _close(server_tokens, logical, tol):
         mismatches.append({"surface": "server_info", "found": server_tokens, "expected": logical})
@@ -170,7 +187,7 @@ def check(evidence: Evidence, p: CapacityParams) -> Verdict:
             )
     if not kv_lines:
         not_seen.append("'KV Cache is allocated' log lines")
-    mt_lines = find_all(patterns.max_total_num_tokens, text) if text and patterns.max_total_num_tokens else []
+    mt_lines = logged_totals(patterns, text)
     if mt_lines:
         tokens = int(mt_lines[-1]["tokens"])
         figures["log_max_total_num_tokens"] = tokens

@@ -27,7 +27,13 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written
-from cptest.contracts.capacity import LogPatterns, find_all, log_patterns_of
+from cptest.contracts.capacity import (
+    LogPatterns,
+    log_patterns_of,
+    logged_totals,
+    missing_records,
+    server_info_tokens,
+)
 from cptest.contracts.groups import all_ranks
 from cptest.evidence import Evidence
 from cptest.verdict import Verdict, failed, passed, unknown
@@ -55,10 +61,9 @@ def check(evidence: Evidence, p: CapacityAdapterParams) -> Verdict:
     ranks = all_ranks(ev, NAME)
     if isinstance(ranks, Verdict):
         return ranks
-    for what, attr in (("KvPool", "kv_pools"), ("Capacity", "capacities")):
-        missing = [w for w in ranks if not getattr(ev.ranks[w], attr)]
-        if missing:
-            return unknown(NAME, f"no {what} record from rank {missing[0]} of {role}", missing_ranks=missing)
+    missing = missing_records(ev, ranks, NAME, role)
+    if missing:
+        return missing
     pools = {w: ev.ranks[w].kv_pools[-1] for w in ranks}
     no_slots = [w for w in ranks if pools[w].allocator_size is None]
     if no_slots:
@@ -70,14 +75,12 @@ def check(evidence: Evidence, p: CapacityAdapterParams) -> Verdict:
     reported: list[tuple[str, int, int]] = [("scheduler", w, ev.ranks[w].capacities[-1].max_total_num_tokens)
                                            for w in ranks]
     not_seen: list[str] = []
-    infos = ev.runner.server_info if ev.runner else []
-    info_tokens = infos[-1].info.get("max_total_num_tokens") if infos else None
+    info_tokens = server_info_tokens(ev)
     if isinstance(info_tokens, int):
         reported.append(("server_info", ranks[0], info_tokens))
     else:
         not_seen.append("/server_info max_total_num_tokens")
-    pattern = p.log_patterns.max_total_num_tokens
-    lines = find_all(pattern, ev.log_text) if pattern and ev.log_text else []
+    lines = logged_totals(p.log_patterns, ev.log_text)
     if lines:
         reported.append(("log max_total_num_tokens", ranks[0], int(lines[-1]["tokens"])))
     else:
