@@ -128,8 +128,10 @@ class Step(_Record):
     lists them. Empty when the slots were not observed."""
     kv_read: dict[str, Ranges] = Field(default_factory=dict)
     """Request id -> the rows of this rank's pool its attention read in this step (the request's
-    block-table row over its length; under DCP the rows of this rank's share); empty when not
-    observed."""
+    block-table row over its length; under DCP the rows of this rank's share, positions
+    p % dcp == its DCP rank, each at row `loc // dcp`); empty when not observed. The SGLang probe
+    records it on a sample of eager decode steps (`CPTEST_PROBE_READ_EVERY`), the reference engine
+    on every step."""
 
     def model_dump_json(self, **kwargs: Any) -> str:  # type: ignore[override]
         """The record's line, the fields of v6 (`V6_FIELDS`) left out while unset: a step that
@@ -224,6 +226,9 @@ class StepBlock(_Record):
     """One entry per step (see `Step.ffn_out_rows`); None in blocks from before the field."""
     layers: int | None = None
     """The layers of every step of the block (see `Step.layers`)."""
+    slots: str | None = None
+    """The pool row of every row of every step (packed as `pos`), where the rank wrote it: each step's
+    rows with a 1 in `kv` are its `kv_slots`; None when the slots were not recorded."""
 
     @model_validator(mode="after")
     def _shape(self) -> StepBlock:
@@ -238,14 +243,20 @@ class StepBlock(_Record):
             raise ValueError("steps: pos must hold one position per request per step")
         if self.kv is not None and self.kv != "all" and (len(self.kv) != n * b or self.kv.strip("01")):
             raise ValueError('steps: kv must be "all", null, or one 0/1 digit per request per step')
+        if self.slots is not None and (self.kv is None or len(_unpack_positions(self.slots)) != n * b):
+            raise ValueError("steps: slots need kv and must hold one slot per request per step")
         return self
 
     def expand(self) -> list[Step]:
         n, b = len(self.step), len(self.rids)
         pos = _unpack_positions(self.pos)
+        slots = _unpack_positions(self.slots) if self.slots is not None else None
         out = []
         for k in range(n):
             kv = self.kv if self.kv in (None, "all") else self.kv[k * b:(k + 1) * b]  # type: ignore[index]
+            kv_slots = {} if slots is None else {
+                rid: [(pos[k * b + j], pos[k * b + j] + 1, slots[k * b + j])]
+                for j, rid in enumerate(self.rids) if kv == "all" or kv[j] == "1"}  # type: ignore[index]
             out.append(Step.model_validate({
                 "v": self.v, "t": self.t[k], "rank": self.rank, "step": self.step[k], "mode": self.mode,
                 "batch_size": b, "rows_in": self.rows_in[k], "attn_rows": self.attn_rows[k],
@@ -253,6 +264,7 @@ class StepBlock(_Record):
                 "rows": {"rids": self.rids, "pos": pos[k * b:(k + 1) * b], "kv": kv},
                 "graph_rows": self.graph_rows, "layers": self.layers,
                 "ffn_out_rows": self.ffn_out_rows[k] if self.ffn_out_rows is not None else None,
+                "kv_slots": kv_slots,
             }))
         return out
 

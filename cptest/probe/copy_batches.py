@@ -32,14 +32,17 @@ COPY_EVERY = 16
 COPY_WITHIN_S = 0.1
 """...unless the first of them is older than this (slow steps: records stay timely)."""
 
-WHICH: dict[tuple[bool, bool, bool, bool], tuple[str, ...]] = {
-    (p, m, z, s): tuple(n for n, on in (("positions", p), ("kv_mask", m), ("zigzag", z), ("slots", s)) if on)
-    for p in (False, True) for m in (False, True) for z in (False, True) for s in (False, True)
+_NAMES = ("positions", "kv_mask", "zigzag", "slots", "reads")
+WHICH: dict[tuple[bool, bool, bool, bool, bool], tuple[str, ...]] = {
+    flags: tuple(n for n, on in zip(_NAMES, flags, strict=True) if on)
+    for flags in ((p, m, z, s, r) for p in (False, True) for m in (False, True) for z in (False, True)
+                  for s in (False, True) for r in (False, True))
 }
 """The names of a step's tensors in its CopyBatch, made once (a draft keeps one of these): the
 step recording compares them by identity."""
-WHICH_POS, _WHICH_POS_MASK = WHICH[True, False, False, False], WHICH[True, True, False, False]
-WHICH_NONE = WHICH[False, False, False, False]
+WHICH_POS, _WHICH_POS_MASK = WHICH[True, False, False, False, False], WHICH[True, True, False, False, False]
+_WHICH_POS_MASK_SLOTS = WHICH[True, True, False, True, False]
+WHICH_NONE = WHICH[False, False, False, False, False]
 NO_RIDS: list[str] = []
 """What a run given back holds instead of its requests' ids (it keeps no list of SGLang's alive)."""
 
@@ -186,7 +189,8 @@ class CopyBatch:
             self.parts.extend(tensors)
         self.steps += 1
         which, rids = draft.which, draft.rids
-        if ((which is WHICH_POS or which is _WHICH_POS_MASK) and draft.mode == "decode" and rids
+        if ((which is WHICH_POS or which is _WHICH_POS_MASK or which is _WHICH_POS_MASK_SLOTS)
+                and draft.mode == "decode" and rids
                 and not draft.cp_active and draft.extend_lens is None and draft.notes is None
                 and draft.layer_rows is None):
             kv_rows = draft.kv_rows
@@ -376,19 +380,23 @@ def _run_block_line(probe: Probe, batch: CopyBatch, run: Run, k: int, quoted: st
     head = rows[0]
     # The KV source is the same for every step of a run (its key); so is a note's pattern, which
     # is said once (Probe.warn_once): the first step's.
-    kv, note = records.kv_source_of("decode", head[0], run.graph_rows, head[7], b, b if width == 2 else None)
+    kv, note = records.kv_source_of("decode", head[0], run.graph_rows, head[7], b, b if width >= 2 else None)
     if note is not None:
         noted.append(note)
     end = first + len(rows) * width
     positions = batch.rows(range(first, end, width), b)
     mask = batch.rows(range(first + 1, end, width), b) if kv == "mask" else None
+    slots = None
+    if width == 3 and kv == "mask":  # under DCP each rank's pool row is the allocator's slot // dcp
+        slots = batch.rows(range(first + 2, end, width), b)
+        slots = slots // probe.dcp_size if probe.dcp_size > 1 else slots
     step, clock, rows_in, _, attn, ffn, logits, _, ffn_out = zip(*rows, strict=True)
     t0 = probe.t0
     t = [round(c - t0, 6) for c in clock]  # _record_t
     return records.steps_block_line(
         t=t, step=step, rows_in=rows_in, attn_rows=attn, ffn_rows=ffn, logits_rows=logits,
         cp_configured=run.cp_configured, graph_rows=run.graph_rows, rank_json=probe.rank_json, quoted=quoted,
-        positions=positions, kv=kv, mask=mask, ffn_out_rows=ffn_out, layers=run.layers or None)
+        positions=positions, kv=kv, mask=mask, ffn_out_rows=ffn_out, layers=run.layers or None, slots=slots)
 
 
 def send_copies(probe: Probe) -> None:
@@ -524,6 +532,9 @@ def _step_line(probe: Probe, batch: CopyBatch, draft: StepDraft) -> str:
             draft.kv_mask = value  # 0/1 (or bools): truth is what counts; a numpy view
         elif name == "slots":
             draft.kv_slots = value // probe.dcp_size if probe.dcp_size > 1 else value
+        elif name == "reads":
+            draft.kv_read = records.read_rows(value, draft.read_lens or (), draft.rids, probe.dcp_size,
+                                              probe.dcp_rank, draft.note) or {}
         else:
             _resolve_zigzag(draft, value.tolist())
     return records.finish_step_line(draft, rank=probe.rank, rank_json=probe.rank_json,

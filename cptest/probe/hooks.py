@@ -90,6 +90,7 @@ def _geometry(probe: Probe) -> None:
     )
     probe.set_rank(rank)
     probe.dcp_size = max(int(geo.sizes.get("dcp", 1)), 1)
+    probe.dcp_rank = rank.dcp
     probe.write(geo)
 
 

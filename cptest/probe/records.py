@@ -182,6 +182,11 @@ class StepDraft:
     kv_slots: Any = None
     """This rank's pool row of each row of the batch (SGLang's `out_cache_loc`, divided by the DCP
     size), once its host copy arrived; None when not observed."""
+    read_lens: list[int] | None = None
+    """Each request's length as this step's attention reads it (SGLang's `seq_lens_cpu`), when the
+    step records its reads (a sampled eager decode step); the block-table rows travel as a tensor."""
+    kv_read: dict[str, Ranges] | None = None
+    """Request id -> this rank's pool rows its attention read, once the block-table rows arrived."""
     kv_rows: int | None = None
     """Rows handed to the KV pool's write in the first layer of this step."""
     kv_mask: list[bool] | None = None
@@ -341,6 +346,7 @@ def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence
         ffn_seq_positions=_ffn_rows_of(draft, draft.ffn_rows, attn_rows, per_req, "entering"),
         ffn_out_seq_positions=_ffn_rows_of(draft, draft.ffn_out_rows, attn_rows, per_req, "leaving"),
         kv_slots=kv_slots,
+        kv_read=draft.kv_read or {},
     )
 
 
@@ -361,6 +367,33 @@ def _kv_slots(draft: StepDraft, owned: Sequence[int], lens: Sequence[int]) -> di
         mine.extend((p, s) for p, s in zip(owned[at:at + n], slots[at:at + n], strict=True) if p >= 0)
         at += n
     return {rid: slot_runs_from(ps) for rid, ps in pairs.items() if ps}
+
+
+def read_rows(table: Any, lens: Sequence[int], rids: Sequence[str], dcp: int, dcp_rank: int,
+              note: Any = None) -> dict[str, Ranges] | None:
+    """Request id -> the rows of this rank's pool a decode step's attention reads (`Step.kv_read`),
+    from the requests' block-table rows (`table`: SGLang's `req_to_token` rows of the batch, cut to
+    the longest length, one after another) and their lengths: the rank's share is the positions
+    p % dcp == dcp_rank, each at pool row `req_to_token[p] // dcp`, as the pinned release builds a
+    DCP rank's KV indices (the kernel `create_triton_kv_indices_for_dcp_triton`). None, noted, when
+    the rows do not fit the lengths."""
+    n = len(rids)
+    width = len(table) // n if n else 0
+    if n == 0 or width * n != len(table) or len(lens) != n or max(lens, default=0) > width:
+        if note is not None:
+            note(f"{len(table)} block-table values for {n} requests of lengths {list(lens)[:4]}...; "
+                 "kv_read left empty")
+        return None
+    rows = table.reshape(n, width) if hasattr(table, "reshape") else [table[i * width:(i + 1) * width]
+                                                                       for i in range(n)]
+    out: dict[str, Ranges] = {}
+    for rid, row, length in zip(rids, rows, lens, strict=True):
+        share = row[:length][dcp_rank::dcp] if dcp > 1 else row[:length]
+        slots = share // dcp if dcp > 1 else share
+        values = slots.tolist() if hasattr(slots, "tolist") else list(slots)
+        if values:
+            out[str(rid)] = ranges_from(sorted(values))
+    return out
 
 
 def _ffn_rows_of(draft: StepDraft, rows: int | None, attn_rows: int | None,
@@ -448,7 +481,7 @@ def finish_step_line(draft: StepDraft, *, rank: RankId, rank_json: str, t: float
     rids = draft.rids
     one_each = False
     if (positions is not None and not draft.cp_active and len(rids) == len(positions) and rids
-            and draft.layer_rows is None and draft.kv_slots is None):
+            and draft.layer_rows is None and draft.kv_slots is None and draft.kv_read is None):
         if draft.mode == "decode" and draft.extend_lens is None:
             one_each = True  # a decode batch: one row per request (request_lens)
         else:
@@ -488,12 +521,12 @@ def steps_block_line(*, t: Sequence[float], step: Sequence[int], rows_in: Sequen
                      logits_rows: Sequence[int | None], cp_configured: bool | None, graph_rows: int | None,
                      rank_json: str, quoted: str, positions: Any, kv: Literal["mask", "all"] | None,
                      mask: Any = None, ffn_out_rows: Sequence[int | None] | None = None,
-                     layers: int | None = None) -> str:
+                     layers: int | None = None, slots: Any = None) -> str:
     """The JSON line of a `StepBlock`: decode steps over the same requests (`quoted`, from
     `RidText.of`), their values as columns of one entry per step (ints, and None for a row count
     not seen: what the probe keeps of a run of decode steps, `copy_batches.Run`), `positions` and `mask`
-    numpy arrays of one row per step. One line and two C-level encodings for a run of steps,
-    instead of a line per step."""
+    numpy arrays of one row per step, and `slots` (under DCP, eager) each row's pool row, packed as
+    positions are. One line and two C-level encodings for a run of steps, instead of a line per step."""
     cp = "null" if cp_configured is None else "false"  # blocks hold no PCP-split step
     kv_text = _digits(mask) if kv == "mask" else ('"all"' if kv == "all" else "null")
     return (
@@ -503,6 +536,7 @@ def steps_block_line(*, t: Sequence[float], step: Sequence[int], rows_in: Sequen
         f'"attn_rows":[{_json_ints(attn_rows)}],"ffn_rows":[{_json_ints(ffn_rows)}],'
         f'"logits_rows":[{_json_ints(logits_rows)}],'
         f'"pos":{_packed_pos(positions)},"kv":{kv_text}'
+        + ("" if slots is None else f',"slots":{_packed_pos(slots)}')
         + ("" if graph_rows is None else f',"graph_rows":{int(graph_rows)}')
         + ("" if layers is None or ffn_out_rows is None or ffn_out_rows.count(None) == len(ffn_out_rows)
            else f',"ffn_out_rows":[{_json_ints(ffn_out_rows)}]')

@@ -69,6 +69,15 @@ ENV_LAYERS = "CPTEST_PROBE_LAYERS"
 """`first` hooks the first layer's attention and MLP alone (what `--forward-hooks` names): steps
 then carry no `layers` and no per-layer rows, and an eager forward pays two hook calls instead of
 two per layer."""
+ENV_READ_EVERY = "CPTEST_PROBE_READ_EVERY"
+"""Every how many steps an eager decode step also records what its attention reads (`Step.kv_read`,
+the request's block-table row over its length, this rank's share) and where it wrote (`kv_slots`);
+`0` never. Sampled: the block-table rows grow with the context, and the copy of every step's would
+cost the engine a gather and a transfer each step."""
+READ_EVERY_DEFAULT = 16
+READ_CELLS_MAX = 1 << 20
+"""A sampled step whose block-table rows (requests x longest length) exceed this is not read: a
+note says so (a copy of that size would stall the engine's stream noticeably)."""
 ENV_GRAPH_FLUSH_S = "CPTEST_PROBE_GRAPH_FLUSH_S"
 ENV_SWITCH = "CPTEST_PROBE_SWITCH"
 """A file whose content `off` pauses the probe at run time (anything else, or no file: on). The
@@ -150,7 +159,7 @@ class Probe:
 
     def __init__(self, out_dir: Path, *, clock: Callable[[], float] = time.monotonic,
                  observe_positions: bool = True, graph_flush_s: float = 1.0,
-                 switch: Path | None = None) -> None:
+                 switch: Path | None = None, read_every: int = READ_EVERY_DEFAULT) -> None:
         self.out_dir = out_dir
         self.clock = clock
         self.t0 = clock()
@@ -161,6 +170,10 @@ class Probe:
         self.dcp_size = 1
         """The rank's DCP group size (from its geometry): a KV slot's row in this rank's pool is the
         allocator's slot divided by it."""
+        self.dcp_rank = 0
+        """The rank's index in its DCP group: it holds the K/V of positions p % dcp_size == dcp_rank."""
+        self.read_every = read_every
+        """Every how many steps an eager decode step records its reads (ENV_READ_EVERY; 0: never)."""
         self.pid = os.getpid()
         self._fd: int | None = None
         self._held: list[BaseModel] = []
@@ -582,6 +595,7 @@ def get_probe() -> Probe | None:
             observe_positions=os.environ.get(ENV_POSITIONS, "1") != "0",
             graph_flush_s=float(os.environ.get(ENV_GRAPH_FLUSH_S, "1.0")),
             switch=Path(os.environ[ENV_SWITCH]) if os.environ.get(ENV_SWITCH) else None,
+            read_every=max(int(os.environ.get(ENV_READ_EVERY, READ_EVERY_DEFAULT)), 0),
         )
         _PROBE.poll_switch()
         if _PROBE.switch is not None:

@@ -261,11 +261,17 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
     # (`copy_batches._record_t`), where it runs for all its steps in a row; on its own, once a step
     # after the engine's work, it cost several times as much (benchmarks/probe_step.py --engine-us).
     draft.t = probe.clock()
-    # The KV slots of a step that writes several rows per request (extend, mixed), while the write
-    # was seen (an eager forward): decode steps keep positions alone, their runs one line a batch.
-    seen_write = has_pos and draft.mode != "decode" and draft.kv_rows is not None
+    # The KV slots of a step whose write was seen (an eager forward): every extend or mixed step;
+    # a decode step where it carries the DCP owner mask anyway (its run's line packs them as a
+    # column), or where it also records its reads; other decode steps keep positions alone.
+    decode = draft.mode == "decode"
+    read_every = probe.read_every
+    reads = (_block_rows(probe, runner, fb, draft) if decode and read_every and has_pos
+             and draft.graph_rows is None and draft.step % read_every == 0 else None)
+    seen_write = (has_pos and draft.kv_rows is not None
+                  and (not decode or mask is not None or reads is not None))
     slots = getattr(fb, "out_cache_loc", None) if seen_write else None
-    if mask is None and zigzag is None and slots is None:  # a decode step's usual case: positions alone
+    if mask is None and zigzag is None and slots is None and reads is None:  # a decode step's usual case
         if has_pos:
             draft.which = WHICH_POS
             if join_run(probe, draft, pos_t):
@@ -285,7 +291,10 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
             tensors.append(zigzag[0])
         if slots is not None:
             tensors.append(slots)
-        draft.which = WHICH[has_pos, mask is not None, zigzag is not None, slots is not None]
+        if reads is not None:
+            tensors.append(reads)
+        draft.which = WHICH[has_pos, mask is not None, zigzag is not None, slots is not None,
+                            reads is not None]
     with probe.copy_lock:
         batch = probe.copies
         if batch is None:
@@ -301,6 +310,31 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
         close_if_due(probe, batch)
     if probe.spare is draft and draft.graph_rows is not None and draft.which is WHICH_POS:
         _arm_steady(probe, runner, fb, draft)
+
+
+def _block_rows(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> Any:
+    """The batch's block-table rows (`req_to_token` of each request, cut to the longest length,
+    flattened) for a step that records its reads; their lengths go on the draft. None where the
+    runner keeps no block table (not a model runner of SGLang's); said once where the table, the
+    batch's pool indices or lengths are not readable; noted where the rows are too many to copy."""
+    pool = getattr(runner, "req_to_token_pool", None)
+    if pool is None:
+        return None
+    table = getattr(pool, "req_to_token", None)
+    index = getattr(fb, "req_pool_indices", None)
+    lens_t = getattr(fb, "seq_lens_cpu", None)
+    if table is None or index is None or lens_t is None:
+        probe.warn_once("reads", f"step {draft.step}: no block table or lengths readable "
+                        "(req_to_token_pool, req_pool_indices, seq_lens_cpu); kv_read is not recorded")
+        return None
+    lens = [int(x) for x in lens_t.tolist()]
+    width = max(lens, default=0)
+    if not lens or width * len(lens) > _runtime.READ_CELLS_MAX:
+        draft.note(f"step {draft.step}: {len(lens)} block-table rows up to {width} long exceed "
+                   f"{_runtime.READ_CELLS_MAX} values; kv_read left empty")
+        return None
+    draft.read_lens = lens
+    return table[index, :width].reshape(-1)
 
 
 class Steady:

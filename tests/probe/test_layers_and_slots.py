@@ -260,3 +260,96 @@ def test_with_the_first_layer_alone_asked_for_no_other_layer_is_hooked(probe: Pr
     monkeypatch.setenv(runtime.ENV_LAYERS, "first")
     model = _graph_setup(probe, monkeypatch, ["cptest_attn_rows", "cptest_mlp_rows"])
     assert [len(layer.mlp._forward_hooks) for layer in model.model.layers] == [1, 0, 0]
+
+
+@dataclass
+class ReadBatch(SlotBatch):
+    req_pool_indices: Any = None
+    seq_lens_cpu: Any = None
+
+
+@dataclass
+class TablePool:
+    req_to_token: Any
+
+
+@dataclass
+class TableRunner(Runner):
+    """A model runner with SGLang's block table (`req_to_token_pool.req_to_token`)."""
+
+    req_to_token_pool: Any = None
+
+
+def _dcp_decode(owner_rank: int) -> Any:
+    """One layer's pool write under DCP2, the owner mask as the triton backend makes it."""
+
+    def forward(runner: Runner, fb: Batch, *_a: Any, **_k: Any) -> Output:
+        k = torch.zeros(int(fb.input_ids.shape[0]), 1, 4)
+        hooks.after_set_kv_buffer(None, object(), object(), None, k, k,
+                                  dcp_kv_mask=fb.positions % 2 == owner_rank)
+        return Output(can_run_graph=False)
+
+    return forward
+
+
+def test_dcp_decode_steps_record_the_pool_rows_they_wrote_in_their_runs_line(
+        probe: Probe, monkeypatch: MP) -> None:
+    """Under DCP a decode step carries its owner mask anyway: its slots join it as a column of the
+    run's one line, so that every position's row is known where the write was seen."""
+    _fake_parallel_state(monkeypatch, 1)  # dcp 2, this rank 1: odd positions
+    hooks.after_initialize_model_parallel(None)
+    probe.read_every = 0
+    for k in range(3):
+        fb = SlotBatch(Mode("DECODE"), torch.arange(2), torch.tensor([10 + k, 5 + k]), ["a", "b"], 2,
+                       out_cache_loc=torch.tensor([200 + 2 * k, 301 + 2 * k]))
+        hooks.around_model_runner_forward(_dcp_decode(1), Runner(), fb)
+    steps = _steps(probe)
+    written = [{rid: rs for rid, rs in s.kv_written.items() if rs} for s in steps]
+    assert written == [{"b": [(5, 6)]}, {"a": [(11, 12)]}, {"b": [(7, 8)]}]
+    # loc // 2: b's 301 -> 150 at step 0, a's 202 -> 101 at step 1, b's 305 -> 152 at step 2
+    assert [s.kv_slots for s in steps] == [{"b": [(5, 6, 150)]}, {"a": [(11, 12, 101)]}, {"b": [(7, 8, 152)]}]
+    text = (probe.out_dir / "rank1.jsonl").read_text()
+    assert text.count('"kind":"steps"') == 1 and '"slots":' in text
+
+
+def test_a_sampled_decode_step_records_the_rows_its_attention_reads_from_the_block_table(
+        probe: Probe, monkeypatch: MP) -> None:
+    """kv_read: the rank's share of each request's block-table row over its length, pool row loc // dcp."""
+    _fake_parallel_state(monkeypatch, 1)
+    hooks.after_initialize_model_parallel(None)
+    probe.read_every = 2  # steps 2, 4, ... record their reads
+    table = torch.zeros(4, 16, dtype=torch.int32)
+    table[3, :7] = torch.tensor([40, 41, 42, 43, 44, 45, 46], dtype=torch.int32)  # request a
+    table[1, :4] = torch.tensor([90, 91, 92, 95], dtype=torch.int32)  # request b
+    runner = TableRunner(req_to_token_pool=TablePool(table))
+    for k in range(2):
+        fb = ReadBatch(Mode("DECODE"), torch.arange(2), torch.tensor([5 + k, 2 + k]), ["a", "b"], 2,
+                       out_cache_loc=torch.tensor([45 + k, 92 + 3 * k]),
+                       req_pool_indices=torch.tensor([3, 1]), seq_lens_cpu=torch.tensor([6 + k, 3 + k]))
+        hooks.around_model_runner_forward(_dcp_decode(1), runner, fb)
+    first, second = _steps(probe)
+    assert first.step % 2 == 1 and first.kv_read == {}  # not sampled
+    # step 2: a has length 7: odd positions 1, 3, 5 -> rows 41 // 2, 43 // 2, 45 // 2 = 20, 21, 22;
+    # b has length 4: positions 1, 3 -> 91 // 2, 95 // 2 = 45, 47
+    assert second.kv_read == {"a": [(20, 23)], "b": [(45, 46), (47, 48)]}
+    # it wrote b's position 3 (odd) into row (92 + 3) // 2 = 47, which it reads in the same step
+    assert {r: w for r, w in second.kv_written.items() if w} == {"b": [(3, 4)]}
+    assert second.kv_slots == {"b": [(3, 4, 47)]}
+
+
+def test_a_step_whose_block_table_is_too_large_notes_it_and_reads_nothing(
+        probe: Probe, monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    probe.read_every = 1
+    monkeypatch.setattr(runtime, "READ_CELLS_MAX", 4)
+    runner = TableRunner(req_to_token_pool=TablePool(torch.zeros(2, 16, dtype=torch.int32)))
+    fb = ReadBatch(Mode("DECODE"), torch.arange(1), torch.tensor([8]), ["a"], 1,
+                   out_cache_loc=torch.tensor([3]), req_pool_indices=torch.tensor([0]),
+                   seq_lens_cpu=torch.tensor([9]))
+    hooks.around_model_runner_forward(_dcp_decode(0), runner, fb)
+    (s,) = _steps(probe)
+    assert s.kv_read == {}
+    notes = [json.loads(line) for line in (probe.out_dir / "rank0.jsonl").read_text().splitlines()
+             if '"kind":"probe_note"' in line]
+    assert any("exceed 4 values; kv_read left empty" in n["message"] for n in notes)
