@@ -1,0 +1,53 @@
+# TP1 baseline of the DeepSeek MLA family on triton (scenarios/baselines/README.md): the
+# model block is scenarios/qualification/dcp2_mla_flashmla_graph.cps's, seed included, so this archive is
+# the one-GPU reference its CP runs compare with. tools/device/family_parity.py scores its outputs
+# teacher-forced against transformers.
+cptest 1
+scenario tp1_mla_triton {
+  description "TP1 tiny DeepSeek MLA on triton: load, graph decode, graph vs eager parity"
+  extends "../defaults/tiny.cps"
+  model synthetic deepseek_mla {
+    layers 4
+    hidden 256
+    heads 8
+    kv_heads 8
+    vocab 4096
+    intermediate 512
+    seed 4321
+    kv_lora_rank 512
+    q_lora_rank 128
+    qk_nope_head_dim 128
+    qk_rope_head_dim 64
+    v_head_dim 128
+  }
+  topology {
+    gpus 1
+    tp 1
+  }
+  serve {
+    attention_backend triton
+    cuda_graph_decode full
+    # Tiny model, capped pool: a twentieth of the GPU leaves room for many baselines at once.
+    mem_fraction 0.05
+    # Graph capture up to batch 16 only: the workload runs 8 at a time, and capture is most of
+    # a tiny model's start-up.
+    flag "--cuda-graph-max-bs-decode" "16"
+    # The flag list replaces the defaults' list, so their flag is repeated.
+    flag "--disable-custom-all-reduce"
+  }
+  baseline none
+  workload {
+    requests 16
+    concurrency 8
+    prompt_tokens uniform(32, 256)
+    output_tokens 16
+    logprobs true
+  }
+  expect {
+    launch accepted
+    rows replicated
+    graph decode captured
+    graph parity vs eager free_running topk 5
+    serving all_complete
+  }
+}
