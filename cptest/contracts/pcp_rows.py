@@ -63,8 +63,8 @@ def resolve(expect: PcpRowsExpect, ctx: PlanContext) -> PcpRowsParams:
 
 
 def padded_len(logical: list[int], cp: int, strategy: str) -> int:
-    """SGLang's physical rows per CP rank of one batch (layers/cp/padding.py:35-44): the longest
-    logical shard rounded up to the strategy's alignment (layers/cp/padding.py:24-32)."""
+    """SGLang's physical rows per CP rank of one batch (layers/cp/padding.py:24-44): the longest
+    logical shard rounded up to the strategy's alignment."""
     align = 2 * cp if strategy == "zigzag" else cp
     return -(-max(logical) // align) * align
 
