@@ -26,13 +26,13 @@ position, a position past the request or a position held twice, or an owned posi
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written
-from cptest.contracts.groups import all_ranks, groups
+from cptest.contracts.groups import all_ranks, groups, steps_by_number
 from cptest.errors import PlanError, Problem
 from cptest.evidence import Evidence, RoleEvidence, Step, ranges_iter, ranges_merge, slot_pairs
 from cptest.verdict import Verdict, failed, passed, unknown
@@ -140,10 +140,7 @@ def _why_unknown(t: _Tally) -> str:
 
 # ---------------------------------------------------------------- rows handed on, every layer
 def _rows(ev: RoleEvidence, group: list[int], t: _Tally) -> None:
-    by_step: dict[int, dict[int, Step]] = defaultdict(dict)
-    for world in group:
-        for s in ev.ranks[world].steps:
-            by_step[s.step][world] = s
+    by_step = steps_by_number(ev, group)
     for step_no in sorted(by_step):
         recs = by_step[step_no]
         if len(recs) != len(group) or any(s.replayed for s in recs.values()):

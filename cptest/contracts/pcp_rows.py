@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written
-from cptest.contracts.groups import all_ranks, groups
+from cptest.contracts.groups import all_ranks, groups, steps_by_number
 from cptest.contracts.rows import expected_split, short_ranges
 from cptest.errors import PlanError, Problem
 from cptest.evidence import Evidence, RoleEvidence, Step, ranges_len, ranges_merge
@@ -130,11 +130,7 @@ def check(evidence: Evidence, p: PcpRowsParams) -> Verdict:
 
 def _split_steps(ev: RoleEvidence, group: list[int], t: _Tally) -> list[list[Step]]:
     """The group's eager extend steps where every CP rank ran the split, each as its ranks' records."""
-    by_step: dict[int, dict[int, Step]] = defaultdict(dict)
-    for world in group:
-        for s in ev.ranks[world].steps:
-            if s.mode in ("extend", "mixed") and not s.replayed:
-                by_step[s.step][world] = s
+    by_step = steps_by_number(ev, group, lambda s: s.mode in ("extend", "mixed") and not s.replayed)
     out = []
     for step_no in sorted(by_step):
         recs = by_step[step_no]

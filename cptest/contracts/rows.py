@@ -35,7 +35,7 @@ from typing import Any, Literal
 from pydantic import field_validator
 
 from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written, choice, invalid
-from cptest.contracts.groups import groups, zigzag_blocks
+from cptest.contracts.groups import groups, steps_by_number, zigzag_blocks
 from cptest.evidence import Evidence, RoleEvidence, ranges_len, ranges_merge
 from cptest.request_ids import count_by_origin, origin_note, workload_index
 from cptest.topology import CP_STRATEGIES
@@ -539,10 +539,7 @@ def _replicated(ev: RoleEvidence) -> Verdict:
     holes: list[dict[str, Any]] = []
     n_steps = n_rows = replayed_steps = padding = 0
     for group in tp_groups:
-        by_step: dict[int, dict[int, Any]] = defaultdict(dict)
-        for world in group:
-            for s in ev.ranks[world].steps:
-                by_step[s.step][world] = s
+        by_step = steps_by_number(ev, group)
         for step_no in sorted(by_step):
             recs = by_step[step_no]
             lacking = [w for w in group if w not in recs]
