@@ -30,6 +30,7 @@ scenario dcp2_llama_kv1 {
   }
   expect {
     rows kv_owner position % 2
+    dcp handoff
     capacity logical == 2 * physical within 0.01
     # Teacher-forced against the measured noise floor (docs/language.md "Generation parity"): the
     # control is the baseline's model at another TP degree; free-running by vLLM's top-k rule.

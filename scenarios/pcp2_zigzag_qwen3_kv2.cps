@@ -31,6 +31,7 @@ scenario pcp2_zigzag_qwen3_kv2 {
   }
   expect {
     rows split zigzag
+    pcp rows
     # Teacher-forced against the measured noise floor (docs/language.md "Generation parity"): the
     # control is the baseline's model at another TP degree; free-running by vLLM's top-k rule.
     generation logprob p99 <= 4 * control free_running topk 5 vs baseline

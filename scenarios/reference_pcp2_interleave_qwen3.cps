@@ -32,6 +32,7 @@ scenario reference_pcp2_interleave_qwen3 {
   }
   expect {
     rows split interleave ffn gathered
+    pcp rows
     generation logprob p99 <= 4 * control logprob max <= 0.001 free_running topk 5 vs baseline
   }
 }

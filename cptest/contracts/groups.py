@@ -8,7 +8,10 @@ implementation of the layout.
 
 from __future__ import annotations
 
-from cptest.evidence import RoleEvidence
+from collections import defaultdict
+from collections.abc import Callable
+
+from cptest.evidence import RoleEvidence, Step
 from cptest.topology import geometry, group_problems, zigzag_split
 from cptest.verdict import Verdict, unknown
 
@@ -48,3 +51,15 @@ def all_ranks(ev: RoleEvidence, checker: str) -> list[int] | Verdict:
     if absent:
         return unknown(checker, f"no evidence from rank {absent[0]} of {ev.role}", missing_ranks=absent)
     return ranks
+
+
+def steps_by_number(ev: RoleEvidence, group: list[int], keep: Callable[[Step], bool] = lambda s: True
+                    ) -> dict[int, dict[int, Step]]:
+    """The group's Step records that `keep` accepts, by step number, then by world rank: the ranks of
+    a group run the same batches in lockstep, so one step number is one batch on each of them."""
+    by_step: dict[int, dict[int, Step]] = defaultdict(dict)
+    for world in group:
+        for s in ev.ranks[world].steps:
+            if keep(s):
+                by_step[s.step][world] = s
+    return by_step

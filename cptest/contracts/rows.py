@@ -35,7 +35,7 @@ from typing import Any, Literal
 from pydantic import field_validator
 
 from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written, choice, invalid
-from cptest.contracts.groups import groups, zigzag_blocks
+from cptest.contracts.groups import groups, steps_by_number, zigzag_blocks
 from cptest.evidence import Evidence, RoleEvidence, ranges_len, ranges_merge
 from cptest.request_ids import count_by_origin, origin_note, workload_index
 from cptest.topology import CP_STRATEGIES
@@ -448,19 +448,19 @@ def _pcp_split(ev: RoleEvidence, cp: int, strategy: str, ffn: str | None) -> Ver
                         )
                     continue
                 lo, hi = union[0]
-                want = _expected_split(strategy, lo, hi, cp, per_rank)
+                want = expected_split(strategy, lo, hi, cp, per_rank)
                 for c in range(cp):
                     if per_rank[c] != want[c]:
                         violations.append(
                             {
                                 "what": f"extend step {step_no}, request {rid}: rank {group[c]} "
-                                f"(CP rank {c}) has positions {_short(per_rank[c])}, {strategy} "
-                                f"gives {_short(want[c])}",
+                                f"(CP rank {c}) has positions {short_ranges(per_rank[c])}, {strategy} "
+                                f"gives {short_ranges(want[c])}",
                                 "step": step_no,
                                 "rid": rid,
                                 "rank": group[c],
-                                "found": _short(per_rank[c]),
-                                "expected": _short(want[c]),
+                                "found": short_ranges(per_rank[c]),
+                                "expected": short_ranges(want[c]),
                             }
                         )
                         break
@@ -499,9 +499,12 @@ def _pcp_split(ev: RoleEvidence, cp: int, strategy: str, ffn: str | None) -> Ver
     return _finish(violations, holes, _truncated(ev, [w for g in cp_groups for w in g]), figures, ok)
 
 
-def _expected_split(
+def expected_split(
     strategy: str, lo: int, hi: int, cp: int, per_rank: list[list[tuple[int, int]]]
 ) -> list[list[tuple[int, int]]]:
+    """Per CP rank, the positions of the extend `[lo, hi)` of one request that `strategy` gives it;
+    interleave reads where the request starts in the packed batch from the rank holding `lo` in
+    `per_rank` (what the ranks computed), so one of them must hold it."""
     if strategy == "zigzag":
         return [ranges_merge((lo + a, lo + b) for a, b in zigzag_blocks(hi - lo, cp, c)) for c in range(cp)]
     # interleave: packed index i -> rank i % cp; the request's first token sits at packed offset `off`,
@@ -523,7 +526,8 @@ def _first_overlap(per_rank: list[list[tuple[int, int]]]) -> int:
     return -1
 
 
-def _short(r: list[tuple[int, int]]) -> str:
+def short_ranges(r: list[tuple[int, int]]) -> str:
+    """Ranges as a verdict prints them: the first four, then how many there are."""
     s = " ".join(f"[{a},{b})" for a, b in r[:4])
     return s + (f" ... ({len(r)} ranges)" if len(r) > 4 else "") if r else "none"
 
@@ -535,10 +539,7 @@ def _replicated(ev: RoleEvidence) -> Verdict:
     holes: list[dict[str, Any]] = []
     n_steps = n_rows = replayed_steps = padding = 0
     for group in tp_groups:
-        by_step: dict[int, dict[int, Any]] = defaultdict(dict)
-        for world in group:
-            for s in ev.ranks[world].steps:
-                by_step[s.step][world] = s
+        by_step = steps_by_number(ev, group)
         for step_no in sorted(by_step):
             recs = by_step[step_no]
             lacking = [w for w in group if w not in recs]

@@ -218,6 +218,9 @@ def _step(model: Model, ev: Evidence, rid: RankId, msg: dict[str, Any], want_log
     seqs = _seq_rows(msg)
     logits, st = model.forward(msg["tokens"], seqs, msg["extend"], want_logits)
     pos = [p for s in seqs for p in s.positions]
+    # Under PCP the MLP runs over the whole batch (the attention shards gathered back) and hands
+    # every row on: the rows entering and leaving it are the batch's, not the attention's.
+    batch = {s.rid: ranges_from(s.positions) for s in seqs} if st.cp_active else None
     seq_positions: dict[str, list[tuple[int, int]]] = {}
     at = 0
     local = set(st.local_rows)
@@ -229,15 +232,15 @@ def _step(model: Model, ev: Evidence, rid: RankId, msg: dict[str, Any], want_log
     ev.write(Step(
         t=ev.now(), rank=rid, step=msg["step"], mode="extend" if msg["extend"] else "decode",
         batch_size=len(seqs), rows_in=len(pos), attn_rows=st.attn_rows, ffn_rows=st.ffn_rows,
-        logits_rows=sum(s.logits_rows() for s in seqs), cp_active=st.cp_active if model.layout.pcp else None,
+        # The logits stage gets every row's hidden state (gathered under PCP) and picks the rows
+        # whose logits it returns; only the leader runs it.
+        logits_rows=len(pos) if want_logits else None, cp_active=st.cp_active if model.layout.pcp else None,
         positions=ranges_from(pos[i] for i in st.local_rows), seq_positions=seq_positions,
         kv_written={k: ranges_from(v) for k, v in st.kv_written.items() if v},
         extend_lens=[len(s.positions) for s in seqs] if msg["extend"] else [],
         prefix_lens=[0] * len(seqs) if msg["extend"] else [],
-        # Every layer runs the same rows here, and the MLP runs over the whole batch: under PCP the
-        # attention shards are gathered back before it, so its rows are not the attention's.
-        ffn_out_rows=st.ffn_rows, layers=st.layers,
-        ffn_seq_positions={s.rid: ranges_from(s.positions) for s in seqs} if st.cp_active else None,
+        # Every layer runs the same rows here.
+        ffn_out_rows=st.ffn_rows, layers=st.layers, ffn_seq_positions=batch, ffn_out_seq_positions=batch,
         kv_slots={k: slot_runs_from(v) for k, v in st.kv_slots.items() if v},
         kv_read={k: ranges_from(v) for k, v in st.kv_read.items() if v},
     ))  # fmt: skip

@@ -26,6 +26,7 @@ scenario dcp2_llama_kv1_eager {
   }
   expect {
     rows kv_owner position % 2
+    dcp handoff
     capacity logical == 2 * physical within 0.01
     capacity adapter
     # Teacher-forced against the measured noise floor (docs/language.md "Generation parity").

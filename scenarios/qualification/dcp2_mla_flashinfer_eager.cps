@@ -34,6 +34,7 @@ scenario dcp2_mla_flashinfer_eager {
   }
   expect {
     rows kv_owner position % 2
+    dcp handoff
     capacity logical == 2 * physical within 0.01
     capacity adapter
     generation logprob p99 <= 4 * control free_running topk 5 vs baseline

@@ -33,6 +33,7 @@ scenario dcp2_qwen3_moe_kv1_eager {
   }
   expect {
     rows kv_owner position % 2
+    dcp handoff
     capacity logical == 2 * physical within 0.01
     # Teacher-forced against the measured noise floor (docs/language.md "Generation parity"): the
     # control runs the same experts at another TP degree, so routing flips between layouts are in it.

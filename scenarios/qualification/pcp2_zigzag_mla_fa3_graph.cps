@@ -34,6 +34,7 @@ scenario pcp2_zigzag_mla_fa3_graph {
     tp 2
   }
   expect {
+    pcp rows
     generation logprob p99 <= 4 * control free_running topk 5 vs baseline
     graph decode captured
   }

@@ -35,6 +35,7 @@ scenario pcp2_zigzag_qwen3_kv2_cp_v2 {
   }
   expect {
     rows split zigzag
+    pcp rows
     violated generation logprob p99 <= 4 * control free_running topk 5 vs baseline because "triton has no zigzag CP attention path: only fa3 and trtllm_mha do (layers/cp/zigzag.py:337-341; inferred)"
   }
 }

@@ -35,6 +35,7 @@ scenario pcp2_zigzag_qwen3_moe_kv1_fa3_graph {
     tp 2
   }
   expect {
+    pcp rows
     generation logprob p99 <= 4 * control free_running topk 5 vs baseline
     graph decode captured
   }

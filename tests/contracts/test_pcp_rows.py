@@ -1,0 +1,193 @@
+"""Specification of cptest/contracts/pcp_rows.py: the statement in the language, the checker on
+hand-built PCP2 zigzag Step records, and on SGLang's published PCP archives (schema v5: first-layer
+rows, no MLP output rows)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from cptest.checks import load_archive
+from cptest.contracts.pcp_rows import PcpRowsParams, check, padded_len
+from cptest.errors import PlanError
+from cptest.evidence import Step, ranges_from
+from cptest.lang import format_text, parse_text
+from cptest.plan import plan
+from cptest.testing.archives import make_plan, rid, server_plan, write_archive, zigzag_steps
+
+ROOT = Path(__file__).resolve().parents[2]
+R, R2 = rid(0), rid(1)
+PROMPTS = {R: 8, R2: 12}
+PCP = PcpRowsParams(cp=2, strategy="zigzag")
+TEXT = """cptest 1
+scenario t {
+  engine reference
+  model synthetic llama { layers 2 hidden 64 heads 4 kv_heads 1 head_dim 16 vocab 128 intermediate 128 }
+  topology { gpus 2 tp 2 {cp} }
+  workload { requests 8 concurrency 2 prompt_tokens 16 output_tokens 4 }
+  expect { pcp rows   rows split zigzag }
+}
+"""
+
+
+def _rank(world: int, prompts: dict[str, int] = PROMPTS, **update) -> Step:
+    """CP rank `world` of 2 handing on right: its zigzag shard to attention, the whole batch gathered
+    back to the MLP and out of it, the whole batch to the logits, K/V of every position written."""
+    s = zigzag_steps(world, 2, prompts, ffn="gathered")
+    batch = {r: [(0, n)] for r, n in prompts.items()}
+    return s.model_copy(update={"ffn_out_rows": s.rows_in, "layers": 2, "logits_rows": s.rows_in,
+                                "ffn_seq_positions": batch, "ffn_out_seq_positions": batch,
+                                "kv_written": batch, **update})
+
+
+def _check(ranks: dict[int, list[Step]], p: PcpRowsParams = PCP):
+    """The verdict on an archive of these ranks' Step records, read back as `cptest check` reads it."""
+    with tempfile.TemporaryDirectory() as d:
+        write_archive(Path(d), make_plan(server_plan(world=2, attn_cp=2, cp_strategy="zigzag"), [p]),
+                      ranks={"main": ranks}, runner={"main": []})
+        return check(load_archive(Path(d)).evidence, p)
+
+
+def _findings(v) -> list[str]:
+    return v.figures["first"]
+
+
+# ------------------------------------------------------------------------------------ language
+def test_the_statement_parses_formats_back_after_rows() -> None:
+    text = TEXT.replace("{cp}", "attn_cp 2 cp_strategy zigzag")
+    out = format_text(text, "t.cps")
+    assert "    rows split zigzag\n    pcp rows\n" in out
+    assert parse_text(out, "t.cps") == parse_text(text, "t.cps")
+
+
+def test_declaring_it_without_prefill_cp_is_a_plan_error(tmp_path: Path) -> None:
+    scenario = tmp_path / "t.cps"
+    scenario.write_text(TEXT.replace("{cp}", "dcp 2").replace("   rows split zigzag", ""))
+    with pytest.raises(PlanError, match="pcp rows needs prefill context parallelism"):
+        plan(parse_text(scenario.read_text(), str(scenario)))
+
+
+def test_the_padded_length_is_sglangs_rule() -> None:
+    assert padded_len([107, 106], 2, "zigzag") == 108  # aligned to 2 x cp
+    assert padded_len([91, 92, 92, 91], 4, "zigzag") == 96
+    assert padded_len([5, 4], 2, "interleave") == 6  # aligned to cp
+
+
+# ------------------------------------------------------------------------------------ checker
+def test_shards_in_order_the_mlp_gathered_and_the_logits_whole_pass() -> None:
+    v = _check({0: [_rank(0)], 1: [_rank(1)]})
+    assert v.status == "pass", v.reason
+    assert v.figures["steps"] == 1 and v.figures["request_extends"] == 2
+    assert v.figures["ffn_modes"] == {"gathered": 2} and v.figures["not_judged"] == ["padded_count"]
+
+
+def test_sglangs_moe_gather_of_every_padded_shard_passes() -> None:
+    # 213 tokens: shards of 107 and 106 rows, padded to 108 each; the MoE runs over 2 x 108 rows
+    prompts = {R: 213}
+    ranks = {w: [_rank(w, prompts, ffn_rows=216, ffn_out_rows=216, ffn_seq_positions=None,
+                       ffn_out_seq_positions=None)] for w in (0, 1)}
+    v = _check(ranks)
+    assert v.status == "pass", v.reason
+    assert v.figures["ffn_modes"] == {"gathered (padded)": 2} and v.figures["padding_rows"] == 1 + 2
+
+
+def test_a_shard_out_of_the_strategys_order_fails() -> None:
+    r0 = _rank(0)
+    v = _check({0: [r0.model_copy(update={"seq_positions": {**r0.seq_positions, R: [(0, 4)]}})],
+                1: [_rank(1)]})
+    assert v.status == "fail"
+    assert f"request {R}: rank 0 (CP rank 0) holds [0,4), zigzag over [0, 8) gives [0,2) [6,8)" in v.reason
+
+
+def test_a_layer_attending_over_other_rows_fails() -> None:
+    r1 = _rank(1)
+    v = _check({0: [_rank(0)], 1: [r1.model_copy(update={"layer_rows": {"attn": [10, 9]}})]})
+    assert v.status == "fail" and "layer 1's attention took 9 rows, layer 0's 10" in v.reason
+
+
+def test_a_padding_row_reported_in_the_shard_fails() -> None:
+    r0 = _rank(0)  # logical shard of 10 rows; a padding row shows up as position 20 of request 2
+    padded = {**r0.seq_positions, R2: [(0, 3), (9, 12), (20, 21)]}
+    v = _check({0: [r0.model_copy(update={"seq_positions": padded})], 1: [_rank(1)]})
+    assert v.status == "fail"
+    assert any("names 11 rows in its attention shard, its logical shard is 10" in f for f in _findings(v))
+
+
+def test_kv_written_for_a_position_outside_the_batch_fails() -> None:
+    v = _check({0: [_rank(0, kv_written={R: [(0, 9)], R2: [(0, 12)]})], 1: [_rank(1)]})
+    assert v.status == "fail" and f"wrote K/V of request {R} outside its extend [0, 8)" in v.reason
+
+
+def test_logits_of_the_shard_alone_fail() -> None:
+    v = _check({0: [_rank(0)], 1: [_rank(1, logits_rows=10)]})
+    assert v.status == "fail"
+    assert "handed 10 rows to the logits processor, the batch has 20: the shards were not" in v.reason
+
+
+def test_an_mlp_fed_neither_the_shard_nor_the_batch_fails() -> None:
+    v = _check({0: [_rank(0, ffn_rows=19, ffn_out_rows=19)], 1: [_rank(1)]})
+    assert v.status == "fail" and "fed 19 rows to the MLP: neither its shard (10/12)" in v.reason
+
+
+def test_mlp_rows_named_as_the_shard_when_it_gathered_the_batch_fail() -> None:
+    r0 = _rank(0)
+    v = _check({0: [r0.model_copy(update={"ffn_seq_positions": r0.seq_positions})], 1: [_rank(1)]})
+    assert v.status == "fail" and "the rows entering the MLP are not the batch's positions" in v.reason
+
+
+def test_mlp_output_neither_its_rows_nor_cut_back_fails() -> None:
+    v = _check({0: [_rank(0, ffn_out_rows=7)], 1: [_rank(1)]})
+    assert v.status == "fail" and "7 rows left the MLP, which took 20" in v.reason
+
+
+def test_no_split_step_is_unknown_not_pass() -> None:
+    ranks = {w: [_rank(w, cp_active=False)] for w in (0, 1)}
+    v = _check(ranks)
+    assert v.status == "unknown" and "(1 extend step(s) not split): nothing to judge" in v.reason
+
+
+def test_older_evidence_passes_what_it_records_and_names_the_rest() -> None:
+    older = {"ffn_out_rows": None, "layers": None, "ffn_seq_positions": None, "ffn_out_seq_positions": None,
+             "logits_rows": None}
+    ranks = {w: [_rank(w, **older)] for w in (0, 1)}
+    v = _check(ranks)
+    assert v.status == "pass", v.reason
+    assert v.figures["not_judged"] == ["layers", "padded_count", "ffn_identity", "ffn_out_rows",
+                                       "logits_rows"]
+
+
+def test_the_attention_dp_buffer_is_named_unjudged_when_attention_dp_is_declared() -> None:
+    v = _check({0: [_rank(0)], 1: [_rank(1)]}, PcpRowsParams(cp=2, strategy="zigzag", attn_dp=2))
+    assert v.status == "unknown"
+    assert "the attention-DP buffer is not recorded by any evidence field" in v.reason
+
+
+def test_the_reference_interleave_split_reads_its_first_rank_from_the_shards() -> None:
+    # interleave over a batch of 3 + 4 tokens: packed i -> CP rank i % 2
+    prompts = {R: 3, R2: 4}
+    shards = [{R: ranges_from([0, 2]), R2: ranges_from([1, 3])},
+              {R: ranges_from([1]), R2: ranges_from([0, 2])}]
+    ranks = {w: [_rank(w, prompts, seq_positions=shards[w], attn_rows=4 - w)] for w in (0, 1)}
+    v = _check(ranks, PcpRowsParams(cp=2, strategy="interleave"))
+    assert v.status == "pass", v.reason
+
+
+# ------------------------------------------------------------------------------------ archives
+@pytest.mark.parametrize(("archive", "mode"), [
+    ("results/pcp2_zigzag_qwen3_moe_kv1_fa3/20261203T175823Z-38c8d199", "gathered (padded)"),
+    ("results/pcp2_zigzag_mla_fa3/20261203T180717Z-6e432fbe", "local"),
+])
+def test_sglangs_split_archives_pass_on_what_they_record(archive: str, mode: str) -> None:
+    loaded = load_archive(ROOT / archive)
+    v = check(loaded.evidence, PCP)
+    assert v.status == "pass", v.reason
+    assert set(v.figures["ffn_modes"]) == {mode} and v.figures["steps"] > 0
+    assert "ffn_out_rows" in v.figures["not_judged"]  # schema v5 has no MLP output rows
+
+
+def test_an_archive_where_sglang_never_split_is_unknown() -> None:
+    loaded = load_archive(ROOT / "results/pcp2_zigzag_qwen3_moe_kv1/20261203T144442Z-e3303c21")
+    v = check(loaded.evidence, PCP)
+    assert v.status == "unknown" and "nothing to judge" in v.reason
