@@ -533,8 +533,8 @@ def _step_line(probe: Probe, batch: CopyBatch, draft: StepDraft) -> str:
         elif name == "slots":
             draft.kv_slots = value // probe.dcp_size if probe.dcp_size > 1 else value
         elif name == "reads":
-            draft.kv_read = records.read_rows(value, draft.read_lens or (), draft.rids, probe.dcp_size,
-                                              probe.dcp_rank, draft.note) or {}
+            draft.kv_read = records.read_rows(value, draft.read_lens or (), draft.read_rids or (),
+                                              probe.dcp_size, probe.dcp_rank, draft.note) or {}
         else:
             _resolve_zigzag(draft, value.tolist())
     return records.finish_step_line(draft, rank=probe.rank, rank_json=probe.rank_json,

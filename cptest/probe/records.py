@@ -9,6 +9,7 @@ on a CPU.
 from __future__ import annotations
 
 import re
+import sys
 from binascii import b2a_base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -183,8 +184,11 @@ class StepDraft:
     """This rank's pool row of each row of the batch (SGLang's `out_cache_loc`, divided by the DCP
     size), once its host copy arrived; None when not observed."""
     read_lens: list[int] | None = None
-    """Each request's length as this step's attention reads it (SGLang's `seq_lens_cpu`), when the
-    step records its reads (a sampled eager decode step); the block-table rows travel as a tensor."""
+    """The length of each request of `read_rids` as this step's attention reads it (SGLang's
+    `seq_lens_cpu`), when the step records its reads (a sampled eager decode step); the block-table
+    rows travel as a tensor."""
+    read_rids: list[str] | None = None
+    """The requests whose reads this step records (consecutive ones of the batch, `read_lens` each)."""
     kv_read: dict[str, Ranges] | None = None
     """Request id -> this rank's pool rows its attention read, once the block-table rows arrived."""
     kv_rows: int | None = None
@@ -387,13 +391,24 @@ def read_rows(table: Any, lens: Sequence[int], rids: Sequence[str], dcp: int, dc
     rows = table.reshape(n, width) if hasattr(table, "reshape") else [table[i * width:(i + 1) * width]
                                                                        for i in range(n)]
     out: dict[str, Ranges] = {}
+    np = sys.modules.get("numpy") if hasattr(table, "reshape") else None
     for rid, row, length in zip(rids, rows, lens, strict=True):
         share = row[:length][dcp_rank::dcp] if dcp > 1 else row[:length]
         slots = share // dcp if dcp > 1 else share
-        values = slots.tolist() if hasattr(slots, "tolist") else list(slots)
-        if values:
-            out[str(rid)] = ranges_from(sorted(values))
+        if len(slots):
+            out[str(rid)] = _array_ranges(np, slots) if np is not None else ranges_from(slots)
     return out
+
+
+def _array_ranges(np: Any, values: Any) -> Ranges:
+    """`ranges_from` of a numpy array, without a Python object per value: a sampled step's rows
+    run to hundreds of thousands, and the writer thread turning each into an int held the GIL
+    for milliseconds, which the engine's thread waited out."""
+    v = np.unique(values)  # sorted, each row once (as ranges_from's set)
+    breaks = np.flatnonzero(np.diff(v) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [len(v)]))
+    return list(zip(v[starts].tolist(), (v[ends - 1] + 1).tolist(), strict=True))
 
 
 def _ffn_rows_of(draft: StepDraft, rows: int | None, attn_rows: int | None,

@@ -74,10 +74,11 @@ ENV_READ_EVERY = "CPTEST_PROBE_READ_EVERY"
 the request's block-table row over its length, this rank's share) and where it wrote (`kv_slots`);
 `0` never. Sampled: the block-table rows grow with the context, and the copy of every step's would
 cost the engine a gather and a transfer each step."""
-READ_EVERY_DEFAULT = 16
-READ_CELLS_MAX = 1 << 20
-"""A sampled step whose block-table rows (requests x longest length) exceed this is not read: a
-note says so (a copy of that size would stall the engine's stream noticeably)."""
+READ_EVERY_DEFAULT = 32
+READ_CELLS_MAX = 1 << 14
+"""The most block-table values (requests x their longest length) a sampled step reads: it takes
+as many consecutive requests as fit. Their ranges are made on the writer thread, which holds the
+GIL meanwhile: at 2^18 values that cost the engine's thread milliseconds per sampled step."""
 ENV_GRAPH_FLUSH_S = "CPTEST_PROBE_GRAPH_FLUSH_S"
 ENV_SWITCH = "CPTEST_PROBE_SWITCH"
 """A file whose content `off` pauses the probe at run time (anything else, or no file: on). The

@@ -313,10 +313,13 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
 
 
 def _block_rows(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> Any:
-    """The batch's block-table rows (`req_to_token` of each request, cut to the longest length,
-    flattened) for a step that records its reads; their lengths go on the draft. None where the
-    runner keeps no block table (not a model runner of SGLang's); said once where the table, the
-    batch's pool indices or lengths are not readable; noted where the rows are too many to copy."""
+    """The block-table rows (`req_to_token`, cut to the longest length, flattened) of the requests
+    this step records the reads of; their ids and lengths go on the draft. A step reads consecutive
+    requests of its batch, from one that moves on with every sampled step, while their rows stay
+    within READ_CELLS_MAX values: the rows' host copy and their ranges cost the probe in proportion
+    to them. None where the runner keeps no block table (not a model runner of SGLang's); said
+    once where the table, the batch's pool indices or lengths are not readable; noted where one
+    request alone is longer than that."""
     pool = getattr(runner, "req_to_token_pool", None)
     if pool is None:
         return None
@@ -327,14 +330,26 @@ def _block_rows(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> Any:
         probe.warn_once("reads", f"step {draft.step}: no block table or lengths readable "
                         "(req_to_token_pool, req_pool_indices, seq_lens_cpu); kv_read is not recorded")
         return None
-    lens = [int(x) for x in lens_t.tolist()]
-    width = max(lens, default=0)
-    if not lens or width * len(lens) > _runtime.READ_CELLS_MAX:
-        draft.note(f"step {draft.step}: {len(lens)} block-table rows up to {width} long exceed "
-                   f"{_runtime.READ_CELLS_MAX} values; kv_read left empty")
+    lens = lens_t.tolist()
+    n = len(lens)
+    if n == 0 or n != len(draft.rids):
         return None
-    draft.read_lens = lens
-    return table[index, :width].reshape(-1)
+    first = (draft.step // max(probe.read_every, 1)) % n
+    width, end = 0, first
+    cap = _runtime.READ_CELLS_MAX
+    while end < n and max(width, int(lens[end])) * (end - first + 1) <= cap:
+        width = max(width, int(lens[end]))
+        end += 1
+    if end == first:
+        draft.note(f"step {draft.step}: request {draft.rids[first]}'s {int(lens[first])} block-table "
+                   f"values exceed {cap}; kv_read left empty")
+        return None
+    while end == n and first > 0 and max(width, int(lens[first - 1])) * (end - first + 1) <= cap:
+        first -= 1  # room left at the batch's end: the requests before the first one too
+        width = max(width, int(lens[first]))
+    draft.read_lens = [int(x) for x in lens[first:end]]
+    draft.read_rids = draft.rids[first:end]
+    return table[index[first:end], :width].reshape(-1)
 
 
 class Steady:

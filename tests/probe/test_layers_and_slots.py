@@ -352,4 +352,27 @@ def test_a_step_whose_block_table_is_too_large_notes_it_and_reads_nothing(
     assert s.kv_read == {}
     notes = [json.loads(line) for line in (probe.out_dir / "rank0.jsonl").read_text().splitlines()
              if '"kind":"probe_note"' in line]
-    assert any("exceed 4 values; kv_read left empty" in n["message"] for n in notes)
+    assert any("request a's 9 block-table values exceed 4; kv_read left empty" in n["message"] for n in notes)
+
+
+def test_sampled_steps_read_as_many_consecutive_requests_as_fit_moving_on_each_time(
+        probe: Probe, monkeypatch: MP) -> None:
+    """The rows a step reads are capped (the writer thread makes their ranges): it takes
+    consecutive requests from one that moves on with every sampled step."""
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    probe.dcp_size = 1
+    probe.read_every = 1
+    monkeypatch.setattr(runtime, "READ_CELLS_MAX", 8)  # two requests of 4
+    table = torch.arange(4 * 8, dtype=torch.int32).reshape(4, 8)
+    runner = TableRunner(req_to_token_pool=TablePool(table))
+    read = []
+    for k in range(4):
+        fb = ReadBatch(Mode("DECODE"), torch.arange(3), torch.tensor([3 + k] * 3), ["a", "b", "c"], 3,
+                       out_cache_loc=torch.tensor([0, 1, 2]), req_pool_indices=torch.tensor([0, 1, 2]),
+                       seq_lens_cpu=torch.tensor([4, 4, 4]))
+        hooks.around_model_runner_forward(_model([None]), runner, fb)
+    read = [s.kv_read for s in _steps(probe)]
+    # steps 1..4 start at request step % 3: b+c, c (+ b before it: the end has room), a+b, b+c
+    assert [sorted(r) for r in read] == [["b", "c"], ["b", "c"], ["a", "b"], ["b", "c"]]
+    assert read[2] == {"a": [(0, 4)], "b": [(8, 12)]}  # each request's row of the table, its length
