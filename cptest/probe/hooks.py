@@ -37,9 +37,11 @@ __all__ = [
     "after_capture_cuda_graphs",
     "after_initialize_model_parallel",
     "after_kv_configure",
+    "after_mla_set_kv_buffer",
     "after_prepare_cp_forward",
     "after_scheduler_init_info",
     "after_set_kv_buffer",
+    "after_set_mla_kv_buffer",
     "after_zigzag_shard_positions",
     "around_model_runner_forward",
     "guards_itself",
@@ -235,6 +237,45 @@ def after_set_kv_buffer(_result: Any, pool: Any, layer: Any, loc_info: Any, cach
             draft.kv_mask_pending = mask  # copied with the step's positions when the forward ends
     except Exception as e:
         probe.call("after_set_kv_buffer", probe.error, "after_set_kv_buffer", e)
+
+
+@guards_itself
+def after_set_mla_kv_buffer(_result: Any, pool: Any, layer: Any, loc: Any, cache_k_nope: Any,
+                            *_args: Any, **_kwargs: Any) -> None:
+    """AFTER `MLATokenToKVPool.set_mla_kv_buffer` (mem_cache/memory_pool.py:4095), first layer of a
+    step: MLA's latent K/V write, which takes no owner mask from its caller. Under DCP its kernel
+    keeps the rows where `loc % dcp == dcp_rank`, at `loc // dcp`
+    (sglang/kernels/ops/kvcache/mla_buffer.py:39-41): the probe makes that mask from `loc`."""
+    _mla_write(loc, cache_k_nope, at_loc=False)
+
+
+@guards_itself
+def after_mla_set_kv_buffer(_result: Any, pool: Any, layer: Any, loc_info: Any, cache_k: Any,
+                            *_args: Any, **_kwargs: Any) -> None:
+    """AFTER `MLATokenToKVPool.set_kv_buffer` (mem_cache/memory_pool.py:4019), first layer of a step.
+    Under DCP it keeps the rows where `loc % dcp == dcp_rank`, but at row `loc` itself, not
+    `loc // dcp` (mem_cache/memory_pool.py:4030-4044): the mask is recorded, the rows' slots are not, and a
+    note says so once."""
+    _mla_write(getattr(loc_info, "loc", loc_info), cache_k, at_loc=True)  # unwrap_write_loc
+
+
+def _mla_write(loc: Any, cache_k: Any, *, at_loc: bool) -> None:
+    probe = _runtime._PROBE
+    draft = probe.current if probe is not None else None
+    if draft is None or draft.kv_rows is not None:
+        return  # every layer after the first, and every layer while paused: nothing more
+    try:
+        draft.kv_rows = int(cache_k.shape[0])
+        if probe.dcp_size > 1 and probe.observe_positions:
+            # one comparison on the device, in the first layer only
+            draft.kv_mask_pending = loc % probe.dcp_size == probe.dcp_rank
+            if at_loc:
+                draft.kv_at_loc = True
+                probe.warn_once("mla_set_kv_buffer_dcp", "MLA's set_kv_buffer under DCP keeps rows "
+                                "loc % dcp == dcp_rank at row loc, not loc // dcp "
+                                "(mem_cache/memory_pool.py:4030-4044); those rows' kv_slots are not recorded")
+    except Exception as e:
+        probe.call("mla_kv_write", probe.error, "mla_kv_write", e)
 
 
 # ---------------------------------------------------------------- torch forward hooks

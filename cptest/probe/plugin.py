@@ -54,6 +54,10 @@ TARGETS: tuple[Target, ...] = (
            hooks.after_zigzag_shard_positions, "zigzag rank positions", "layers/cp/zigzag.py:308"),
     Target("sglang.srt.mem_cache.memory_pool.MHATokenToKVPool.set_kv_buffer", "after",
            hooks.after_set_kv_buffer, "kv_written", "mem_cache/memory_pool.py:2305"),
+    Target("sglang.srt.mem_cache.memory_pool.MLATokenToKVPool.set_kv_buffer", "after",
+           hooks.after_mla_set_kv_buffer, "kv_written (MLA)", "mem_cache/memory_pool.py:4019"),
+    Target("sglang.srt.mem_cache.memory_pool.MLATokenToKVPool.set_mla_kv_buffer", "after",
+           hooks.after_set_mla_kv_buffer, "kv_written (MLA)", "mem_cache/memory_pool.py:4095"),
     Target("sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run", "after",
            pool_hooks.after_get_next_batch_to_run, "pool samples", "managers/scheduler.py:2925"),
 )

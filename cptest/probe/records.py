@@ -193,6 +193,9 @@ class StepDraft:
     """Request id -> this rank's pool rows its attention read, once the block-table rows arrived."""
     kv_rows: int | None = None
     """Rows handed to the KV pool's write in the first layer of this step."""
+    kv_at_loc: bool = False
+    """The write kept its rows at the allocator's slot itself, not slot // dcp (MLA's
+    `set_kv_buffer` under DCP): the step's slots are not recorded."""
     kv_mask: list[bool] | None = None
     """The DCP owner mask SGLang passed to that write (True = this rank stores the row)."""
     graph_rows: int | None = None

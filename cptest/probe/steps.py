@@ -270,7 +270,7 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
              and draft.graph_rows is None and draft.step % read_every == 0 else None)
     seen_write = (has_pos and draft.kv_rows is not None
                   and (not decode or mask is not None or reads is not None))
-    slots = getattr(fb, "out_cache_loc", None) if seen_write else None
+    slots = getattr(fb, "out_cache_loc", None) if seen_write and not draft.kv_at_loc else None
     if mask is None and zigzag is None and slots is None and reads is None:  # a decode step's usual case
         if has_pos:
             draft.which = WHICH_POS

@@ -376,3 +376,58 @@ def test_sampled_steps_read_as_many_consecutive_requests_as_fit_moving_on_each_t
     # steps 1..4 start at request step % 3: b+c, c (+ b before it: the end has room), a+b, b+c
     assert [sorted(r) for r in read] == [["b", "c"], ["b", "c"], ["a", "b"], ["b", "c"]]
     assert read[2] == {"a": [(0, 4)], "b": [(8, 12)]}  # each request's row of the table, its length
+
+
+def _mla_forward(pool_method: str) -> Any:
+    """One layer's latent K/V write through the MLA pool's `pool_method`, which takes no owner mask:
+    the pool (or its kernel) keeps the rows with loc % dcp == dcp_rank."""
+
+    def forward(runner: Runner, fb: Batch, *_a: Any, **_k: Any) -> Output:
+        n = int(fb.input_ids.shape[0])
+        latent = torch.zeros(n, 1, 8)
+        if pool_method == "set_mla_kv_buffer":
+            hooks.after_set_mla_kv_buffer(None, object(), object(), fb.out_cache_loc, latent, latent[..., :2])
+        else:
+            hooks.after_mla_set_kv_buffer(None, object(), object(), fb.out_cache_loc, latent, latent)
+        return Output(can_run_graph=False)
+
+    return forward
+
+
+def test_an_mla_write_under_dcp_records_the_rows_the_pool_keeps_and_their_slots(
+        probe: Probe, monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 1)  # dcp 2, this rank 1
+    hooks.after_initialize_model_parallel(None)
+    # positions 0..3 at allocator slots 10..13: this rank keeps the odd slots, at slot // 2
+    fb = SlotBatch(Mode("EXTEND"), torch.arange(4), torch.arange(4), ["a"], 1, [4], [0],
+                   out_cache_loc=torch.tensor([10, 11, 12, 13]))
+    hooks.around_model_runner_forward(_mla_forward("set_mla_kv_buffer"), Runner(), fb)
+    (s,) = _steps(probe)
+    assert s.kv_written == {"a": [(1, 2), (3, 4)]}
+    assert slot_pairs(s.kv_slots["a"], s.kv_written["a"]) == [(1, 5), (3, 6)]
+
+
+def test_mla_set_kv_buffer_under_dcp_records_the_owners_not_slots_and_says_why(
+        probe: Probe, monkeypatch: MP) -> None:
+    """That path keeps its rows at the allocator's slot itself: recording slot // dcp would be false."""
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    for _ in range(2):
+        fb = SlotBatch(Mode("EXTEND"), torch.arange(4), torch.arange(4), ["a"], 1, [4], [0],
+                       out_cache_loc=torch.tensor([10, 11, 12, 13]))
+        hooks.around_model_runner_forward(_mla_forward("set_kv_buffer"), Runner(), fb)
+    first, second = _steps(probe)
+    assert first.kv_written == {"a": [(0, 1), (2, 3)]} and first.kv_slots == {} == second.kv_slots
+    notes = [r.message for r in _records(probe) if getattr(r, "kind", "") == "probe_note"]
+    assert sum("not loc // dcp" in n for n in notes) == 1  # said once
+
+
+def test_an_mla_write_without_dcp_is_every_row(probe: Probe, monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    probe.dcp_size = 1
+    fb = SlotBatch(Mode("EXTEND"), torch.arange(3), torch.arange(3), ["a"], 1, [3], [0],
+                   out_cache_loc=torch.tensor([7, 8, 9]))
+    hooks.around_model_runner_forward(_mla_forward("set_mla_kv_buffer"), Runner(), fb)
+    (s,) = _steps(probe)
+    assert s.kv_written == {"a": [(0, 3)]} and s.kv_slots == {"a": [(0, 3, 7)]}

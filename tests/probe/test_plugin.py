@@ -28,10 +28,21 @@ from cptest.probe.runtime import Probe
 
 
 def _sglang_root() -> Path | None:
-    for cand in (os.environ.get("CPTEST_SGLANG_SRC", ""), "/tmp/sgl/site", "/tmp/sgl/src"):
+    for cand in (os.environ.get("CPTEST_SGLANG_SRC", ""), "/tmp/sgl/site", "/tmp/sgl/src", _engine_site()):
         if cand and (Path(cand) / "sglang/srt/plugins/hook_registry.py").is_file():
             return Path(cand)
     return None
+
+
+def _engine_site() -> str:
+    """The site-packages of the SGLang interpreter CI builds from the pinned wheel
+    (`CPTEST_SGLANG_PYTHON`, tools/sglang-cpu-env.sh): the release's own files, installed."""
+    python = os.environ.get("CPTEST_SGLANG_PYTHON", "")
+    if not python or not Path(python).exists():
+        return ""
+    out = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    return out.stdout.strip() if out.returncode == 0 else ""
 
 
 ROOT = _sglang_root()
