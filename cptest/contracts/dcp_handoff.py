@@ -115,8 +115,9 @@ def check(evidence: Evidence, p: DcpHandoffParams) -> Verdict:
     if not tally.row_steps and not tally.reads:
         return unknown(NAME, f"nothing to judge on {p.role}: no step with every DCP rank's rows and no "
                        "decode step that records the KV rows it read" + _why_unknown(tally), **figures)
-    rows = (f"{tally.row_steps} step(s) x {tally.layers} layer(s): every DCP rank handed the whole "
-            "batch, the same requests and positions, to attention and the MLP")
+    depth = f" ({tally.layers} layer forward(s))" if tally.layers else " (first layer only)"
+    rows = (f"{tally.row_steps} step(s){depth}: every DCP rank handed the whole batch, the same requests "
+            "and positions, to attention and the MLP")
     if tally.unrecorded:
         rows += " (not recorded: " + ", ".join(f"{part} in {n} rank-step(s)"
                                                for part, n in tally.unrecorded.most_common()) + ")"
@@ -157,7 +158,7 @@ def _rows(ev: RoleEvidence, group: list[int], t: _Tally) -> None:
                     t.fail(f"step {step_no}: rank {world}'s rows {part} the MLP are not its attention rows")
         if judged:
             t.row_steps += 1
-            t.layers += max(first.layers or 1, 1)
+            t.layers += first.layers or 0  # layers the step recorded; none on older evidence
         else:
             t.rows_unseen += 1
 

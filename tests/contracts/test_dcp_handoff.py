@@ -170,7 +170,7 @@ def test_evidence_without_reads_or_every_layer_is_unknown_with_what_was_judged()
         return [_edit(s, kv_slots={}, kv_read={}, layers=None, ffn_out_rows=None) for s in steps]
     v = _check({0: older(_rank(0)), 1: older(_rank(1))})
     assert v.status == "unknown"
-    assert v.reason.startswith("4 step(s) x 4 layer(s): every DCP rank handed the whole batch")
+    assert v.reason.startswith("4 step(s) (first layer only): every DCP rank handed the whole batch")
     assert "no decode step's KV read could be judged" in v.reason
 
 
