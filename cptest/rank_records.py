@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 from cptest.record_base import Ranges, RankId, SlotRuns, _Record, ranges_from
 
 V6_FIELDS = ("ffn_out_rows", "layers", "layer_rows", "ffn_seq_positions", "ffn_out_seq_positions", "kv_slots",
-             "kv_read")
+             "kv_read", "attn_rows_padded")
 """The fields a Step gained in schema v6: every layer's rows, the MLP's output rows and the rows'
 identity, the KV slots written and read."""
 LayerPart = Literal["attn", "ffn", "ffn_out"]
@@ -132,6 +132,10 @@ class Step(_Record):
     p % dcp == its DCP rank, each at row `loc // dcp`); empty when not observed. The SGLang probe
     records it on a sample of eager decode steps (`CPTEST_PROBE_READ_EVERY`), the reference engine
     on every step."""
+    attn_rows_padded: int | None = None
+    """Rows entering the first layer's attention as its hook saw them, where that is not `attn_rows`:
+    under PCP the shard padded to the strategy's length (`attn_rows` is the logical shard); None
+    where they are the same or were not observed."""
 
     def model_dump_json(self, **kwargs: Any) -> str:  # type: ignore[override]
         """The record's line, the fields of v6 (`V6_FIELDS`) left out while unset: a step that

@@ -211,6 +211,8 @@ def _layers(s: Step, where: str, shard: set[int], physical: int, t: _Tally) -> N
     if s.layers is not None:
         t.seen["layers"] += 1
     per_layer = (s.layer_rows or {}).get("attn")
+    if per_layer is None and s.attn_rows_padded is not None:
+        per_layer = [s.attn_rows_padded]  # every layer the first's: the padded count the probe kept
     if per_layer is None:
         return
     t.seen["padded_count"] += 1

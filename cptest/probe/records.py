@@ -354,6 +354,8 @@ def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence
         ffn_out_seq_positions=_ffn_rows_of(draft, draft.ffn_out_rows, attn_rows, per_req, "leaving"),
         kv_slots=kv_slots,
         kv_read=draft.kv_read or {},
+        attn_rows_padded=(draft.attn_rows_seen if draft.cp_active and draft.attn_rows_seen is not None
+                          and draft.attn_rows_seen != attn_rows else None),
     )
 
 

@@ -101,6 +101,17 @@ def test_a_shard_out_of_the_strategys_order_fails() -> None:
     assert f"request {R}: rank 0 (CP rank 0) holds [0,4), zigzag over [0, 8) gives [0,2) [6,8)" in v.reason
 
 
+def test_the_padded_count_the_probe_kept_is_judged_against_sglangs_rule() -> None:
+    # 213 tokens: logical shards of 107 and 106, SGLang pads each to 108
+    prompts = {R: 213}
+    good = {w: [_rank(w, prompts, attn_rows_padded=108)] for w in (0, 1)}
+    v = _check(good)
+    assert v.status == "pass", v.reason
+    bad = {0: [_rank(0, prompts, attn_rows_padded=110)], 1: [_rank(1, prompts, attn_rows_padded=108)]}
+    v = _check(bad)
+    assert v.status == "fail" and "took 110 rows, neither its logical shard nor the padded length 108" in v.reason
+
+
 def test_a_layer_attending_over_other_rows_fails() -> None:
     r1 = _rank(1)
     v = _check({0: [_rank(0)], 1: [r1.model_copy(update={"layer_rows": {"attn": [10, 9]}})]})

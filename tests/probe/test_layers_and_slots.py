@@ -175,6 +175,8 @@ def _zigzag_step(probe: Probe, monkeypatch: MP, mlp_in: int, mlp_out: int) -> St
 def test_a_pcp_mlp_over_its_shard_sees_the_attention_rows(probe: Probe, monkeypatch: MP) -> None:
     s = _zigzag_step(probe, monkeypatch, mlp_in=6, mlp_out=6)
     assert s.seq_positions == {"q": [(3, 8)]} and s.layers == 1
+    # the shard is 5 rows (logical), attention saw 6: the padded count is kept beside it
+    assert (s.attn_rows, s.attn_rows_padded) == (5, 6)
     assert s.ffn_seq_positions is None and s.ffn_out_seq_positions is None
 
 
