@@ -226,10 +226,9 @@ def after_set_kv_buffer(_result: Any, pool: Any, layer: Any, loc_info: Any, cach
     Records how many rows the write took and, under DCP, the owner mask SGLang passed
     (triton: `positions % dcp_size == dcp_rank`, layers/attention/triton_backend.py:1230-1239).
     """
-    probe = _runtime._PROBE
-    draft = probe.current if probe is not None else None
-    if draft is None or draft.kv_rows is not None:
-        return  # every layer after the first, and every layer while paused: nothing more
+    probe, draft = _first_write()
+    if probe is None or draft is None:
+        return
     try:
         draft.kv_rows = int(cache_k.shape[0])
         mask = kwargs.get("dcp_kv_mask", args[3] if len(args) > 3 else None)
@@ -259,11 +258,18 @@ def after_mla_set_kv_buffer(_result: Any, pool: Any, layer: Any, loc_info: Any, 
     _mla_write(getattr(loc_info, "loc", loc_info), cache_k, at_loc=True)  # unwrap_write_loc
 
 
-def _mla_write(loc: Any, cache_k: Any, *, at_loc: bool) -> None:
+def _first_write() -> tuple[Probe | None, records.StepDraft | None]:
+    """The probe and the step's draft when this is the step's first K/V write; (probe, None) for
+    every layer after the first, and every layer while paused: nothing more to record."""
     probe = _runtime._PROBE
     draft = probe.current if probe is not None else None
-    if draft is None or draft.kv_rows is not None:
-        return  # every layer after the first, and every layer while paused: nothing more
+    return probe, (draft if draft is not None and draft.kv_rows is None else None)
+
+
+def _mla_write(loc: Any, cache_k: Any, *, at_loc: bool) -> None:
+    probe, draft = _first_write()
+    if probe is None or draft is None:
+        return
     try:
         draft.kv_rows = int(cache_k.shape[0])
         if probe.dcp_size > 1 and probe.observe_positions:
