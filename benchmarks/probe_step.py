@@ -240,6 +240,9 @@ def main() -> None:
                     help="the thread that finishes the batches' records (Probe.writer_finishes)")
     ap.add_argument("--inline", type=int, default=0, metavar="STEPS",
                     help="no writer thread: its round runs on this thread every STEPS steps, timed apart")
+    ap.add_argument("--reads", type=int, default=0, metavar="CONTEXT",
+                    help="DCP 2 with SGLang's block table: every step also hands over its KV slots, and "
+                         "every CPTEST_PROBE_READ_EVERY-th step reads the rows of requests of CONTEXT tokens")
     a = ap.parse_args()
     shape = {"device": a.device, "graphs": a.graphs, "engine_us": a.engine_us}
     forward, fb = make_step(a.layers, a.batch, **shape)
@@ -248,6 +251,14 @@ def main() -> None:
     # padded to a captured size (here the batch itself) and the tokens per request it was captured with.
     runner = types.SimpleNamespace(is_draft_worker=False, decode_cuda_graph_runner=types.SimpleNamespace(
         bs=a.batch, captured_req_width=1))
+    if a.reads:
+        # SGLang's forward batch and model runner as a DCP decode step reads them: each request's
+        # slot, its row of the block table and its length.
+        fb.out_cache_loc = torch.arange(a.batch, device=a.device) * 2
+        fb.req_pool_indices = torch.arange(a.batch, device=a.device)
+        fb.seq_lens_cpu = torch.full((a.batch,), a.reads)
+        runner.req_to_token_pool = types.SimpleNamespace(req_to_token=torch.arange(
+            a.batch * a.reads, dtype=torch.int32, device=a.device).reshape(a.batch, a.reads))
     sched_on, _ = make_scheduler(a.batch, hooked=a.pool)
     sched_off, _ = make_scheduler(a.batch, hooked=False)
     around = hooks.around_model_runner_forward
@@ -285,6 +296,8 @@ def main() -> None:
         if a.inline:
             probe._start_writer = lambda: None  # type: ignore[method-assign]
         probe.set_rank(RankId(world=0))
+        if a.reads:
+            probe.dcp_size = 2
         if a.inline:
             probe.writer_polls = True  # as with a writer thread: the engine's steps neither send nor poll
         probe.writer_finishes = a.finish_on == "writer"

@@ -349,7 +349,8 @@ def _block_rows(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> Any:
         width = max(width, int(lens[first]))
     draft.read_lens = [int(x) for x in lens[first:end]]
     draft.read_rids = draft.rids[first:end]
-    return table[index[first:end], :width].reshape(-1)
+    # index_select of the cut columns: one contiguous copy (advanced indexing took a slow path)
+    return table[:, :width].index_select(0, index[first:end]).reshape(-1)
 
 
 class Steady:
