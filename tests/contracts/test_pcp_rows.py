@@ -109,7 +109,8 @@ def test_the_padded_count_the_probe_kept_is_judged_against_sglangs_rule() -> Non
     assert v.status == "pass", v.reason
     bad = {0: [_rank(0, prompts, attn_rows_padded=110)], 1: [_rank(1, prompts, attn_rows_padded=108)]}
     v = _check(bad)
-    assert v.status == "fail" and "took 110 rows, neither its logical shard nor the padded length 108" in v.reason
+    assert v.status == "fail"
+    assert "took 110 rows, neither its logical shard nor the padded length 108" in v.reason
 
 
 def test_a_layer_attending_over_other_rows_fails() -> None:
