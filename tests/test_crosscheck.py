@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from cptest.lang.parse import parse_file
+from cptest.plan.build import canonical_sha256
 from cptest.plan.model import Plan
 from cptest.testing.archives import colocate, make_plan, server_plan, write_archive
 from tests.test_device_tools import _load
@@ -183,3 +185,20 @@ def test_a_path_that_is_not_a_results_folder_is_bad_input(what: str, twins: tupl
     (tmp_path / "empty").mkdir()
     assert _compare(path, against) == 2
     assert str(path) in capsys.readouterr().err
+
+
+def test_list_warns_of_a_scenario_file_that_changed_since_its_archive(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenarios = Path(crosscheck.REPO) / "scenarios"
+    results = tmp_path / "results"
+    same = _archive(results, "dcp2_llama_kv4", dcp=2)
+    _archive(results, "dcp2_mla", dcp=2)  # its plan's hash is not the file's
+    plan = Plan.model_validate_json((same / "plan.json").read_text())
+    sha = canonical_sha256(parse_file(scenarios / "dcp2_llama_kv4.cps"))
+    pinned = plan.model_copy(update={"pins": plan.pins.model_copy(update={"scenario_sha256": sha})})
+    (same / "plan.json").write_text(pinned.model_dump_json())
+    code = crosscheck.main(["list", "--results", str(results), "--scenarios", str(scenarios), "--out", "-"])
+    got = capsys.readouterr()
+    assert code == 0 and got.out.splitlines() == ["scenarios/dcp2_llama_kv4.cps", "scenarios/dcp2_mla.cps"]
+    (warning,) = got.err.splitlines()
+    assert warning.startswith("crosscheck.py list: warning: dcp2_mla: ") and "rerun it co-located" in warning

@@ -9,7 +9,9 @@ server, DCP2 first, then PCP2 (a scenario with both is a DCP2 one). A scenario's
 under `--scenarios` that declares `scenario <name> {`; the paths are relative to that folder's
 parent (the checkout, for the default). The list is also written to `--out` (default
 tools/device/crosscheck.txt, `-` for none) under a `#` header, so that
-`$(grep -v '^#' tools/device/crosscheck.txt)` gives the suite its scenarios.
+`$(grep -v '^#' tools/device/crosscheck.txt)` gives the suite its scenarios. A listed file that is
+no longer, by value, the scenario its co-located archive ran is warned of: `compare` would find no
+twin for it until it is rerun co-located. Exit 1 when a scenario's file is missing or ambiguous.
 
 `compare` finds, for the newest physical archive of each scenario under PHYSICAL_RESULTS (a results
 folder as `cptest suite --results` writes it), its co-located twin: the newest co-located archive of
@@ -39,6 +41,8 @@ from cptest.analyses import current_verdict_file
 from cptest.checks.diff import DiffEntry, DiffRefused, checker_statuses, diff
 from cptest.checks.load import load_plan
 from cptest.errors import CptestError
+from cptest.lang.parse import parse_file
+from cptest.plan.build import canonical_sha256
 from cptest.plan.model import Plan
 from cptest.store import archives_under
 from cptest.verdict import read_verdict
@@ -106,27 +110,42 @@ class CrossList:
     """(group, scenario file) in the list's order."""
     problems: list[str] = field(default_factory=list)
     """Scenarios to run whose file is missing or declared twice."""
+    stale: list[str] = field(default_factory=list)
+    """Listed files that are no longer the text their co-located archive ran: `compare` finds no
+    twin for them (the diff refuses two texts of one scenario) until they are rerun co-located."""
 
 
 def cross_list(results: Path, scenarios: Path) -> CrossList:
     """The scenario files to run physically (module docstring), DCP2 first, then PCP2, by name."""
     if not scenarios.is_dir():
         raise BadInput(f"{scenarios} is not a folder of scenario files")
-    wanted: list[tuple[int, str, str]] = []
+    wanted: list[tuple[int, str, str, Plan]] = []
     for name, runs in scenario_archives(results).items():
-        group = cp_group(plan_of(runs[-1]))
+        plan = plan_of(runs[-1])
+        group = cp_group(plan)
         if group is not None:
-            wanted.append((GROUPS.index(group), name, group))
+            wanted.append((GROUPS.index(group), name, group, plan))
     files = scenario_files(scenarios)
     out = CrossList()
-    for _, name, group in sorted(wanted):
+    for _, name, group, plan in sorted(wanted, key=lambda w: w[:2]):
         found = files.get(name, [])
         if len(found) == 1:
             out.files.append((group, found[0]))
+            if not same_text(found[0], plan):
+                out.stale.append(f"{name}: {found[0]} is not the scenario its archive in {results} ran "
+                                 "(canonical sha256 differs, or it does not parse)")
         else:
             where = ", ".join(str(p) for p in found) or "none"
             out.problems.append(f"{name}: {len(found)} files under {scenarios} declare it ({where})")
     return out
+
+
+def same_text(path: Path, plan: Plan) -> bool:
+    """Whether the scenario file is, by value, the scenario the archive's plan was made from."""
+    try:
+        return canonical_sha256(parse_file(path)) == plan.pins.scenario_sha256
+    except CptestError:
+        return False
 
 
 def list_text(listed: CrossList, base: Path, results: Path) -> str:
@@ -326,6 +345,8 @@ def _list(results: Path, scenarios: Path, out: str) -> int:
             print(line)
     for problem in listed.problems:
         print(f"crosscheck.py list: {problem}", file=sys.stderr)
+    for stale in listed.stale:
+        print(f"crosscheck.py list: warning: {stale}; rerun it co-located before comparing", file=sys.stderr)
     if out != "-":
         Path(out).write_text(text, encoding="utf-8")
     return 1 if listed.problems else 0
