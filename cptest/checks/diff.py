@@ -557,13 +557,15 @@ way, so it stays a measurement."""
 
 
 def _verdicts(va: ScenarioVerdict | None, vb: ScenarioVerdict | None) -> list[DiffEntry]:
-    sa, sb = _statuses(va), _statuses(vb)
+    sa, sb = checker_statuses(va), checker_statuses(vb)
     return [DiffEntry("verdict", None, name, sa.get(name), sb.get(name), False, "a checker's status is exact")
             for name in sorted(set(sa) | set(sb), key=lambda n: (n != "scenario", n))
             if sa.get(name) != sb.get(name)]  # fmt: skip
 
 
-def _statuses(v: ScenarioVerdict | None) -> dict[str, str]:
+def checker_statuses(v: ScenarioVerdict | None) -> dict[str, str]:
+    """`scenario` -> the overall status, then each checker -> its status (a checker judged more than
+    once is named `<checker> #2`, `#3`...); empty for no verdict."""
     if v is None:
         return {}
     out = {"scenario": v.status}
