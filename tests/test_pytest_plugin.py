@@ -172,9 +172,9 @@ def test_collect_only_lists_each_scenario_its_checks_and_no_fragment(pytester: p
     ids = listed(result)
     assert [i for i in ids if i.startswith("scenarios/dcp2_llama_kv1.cps::")] == [
         f"scenarios/dcp2_llama_kv1.cps::{name}" for name in (
-            "validate", "lint", "contract[launch]", "contract[rows]", "contract[capacity]",
-            "contract[generation]", "contract[graph:decode]", "contract[serving]", "contract[shutdown]",
-            "contract[log:contains]")]  # fmt: skip
+            "validate", "lint", "contract[launch]", "contract[rows]", "contract[dcp_handoff]",
+            "contract[capacity]", "contract[generation]", "contract[graph:decode]", "contract[serving]",
+            "contract[shutdown]", "contract[log:contains]")]  # fmt: skip
     # Every scenario, in the top folder and under rules/, with one item per planned expectation;
     # the defaults fragments are not scenarios and give no item.
     files = sorted(p for p in (pytester.path / "scenarios").rglob("*.cps") if "defaults" not in p.parts)
