@@ -35,6 +35,7 @@ from cptest.contracts.base import Contract, Declared, Params, PlanContext, Synta
 from cptest.contracts.groups import all_ranks, groups, steps_by_number
 from cptest.errors import PlanError, Problem
 from cptest.evidence import Evidence, RoleEvidence, Step, ranges_iter, ranges_merge, slot_pairs
+from cptest.topology import dcp_local_positions, dcp_owner
 from cptest.verdict import Verdict, failed, passed, unknown
 
 NAME = "dcp_handoff"
@@ -55,11 +56,6 @@ def resolve(expect: DcpHandoffExpect, ctx: PlanContext) -> DcpHandoffParams:
         raise PlanError(Problem(expect.span, "dcp handoff needs decode context parallelism: the topology "
                                 f"has dcp {ctx.degrees.dcp}", expected="dcp > 1 in the topology"))
     return DcpHandoffParams(dcp=ctx.degrees.dcp)
-
-
-def dcp_lens(seq_len: int, dcp: int, dcp_rank: int) -> int:
-    """Positions of a request of `seq_len` tokens that DCP rank `dcp_rank` holds (SGLang's `get_dcp_lens`)."""
-    return seq_len // dcp + (dcp_rank < seq_len % dcp)
 
 
 @dataclass
@@ -222,7 +218,7 @@ def _observed_writes(s: Step, d: int, dcp: int) -> bool:
     if s.replayed:
         return False
     for rid, rs in s.seq_positions.items():
-        owned = [p for p in ranges_iter(rs) if p % dcp == d]
+        owned = [p for p in ranges_iter(rs) if dcp_owner(p, dcp) == d]
         if owned and len(slot_pairs(s.kv_slots.get(rid, []), s.kv_written.get(rid, []))) < len(owned):
             return False
     return True
@@ -235,7 +231,7 @@ def _judge_read(s: Step, world: int, d: int, dcp: int, rid: str, rows: list[int]
         t.unknown_reads["read(s) of a request without its position"] += 1
         return
     seq_len = s.seq_positions[rid][-1][1]
-    owned = range(d, seq_len, dcp)
+    owned = dcp_local_positions(seq_len, d, dcp)
     positions: Counter[int] = Counter()
     blind = 0
     for row in rows:
@@ -246,8 +242,9 @@ def _judge_read(s: Step, world: int, d: int, dcp: int, rid: str, rows: list[int]
         positions[h.position] += 1
         if h.rid != rid:
             t.from_prefix += 1
-        if h.position % dcp != d:
-            t.fail(f"{where}: row {row} holds position {h.position}, of DCP rank {h.position % dcp}'s share")
+        owner = dcp_owner(h.position, dcp)
+        if owner != d:
+            t.fail(f"{where}: row {row} holds position {h.position}, of DCP rank {owner}'s share")
         elif h.position >= seq_len:
             t.fail(f"{where}: row {row} holds position {h.position}, past the request's {seq_len} tokens")
     twice = sorted(p for p, n in positions.items() if n > 1)
@@ -258,7 +255,7 @@ def _judge_read(s: Step, world: int, d: int, dcp: int, rid: str, rows: list[int]
         return
     missing = [p for p in owned if p not in positions]
     if missing:
-        t.fail(f"{where}: read {len(rows)} rows, the rank owns {dcp_lens(seq_len, dcp, d)} positions of "
+        t.fail(f"{where}: read {len(rows)} rows, the rank owns {len(owned)} positions of "
                f"{seq_len}; position {missing[0]} was not read")
     t.reads += 1
     t.read_rows += len(rows)

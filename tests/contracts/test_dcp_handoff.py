@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from cptest.checks import load_archive
-from cptest.contracts.dcp_handoff import DcpHandoffParams, check, dcp_lens
+from cptest.contracts.dcp_handoff import DcpHandoffParams, check
 from cptest.errors import PlanError
 from cptest.evidence import Step, ranges_from, slot_runs_from
 from cptest.lang import format_text, parse_text
 from cptest.plan import plan
 from cptest.testing.archives import make_plan, rank_id, rid, server_plan, write_archive
+from cptest.topology import dcp_local_positions
 
 ROOT = Path(__file__).resolve().parents[2]
 R, R2 = rid(0), rid(1)
@@ -79,9 +80,10 @@ def test_declaring_it_without_dcp_is_a_plan_error(tmp_path: Path) -> None:
         plan(parse_text(scenario.read_text(), str(scenario)))
 
 
-def test_dcp_lens_is_sglangs_share_of_a_request() -> None:
-    assert [dcp_lens(7, 2, d) for d in (0, 1)] == [4, 3]
-    assert [dcp_lens(8, 4, d) for d in range(4)] == [2, 2, 2, 2]
+def test_a_ranks_share_of_a_request_is_sglangs_get_dcp_lens() -> None:
+    # the contract reads a rank's owned positions from topology.dcp_local_positions
+    assert [len(dcp_local_positions(7, d, 2)) for d in (0, 1)] == [4, 3]
+    assert [len(dcp_local_positions(8, d, 4)) for d in range(4)] == [2, 2, 2, 2]
 
 
 # ------------------------------------------------------------------------------------ checker
