@@ -387,9 +387,8 @@ def _run_block_line(probe: Probe, batch: CopyBatch, run: Run, k: int, quoted: st
     positions = batch.rows(range(first, end, width), b)
     mask = batch.rows(range(first + 1, end, width), b) if kv == "mask" else None
     slots = None
-    if width == 3 and kv == "mask":  # under DCP each rank's pool row is the allocator's slot // dcp
-        slots = batch.rows(range(first + 2, end, width), b)
-        slots = slots // probe.dcp_size if probe.dcp_size > 1 else slots
+    if width == 3 and kv == "mask":
+        slots = _pool_rows(probe, batch.rows(range(first + 2, end, width), b))
     step, clock, rows_in, _, attn, ffn, logits, _, ffn_out = zip(*rows, strict=True)
     t0 = probe.t0
     t = [round(c - t0, 6) for c in clock]  # _record_t
@@ -531,7 +530,7 @@ def _step_line(probe: Probe, batch: CopyBatch, draft: StepDraft) -> str:
         elif name == "kv_mask":
             draft.kv_mask = value  # 0/1 (or bools): truth is what counts; a numpy view
         elif name == "slots":
-            draft.kv_slots = value // probe.dcp_size if probe.dcp_size > 1 else value
+            draft.kv_slots = _pool_rows(probe, value)
         elif name == "reads":
             draft.kv_read = records.read_rows(value, draft.read_lens or (), draft.read_rids or (),
                                               probe.dcp_size, probe.dcp_rank, draft.note) or {}
@@ -539,6 +538,12 @@ def _step_line(probe: Probe, batch: CopyBatch, draft: StepDraft) -> str:
             _resolve_zigzag(draft, value.tolist())
     return records.finish_step_line(draft, rank=probe.rank, rank_json=probe.rank_json,
                                     t=_record_t(probe, draft.t), positions=positions, rid_text=probe.rid_text)
+
+
+def _pool_rows(probe: Probe, slots: Any) -> Any:
+    """The rows of this rank's own pool that the allocator's slots `slots` name: slot // dcp under
+    DCP (each rank keeps every dcp-th slot), the slots themselves without."""
+    return slots // probe.dcp_size if probe.dcp_size > 1 else slots
 
 
 def _record_t(probe: Probe, clock: float) -> float:
