@@ -381,11 +381,11 @@ def _kv_slots(draft: StepDraft, owned: Sequence[int], lens: Sequence[int]) -> di
 def read_rows(table: Any, lens: Sequence[int], rids: Sequence[str], dcp: int, dcp_rank: int,
               note: Any = None) -> dict[str, Ranges] | None:
     """Request id -> the rows of this rank's pool a decode step's attention reads (`Step.kv_read`),
-    from the requests' block-table rows (`table`: SGLang's `req_to_token` rows of the batch, cut to
-    the longest length, one after another) and their lengths: the rank's share is the positions
-    p % dcp == dcp_rank, each at pool row `req_to_token[p] // dcp`, as the pinned release builds a
-    DCP rank's KV indices (the kernel `create_triton_kv_indices_for_dcp_triton`). None, noted, when
-    the rows do not fit the lengths."""
+    from the requests' block-table rows (`table`: a numpy view of SGLang's `req_to_token` rows of the
+    batch, cut to the longest length, one after another) and their lengths: the rank's share is the
+    positions p % dcp == dcp_rank, each at pool row `req_to_token[p] // dcp`, as the pinned release
+    builds a DCP rank's KV indices (the kernel `create_triton_kv_indices_for_dcp_triton`). None,
+    noted, when the rows do not fit the lengths."""
     n = len(rids)
     width = len(table) // n if n else 0
     if n == 0 or width * n != len(table) or len(lens) != n or max(lens, default=0) > width:
@@ -393,22 +393,19 @@ def read_rows(table: Any, lens: Sequence[int], rids: Sequence[str], dcp: int, dc
             note(f"{len(table)} block-table values for {n} requests of lengths {list(lens)[:4]}...; "
                  "kv_read left empty")
         return None
-    rows = table.reshape(n, width) if hasattr(table, "reshape") else [table[i * width:(i + 1) * width]
-                                                                       for i in range(n)]
+    np = sys.modules["numpy"]  # the host copy is numpy's: torch put it there
     out: dict[str, Ranges] = {}
-    np = sys.modules.get("numpy") if hasattr(table, "reshape") else None
-    for rid, row, length in zip(rids, rows, lens, strict=True):
-        share = row[:length][dcp_rank::dcp] if dcp > 1 else row[:length]
-        slots = share // dcp if dcp > 1 else share
-        if len(slots):
-            out[str(rid)] = _array_ranges(np, slots) if np is not None else ranges_from(slots)
+    for rid, row, length in zip(rids, table.reshape(n, width), lens, strict=True):
+        share = row[:length][dcp_rank::dcp] // dcp if dcp > 1 else row[:length]
+        if len(share):
+            out[str(rid)] = _array_ranges(np, share)
     return out
 
 
 def _array_ranges(np: Any, values: Any) -> Ranges:
     """`ranges_from` of a numpy array, without a Python object per value: a sampled step's rows
-    run to hundreds of thousands, and the writer thread turning each into an int held the GIL
-    for milliseconds, which the engine's thread waited out."""
+    run to thousands, and the writer thread turning each into an int holds the GIL the engine's
+    thread waits for."""
     v = np.unique(values)  # sorted, each row once (as ranges_from's set)
     breaks = np.flatnonzero(np.diff(v) != 1) + 1
     starts = np.concatenate(([0], breaks))
