@@ -1,7 +1,8 @@
 """`cptest sources check`: every SGLang source line that docs and code cite, read in the release.
 
-Exit 0 when every citation of the registry holds (its anchor on its lines), 1 when any moved or never
-matched (each named with the doc or module line that cites it), 3 when the source cannot be had.
+It checks the release's citation registry and the declaration line its flag table gives each CLI
+flag. Exit 0 when every one holds (its anchor on its lines), 1 when any moved or never matched (each
+named with the doc, module or flag-table line that cites it), 3 when the source cannot be had.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def sources_group() -> None:
               show_default=True, help="the registry to check")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output on stdout")
 def check(wheel: Path | None, installed: bool, release: str, as_json: bool) -> None:
-    """Check each registered citation: the file exists, the lines are there, the anchor is on them."""
+    """Check each registered citation and flag declaration: the file exists, the lines are there,
+    the anchor is on them."""
     try:
         code = _check(wheel, installed, release, as_json)
     except CptestError as e:
@@ -57,9 +59,11 @@ def _check(wheel: Path | None, installed: bool, release: str, as_json: bool) -> 
         else:
             path = sources.verified(given, registry.wheel) if given else sources.fetch(registry.wheel)
             source = sources.from_wheel(path)
-    findings = sources.check(registry.citations, source)
+    declarations = citations.flag_declarations(release)
+    findings = sources.check(registry.citations, source) + sources.check(declarations, source)
     refs = citations.scan()
     out = {"release": release, "source": source.label, "citations": len(registry.citations),
+           "flag_declarations": len(declarations),
            "ok": not findings, "problems": [_finding_json(f, refs) for f in findings]}
     if as_json:
         click.echo(json.dumps(out, indent=2, sort_keys=True))
@@ -70,8 +74,10 @@ def _check(wheel: Path | None, installed: bool, release: str, as_json: bool) -> 
 
 def _finding_json(f: sources.Finding, refs: list[citations.Reference]) -> dict[str, Any]:
     c = f.citation
-    return {"key": c.key, "file": c.file, "lines": [c.start, c.end], "anchor": c.anchor, "status": f.status,
-            "found_at": list(f.found_at), "cited_by": citations.cited_by(c, refs)}
+    cited_by = ([citations.flag_entry_line(c.release, c.key)] if c.key.startswith("flag:")
+                else citations.cited_by(c, refs))
+    return {"key": c.key, "file": c.file, "lines": [c.start, c.end], "anchor": c.anchor,
+            "also": list(c.also), "status": f.status, "found_at": list(f.found_at), "cited_by": cited_by}
 
 
 _SAYS = {"moved": "moved", "not_found": "never matched", "no_file": "no such file",
@@ -80,8 +86,10 @@ _SAYS = {"moved": "moved", "not_found": "never matched", "no_file": "no such fil
 
 def _text(out: dict[str, Any]) -> str:
     problems = out["problems"]
-    head = (f"SGLang {out['release']} ({out['source']}): {out['citations']} citations, "
-            f"{out['citations'] - len(problems)} hold, {len(problems)} do not")
+    total = out["citations"] + out["flag_declarations"]
+    head = (f"SGLang {out['release']} ({out['source']}): {out['citations']} citations and "
+            f"{out['flag_declarations']} flag declarations, {total - len(problems)} hold, "
+            f"{len(problems)} do not")
     lines = [head]
     for p in problems:
         a, b = p["lines"]

@@ -41,6 +41,24 @@ def test_every_registered_citation_holds_in_the_pinned_wheel(pinned_wheel: Path)
     code, out = _check("--wheel", str(pinned_wheel))
     assert (code, out["problems"]) == (0, [])
     assert out["citations"] == len(citations.load("0.5.17").citations)
+    assert out["flag_declarations"] == len(citations.flag_declarations("0.5.17")) > 400
+
+
+def test_a_flag_declared_one_line_lower_is_named_with_its_flag_table_line(pinned_wheel: Path, tmp_path: Path):
+    flag = next(c for c in citations.flag_declarations("0.5.17") if c.key == "flag:--dcp-size")
+    with zipfile.ZipFile(pinned_wheel) as wheel:
+        wheel.extract(flag.wheel_path, tmp_path)
+    path = tmp_path / flag.wheel_path
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:flag.start - 1] + ["\n"] + lines[flag.start - 1:]))
+
+    code, out = _check("--wheel", str(tmp_path))
+    assert code == 1
+    found = {p["key"]: p for p in out["problems"]}
+    assert found[flag.key]["status"] == "moved" and flag.start + 1 in found[flag.key]["found_at"]
+    where = found[flag.key]["cited_by"][0]
+    table = (citations.ROOT / where.rpartition(":")[0]).read_text().splitlines()
+    assert '"--dcp-size": {' in table[int(where.rpartition(":")[2]) - 1]
 
 
 def test_a_blank_line_above_a_cited_range_is_named_with_where_its_anchor_went(pinned_wheel: Path,

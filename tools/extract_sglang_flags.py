@@ -109,7 +109,9 @@ def locate(sources: dict[str, str], dest: str, options: list[str], literal_first
     """
 
     def by_field() -> str | None:
-        field_re = re.compile(rf"^\s+{re.escape(dest)}\s*:\s*A\[", re.M)
+        # Blanks only, not `\s`: `\s+` after `^` also crosses a blank line above the field, which put
+        # the field's line one too early.
+        field_re = re.compile(rf"^[ \t]+{re.escape(dest)}[ \t]*:[ \t]*A\[", re.M)
         for path, text in sorted(sources.items()):
             m = field_re.search(text)
             if m:

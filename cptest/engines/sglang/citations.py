@@ -15,13 +15,14 @@ relative to `sglang/srt/` in the wheel unless it starts with `sglang/` (then the
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from cptest.engines.sglang.releases import KNOWN_RELEASES, PINNED_RELEASE
+from cptest.engines.sglang.releases import KNOWN_RELEASES, PINNED_RELEASE, get_release
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -63,6 +64,12 @@ class Citation:
     end: int
     anchor: str
     """Text that must occur on one of the lines `start`..`end` (inclusive)."""
+    also: tuple[str, ...] = ()
+    """Other texts, any of which anchors the citation as well (a flag declared either way)."""
+
+    @property
+    def anchors(self) -> tuple[str, ...]:
+        return (self.anchor, *self.also)
 
     @property
     def wheel_path(self) -> str:
@@ -169,3 +176,33 @@ def unregistered(refs: list[Reference], registries: list[Registry]) -> list[Refe
     """The references no registry entry matches."""
     every = [c for reg in registries for c in reg.citations]
     return [r for r in refs if not any(cites(r, c) for c in every)]
+
+
+def flags_file(release: str) -> Path:
+    return HERE / get_release(release).flags_file
+
+
+@lru_cache(maxsize=4)
+def flag_declarations(release: str = PINNED) -> tuple[Citation, ...]:
+    """Where the release's flag table (`flags-<release>.json`) says each CLI flag is declared, as
+    citations: `tools/extract_sglang_flags.py` located each one at its `ServerArgs` field
+    (`<dest>: A[`) or at a `"--flag"` literal in an `add_argument` call, so either anchors it.
+    Keys are `flag:<name>`; a flag without a located source is not a citation."""
+    found = []
+    for name, entry in json.loads(flags_file(release).read_text(encoding="utf-8"))["flags"].items():
+        path, _, line = (entry.get("source") or "").rpartition(":")
+        if not path or not line.isdigit():
+            continue
+        literals = tuple(f'"{option}"' for option in (name, *entry["aliases"]))
+        found.append(Citation(f"flag:{name}", release, path, int(line), int(line),
+                              f"{entry['dest']}: A[", literals))
+    return tuple(found)
+
+
+def flag_entry_line(release: str, key: str) -> str:
+    """`file:line` of a flag declaration's entry in the release's flag table (what cites it)."""
+    name = key.removeprefix("flag:")
+    text = flags_file(release).read_text(encoding="utf-8")
+    at = text.find(f'"{name}": {{')
+    line = text.count("\n", 0, at) + 1 if at >= 0 else 1
+    return f"{flags_file(release).relative_to(ROOT).as_posix()}:{line}"

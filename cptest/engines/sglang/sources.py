@@ -136,7 +136,7 @@ def check(citations: tuple[Citation, ...] | list[Citation], source: Source) -> l
         if lines is None:
             findings.append(Finding(c, "no_file"))
             continue
-        at = tuple(i for i, line in enumerate(lines, 1) if c.anchor in line)
+        at = tuple(i for i, line in enumerate(lines, 1) if any(a in line for a in c.anchors))
         if c.end > len(lines):
             status = "out_of_range"
         elif any(c.start <= i <= c.end for i in at):

@@ -77,3 +77,32 @@ def test_the_sglang_note_cites_no_bare_line_number_a_check_could_not_tie_to_a_fi
     text = (citations.ROOT / "docs" / "sglang.md").read_text(encoding="utf-8")
     bare = re.findall(r"`:?\d+(?:-\d+)?(?:, ?\d+(?:-\d+)?)*`", text)
     assert bare == [], "name the file: `path.py:LINES`"
+
+
+@pytest.mark.parametrize("release", citations.RELEASES)
+def test_every_flag_of_the_table_is_a_declaration_anchored_by_its_field_or_its_literal(release: str):
+    from cptest.engines.sglang.releases import get_release
+    from cptest.engines.sglang.sources import Source, check
+
+    declared = {c.key: c for c in citations.flag_declarations(release)}
+    table = {name for name, e in get_release(release).flags.items() if e.get("source")}
+    assert {k.removeprefix("flag:") for k in declared} <= table
+    dcp = declared["flag:--dcp-size"]
+    assert dcp.anchor == "dcp_size: A[" and '"--dcp-size"' in dcp.also
+    # Either way of declaring a flag holds the citation; a line with only the flag's dest does not.
+    ok_field = Source("t", lambda _n: "\n" * (dcp.start - 1) + "    dcp_size: A[\n")
+    ok_literal = Source("t", lambda _n: "\n" * (dcp.start - 1) + '    "--dcp-size",\n')
+    prose = Source("t", lambda _n: "\n" * (dcp.start - 1) + "    # dcp_size is the degree\n")
+    assert check([dcp], ok_field) == [] and check([dcp], ok_literal) == []
+    assert [f.status for f in check([dcp], prose)] == ["not_found"]
+
+
+def test_the_flag_extractor_puts_a_field_below_a_blank_line_on_the_fields_own_line():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("extract", citations.ROOT / "tools/extract_sglang_flags.py")
+    assert spec and spec.loader
+    extract = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(extract)
+    text = "class A:\n    x: A[int] = 0\n\n    dcp_size: A[\n        int,\n    ] = 1\n"
+    assert extract.locate({"server_args.py": text}, "dcp_size", ["--dcp-size"]) == "server_args.py:4"
