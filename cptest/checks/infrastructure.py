@@ -10,6 +10,13 @@ The signatures are the operating system's and Python's own texts, which SGLang a
 engine print unchanged in the traceback that ends them: EADDRINUSE and ENOSPC as `strerror` gives
 them, a missing checkpoint file as `FileNotFoundError` or transformers' `does not appear to have
 a file named config.json` (AutoConfig, which the pinned SGLang release loads the model's config with).
+
+A package the install lacks (`package_missing`) counts only when Python's `ImportError` or
+`ModuleNotFoundError` is the last exception the log prints: SGLang logs import errors it ignores (a
+model module whose optional dependency is absent) in every start-up, and an import error handled on
+the way to another exception is that other exception's failure. A backend whose kernels live in an
+optional package (FlashAttention 4 needs the CuTe DSL, imported as `cutlass`) ends this way when the
+install has no such package: that is the install's gap, not the engine's behaviour.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("disk_full", re.compile(r"No space left on device")),
     ("model_missing", re.compile(r"No such file or directory: '[^']*(?:config\.json|\.safetensors|\.bin)'"
                                  r"|does not appear to have a file named config\.json")),
+    ("package_missing", re.compile(r"^(?:ImportError|ModuleNotFoundError): [^\n]*$"
+                                   r"(?![\s\S]*^\w+(?:Error|Exception|Interrupt): )", re.M)),
 )
 
 

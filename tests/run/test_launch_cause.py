@@ -48,3 +48,31 @@ def test_an_engine_that_refuses_its_launch_for_its_own_reasons_still_fails(tmp_p
     refused = fake_server("main", free_port(), "--reject", "dcp does not support prefill cp")
     got = judged(with_expectations(make_plan(refused), True), tmp_path)
     assert got["launch"][0] == "fail" and "run" not in got
+
+
+def test_an_import_error_that_ends_the_launch_is_the_installs_gap_not_the_engines(tmp_path: Path) -> None:
+    ended = fake_server("main", free_port(), "--reject",
+                        "kernel import\nImportError: FlashAttention-4 CUTE is not available.")
+    got = judged(with_expectations(make_plan(ended), True), tmp_path)
+    assert got["_status"][0] == "unknown"
+    assert got["launch"][0] == "unknown" and "(package_missing)" in got["launch"][1]
+    assert "FlashAttention-4 CUTE is not available" in got["launch"][1]
+
+
+@pytest.mark.parametrize("log, cause", [
+    # SGLang's start-up notes an optional model module it skips: not what ended the launch.
+    ("Ignore import error when loading sglang.srt.models.inkling: No module named 'helion'\n"
+     "RuntimeError: CUDA error: invalid argument\n", None),
+    # An import error handled on the way to another exception is that exception's failure.
+    ("ModuleNotFoundError: No module named 'cutlass'\n\nDuring handling of the above exception\n"
+     "ValueError: head_dim 80 is not supported\n", None),
+    ("ModuleNotFoundError: No module named 'cutlass'\n\nDuring handling of the above exception\n"
+     "ImportError: FlashAttention-4 CUTE is not available.\n\nReceived sigquit from a child process.\n",
+     "ImportError: FlashAttention-4 CUTE is not available."),
+])
+def test_only_an_import_error_printed_last_is_a_missing_package(log: str, cause: str | None) -> None:
+    from cptest.checks.infrastructure import SIGNATURES
+
+    pattern = dict(SIGNATURES)["package_missing"]
+    found = pattern.search(log)
+    assert (found[0] if found else None) == cause
