@@ -156,8 +156,12 @@ def after_capture_cuda_graphs(result: Any, *_args: Any, **kwargs: Any) -> None:
         probe.call("every_layer", _hook_every_layer, runner)
 
 
-_LAYER_MODULE = re.compile(r"model\.layers\.\d+\.(self_attn\.attn|mlp)")
-"""The modules of a layer whose rows the probe counts (Llama, Qwen3: forward_hooks.MODULES)."""
+_LAYER_MODULE = re.compile(
+    r"model\.layers\.(\d+)\.(self_attn\.(?:attn|attn_mqa|attn_mqa_for_dcp_decode|attn_mha)|mlp)")
+"""The modules of a layer whose rows the probe counts: Llama's and Qwen3's one attention
+(`self_attn.attn`, forward_hooks.MODULES), or DeepSeek MLA's three (models/deepseek_v2.py:1900-1935:
+`attn_mqa` for the absorbed path, `attn_mqa_for_dcp_decode` for decode under DCP, `attn_mha` for
+the plain one), and the MLP."""
 
 
 def _hook_every_layer(runner: Any) -> None:
@@ -167,9 +171,9 @@ def _hook_every_layer(runner: Any) -> None:
     pin that argv: the other layers are hooked here, where the model is at hand. SGLang registers
     the `--forward-hooks` at the end of `capture_cuda_graphs` (cuda_graph_setup.py:157-164), so
     these too fire on eager forwards only. A layer whose spec the server was not given stays
-    unhooked, as the first would be; so does every layer with `runtime.ENV_LAYERS` set to `first`."""
-    if os.environ.get(_runtime.ENV_LAYERS, "all") == "first":
-        return
+    unhooked, as the first would be. With `runtime.ENV_LAYERS` set to `first` only the first layer's
+    modules are hooked here: MLA's attention modules, which the argv's names do not match."""
+    first_only = os.environ.get(_runtime.ENV_LAYERS, "all") == "first"
     specs = getattr(getattr(runner, "server_args", None), "forward_hooks", None) or ()
     if isinstance(specs, str):
         specs = json.loads(specs)
@@ -178,9 +182,9 @@ def _hook_every_layer(runner: Any) -> None:
     hooked_by_spec = {module for _, module in MODULES.values()}
     for name, module in runner.model.named_modules():
         m = _LAYER_MODULE.fullmatch(name)
-        if m is None or name in hooked_by_spec:
+        if m is None or name in hooked_by_spec or (first_only and m.group(1) != "0"):
             continue
-        spec, hook = hooks[m.group(1)]
+        spec, hook = hooks["mlp" if m.group(2) == "mlp" else "self_attn.attn"]
         if spec in given:
             module.register_forward_hook(hook)
 
@@ -290,12 +294,19 @@ def on_attn_input(_module: Any, args: tuple[Any, ...], _output: Any) -> None:
     """Forward hook on every layer's `self_attn.attn` (RadixAttention, layers/radix_attention.py:150;
     the first by `--forward-hooks`, the others by `_hook_every_layer`): rows entering it. The
     layers run in order, so the hook's k-th call in a step is the step's k-th layer on this rank; a
-    count that differs from the first layer's starts `layer_rows`."""
+    count that differs from the first layer's starts `layer_rows`. A layer may call attention more
+    than once (MLA's plain path runs once more per chunk of a cached prefix,
+    models/deepseek_common/attention_forward_methods/forward_mha.py:412, 508): a call with the layer
+    id (`RadixAttention.layer_id`) of the one before it is that layer's again, not the next."""
     probe = _runtime._PROBE
     draft = probe.current if probe is not None else None
     if draft is None or not args:
         return
     try:
+        layer_id = getattr(_module, "layer_id", None)
+        if layer_id is not None and draft.attn_layers and layer_id == draft.attn_layer_id:
+            return
+        draft.attn_layer_id = layer_id
         n = args[0].shape[0]
         k = draft.attn_layers
         draft.attn_layers = k + 1

@@ -176,6 +176,8 @@ class StepDraft:
     logits_rows: int | None = None
     attn_layers: int = 0
     """Layers whose attention hook fired so far in this step (the next one's index)."""
+    attn_layer_id: int | None = None
+    """The layer id of the attention module whose hook fired last in this step (None: not known)."""
     ffn_layers: int = 0
     """Layers whose MLP hook fired so far in this step."""
     layer_rows: dict[LayerPart, list[int]] | None = None

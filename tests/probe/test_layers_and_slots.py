@@ -220,16 +220,44 @@ class _Model(torch.nn.Module):
         return x
 
 
-def _graph_setup(probe: Probe, monkeypatch: MP, specs: list[str]) -> _Model:
+class _MlaLayer(torch.nn.Module):
+    """DeepSeek MLA's names (models/deepseek_v2.py): three attention modules carrying the layer's id,
+    of which an extend with a cached prefix calls `attn_mha` once more per prefix chunk."""
+
+    def __init__(self, layer_id: int, prefix_chunks: int) -> None:
+        super().__init__()
+        self.self_attn = torch.nn.Module()
+        for name in ("attn_mqa", "attn_mqa_for_dcp_decode", "attn_mha"):
+            setattr(self.self_attn, name, Rows())
+            getattr(self.self_attn, name).layer_id = layer_id
+        self.mlp = Rows()
+        self.prefix_chunks = prefix_chunks
+
+    def forward(self, x: Any) -> Any:
+        out = self.self_attn.attn_mha(x)
+        for _ in range(self.prefix_chunks):
+            self.self_attn.attn_mha(x)
+        return self.mlp(out)
+
+
+class _MlaModel(_Model):
+    def __init__(self, layers: int, prefix_chunks: int = 0) -> None:
+        torch.nn.Module.__init__(self)
+        self.model = torch.nn.Module()
+        self.model.layers = torch.nn.ModuleList(_MlaLayer(i, prefix_chunks) for i in range(layers))
+
+
+def _graph_setup(probe: Probe, monkeypatch: MP, specs: list[str], model: _Model | None = None) -> _Model:
     """What SGLang's `capture_cuda_graphs` leaves: the `--forward-hooks` on the first layer's
     modules (those of the given specs), then the probe's AFTER hook with the model runner."""
     _fake_parallel_state(monkeypatch, 0)
     hooks.after_initialize_model_parallel(None)
-    model = _Model(3)
+    model = model or _Model(3)
     first = dict(model.named_modules())
     for name in specs:
         factory, module = forward_hooks.MODULES[name]
-        first[module].register_forward_hook(getattr(forward_hooks, factory.split(":")[1])())
+        if module in first:  # SGLang registers a spec on the modules its name matches, if any
+            first[module].register_forward_hook(getattr(forward_hooks, factory.split(":")[1])())
     runner = types.SimpleNamespace(model=model, is_draft_worker=False, server_args=types.SimpleNamespace(
         forward_hooks=json.loads(forward_hooks.spec(tuple(specs)))))
     hooks.after_capture_cuda_graphs(types.SimpleNamespace(prefill=None, decode=None), model_runner=runner)
@@ -433,3 +461,31 @@ def test_an_mla_write_without_dcp_is_every_row(probe: Probe, monkeypatch: MP) ->
     hooks.around_model_runner_forward(_mla_forward("set_mla_kv_buffer"), Runner(), fb)
     (s,) = _steps(probe)
     assert s.kv_written == {"a": [(0, 3)]} and s.kv_slots == {"a": [(0, 3, 7)]}
+
+
+@pytest.mark.parametrize("prefix_chunks", [0, 2])
+def test_mla_attention_is_hooked_on_every_layer_and_counted_once_per_layer(
+        probe: Probe, monkeypatch: MP, prefix_chunks: int) -> None:
+    """The argv names `self_attn.attn`, which MLA has not: its attention modules are hooked here, on
+    every layer, and a layer calling attention again (a prefix chunk) is still one layer."""
+    specs = ["cptest_attn_rows", "cptest_mlp_rows"]
+    model = _graph_setup(probe, monkeypatch, specs, _MlaModel(3, prefix_chunks))
+    hooked = {name for name, m in model.named_modules() if m._forward_hooks}
+    assert {f"model.layers.{i}.self_attn.{a}" for i in range(3)
+            for a in ("attn_mqa", "attn_mqa_for_dcp_decode", "attn_mha")} <= hooked
+
+    def forward(runner: Runner, fb: Batch) -> Output:
+        model(torch.zeros(4, 8))
+        return Output(can_run_graph=False)
+
+    hooks.around_model_runner_forward(forward, Runner(), _extend())
+    (s,) = _steps(probe)
+    assert (s.layers, s.attn_rows, s.ffn_rows, s.layer_rows) == (3, 4, 4, None)
+
+
+def test_with_the_first_layer_alone_asked_for_mlas_first_attention_is_still_hooked(
+        probe: Probe, monkeypatch: MP) -> None:
+    monkeypatch.setenv(runtime.ENV_LAYERS, "first")
+    model = _graph_setup(probe, monkeypatch, ["cptest_attn_rows", "cptest_mlp_rows"], _MlaModel(3))
+    assert [len(layer.self_attn.attn_mha._forward_hooks) for layer in model.model.layers] == [1, 0, 0]
+    assert [len(layer.mlp._forward_hooks) for layer in model.model.layers] == [1, 0, 0]
