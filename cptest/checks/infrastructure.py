@@ -32,7 +32,7 @@ SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("model_missing", re.compile(r"No such file or directory: '[^']*(?:config\.json|\.safetensors|\.bin)'"
                                  r"|does not appear to have a file named config\.json")),
     ("package_missing", re.compile(r"^(?:ImportError|ModuleNotFoundError): [^\n]*$"
-                                   r"(?![\s\S]*^\w+(?:Error|Exception|Interrupt): )", re.M)),
+                                   r"(?![\s\S]*^[\w.]+(?:Error|Exception|Interrupt)\b)", re.M)),
 )
 
 

@@ -290,9 +290,10 @@ def _mla_write(loc: Any, cache_k: Any, *, at_loc: bool) -> None:
 
 # ---------------------------------------------------------------- torch forward hooks
 @guards_itself
-def on_attn_input(_module: Any, args: tuple[Any, ...], _output: Any) -> None:
-    """Forward hook on every layer's `self_attn.attn` (RadixAttention, layers/radix_attention.py:150;
-    the first by `--forward-hooks`, the others by `_hook_every_layer`): rows entering it. The
+def on_attn_input(module: Any, args: tuple[Any, ...], _output: Any) -> None:
+    """Forward hook on every layer's attention (RadixAttention, layers/radix_attention.py:150: Llama's
+    and Qwen3's `self_attn.attn`, the first by `--forward-hooks`, the others and MLA's by
+    `_hook_every_layer`): rows entering it. The
     layers run in order, so the hook's k-th call in a step is the step's k-th layer on this rank; a
     count that differs from the first layer's starts `layer_rows`. A layer may call attention more
     than once (MLA's plain path runs once more per chunk of a cached prefix,
@@ -303,7 +304,7 @@ def on_attn_input(_module: Any, args: tuple[Any, ...], _output: Any) -> None:
     if draft is None or not args:
         return
     try:
-        layer_id = getattr(_module, "layer_id", None)
+        layer_id = getattr(module, "layer_id", None)
         if layer_id is not None and draft.attn_layers and layer_id == draft.attn_layer_id:
             return
         draft.attn_layer_id = layer_id

@@ -66,6 +66,9 @@ def test_an_import_error_that_ends_the_launch_is_the_installs_gap_not_the_engine
     # An import error handled on the way to another exception is that exception's failure.
     ("ModuleNotFoundError: No module named 'cutlass'\n\nDuring handling of the above exception\n"
      "ValueError: head_dim 80 is not supported\n", None),
+    # A qualified exception name counts as much as a builtin one.
+    ("ImportError: cannot import name 'x'\n\nDuring handling of the above exception\n"
+     "torch.OutOfMemoryError: CUDA out of memory.\n", None),
     ("ModuleNotFoundError: No module named 'cutlass'\n\nDuring handling of the above exception\n"
      "ImportError: FlashAttention-4 CUTE is not available.\n\nReceived sigquit from a child process.\n",
      "ImportError: FlashAttention-4 CUTE is not available."),
