@@ -29,6 +29,7 @@ from cptest.archive_io import Budget, read_lines
 from cptest.errors import EvidenceError, Problem, Span
 from cptest.rank_records import (
     Capacity,
+    DpBuffer,
     Geometry,
     Graph,
     KvPool,
@@ -53,8 +54,8 @@ from cptest.record_base import (
 from cptest.topology import Degrees, PlacementMode
 
 __all__ = [
-    "SCHEMA_VERSION", "Capacity", "Evidence", "Geometry", "Graph", "KvPool", "PoolSample", "ProbeNote",
-    "RankEvidence", "RankId", "Ranges", "Record", "RequestResult", "RoleEvidence", "RunRole",
+    "SCHEMA_VERSION", "Capacity", "DpBuffer", "Evidence", "Geometry", "Graph", "KvPool", "PoolSample",
+    "ProbeNote", "RankEvidence", "RankId", "Ranges", "Record", "RequestResult", "RoleEvidence", "RunRole",
     "RunnerEvidence", "Step", "StepBlock", "dump_record", "parse_record", "ranges_from", "ranges_iter",
     "ranges_len", "ranges_merge", "read_records", "SlotRuns", "slot_pairs", "slot_runs_from",
 ]  # fmt: skip

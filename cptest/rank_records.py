@@ -11,7 +11,7 @@ import binascii
 import sys
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cptest.record_base import Ranges, RankId, SlotRuns, _Record, ranges_from
 
@@ -19,6 +19,8 @@ V6_FIELDS = ("ffn_out_rows", "layers", "layer_rows", "ffn_seq_positions", "ffn_o
              "kv_read", "attn_rows_padded")
 """The fields a Step gained in schema v6: every layer's rows, the MLP's output rows and the rows'
 identity, the KV slots written and read."""
+V7_FIELDS = ("dp_buffer",)
+"""The fields a Step gained in schema v7: the attention-DP buffer."""
 LayerPart = Literal["attn", "ffn", "ffn_out"]
 """The parts of a layer whose rows a step records per layer (`Step.layer_rows`)."""
 
@@ -61,6 +63,22 @@ class Capacity(_Record):
     max_total_num_tokens: int
     max_running_requests: int | None = None
     context_len: int | None = None
+
+
+class DpBuffer(BaseModel):
+    """The buffer that attention DP gathers every DP rank's rows into before the MLP, as one rank's
+    forward batch sized it (SGLang's `prepare_mlp_sync_batch`): `tokens` is each DP rank's token
+    count as the ranks exchanged it (`original_global_num_tokens_cpu`, DP rank order), `padded` the
+    count each DP rank's slice of the buffer holds (`global_num_tokens_cpu`: aligned to the attention
+    TP size and, under `max_len`, every slice the longest), `rows` the buffer's length
+    (`global_dp_buffer_len`) and `mode` SGLang's `dp_padding_mode`. `padded[i] - tokens[i]` rows of
+    slice i are padding; this rank's slice starts after the slices before its DP rank."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    tokens: list[int]
+    padded: list[int]
+    rows: int
+    mode: Literal["sum_len", "max_len"] | None = None
 
 
 class Step(_Record):
@@ -137,11 +155,15 @@ class Step(_Record):
     under PCP the shard padded to the strategy's length (`attn_rows` is the logical shard); None
     where they are the same or were not observed."""
 
+    dp_buffer: DpBuffer | None = None
+    """The attention-DP buffer this step's MLP ran over, as SGLang sized it on this rank; None
+    without attention DP, on a decode step, or where it was not observed."""
+
     def model_dump_json(self, **kwargs: Any) -> str:  # type: ignore[override]
-        """The record's line, the fields of v6 (`V6_FIELDS`) left out while unset: a step that
-        carries none of them is written with the bytes it had before."""
+        """The record's line, the fields of v6 and v7 (`V6_FIELDS`, `V7_FIELDS`) left out while
+        unset: a step that carries none of them is written with the bytes it had before."""
         if "exclude" not in kwargs:
-            kwargs["exclude"] = {f for f in V6_FIELDS if getattr(self, f) in (None, {})}
+            kwargs["exclude"] = {f for f in V6_FIELDS + V7_FIELDS if getattr(self, f) in (None, {})}
         return super().model_dump_json(**kwargs)
 
     @property

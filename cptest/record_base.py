@@ -10,8 +10,10 @@ from collections.abc import Iterable, Iterator
 
 from pydantic import BaseModel, ConfigDict
 
-SCHEMA_VERSION = 6
-"""v6: a step's every layer (`layers`, `layer_rows`), its MLP's output rows, which rows the MLP
+SCHEMA_VERSION = 7
+"""v7: an extend step's attention-DP buffer as SGLang sized it (`Step.dp_buffer`), optional; every
+v1-v6 record reads unchanged.
+v6: a step's every layer (`layers`, `layer_rows`), its MLP's output rows, which rows the MLP
 saw (`ffn_seq_positions`), the pool rows its KV writes went to and its attention read
 (`kv_slots`, `kv_read`; `Step`), all optional; every v1-v5 record reads unchanged.
 v5: `pool_sample` records (`PoolSample`); steps of CUDA-graph replays, marked by

@@ -18,9 +18,15 @@ of every rank of the group matched by `Step.step`:
   identity recorded (`ffn_seq_positions`) they are the batch's positions; rows leaving it are its
   input rows or cut back to the shard, and every layer hands on the same counts;
 - the gather before logits: every rank hands the logits processor the whole batch's rows
-  (`logits_rows == rows_in`), not its shard.
-The attention-DP buffer is not recorded by any evidence field: with attention DP declared that part
-stays unjudged and the verdict says so. A field not recorded leaves its part unknown, never failed.
+  (`logits_rows == rows_in`, or with attention DP the batch and its DP padding), not its shard;
+- the attention-DP buffer, with attention DP declared (`Step.dp_buffer`): each rank told the other
+  DP ranks its own batch (`tokens[dp rank] == rows_in`), every DP rank's slice holds its rows
+  (`padded >= tokens`, all slices one length under `max_len`), the buffer is its slices
+  (`rows == sum(padded)`), the CP ranks of one DP rank sized the same buffer, and an MLP fed across
+  DP ranks takes the whole buffer. Steps are matched by number within an ATTN_CP group only: each
+  DP rank vouches for its own slice, so no step numbering is assumed across DP ranks.
+A field not recorded leaves its part unknown, never failed; with attention DP declared and its
+buffer not recorded on every judged rank-step, the verdict is unknown and says so.
 """
 
 from __future__ import annotations
@@ -77,9 +83,11 @@ class _Tally:
     requests: int = 0
     padding: int = 0
     """Padding rows SGLang's rule adds over the judged rank-steps (physical - logical)."""
+    dp_padding: int = 0
+    """Padding rows of the attention-DP buffers over the judged rank-steps (padded - tokens)."""
     seen: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("layers", "padded_count", "ffn_rows", "ffn_identity", "ffn_out_rows", "logits_rows"), 0))
-    """Part -> rank-steps in which its evidence was recorded."""
+    """Part -> rank-steps in which its evidence was recorded (`dp_buffer` with attention DP declared)."""
     ffn_modes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     def fail(self, what: str) -> None:
@@ -96,6 +104,8 @@ def check(evidence: Evidence, p: PcpRowsParams) -> Verdict:
     if not cp_groups:
         return unknown(NAME, f"no ATTN_CP groups known for {p.role}")
     t = _Tally()
+    if p.attn_dp > 1:
+        t.seen["dp_buffer"] = 0
     for group in cp_groups:
         if len(group) != p.cp:
             t.fail(f"ATTN_CP group {group} has {len(group)} ranks, expected {p.cp}")
@@ -104,12 +114,12 @@ def check(evidence: Evidence, p: PcpRowsParams) -> Verdict:
             _judge_step(recs, group, p, t)
     rank_steps = t.steps * p.cp
     unrecorded = [part for part, n in t.seen.items() if n < rank_steps]
-    if p.attn_dp > 1:
-        unrecorded.append("attention-DP buffer (no evidence field records it)")
+    dp_figures = {"dp_padding_rows": t.dp_padding} if p.attn_dp > 1 else {}
     figures: dict[str, Any] = {
         "cp": p.cp, "strategy": p.strategy, "groups": len(cp_groups), "groups_from": source,
         "steps": t.steps, "steps_not_split": t.not_split, "request_extends": t.requests,
-        "padding_rows": t.padding, "recorded_rank_steps": dict(t.seen), "ffn_modes": dict(t.ffn_modes),
+        "padding_rows": t.padding, **dp_figures, "recorded_rank_steps": dict(t.seen),
+        "ffn_modes": dict(t.ffn_modes),
         "not_judged": unrecorded, "findings": len(t.findings),
     }
     if t.findings:
@@ -121,8 +131,11 @@ def check(evidence: Evidence, p: PcpRowsParams) -> Verdict:
           f"{t.padding} padding row(s) kept out of the rows' identity and K/V, the MLP fed "
           f"{'/'.join(sorted(t.ffn_modes)) or 'unobserved rows'} and the whole batch handed to the logits")
     if p.attn_dp > 1:
-        return unknown(NAME, f"{ok}; the attention-DP buffer is not recorded by any evidence field",
-                       **figures)
+        if t.seen["dp_buffer"] < rank_steps:
+            return unknown(NAME, f"{ok}; the attention-DP buffer is recorded in {t.seen['dp_buffer']} of "
+                           f"{rank_steps} rank-step(s), so attention DP {p.attn_dp} is not judged", **figures)
+        ok += (f"; each DP rank's slice of the attention-DP buffer held its batch, {t.dp_padding} DP padding "
+               "row(s) apart")
     if unrecorded:
         ok += f" (not recorded, so not judged, in some steps: {', '.join(unrecorded)})"
     return passed(NAME, ok, **figures)
@@ -158,6 +171,10 @@ def _judge_step(recs: list[Step], group: list[int], p: PcpRowsParams, t: _Tally)
     physical = padded_len([n for n in logical if n is not None] or [0], p.cp, p.strategy)
     batch = _batch(first)
     _order(recs, group, p, batch, step, t)
+    buffers = {s.dp_buffer.model_dump_json(): s.dp_buffer for s in recs if s.dp_buffer is not None}.values()
+    if len(buffers) > 1:
+        t.fail(f"{step}: the CP ranks {group} of one DP rank sized different attention-DP buffers "
+               f"({', '.join(f'{b.rows} rows' for b in buffers)}): one batch, one buffer")
     for c, s in enumerate(recs):
         world = group[c]
         where = f"{step}: rank {world} (CP rank {c})"
@@ -174,13 +191,42 @@ def _judge_step(recs: list[Step], group: list[int], p: PcpRowsParams, t: _Tally)
                 t.fail(f"{where} wrote K/V of request {rid} outside its extend [{span[0]}, {span[1]}): "
                        "a padding row written to the pool")
         shard = {n for n in (mine, physical) if n is not None}
+        own = _dp_buffer(s, where, p, t)
         _layers(s, where, shard, physical, t)
         _ffn(s, where, shard, p.cp * physical, batch, t)
         if s.logits_rows is not None:
             t.seen["logits_rows"] += 1
-            if s.logits_rows != s.rows_in:
+            if s.logits_rows not in (s.rows_in, own):
                 t.fail(f"{where} handed {s.logits_rows} rows to the logits processor, the batch has "
                        f"{s.rows_in}: the shards were not gathered before the LM head")
+
+
+def _dp_buffer(s: Step, where: str, p: PcpRowsParams, t: _Tally) -> int | None:
+    """The attention-DP buffer the rank's step sized: its own slice says its batch, every slice
+    holds its DP rank's rows, the buffer is its slices. Returns this rank's padded slice length
+    (the batch as its forward ran it), None where the buffer is not recorded."""
+    b = s.dp_buffer
+    if b is None or p.attn_dp < 2:
+        return None
+    t.seen["dp_buffer"] += 1
+    dp = s.rank.attn_dp
+    if len(b.tokens) != p.attn_dp or len(b.padded) != p.attn_dp:
+        t.fail(f"{where}: its attention-DP buffer has {len(b.tokens)} DP slices, attention DP is {p.attn_dp}")
+        return None
+    t.dp_padding += sum(b.padded) - sum(b.tokens)
+    if b.tokens[dp] != s.rows_in:
+        t.fail(f"{where} (DP rank {dp}) gave the other DP ranks {b.tokens[dp]} rows as its batch, its batch "
+               f"has {s.rows_in}")
+    short = next((i for i, (n, q) in enumerate(zip(b.tokens, b.padded, strict=True)) if q < n), None)
+    if short is not None:
+        t.fail(f"{where}: DP rank {short}'s slice of the attention-DP buffer holds {b.padded[short]} rows "
+               f"for its {b.tokens[short]}: rows of its batch left out of the MLP")
+    if b.rows != sum(b.padded):
+        t.fail(f"{where}: the attention-DP buffer has {b.rows} rows, its slices {b.padded} add up to "
+               f"{sum(b.padded)}")
+    if b.mode == "max_len" and len(set(b.padded)) > 1:
+        t.fail(f"{where}: under max_len every DP slice is the longest, its slices are {b.padded}")
+    return b.padded[dp]
 
 
 def _order(recs: list[Step], group: list[int], p: PcpRowsParams, batch: dict[str, tuple[int, int]] | None,
@@ -233,11 +279,15 @@ def _ffn(s: Step, where: str, shard: set[int], gathered_padded: int, batch: dict
     t.seen["ffn_rows"] += 1
     modes = {s.rows_in: "gathered", gathered_padded: "gathered (padded)"}
     modes.update(dict.fromkeys(shard, "local"))
+    if s.dp_buffer is not None:
+        modes[s.dp_buffer.rows] = "the attention-DP buffer"
     mode = modes.get(s.ffn_rows)
     if mode is None:
         sizes = "/".join(map(str, sorted(shard)))
+        dp = f", nor the attention-DP buffer ({s.dp_buffer.rows})" if s.dp_buffer is not None else ""
         t.fail(f"{where} fed {s.ffn_rows} rows to the MLP: neither its shard ({sizes}) "
-               f"nor the batch gathered back ({s.rows_in}, or {gathered_padded} with every shard's padding)")
+               f"nor the batch gathered back ({s.rows_in}, or {gathered_padded} with every shard's "
+               f"padding){dp}")
         return
     t.ffn_modes[mode] += 1
     if s.ffn_seq_positions is not None:

@@ -29,7 +29,7 @@ from cptest.evidence import (
     ranges_merge,
     slot_runs_from,
 )
-from cptest.rank_records import LayerPart
+from cptest.rank_records import DpBuffer, LayerPart
 
 StepMode = Literal["extend", "decode", "mixed", "idle", "other"]
 
@@ -202,6 +202,9 @@ class StepDraft:
     """The DCP owner mask SGLang passed to that write (True = this rank stores the row)."""
     graph_rows: int | None = None
     """Rows the CUDA graph ran, when this step is a replay (None: eager; see `Step.graph_rows`)."""
+    dp_buffer: DpBuffer | None = None
+    """The attention-DP buffer the step's forward batch sized (`Step.dp_buffer`); set on eager
+    extend and mixed steps under attention DP only."""
     notes: list[str] | None = None
     """Why parts of the record are missing; made on the first note (most steps have none)."""
     kv_mask_pending: Any = None
@@ -222,6 +225,20 @@ class StepDraft:
         if self.notes is None:
             self.notes = []
         self.notes.append(message)
+
+
+def dp_buffer(fb: Any) -> DpBuffer | None:
+    """The attention-DP buffer of an eager forward batch, once `prepare_mlp_sync_batch`
+    (model_executor/forward_batch_info.py:1229-1311) sized it: None where the batch carries no
+    DP sizing (no attention DP: `global_dp_buffer_len` stays None) or its lists do not fit."""
+    rows = getattr(fb, "global_dp_buffer_len", None)
+    tokens = getattr(fb, "original_global_num_tokens_cpu", None)
+    padded = getattr(fb, "global_num_tokens_cpu", None)
+    if rows is None or tokens is None or padded is None or len(tokens) != len(padded) or len(tokens) < 2:
+        return None
+    mode = getattr(getattr(fb, "dp_padding_mode", None), "name", None)
+    return DpBuffer(tokens=[int(n) for n in tokens], padded=[int(n) for n in padded], rows=int(rows),
+                    mode=mode.lower() if mode in ("SUM_LEN", "MAX_LEN") else None)
 
 
 def request_lens(
@@ -356,6 +373,7 @@ def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence
         ffn_out_seq_positions=_ffn_rows_of(draft, draft.ffn_out_rows, attn_rows, per_req, "leaving"),
         kv_slots=kv_slots,
         kv_read=draft.kv_read or {},
+        dp_buffer=draft.dp_buffer,
         attn_rows_padded=(draft.attn_rows_seen if draft.cp_active and draft.attn_rows_seen is not None
                           and draft.attn_rows_seen != attn_rows else None),
     )
@@ -500,7 +518,8 @@ def finish_step_line(draft: StepDraft, *, rank: RankId, rank_json: str, t: float
     rids = draft.rids
     one_each = False
     if (positions is not None and not draft.cp_active and len(rids) == len(positions) and rids
-            and draft.layer_rows is None and draft.kv_slots is None and draft.kv_read is None):
+            and draft.layer_rows is None and draft.kv_slots is None and draft.kv_read is None
+            and draft.dp_buffer is None):
         if draft.mode == "decode" and draft.extend_lens is None:
             one_each = True  # a decode batch: one row per request (request_lens)
         else:

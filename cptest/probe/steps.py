@@ -181,7 +181,7 @@ def _begin_step_body(probe: Probe, runner: Any, fb: Any) -> None:
     draft = probe.spare
     if draft is not None and mode == "decode":
         # The last step's draft, whose step joined a run (`_end_step_body`): only what a decode
-        # step's hooks set differs from a new draft's (StepDraft.__init__ would set all 24 fields).
+        # step's hooks set differs from a new draft's (StepDraft.__init__ would set all of its fields).
         probe.spare = None
         draft.step, draft.mode, draft.batch_size, draft.rows_in, draft.rids = step, mode, bs, rows_in, rids
         draft.cp_configured = cp
@@ -252,6 +252,10 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
         draft.graph_rows = rows  # no inner hook fired: no mask or zigzag tensor is pending
     else:
         probe.graph.totals[_GRAPH_KEYS[False, draft.mode]] += 1
+        if draft.mode != "decode":
+            # Sized by the forward itself (model_runner.py:1566-1571), so read at its end; a decode
+            # step is left out: `pcp rows` judges extends, and decode is where the probe's cost counts.
+            draft.dp_buffer = records.dp_buffer(fb)
     pos_t = getattr(fb, "positions", None)
     # Taken here, at the forward's end: every stream SGLang used in the forward has joined the
     # current one by now, so the tensors kept by the inner hooks are complete in its order.

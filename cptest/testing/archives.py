@@ -51,6 +51,7 @@ def server_plan(
     tp: int | None = None,
     dcp: int = 1,
     attn_cp: int = 1,
+    attn_dp: int = 1,
     engine: str = "sglang",
     release: str = PINNED_RELEASE.name,
     nodes: int = 1,
@@ -58,8 +59,9 @@ def server_plan(
 ) -> ServerPlan:
     tp = tp or world
     per_node = max(world // nodes, 1)
-    degrees = Degrees(tp=tp, pp=max(world // tp, 1), dcp=dcp, attn_cp=attn_cp, cp_strategy=cp_strategy,
-                      prefill_cp=cp_strategy is not None and attn_cp > 1, nodes=nodes)
+    degrees = Degrees(tp=tp, pp=max(world // tp, 1), dcp=dcp, attn_cp=attn_cp, attn_dp=attn_dp,
+                      cp_strategy=cp_strategy, prefill_cp=cp_strategy is not None and attn_cp > 1,
+                      nodes=nodes)
     return ServerPlan(
         role=role,  # type: ignore[arg-type]
         engine=engine,  # type: ignore[arg-type]

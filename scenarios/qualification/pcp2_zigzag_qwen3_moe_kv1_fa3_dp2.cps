@@ -1,8 +1,8 @@
 # Candidate (not yet run): PCP2 zigzag with attention DP 2 on the CP-v2 class Qwen3-MoE with fa3,
 # the combination whose MLP input is the attention-DP group's gathered buffer. TP4 is the smallest
 # TP that 0.5.17's rule admits (tp % (dp_size * attn_cp_size) == 0, server_args.py:6343-6345);
-# attention-TP is tp / (dp * attn_cp) = 1. `pcp rows` judges the split and says the DP buffer is
-# unjudged: no evidence field records it yet.
+# attention-TP is tp / (dp * attn_cp) = 1. `pcp rows` judges the split and, from each rank's record
+# of the attention-DP buffer its forward sized (evidence schema v7), each DP rank's slice of it.
 cptest 1
 scenario pcp2_zigzag_qwen3_moe_kv1_fa3_dp2 {
   description "PCP2 zigzag with attention DP 2 on TP4, tiny Qwen3-MoE (8 experts, top 2), fa3, eager decode"

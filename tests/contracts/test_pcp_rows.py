@@ -12,7 +12,7 @@ import pytest
 from cptest.checks import load_archive
 from cptest.contracts.pcp_rows import PcpRowsParams, check, padded_len
 from cptest.errors import PlanError
-from cptest.evidence import Step, ranges_from
+from cptest.evidence import DpBuffer, Step, ranges_from
 from cptest.lang import format_text, parse_text
 from cptest.plan import plan
 from cptest.testing.archives import make_plan, rid, server_plan, write_archive, zigzag_steps
@@ -173,7 +173,123 @@ def test_older_evidence_passes_what_it_records_and_names_the_rest() -> None:
 def test_the_attention_dp_buffer_is_named_unjudged_when_attention_dp_is_declared() -> None:
     v = _check({0: [_rank(0)], 1: [_rank(1)]}, PcpRowsParams(cp=2, strategy="zigzag", attn_dp=2))
     assert v.status == "unknown"
-    assert "the attention-DP buffer is not recorded by any evidence field" in v.reason
+    assert ("the attention-DP buffer is recorded in 0 of 2 rank-step(s), so attention DP 2 is not judged"
+            in v.reason)
+    assert v.figures["not_judged"] == ["padded_count", "dp_buffer"]
+
+
+# ------------------------------------------------------------------- attention DP 2 x CP 2 on TP 4
+DP_PROMPTS = ({R: 8, R2: 12}, {rid(2): 7})
+"""The batch of each DP rank: DP rank 0 holds world ranks 0-1, DP rank 1 world ranks 2-3."""
+DP = PcpRowsParams(cp=2, strategy="zigzag", attn_dp=2)
+
+
+def _dp_rank(world: int, **update) -> Step:
+    """World rank `world` of TP 4 = attention DP 2 x CP 2 handing on right: its zigzag shard to
+    attention, the MLP fed the whole DP buffer (each DP rank's batch, padded by SGLang's sum_len
+    rule to a multiple of 2 x cp), the logits its own batch."""
+    dp = world // 2
+    prompts = DP_PROMPTS[dp]
+    tokens = [sum(p.values()) for p in DP_PROMPTS]
+    padded = [-(-n // 4) * 4 for n in tokens]
+    buffer = DpBuffer(tokens=tokens, padded=padded, rows=sum(padded), mode="sum_len")
+    s = _rank(world % 2, prompts)
+    rank = s.rank.model_copy(update={"world": world, "tp": world, "attn_dp": dp})
+    return s.model_copy(update={"rank": rank,
+                                "dp_buffer": buffer, "ffn_rows": buffer.rows, "ffn_out_rows": buffer.rows,
+                                "ffn_seq_positions": None, "ffn_out_seq_positions": None, **update})
+
+
+def _check_dp(ranks: dict[int, list[Step]]):
+    with tempfile.TemporaryDirectory() as d:
+        server = server_plan(world=4, attn_cp=2, attn_dp=2, cp_strategy="zigzag")
+        write_archive(Path(d), make_plan(server, [DP]), ranks={"main": ranks}, runner={"main": []})
+        return check(load_archive(Path(d)).evidence, DP)
+
+
+def _buffer(world: int, **update) -> DpBuffer:
+    return _dp_rank(world).dp_buffer.model_copy(update=update)
+
+
+def test_each_dp_ranks_slice_in_a_buffer_fed_whole_to_the_mlp_passes() -> None:
+    v = _check_dp({w: [_dp_rank(w)] for w in range(4)})
+    assert v.status == "pass", v.reason
+    assert v.figures["groups"] == 2 and v.figures["steps"] == 2
+    assert v.figures["ffn_modes"] == {"the attention-DP buffer": 4}
+    assert v.figures["dp_padding_rows"] == 4 * (20 - 20 + 8 - 7)  # each rank's buffer: 20 + 8 rows for 20 + 7
+    assert "each DP rank's slice of the attention-DP buffer held its batch" in v.reason
+
+
+def test_logits_of_the_batch_with_its_dp_padding_pass() -> None:
+    v = _check_dp({w: [_dp_rank(w, logits_rows=8 if w >= 2 else 20)] for w in range(4)})
+    assert v.status == "pass", v.reason
+
+
+def test_a_dp_rank_telling_the_others_a_batch_it_does_not_run_fails() -> None:
+    ranks = {w: [_dp_rank(w)] for w in range(4)}
+    ranks[2] = [_dp_rank(2, dp_buffer=_buffer(2, tokens=[20, 9], padded=[20, 12], rows=32))]
+    ranks[3] = [_dp_rank(3, dp_buffer=_buffer(3, tokens=[20, 9], padded=[20, 12], rows=32), ffn_rows=32,
+                         ffn_out_rows=32)]
+    v = _check_dp(ranks)
+    assert v.status == "fail"
+    assert "(DP rank 1) gave the other DP ranks 9 rows as its batch, its batch has 7" in v.reason
+
+
+def test_a_slice_shorter_than_its_dp_ranks_batch_fails() -> None:
+    short = _buffer(0, padded=[16, 8], rows=24)
+    ranks = {w: [_dp_rank(w)] for w in range(4)}
+    ranks.update({w: [_dp_rank(w, dp_buffer=short, ffn_rows=24, ffn_out_rows=24)] for w in (0, 1)})
+    v = _check_dp(ranks)
+    assert v.status == "fail"
+    assert "DP rank 0's slice of the attention-DP buffer holds 16 rows for its 20" in v.reason
+
+
+def test_a_buffer_that_is_not_its_slices_fails() -> None:
+    ranks = {w: [_dp_rank(w)] for w in range(4)}
+    ranks[1] = [_dp_rank(1, dp_buffer=_buffer(1, rows=40), ffn_rows=40, ffn_out_rows=40)]
+    v = _check_dp(ranks)
+    assert v.status == "fail"
+    assert any("the attention-DP buffer has 40 rows, its slices [20, 8] add up to 28" in f
+               for f in _findings(v))
+
+
+def test_max_len_slices_of_different_lengths_fail() -> None:
+    ranks = {w: [_dp_rank(w, dp_buffer=_buffer(w, mode="max_len"))] for w in range(4)}
+    v = _check_dp(ranks)
+    assert v.status == "fail" and "under max_len every DP slice is the longest" in v.reason
+    even = _buffer(0, padded=[20, 20], rows=40, mode="max_len")
+    v = _check_dp({w: [_dp_rank(w, dp_buffer=even, ffn_rows=40, ffn_out_rows=40)] for w in range(4)})
+    assert v.status == "pass", v.reason
+
+
+def test_cp_ranks_of_one_dp_rank_sizing_different_buffers_fail() -> None:
+    ranks = {w: [_dp_rank(w)] for w in range(4)}
+    ranks[1] = [_dp_rank(1, dp_buffer=_buffer(1, padded=[24, 8], rows=32), ffn_rows=32, ffn_out_rows=32)]
+    v = _check_dp(ranks)
+    assert v.status == "fail" and "sized different attention-DP buffers" in v.reason
+
+
+def test_an_mlp_fed_neither_its_dp_ranks_rows_nor_the_buffer_fails() -> None:
+    ranks = {w: [_dp_rank(w)] for w in range(4)}
+    ranks[0] = [_dp_rank(0, ffn_rows=21, ffn_out_rows=21)]
+    v = _check_dp(ranks)
+    assert v.status == "fail" and "nor the attention-DP buffer (28)" in v.reason
+
+
+def test_an_mlp_kept_within_its_dp_rank_passes_and_is_named() -> None:
+    # a dense MLP run fully DP (SGLang's SCATTERED mode) takes its own DP rank's rows, not the buffer
+    v = _check_dp({w: [_dp_rank(w, ffn_rows=20 if w < 2 else 7, ffn_out_rows=20 if w < 2 else 7)]
+                   for w in range(4)})
+    assert v.status == "pass", v.reason
+    assert v.figures["ffn_modes"] == {"gathered": 4}
+
+
+def test_a_dp_buffer_missing_on_one_rank_leaves_attention_dp_unknown() -> None:
+    ranks = {w: [_dp_rank(w)] for w in range(4)}
+    ranks[3] = [_dp_rank(3, dp_buffer=None, ffn_rows=None, ffn_out_rows=None)]
+    v = _check_dp(ranks)
+    assert v.status == "unknown"
+    assert "the attention-DP buffer is recorded in 3 of 4 rank-step(s)" in v.reason
 
 
 def test_the_reference_interleave_split_reads_its_first_rank_from_the_shards() -> None:

@@ -132,6 +132,39 @@ def test_an_eager_dcp_step_records_rows_and_owned_kv_positions(probe: Probe, mon
     assert s.extend_lens == [5, 2] and s.rank.dcp == 1
 
 
+def _dp_sizing_forward(mlp: Layer) -> Any:
+    """Stands in for ModelRunner.forward under attention DP 2: it sizes the DP buffer as
+    `prepare_mlp_sync_batch` does (this DP rank's 7 tokens and the other's 3, sum_len, aligned to
+    4), then runs the MLP over the whole buffer."""
+
+    def forward(runner: Runner, fb: Batch, *a: Any, **k: Any) -> Output:
+        fb.original_global_num_tokens_cpu = [fb.input_ids.shape[0], 3]  # type: ignore[attr-defined]
+        fb.global_num_tokens_cpu = [8, 4]  # type: ignore[attr-defined]
+        fb.global_dp_buffer_len = 12  # type: ignore[attr-defined]
+        fb.dp_padding_mode = types.SimpleNamespace(name="SUM_LEN")  # type: ignore[attr-defined]
+        return Output(can_run_graph=False, logits=mlp(torch.ones(12, 8)))
+
+    return forward
+
+
+def test_an_extend_under_attention_dp_records_the_buffer_sglang_sized(probe: Probe, monkeypatch: MP) -> None:
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    mlp = Layer()
+    mlp.register_forward_hook(hooks.on_mlp_input)
+    extend = Batch(Mode("EXTEND"), torch.arange(7), torch.arange(7), ["r0"], 1, [7], [0])
+    decode = Batch(Mode("DECODE"), torch.arange(7), torch.arange(7, 14), [f"d{i}" for i in range(7)], 7)
+    plain = Batch(Mode("EXTEND"), torch.arange(7), torch.arange(7), ["r1"], 1, [7], [0])
+    hooks.around_model_runner_forward(_dp_sizing_forward(mlp), Runner(), extend)
+    hooks.around_model_runner_forward(_dp_sizing_forward(mlp), Runner(), decode)
+    hooks.around_model_runner_forward(lambda runner, fb: Output(can_run_graph=False), Runner(), plain)
+    first, second, third = [r for r in _records(probe) if isinstance(r, Step)]
+    assert first.dp_buffer is not None and first.ffn_rows == 12
+    assert first.dp_buffer.model_dump() == {"tokens": [7, 3], "padded": [8, 4], "rows": 12, "mode": "sum_len"}
+    assert second.mode == "decode" and second.dp_buffer is None  # decode steps are not sized by the probe
+    assert third.dp_buffer is None and "dp_buffer" not in third.model_dump_json()
+
+
 def test_sglangs_thread_does_not_wait_for_a_steps_device_copies(probe: Probe, monkeypatch: MP) -> None:
     """A step's record is finished at a later step once its copies are done, never waited for."""
     _fake_parallel_state(monkeypatch, 0)

@@ -13,9 +13,11 @@ that every reader of rank files sees (`RankEvidence`). `data/steps_scenario_d72.
 bytes the probe wrote then; both files must keep reading as the same evidence.
 
 Schema v6 added each eager step's layers (here one: the scenario's forwards run one layer).
-`data/steps_scenario_v6.jsonl` pins the bytes the probe writes now: a change to how steps are
-gathered, copied or formatted must leave it byte for byte the same, and without the fields of v6 it
-reads as the D72 file does.
+`data/steps_scenario_v6.jsonl` pins the bytes the probe wrote then: without the fields of v6 it
+reads as the D72 file does. Schema v7 added the attention-DP buffer of an extend step, which the
+scenario (no attention DP) never sizes: `data/steps_scenario_v7.jsonl`, the bytes the probe writes
+now, is the v6 file with each line's version alone changed. A change to how steps are gathered,
+copied or formatted must leave it byte for byte the same.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ REFERENCE = Path(__file__).parent / "data" / "steps_scenario.jsonl"
 """Written at 3bfa576, before D69 and D72: the records the probe must keep writing."""
 GOLDEN_D72 = Path(__file__).parent / "data" / "steps_scenario_d72.jsonl"
 """The bytes the probe wrote since D72 (pool samples after their run's steps), before schema v6."""
-GOLDEN = Path(__file__).parent / "data" / "steps_scenario_v6.jsonl"
+GOLDEN_V6 = Path(__file__).parent / "data" / "steps_scenario_v6.jsonl"
+"""The bytes the probe wrote with schema v6."""
+GOLDEN = Path(__file__).parent / "data" / "steps_scenario_v7.jsonl"
 """The bytes the probe writes now."""
 
 
@@ -59,7 +63,8 @@ def test_with_the_writer_thread_the_records_are_the_same_but_for_when_notes_were
     assert _note_times_out(got) == _note_times_out(GOLDEN.read_bytes())
 
 
-@pytest.mark.parametrize("path", [REFERENCE, GOLDEN_D72, GOLDEN], ids=["reference", "d72", "golden"])
+@pytest.mark.parametrize("path", [REFERENCE, GOLDEN_D72, GOLDEN_V6, GOLDEN],
+                         ids=["reference", "d72", "v6", "golden"])
 def test_the_scenario_file_holds_every_kind_of_step_line(path: Path) -> None:
     text = path.read_text()
     recs, dropped = read_records(path)
@@ -114,13 +119,20 @@ def test_the_d72_file_reads_as_the_same_evidence_as_the_reference() -> None:
     assert GOLDEN_D72.read_text().count("\n") < REFERENCE.read_text().count("\n")
 
 
-def test_the_golden_file_is_the_d72_one_with_each_eager_steps_layers() -> None:
+def test_the_golden_file_is_the_v6_one_with_its_version_alone_changed() -> None:
+    v6, v7 = GOLDEN_V6.read_text().splitlines(), GOLDEN.read_text().splitlines()
+    assert len(v7) == len(v6) > 50
+    for old, new in zip(v6, v7, strict=True):
+        assert old.startswith('{"v":6,') and new == '{"v":7,' + old[len('{"v":6,'):]
+
+
+def test_the_v6_file_is_the_d72_one_with_each_eager_steps_layers() -> None:
     """Schema v6 changed nothing the D72 file says: its records, the v6 fields dropped, are the
     same in the same order; each step whose forward hooks fired says it ran one layer (the scenario's
     forwards call each hook once), any other none; no other v6 field is set (the scenario has no
     MLP output, KV slots or per-layer rows)."""
     old, _ = read_records(GOLDEN_D72)
-    new, _ = read_records(GOLDEN)
+    new, _ = read_records(GOLDEN_V6)
     assert len(new) == len(old)
     for a, b in zip(new, old, strict=True):
         if isinstance(a, Step):
@@ -130,7 +142,7 @@ def test_the_golden_file_is_the_d72_one_with_each_eager_steps_layers() -> None:
         else:
             a = a.model_copy(update={"v": b.v})
         assert a == b
-    assert GOLDEN.read_text().count('"layers":1') > 10
+    assert GOLDEN_V6.read_text().count('"layers":1') > 10
 
 
 def _steps_before_each_other_line(path: Path) -> list[tuple[str, list[tuple[int, str]]]]:
