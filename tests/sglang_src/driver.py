@@ -19,6 +19,10 @@ Requests (`op` and its fields):
 - `dcp_filter` {dcp, locs}: `layers/dcp/layout.py:filter_dcp_local_kv_indices` for every rank.
 - `alloc_extend` {page_size, prefix_lens, seq_lens, last_loc, free_pages}: the paged allocator's
   `alloc_extend_naive` (`mem_cache/allocator/paged.py:45-102`, the reference of its triton kernel).
+- `dp_buffer` {model_path, tp, dp, attn_cp, strategy, dp_rank, tokens, extend}: the attention-DP
+  buffer one DP rank's forward batch sizes, through `ForwardBatch.prepare_mlp_sync_batch`
+  (`model_executor/forward_batch_info.py:1229-1311`) on a batch of `tokens[dp_rank]` rows, with
+  `tokens` as the DP ranks exchanged them; answers the four fields the probe reads.
 
 What is not SGLang's own, and why:
 - torchvision's two op schemas (`_define_torchvision_ops`): PyPI's torchvision links libtorch_cuda,
@@ -27,6 +31,9 @@ What is not SGLang's own, and why:
   process group is created; the rank lists are SGLang's), a world group stub with local rank 0, the
   world size `tp * pp`, and `is_cuda` True unless the request says `cuda: false` (the GPU machine's
   platform; the CPU would fail the DCP platform check before anything else).
+- `prepare_mlp_sync_batch` runs with `torch.tensor`'s `pin_memory` dropped (the CPU build has no
+  pinned allocator), a model runner stub holding the ServerArgs, the attention DP size and this DP
+  rank's attention ranks set as `initialize_dp_attention` would, and no CUDA-graph prefill.
 """
 
 from __future__ import annotations
@@ -247,6 +254,64 @@ def alloc_extend(req: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "locs": out.tolist()}
 
 
+def dp_buffer(req: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from sglang.srt.layers import dp_attention
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from sglang.srt.runtime_context import get_context, get_parallel
+    from sglang.srt.server_args import ServerArgs
+
+    tp, dp, cp = int(req["tp"]), int(req["dp"]), int(req["attn_cp"])
+    tokens = [int(n) for n in req["tokens"]]
+    dp_rank, extend = int(req["dp_rank"]), bool(req["extend"])
+    environ = dict(os.environ)
+    try:
+        sa = ServerArgs(model_path=str(req["model_path"]), tp_size=tp, dp_size=dp, enable_dp_attention=True,
+                        attn_cp_size=cp, enable_prefill_cp=cp > 1,
+                        cp_strategy=req.get("strategy") or "zigzag", device="cpu", skip_tokenizer_init=True)
+    except Exception as err:  # noqa: BLE001 - the answer is the exception
+        os.environ.clear()
+        os.environ.update(environ)
+        return _error(err)
+    get_context().set_server_args(sa)
+    n = tokens[dp_rank]
+    bs = 1 if extend else n
+    fb = ForwardBatch(forward_mode=ForwardMode.EXTEND if extend else ForwardMode.DECODE, batch_size=bs,
+                      input_ids=torch.arange(n), req_pool_indices=torch.zeros(bs, dtype=torch.int64),
+                      seq_lens=torch.full((bs,), n), out_cache_loc=torch.arange(n), seq_lens_sum=n * bs,
+                      positions=torch.arange(n), seq_lens_cpu=torch.full((bs,), n))
+    fb.original_global_num_tokens_cpu = list(tokens)
+    fb.global_num_tokens_cpu = list(tokens)
+    fb.global_num_tokens_gpu = torch.tensor(tokens)
+    fb.global_num_tokens_for_logprob_cpu = list(tokens)
+    fb.is_extend_in_batch = extend
+    runner = SimpleNamespace(
+        server_args=sa, is_draft_worker=False,
+        model_config=SimpleNamespace(hf_config=SimpleNamespace(get_text_config=SimpleNamespace),
+                                     linear_attn_registry_result=None),
+        attn_backend=SimpleNamespace(get_cuda_graph_seq_len_fill_value=lambda: 1))
+    tensor, saved_dp = torch.tensor, dp_attention._ATTN_DP_SIZE
+
+    def unpinned(*a: Any, pin_memory: bool = False, **k: Any) -> Any:
+        return tensor(*a, **k)
+
+    torch.tensor, dp_attention._ATTN_DP_SIZE = unpinned, dp
+    try:
+        with get_parallel().override(attn_tp_size=tp // (dp * cp), attn_dp_rank=dp_rank, attn_dp_size=dp,
+                                     attn_cp_size=cp):
+            fb.prepare_mlp_sync_batch(runner)
+    except Exception as err:  # noqa: BLE001 - the answer is the exception
+        return _error(err)
+    finally:
+        torch.tensor, dp_attention._ATTN_DP_SIZE = tensor, saved_dp
+        os.environ.clear()
+        os.environ.update(environ)
+    return {"ok": True, "original_global_num_tokens_cpu": list(fb.original_global_num_tokens_cpu),
+            "global_num_tokens_cpu": [int(x) for x in fb.global_num_tokens_cpu],
+            "global_dp_buffer_len": int(fb.global_dp_buffer_len), "dp_padding_mode": fb.dp_padding_mode.name,
+            "rows": int(fb.input_ids.shape[0])}
+
+
 def version(_req: dict[str, Any]) -> dict[str, Any]:
     import sglang
 
@@ -254,7 +319,7 @@ def version(_req: dict[str, Any]) -> dict[str, Any]:
 
 
 OPS = {"version": version, "server_args": server_args, "groups": groups, "split": split, "dcp_lens": dcp_lens,
-       "dcp_filter": dcp_filter, "alloc_extend": alloc_extend}
+       "dcp_filter": dcp_filter, "alloc_extend": alloc_extend, "dp_buffer": dp_buffer}
 
 
 def main() -> None:
