@@ -35,6 +35,12 @@ def test_the_probe_step_benchmark_records_every_step_and_prints_kept_objects() -
     assert re.search(r"kept objects : +-?\d+\.\d\d per step", out)
 
 
+def test_the_read_rows_benchmark_reads_every_shape_alike_both_ways() -> None:
+    pytest.importorskip("numpy")
+    out = _run("benchmarks/read_rows.py", "--repeat", "1")
+    assert len(re.findall(r"request\(s\) of +\d+ tokens: read_rows +\d", out)) == 6
+
+
 def test_the_driver_stream_benchmark_has_every_request_answered() -> None:
     out = _run("benchmarks/driver_stream.py", "--requests", "16", "--concurrency", "4", "--tokens", "16",
                "--compare", "1")

@@ -405,7 +405,11 @@ def read_rows(table: Any, lens: Sequence[int], rids: Sequence[str], dcp: int, dc
     batch, cut to the longest length, one after another) and their lengths: the rank's share is the
     positions p % dcp == dcp_rank, each at pool row `req_to_token[p] // dcp`, as the pinned release
     builds a DCP rank's KV indices (the kernel `create_triton_kv_indices_for_dcp_triton`). None,
-    noted, when the rows do not fit the lengths."""
+    noted, when the rows do not fit the lengths.
+
+    The writer thread holds the GIL while it makes these numpy calls, and the engine's thread waits
+    for it: a few requests go one at a time (a handful of calls each), more go all at once (a dozen
+    calls in all, `_read_all`), since a dozen calls per request of 64 took most of a millisecond."""
     n = len(rids)
     width = len(table) // n if n else 0
     if n == 0 or width * n != len(table) or len(lens) != n or max(lens, default=0) > width:
@@ -414,6 +418,8 @@ def read_rows(table: Any, lens: Sequence[int], rids: Sequence[str], dcp: int, dc
                  "kv_read left empty")
         return None
     np = sys.modules["numpy"]  # the host copy is numpy's: torch put it there
+    if n > READ_ONE_AT_A_TIME:
+        return _read_all(np, table.reshape(n, width), lens, rids, dcp, dcp_rank)
     out: dict[str, Ranges] = {}
     for rid, row, length in zip(rids, table.reshape(n, width), lens, strict=True):
         share = row[:length][dcp_rank::dcp] // dcp if dcp > 1 else row[:length]
@@ -422,11 +428,49 @@ def read_rows(table: Any, lens: Sequence[int], rids: Sequence[str], dcp: int, dc
     return out
 
 
+READ_ONE_AT_A_TIME = 8
+"""Up to this many requests `read_rows` reads one at a time: fewer passes over their rows than
+reading all at once, which pays off from a few more (`benchmarks/read_rows.py` prints both)."""
+
+
+def _read_all(np: Any, table: Any, lens: Sequence[int], rids: Sequence[str], dcp: int,
+              dcp_rank: int) -> dict[str, Ranges]:
+    """`read_rows` of every request at once (`table`: their rows, one per request)."""
+    n = len(rids)
+    rows = table[:, dcp_rank::dcp] if dcp > 1 else table
+    # column j of the share holds position j * dcp + dcp_rank: read while it is under the length
+    positions = np.arange(rows.shape[1]) * max(dcp, 1) + (dcp_rank if dcp > 1 else 0)
+    read = positions[None, :] < np.asarray(lens)[:, None]
+    values = rows[read] // dcp if dcp > 1 else rows[read]
+    if not len(values):
+        return {}
+    request = np.nonzero(read)[0]
+    if values.min() < 0:  # no pool row is negative; kept exact by the slower way if one is
+        return {str(rid): _array_ranges(np, values[request == k]) for k, rid in enumerate(rids)
+                if (request == k).any()}
+    span = int(values.max()) + 2  # keys of one request never touch the next request's
+    keys = _sorted_once(np, request.astype(np.int64) * span + values)  # by request, then row
+    of, value = keys // span, keys % span
+    breaks = np.flatnonzero((np.diff(value) != 1) | (np.diff(of) != 0)) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [len(keys)]))
+    lo, hi = value[starts].tolist(), (value[ends - 1] + 1).tolist()
+    bounds = np.searchsorted(of[starts], np.arange(n + 1)).tolist()
+    return {str(rids[k]): list(zip(lo[bounds[k]:bounds[k + 1]], hi[bounds[k]:bounds[k + 1]], strict=True))
+            for k in range(n) if bounds[k] < bounds[k + 1]}
+
+
+def _sorted_once(np: Any, values: Any) -> Any:
+    """The values sorted, each once: `np.unique`'s result, by a sort and a comparison. numpy 2's
+    `unique` takes several times as long on a sampled step's few thousand rows
+    (`benchmarks/read_rows.py`)."""
+    v = np.sort(values)
+    return v[np.concatenate(([True], v[1:] != v[:-1]))] if len(v) else v
+
+
 def _array_ranges(np: Any, values: Any) -> Ranges:
-    """`ranges_from` of a numpy array, without a Python object per value: a sampled step's rows
-    run to thousands, and the writer thread turning each into an int holds the GIL the engine's
-    thread waits for."""
-    v = np.unique(values)  # sorted, each row once (as ranges_from's set)
+    """`ranges_from` of a numpy array, without a Python object per value."""
+    v = _sorted_once(np, values)  # each row once (as ranges_from's set)
     breaks = np.flatnonzero(np.diff(v) != 1) + 1
     starts = np.concatenate(([0], breaks))
     ends = np.concatenate((breaks, [len(v)]))
