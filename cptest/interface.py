@@ -294,6 +294,8 @@ class SourceFindingOut(_Out):
     file: str
     lines: list[int]
     anchor: str
+    also: list[str]
+    """Further anchors that must occur in the same lines (a flag's literal beside its field)."""
     status: Literal["moved", "not_found", "no_file", "out_of_range"]
     found_at: list[int]
     """Lines of the file where the anchor is now (moved)."""
@@ -305,6 +307,8 @@ class SourcesCheckOut(_Out):
     release: str
     source: str
     citations: int
+    flag_declarations: int
+    """The CLI flags whose declaration line in `server_args.py` was checked with the citations."""
     ok: bool
     problems: list[SourceFindingOut]
 
