@@ -113,11 +113,17 @@ def _dcp_forward(dcp_rank: int, mlp: Layer) -> Any:
     return forward
 
 
-def test_an_eager_dcp_step_records_rows_and_owned_kv_positions(probe: Probe, monkeypatch: MP) -> None:
-    _fake_parallel_state(monkeypatch, 1)
+def _bound_with_mlp(monkeypatch: MP, rank: int) -> Layer:
+    """The probe bound to world rank `rank` of TP 2, and an MLP whose input its hook sees."""
+    _fake_parallel_state(monkeypatch, rank)
     hooks.after_initialize_model_parallel(None)
     mlp = Layer()
     mlp.register_forward_hook(hooks.on_mlp_input)
+    return mlp
+
+
+def test_an_eager_dcp_step_records_rows_and_owned_kv_positions(probe: Probe, monkeypatch: MP) -> None:
+    mlp = _bound_with_mlp(monkeypatch, 1)
     fb = Batch(Mode("EXTEND"), torch.arange(7), torch.tensor([0, 1, 2, 3, 4, 0, 1]), ["r0", "r1"], 2,
                [5, 2], [0, 0])
     before = fb.positions.clone()
@@ -148,10 +154,7 @@ def _dp_sizing_forward(mlp: Layer) -> Any:
 
 
 def test_an_extend_under_attention_dp_records_the_buffer_sglang_sized(probe: Probe, monkeypatch: MP) -> None:
-    _fake_parallel_state(monkeypatch, 0)
-    hooks.after_initialize_model_parallel(None)
-    mlp = Layer()
-    mlp.register_forward_hook(hooks.on_mlp_input)
+    mlp = _bound_with_mlp(monkeypatch, 0)
     extend = Batch(Mode("EXTEND"), torch.arange(7), torch.arange(7), ["r0"], 1, [7], [0])
     decode = Batch(Mode("DECODE"), torch.arange(7), torch.arange(7, 14), [f"d{i}" for i in range(7)], 7)
     plain = Batch(Mode("EXTEND"), torch.arange(7), torch.arange(7), ["r1"], 1, [7], [0])

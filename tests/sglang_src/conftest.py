@@ -10,13 +10,30 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck
 
 DRIVER = Path(__file__).resolve().parent / "driver.py"
+
+DIFFERENTIAL: dict[str, Any] = {"deadline": None, "derandomize": True,
+                                "suppress_health_check": [HealthCheck.function_scoped_fixture]}
+"""Hypothesis settings of every differential test but the number of examples: reproducible draws,
+and no deadline (SGLang's code runs in another process)."""
+COMPARED: defaultdict[str, Counter[str]] = defaultdict(Counter)
+"""Per test module, the cases it compared with SGLang's code, printed when the module is done."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_compared(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    counts = COMPARED.get(request.module.__name__)
+    if counts:
+        print(f"\n{request.module.__name__.rsplit('.', 1)[-1]}, cases compared: {dict(counts)}")
 
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_attention_heads": 8,

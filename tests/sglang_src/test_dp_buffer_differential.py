@@ -5,48 +5,39 @@ The driver runs SGLang's own `ForwardBatch.prepare_mlp_sync_batch` on one DP ran
 token counts the DP ranks exchanged, and answers the four fields the probe reads. cptest's reader
 (`cptest.probe.records.dp_buffer`) turns them into the `dp_buffer` of a Step whose batch is that DP
 rank's, and `pcp rows` must find nothing wrong with it: a buffer SGLang sizes for a right handoff is
-never failed. Hypothesis draws the model class (Llama, aligned to the zigzag split; Qwen3 and
-Qwen3-MoE, CP-v2 classes, not), the degrees (attention DP 2-4, attention CP 1-4, attention TP 1-2,
-at most 8 ranks), the DP rank and every DP rank's tokens (an idle rank included), and extend or
-decode (SUM_LEN or MAX_LEN).
+never failed. For each model class (Llama, aligned to the zigzag split; Qwen3 and Qwen3-MoE, CP-v2
+classes, not) and each of extend and decode (SUM_LEN; SUM_LEN or MAX_LEN), hypothesis draws the
+degrees (attention DP 2-4, attention CP 1-4, attention TP 1-2, at most 8 ranks), the DP rank and
+every DP rank's tokens (an idle rank included).
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cptest.contracts.pcp_rows import PcpRowsParams, _dp_buffer, _Tally
 from cptest.evidence import RankId, Step
 from cptest.probe.records import dp_buffer
-from tests.sglang_src.conftest import SGLangDriver
+from tests.sglang_src.conftest import COMPARED, DIFFERENTIAL, SGLangDriver
 
-COUNT: Counter[str] = Counter()
-HYPOTHESIS = settings(max_examples=60, deadline=None, derandomize=True,
-                      suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def report_counts() -> Any:
-    yield
-    print(f"\nattention-DP buffer differential, cases compared: {dict(COUNT)}")
+COUNT = COMPARED[__name__]
+HYPOTHESIS = settings(max_examples=15, **DIFFERENTIAL)
 
 
 @st.composite
-def batches(draw: st.DrawFn) -> dict[str, Any]:
+def degrees_and_tokens(draw: st.DrawFn) -> dict[str, Any]:
     dp = draw(st.sampled_from((2, 4)))
     cp = draw(st.sampled_from([c for c in (1, 2, 4) if dp * c <= 8]))
     attn_tp = draw(st.sampled_from([t for t in (1, 2) if dp * cp * t <= 8]))
     dp_rank = draw(st.integers(0, dp - 1))
     tokens = draw(st.lists(st.integers(0, 300), min_size=dp, max_size=dp))
     tokens[dp_rank] = max(tokens[dp_rank], 1)
-    return {"family": draw(st.sampled_from(("llama", "qwen3", "qwen3-moe"))), "tp": dp * cp * attn_tp,
-            "dp": dp, "attn_cp": cp, "dp_rank": dp_rank, "tokens": tokens, "extend": draw(st.booleans())}
+    return {"tp": dp * cp * attn_tp, "dp": dp, "attn_cp": cp, "dp_rank": dp_rank, "tokens": tokens}
 
 
 def _sized(sglang: SGLangDriver, tiny_models: dict[str, str], case: dict[str, Any]) -> dict[str, Any]:
@@ -56,11 +47,14 @@ def _sized(sglang: SGLangDriver, tiny_models: dict[str, str], case: dict[str, An
     return answer
 
 
+@pytest.mark.parametrize("extend", [True, False], ids=["extend", "decode"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3-moe"])
 @HYPOTHESIS
-@given(case=batches())
-def test_every_buffer_sglang_sizes_reads_back_and_passes_pcp_rows(sglang: SGLangDriver,
-                                                                  tiny_models: dict[str, str],
-                                                                  case: dict[str, Any]) -> None:
+@given(drawn=degrees_and_tokens())
+def test_every_buffer_sglang_sizes_reads_back_and_passes_pcp_rows(
+        sglang: SGLangDriver, tiny_models: dict[str, str], family: str, extend: bool,
+        drawn: dict[str, Any]) -> None:
+    case = {"family": family, "extend": extend, **drawn}
     answer = _sized(sglang, tiny_models, case)
     fb = SimpleNamespace(**{k: answer[k] for k in ("original_global_num_tokens_cpu", "global_num_tokens_cpu",
                                                     "global_dp_buffer_len")},

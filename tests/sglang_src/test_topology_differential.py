@@ -12,12 +12,10 @@
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from typing import Any
 
-import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cptest.reference.layout import pcp_local_rows
@@ -31,17 +29,10 @@ from cptest.topology import (
     zigzag_applies,
     zigzag_rank_token_counts,
 )
-from tests.sglang_src.conftest import SGLangDriver
+from tests.sglang_src.conftest import COMPARED, DIFFERENTIAL, SGLangDriver
 
-COUNT: Counter[str] = Counter()
-HYPOTHESIS = settings(max_examples=25, deadline=None, derandomize=True,
-                      suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def report_counts() -> Any:
-    yield
-    print(f"\ntopology differential, cases compared: {dict(COUNT)}")
+COUNT = COMPARED[__name__]
+HYPOTHESIS = settings(max_examples=25, **DIFFERENTIAL)
 
 
 def all_layouts(max_ranks: int = 8) -> list[Degrees]:
