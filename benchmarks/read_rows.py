@@ -31,12 +31,6 @@ def _per_call_us(fn: Callable[..., Any], *args: Any, repeat: int) -> float:
     return (time.perf_counter() - t) / repeat * 1e6
 
 
-def _one_at_a_time(table: Any, lens: list[int], rids: list[str], dcp: int, rank: int) -> Any:
-    n = len(rids)
-    return {rid: records._array_ranges(np, row[:length][rank::dcp] // dcp)
-            for rid, row, length in zip(rids, table.reshape(n, -1), lens, strict=True)}
-
-
 def _paged_rows(rng: Any, width: int, page: int = 64) -> Any:
     """One request's block-table row: pages of consecutive slots at random places, as a paged pool
     hands them out."""
@@ -57,11 +51,11 @@ def main() -> None:
         table = np.concatenate([_paged_rows(rng, width) for _ in range(n)]).astype(np.int64)
         rows = table.reshape(n, width)
         args = (table, [width] * n, [f"r{k}" for k in range(n)], a.dcp, 1)
-        want = _one_at_a_time(*args)
+        want = records._read_each(np, rows, *args[1:])
         assert records.read_rows(*args) == want
         assert records._read_all(np, rows, *args[1:]) == want
         probe = _per_call_us(records.read_rows, *args, repeat=a.repeat)
-        one = _per_call_us(_one_at_a_time, *args, repeat=a.repeat)
+        one = _per_call_us(records._read_each, np, rows, *args[1:], repeat=a.repeat)
         every = _per_call_us(records._read_all, np, rows, *args[1:], repeat=a.repeat)
         share = rows[0][1::a.dcp] // a.dcp
         unique = _per_call_us(np.unique, share, repeat=a.repeat)

@@ -171,8 +171,8 @@ def _judge_step(recs: list[Step], group: list[int], p: PcpRowsParams, t: _Tally)
     physical = padded_len([n for n in logical if n is not None] or [0], p.cp, p.strategy)
     batch = _batch(first)
     _order(recs, group, p, batch, step, t)
-    buffers = {s.dp_buffer.model_dump_json(): s.dp_buffer for s in recs if s.dp_buffer is not None}.values()
-    if len(buffers) > 1:
+    buffers = [s.dp_buffer for s in recs if s.dp_buffer is not None]
+    if any(b != buffers[0] for b in buffers):
         t.fail(f"{step}: the CP ranks {group} of one DP rank sized different attention-DP buffers "
                f"({', '.join(f'{b.rows} rows' for b in buffers)}): one batch, one buffer")
     for c, s in enumerate(recs):

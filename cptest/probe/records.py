@@ -418,14 +418,9 @@ def read_rows(table: Any, lens: Sequence[int], rids: Sequence[str], dcp: int, dc
                  "kv_read left empty")
         return None
     np = sys.modules["numpy"]  # the host copy is numpy's: torch put it there
-    if n > READ_ONE_AT_A_TIME:
-        return _read_all(np, table.reshape(n, width), lens, rids, dcp, dcp_rank)
-    out: dict[str, Ranges] = {}
-    for rid, row, length in zip(rids, table.reshape(n, width), lens, strict=True):
-        share = row[:length][dcp_rank::dcp] // dcp if dcp > 1 else row[:length]
-        if len(share):
-            out[str(rid)] = _array_ranges(np, share)
-    return out
+    rows = table.reshape(n, width)
+    every = _read_all(np, rows, lens, rids, dcp, dcp_rank) if n > READ_ONE_AT_A_TIME else None
+    return every if every is not None else _read_each(np, rows, lens, rids, dcp, dcp_rank)
 
 
 READ_ONE_AT_A_TIME = 8
@@ -433,21 +428,32 @@ READ_ONE_AT_A_TIME = 8
 reading all at once, which pays off from a few more (`benchmarks/read_rows.py` prints both)."""
 
 
+def _read_each(np: Any, table: Any, lens: Sequence[int], rids: Sequence[str], dcp: int,
+               dcp_rank: int) -> dict[str, Ranges]:
+    """`read_rows` one request at a time (`table`: their rows, one per request)."""
+    out: dict[str, Ranges] = {}
+    for rid, row, length in zip(rids, table, lens, strict=True):
+        share = row[:length][dcp_rank::dcp] // dcp if dcp > 1 else row[:length]
+        if len(share):
+            out[str(rid)] = _array_ranges(np, share)
+    return out
+
+
 def _read_all(np: Any, table: Any, lens: Sequence[int], rids: Sequence[str], dcp: int,
-              dcp_rank: int) -> dict[str, Ranges]:
-    """`read_rows` of every request at once (`table`: their rows, one per request)."""
+              dcp_rank: int) -> dict[str, Ranges] | None:
+    """`read_rows` of every request at once (`table`: their rows, one per request); None where a
+    pool row is negative, which the keys below cannot hold (no pool row is; `_read_each` can)."""
     n = len(rids)
     rows = table[:, dcp_rank::dcp] if dcp > 1 else table
     # column j of the share holds position j * dcp + dcp_rank: read while it is under the length
-    positions = np.arange(rows.shape[1]) * max(dcp, 1) + (dcp_rank if dcp > 1 else 0)
+    positions = np.arange(rows.shape[1]) * dcp + dcp_rank
     read = positions[None, :] < np.asarray(lens)[:, None]
     values = rows[read] // dcp if dcp > 1 else rows[read]
     if not len(values):
         return {}
+    if values.min() < 0:
+        return None
     request = np.nonzero(read)[0]
-    if values.min() < 0:  # no pool row is negative; kept exact by the slower way if one is
-        return {str(rid): _array_ranges(np, values[request == k]) for k, rid in enumerate(rids)
-                if (request == k).any()}
     span = int(values.max()) + 2  # keys of one request never touch the next request's
     keys = _sorted_once(np, request.astype(np.int64) * span + values)  # by request, then row
     of, value = keys // span, keys % span

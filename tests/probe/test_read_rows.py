@@ -55,6 +55,10 @@ def test_a_negative_pool_row_is_read_exactly_too() -> None:
     rows = [[-3, 5, 6, 7], [9, 10, -1, 11]]
     table = np.asarray(rows, dtype=np.int64).reshape(-1)
     assert read_rows(table, [4, 3], ["a", "b"], 1, 0) == {"a": [(-3, -2), (5, 8)], "b": [(-1, 0), (9, 11)]}
+    many = rows + [[20 + 4 * k, 21 + 4 * k, 22 + 4 * k, 23 + 4 * k] for k in range(10)]  # read all at once
+    rids, lens = [f"r{k}" for k in range(len(many))], [4, 3] + [4] * 10
+    table = np.asarray(many, dtype=np.int64).reshape(-1)
+    assert read_rows(table, lens, rids, 2, 0) == _one_at_a_time(many, lens, rids, 2, 0)  # rows -2, -1
 
 
 def test_rows_that_do_not_fit_the_lengths_are_noted_and_read_nothing() -> None:

@@ -255,6 +255,18 @@ def alloc_extend(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def dp_buffer(req: dict[str, Any]) -> dict[str, Any]:
+    environ = dict(os.environ)
+    try:
+        return _dp_buffer_sized(req)
+    except Exception as err:  # noqa: BLE001 - the answer is the exception
+        return _error(err)
+    finally:
+        # ServerArgs sets process-wide variables (SGLANG_ENABLE_CP_V2 ...): each request starts clean.
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+def _dp_buffer_sized(req: dict[str, Any]) -> dict[str, Any]:
     import torch
     from sglang.srt.layers import dp_attention
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -264,15 +276,9 @@ def dp_buffer(req: dict[str, Any]) -> dict[str, Any]:
     tp, dp, cp = int(req["tp"]), int(req["dp"]), int(req["attn_cp"])
     tokens = [int(n) for n in req["tokens"]]
     dp_rank, extend = int(req["dp_rank"]), bool(req["extend"])
-    environ = dict(os.environ)
-    try:
-        sa = ServerArgs(model_path=str(req["model_path"]), tp_size=tp, dp_size=dp, enable_dp_attention=True,
-                        attn_cp_size=cp, enable_prefill_cp=cp > 1,
-                        cp_strategy=req.get("strategy") or "zigzag", device="cpu", skip_tokenizer_init=True)
-    except Exception as err:  # noqa: BLE001 - the answer is the exception
-        os.environ.clear()
-        os.environ.update(environ)
-        return _error(err)
+    sa = ServerArgs(model_path=str(req["model_path"]), tp_size=tp, dp_size=dp, enable_dp_attention=True,
+                    attn_cp_size=cp, enable_prefill_cp=cp > 1,
+                    cp_strategy=req.get("strategy") or "zigzag", device="cpu", skip_tokenizer_init=True)
     get_context().set_server_args(sa)
     n = tokens[dp_rank]
     bs = 1 if extend else n
@@ -300,12 +306,8 @@ def dp_buffer(req: dict[str, Any]) -> dict[str, Any]:
         with get_parallel().override(attn_tp_size=tp // (dp * cp), attn_dp_rank=dp_rank, attn_dp_size=dp,
                                      attn_cp_size=cp):
             fb.prepare_mlp_sync_batch(runner)
-    except Exception as err:  # noqa: BLE001 - the answer is the exception
-        return _error(err)
     finally:
         torch.tensor, dp_attention._ATTN_DP_SIZE = tensor, saved_dp
-        os.environ.clear()
-        os.environ.update(environ)
     return {"ok": True, "original_global_num_tokens_cpu": list(fb.original_global_num_tokens_cpu),
             "global_num_tokens_cpu": [int(x) for x in fb.global_num_tokens_cpu],
             "global_dp_buffer_len": int(fb.global_dp_buffer_len), "dp_padding_mode": fb.dp_padding_mode.name,
