@@ -6,7 +6,9 @@ A cell is exactly one of:
 - **ruled out**: a rule of `cptest/engines/sglang/cells.py` applies (its SGLang source lines);
 - **not yet run**: neither; the scenarios that would run it are named, or why none can yet.
 
-A run wins over a rule (the evidence is shown, and the rule beside it). Scenarios that fall in no
+A run wins over a rule (the evidence is shown, and the rule beside it). A rule is shown observed
+only in the cell its cited archive ran; in the other cells it rules out it is inferred, and says
+where it was observed (`cells.in_cell`). Scenarios that fall in no
 cell (more GPUs than the machine lends, TP only, PCP with DCP) are rows of a second table, under
 the same three states. `support_matrix` is pure (parsed scenarios and verdict rows in, a value
 out); `read_inputs` reads the folders; `render_support` writes docs/support-matrix.md.
@@ -14,7 +16,7 @@ out); `read_inputs` reads the folders; `render_support` writes docs/support-matr
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +28,7 @@ from cptest.engines.sglang.cells import (
     Cell,
     RuledOut,
     cells,
+    in_cell,
     ruled_out,
 )
 from cptest.engines.sglang.releases import Release
@@ -145,7 +148,7 @@ def support_matrix(release: Release, scenarios: Mapping[str, Scenario],
                    runs: Sequence[tuple[Scenario, ArchiveRun]]) -> SupportMatrix:
     """The matrix of `release` from the scenarios that could run (path -> parsed SGLang scenario of
     that release) and the published runs (the archived scenario, its verdicts). Pure."""
-    in_cell: dict[Cell, list[ArchiveRun]] = {}
+    by_cell: dict[Cell, list[ArchiveRun]] = {}
     wanted: dict[Cell, list[str]] = {}
     outside_runs: dict[str, list[ArchiveRun]] = {}
     outside_where: dict[str, Outside] = {}
@@ -153,7 +156,7 @@ def support_matrix(release: Release, scenarios: Mapping[str, Scenario],
     for scenario, run in runs:
         where = locate(scenario)
         if isinstance(where, Cell):
-            in_cell.setdefault(where, []).append(run)
+            by_cell.setdefault(where, []).append(run)
         else:
             outside_runs.setdefault(scenario.name, []).append(run)
             outside_where.setdefault(scenario.name, where)
@@ -164,14 +167,32 @@ def support_matrix(release: Release, scenarios: Mapping[str, Scenario],
         else:
             outside_paths.setdefault(scenario.name, []).append(path)
             outside_where[scenario.name] = where
-    grid = [_entry(release, cell, in_cell.get(cell, []), wanted.get(cell, [])) for cell in cells()]
+    ran = _where_archives_ran(scenarios, runs)
+    grid = [_entry(release, cell, by_cell.get(cell, []), wanted.get(cell, []), ran) for cell in cells()]
     outside = [_outside(name, outside_where[name], outside_runs.get(name, []), outside_paths.get(name, []))
                for name in sorted(outside_where)]
     return SupportMatrix(release.name, grid, outside)
 
 
-def _entry(release: Release, cell: Cell, runs: list[ArchiveRun], paths: list[str]) -> Entry:
+def _where_archives_ran(scenarios: Mapping[str, Scenario], runs: Sequence[tuple[Scenario, ArchiveRun]]
+                        ) -> Callable[[str], Cell | Outside | None]:
+    """Where an archive `results/<scenario>/<run>` ran: by its own scenario where it is one of `runs`,
+    else by the scenario of that name (an archived one first, then the folder's); None if neither."""
+    exact = {run.archive: locate(s) for s, run in runs}
+    named = {s.name: locate(s) for s in scenarios.values()} | {s.name: locate(s) for s, _ in runs}
+
+    def ran(archive: str) -> Cell | Outside | None:
+        parts = archive.split("/")
+        return exact.get(archive) or (named.get(parts[1]) if len(parts) == 3 else None)
+
+    return ran
+
+
+def _entry(release: Release, cell: Cell, runs: list[ArchiveRun], paths: list[str],
+           ran: Callable[[str], Cell | Outside | None] = lambda _: None) -> Entry:
     rule = ruled_out(release, cell)
+    if rule is not None:
+        rule = in_cell(rule, cell, ran)
     if runs:
         return Entry("run", cell, runs=tuple(sorted(runs, key=lambda r: r.archive)), rule=rule,
                      scenarios=tuple(paths))
@@ -274,12 +295,19 @@ def _why(e: Entry) -> str:
     if e.state == "run":
         text = "; ".join(f"{_verdicts(r)}" for r in e.runs)
         if e.rule is not None:
-            text += f"; rule `{e.rule.code}` ({e.rule.provenance}) applies: {md_inline(e.rule.reason)}"
+            text += f"; rule `{e.rule.code}` ({_provenance(e.rule)}) applies: {md_inline(e.rule.reason)}"
         return text
     if e.state == "ruled out":
         assert e.rule is not None
-        return f"ruled out, `{e.rule.code}` ({e.rule.provenance}): {md_inline(e.rule.reason)}"
+        return f"ruled out, `{e.rule.code}` ({_provenance(e.rule)}): {md_inline(e.rule.reason)}"
     return md_inline(e.note) if e.note else "not yet run"
+
+
+def _provenance(rule: RuledOut) -> str:
+    """`observed` or `inferred`; for a rule observed in another cell, that cell too."""
+    if not rule.observed_on:
+        return rule.provenance
+    return f"{rule.provenance} here; observed on " + "; ".join(f"`{w}`" for w in rule.observed_on.split("; "))
 
 
 def _archives(e: Entry) -> str:
@@ -316,7 +344,9 @@ def render_support(m: SupportMatrix, sources: Sequence[str] = ("scenarios/", "re
         "each contract's), **ruled out** (the rule, observed or inferred, and the SGLang source lines "
         "that rule it out here; paths in the release's wheel) or **not yet run** (the scenario that would "
         "run it, or why none can yet). A run is shown even where a rule applies: the rule is named "
-        "beside it.",
+        "beside it. A rule is *observed* only in the cell its cited archive ran (same family, KV regime, "
+        "mode, backend and decode); in the other cells it rules out it is *inferred here*, and the cell "
+        "where it was observed is named.",
         "",
         f"**Counts**: {c['grid cells']} grid cells: {c['run']} run, {c['ruled out']} ruled out, "
         f"{c['not yet run']} not yet run ({c['no scenario']} of them with no scenario that can run them "

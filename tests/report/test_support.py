@@ -10,8 +10,19 @@ from pathlib import Path
 
 import pytest
 
+from cptest.checks.archived import parse_archived
 from cptest.cli import matrix_judge
-from cptest.engines.sglang.cells import CELL_RULES, Cell, cell_rules, cells, default_release, ruled_out
+from cptest.engines.sglang.cells import (
+    CELL_RULES,
+    Cell,
+    RuledOut,
+    cell_rules,
+    cells,
+    default_release,
+    evidence_archives,
+    in_cell,
+    ruled_out,
+)
 from cptest.engines.sglang.releases import get_release
 from cptest.lang import parse_file
 from cptest.report.support import (
@@ -137,16 +148,21 @@ def test_a_cell_nobody_ran_names_the_scenario_that_would_run_it_or_why_none_can(
 
 
 def test_the_qwen3_moe_cells_are_run_and_name_the_rule_their_runs_showed(monkeypatch: pytest.MonkeyPatch):
-    # cptest writes synthetic Qwen3-MoE weights (D64). Both DCP cells were run, and the rule that their
-    # runs made observed (K/V written inside RoPE, past DCP's owner mask) is named beside them; the PCP
-    # cell was run too, under its inferred rule. No cell of the grid is left without a scenario.
+    # cptest writes synthetic Qwen3-MoE weights (D64). Both DCP cells were run, and the rule (K/V
+    # written inside RoPE, past DCP's owner mask) is named beside them: observed on eager decode, the
+    # cell of the archive it cites, and inferred on graph decode, naming the eager cell. The PCP cell
+    # was run too, under its inferred rule. No cell of the grid is left without a scenario.
     monkeypatch.chdir(ROOT)
     scenarios, runs, _ = read_inputs(RELEASE, Path("scenarios"), [Path("results")], matrix_judge())
     m = support_matrix(RELEASE, scenarios, runs)
     for decode in ("eager", "graph"):
         e = next(e for e in m.grid if e.cell == Cell("qwen3-moe", "kv<=tp/dcp", "dcp2", "triton", decode))
         assert e.state == "run" and e.rule is not None and e.rule.code == "dcp_fused_rope_kv_write"
-        assert e.rule.provenance == "observed"
+        if decode == "eager":
+            assert e.rule.provenance == "observed" and not e.rule.observed_on
+        else:
+            assert e.rule.provenance == "inferred"
+            assert e.rule.observed_on == "qwen3-moe kv<=tp/dcp dcp2 triton eager"
         assert [r.scenario for r in e.runs] == [f"dcp2_qwen3_moe_kv1_{decode}"]
         assert e.runs[0].contracts["generation"] == "fail"
     pcp = parse_file(ROOT / "scenarios" / "qualification" / "pcp2_zigzag_qwen3_moe_kv1.cps")
@@ -208,9 +224,88 @@ def test_the_first_matching_rule_wins_and_a_cell_with_a_path_is_left_to_a_run():
     # code rules their cells out: fa3's zigzag path on a CP-v2 class is left to runs.
     assert ruled_out(RELEASE, Cell("qwen3-moe", "kv<=tp/dcp", "pcp2-zigzag", "fa3", "eager")) is None
     assert ruled_out(RELEASE, Cell("mla", "latent", "pcp2-zigzag", "fa3", "graph")) is None
+    # The rule as the release table holds it is observed; the graph cell shows it inferred, since the
+    # archive it cites ran eager decode (`in_cell`, the next tests).
     got = ruled_out(RELEASE, Cell("mla", "latent", "dcp2", "flashmla", "graph"))
     assert got is not None and got.code == "mla_dcp_flashmla_lse_unpacked" and got.provenance == "observed"
     assert ruled_out(RELEASE, Cell("mla", "latent", "dcp2", "flashinfer", "graph")) is None
+
+
+# ------------------------------------------------------------------------------ observed where it was run
+def test_a_rule_is_observed_only_in_the_cell_its_cited_archive_ran():
+    eager = Cell("llama", "kv>tp/dcp", "dcp2", "triton", "eager")
+    rule = RuledOut("r", "why", "x.py:1", "observed", "results/dcp2_llama_kv4/20990101T000000Z-feedface")
+    ran = {"results/dcp2_llama_kv4/20990101T000000Z-feedface": eager}.get
+    assert in_cell(rule, eager, ran) == rule
+    for other in (Cell("llama", "kv>tp/dcp", "dcp2", "triton", "graph"),  # another decode
+                  Cell("qwen3", "kv>tp/dcp", "dcp2", "triton", "eager"),  # another family
+                  Cell("llama", "kv>tp/dcp", "dcp2", "fa3", "eager"),  # another backend
+                  Cell("llama", "kv<=tp/dcp", "dcp2", "triton", "eager")):  # another KV regime
+        got = in_cell(rule, other, ran)
+        assert got.provenance == "inferred" and got.observed_on == "llama kv>tp/dcp dcp2 triton eager", other
+        assert got.evidence == rule.evidence  # the archive is still cited, as where it was seen
+    # An archive of no known cell leaves every cell inferred; evidence that is no archive (the
+    # release's parser in CI) and an inferred rule are left as they are.
+    assert in_cell(rule, eager, lambda _: None).provenance == "inferred"
+    ci = RuledOut("r", "why", "x.py:1", "observed", "tests/sglang_src/test_rules_differential.py (in CI)")
+    assert evidence_archives(ci.evidence) == () and in_cell(ci, eager, ran) == ci
+    inferred = RuledOut("r", "why", "x.py:1", "inferred", "")
+    assert in_cell(inferred, eager, ran) == inferred
+
+
+def test_the_matrix_says_observed_only_where_the_cited_archive_ran():
+    s = _scenario("dcp2_llama_kv4")
+    run = ArchiveRun("results/dcp2_llama_kv4/x", "dcp2_llama_kv4", "fail",
+                     {"generation": "pass (no-go seen)"})
+    md = render_support(support_matrix(RELEASE, {}, [(s, run)]))
+    # The rule cites results/dcp2_llama_kv4/<run>: a run of this scenario, Llama on eager decode.
+    here = _row(md, "Llama", "`kv>tp/dcp`", "dcp2", "triton", "eager")
+    assert "`mha_dcp_kv_not_replicated` (observed) applies" in here
+    elsewhere = "(inferred here; observed on `llama kv>tp/dcp dcp2 triton eager`)"
+    assert elsewhere in _row(md, "Llama", "`kv>tp/dcp`", "dcp2", "triton", "graph")
+    assert elsewhere in _row(md, "Qwen3 dense", "`kv>tp/dcp`", "dcp2", "triton", "eager")
+    assert elsewhere in _row(md, "Qwen3-MoE", "`kv>tp/dcp`", "dcp2", "fa3", "graph")
+
+
+def _grid_rows(md: str) -> list[tuple[Cell, str]]:
+    """(cell, row) of every grid row of the document, its family from its section's title."""
+    titles = {"Llama (": "llama", "Qwen3 dense": "qwen3", "Qwen3-MoE": "qwen3-moe",
+              "DeepSeek-style MLA": "mla"}
+    out: list[tuple[Cell, str]] = []
+    for section in md.split("\n## ")[1:]:
+        family = next((f for t, f in titles.items() if section.startswith(t)), None)
+        if family is None:
+            continue
+        for row in section.splitlines():
+            values = [c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]]
+            if len(values) == 7 and values[0].startswith("`"):
+                out.append((Cell(family, values[0].strip("`"), *values[1:4]), row))  # type: ignore[arg-type]
+    return out
+
+
+def test_no_cell_of_the_committed_matrix_is_observed_by_an_archive_of_another_cell():
+    # Each cited archive read as it was run (its own scenario.cps), not by name: the committed matrix
+    # says `(observed)` only in the cell one of the rule's archives ran, and names that cell elsewhere.
+    rows = _grid_rows(DOC.read_text(encoding="utf-8"))
+    assert [c for c, _ in rows] == cells()
+    where: dict[str, object] = {}
+    observed = 0
+    for cell, row in rows:
+        rule = ruled_out(RELEASE, cell)
+        archives = evidence_archives(rule.evidence) if rule is not None else ()
+        for a in archives:
+            if a not in where:
+                where[a] = locate(parse_archived(ROOT / a))
+        ran = [where[a] for a in archives]
+        if "(observed)" in row:
+            observed += 1
+            assert rule is not None and f"`{rule.code}` (observed)" in row, row
+            assert not archives or cell in ran, (cell, archives, ran)
+        if rule is not None and rule.provenance == "observed" and archives and cell not in ran:
+            assert "(observed)" not in row and "inferred here; observed on " in row, row
+            for c in ran:
+                assert isinstance(c, Cell) and f"`{c.words()}`" in row, row
+    assert observed == 7  # one cell per rule citing an archive: each rule's archive ran one cell
 
 
 def test_a_colocated_run_is_labelled_in_its_cell_beside_a_physical_run_of_the_same_scenario():

@@ -18,8 +18,8 @@ Nothing outside this package branches on a release name: callers ask `cell_rules
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from cptest.engines.sglang.releases import RELEASE_0_5_17, Provenance, Release, get_release
@@ -60,6 +60,10 @@ class Cell:
     mode: Mode
     backend: Backend
     decode: Decode
+
+    def words(self) -> str:
+        """The cell's coordinates in the matrix's order: `llama kv>tp/dcp dcp2 triton eager`."""
+        return f"{self.family} {self.regime} {self.mode} {self.backend} {self.decode}"
 
 
 def cells() -> list[Cell]:
@@ -105,6 +109,9 @@ class RuledOut:
     citation: str
     provenance: Provenance
     evidence: str
+    observed_on: str = ""
+    """Set by `in_cell` where the rule is observed, but its cited archives ran other cells: those
+    cells (`Cell.words`), the provenance then being `inferred` for this one."""
 
 
 def _set(*values: str) -> frozenset[str]:
@@ -228,5 +235,29 @@ def ruled_out(release: Release, cell: Cell) -> RuledOut | None:
     return None
 
 
+def evidence_archives(evidence: str) -> tuple[str, ...]:
+    """The archives (`results/<scenario>/<run>`) an evidence text cites, in its order; other
+    evidence (a test, a CI run) is not an archive of a cell."""
+    return tuple(part.strip() for part in evidence.split(";") if part.strip().startswith("results/"))
+
+
+def in_cell(rule: RuledOut, cell: Cell, ran: Callable[[str], object]) -> RuledOut:
+    """`rule` as `cell` shows it. An observed rule whose evidence cites archives is observed only in
+    the cell one of them ran (same family, KV regime, mode, backend and decode; `ran(archive)` says
+    where an archive ran: a Cell, or anything else for no cell of the grid); in any other cell it
+    matches it is inferred from the source, `observed_on` naming where it was seen. A rule observed
+    by other means (the release's own parser in CI) or inferred is returned as it is."""
+    archives = evidence_archives(rule.evidence)
+    if rule.provenance != "observed" or not archives:
+        return rule
+    places = [ran(a) for a in archives]
+    if cell in places:
+        return rule
+    seen = [p.words() if isinstance(p, Cell) else f"{a} (no cell of the grid)"
+            for a, p in zip(archives, places, strict=True)]
+    return replace(rule, provenance="inferred", observed_on="; ".join(dict.fromkeys(seen)))
+
+
 __all__ = ["ARCHITECTURES", "BACKENDS", "DECODES", "FAMILIES", "MODES", "Cell", "CellRule", "RuledOut",
-           "cell_rules", "cells", "default_release", "regimes_of", "ruled_out"]
+           "cell_rules", "cells", "default_release", "evidence_archives", "in_cell", "regimes_of",
+           "ruled_out"]
