@@ -1,9 +1,14 @@
 """Rank layout of a reference server: groups, head shards and row splits (pure, no torch).
 
 The numbering is SGLang's (`cptest.topology`, docs/sglang.md §6): TP blocks contiguous,
-`tp_rank = attn_cp_rank * attn_tp + attn_tp_rank` (one attention-DP group), DCP groups contiguous
-slices of the TP group with `dcp_rank = tp_rank % dcp`. The reference runs pp 1 and attn_dp 1, on one
-node or several (`node_ranks`: node k runs the k-th contiguous block of world ranks, as SGLang).
+`tp_rank = (attn_dp_rank * attn_cp + attn_cp_rank) * attn_tp + attn_tp_rank`, DCP groups contiguous
+slices of the TP group with `dcp_rank = tp_rank % dcp`. The reference runs pp 1, on one node or
+several (`node_ranks`: node k runs the k-th contiguous block of world ranks, as SGLang).
+
+Attention DP: each attention-DP rank is a contiguous block of `attn_cp * attn_tp` ranks (group
+`dp_block`) that runs its own batch through attention; the MLP runs over the buffer of every DP
+rank's rows (`cptest.reference.modeling.DpSizes`), sharded over the whole TP group, as SGLang's
+dense MLP does.
 
 Head shards: query heads are split over attention TP (`heads / attn_tp` per rank, contiguous). The
 K/V heads a rank *stores* are the ones its attention needs: under DCP the queries of the whole DCP
@@ -30,9 +35,13 @@ from cptest.topology import (
 
 
 def unsupported(d: Degrees) -> list[str]:
-    """Degrees this engine has no flag for (`server_args.py`): it would silently run tp only."""
-    if d.pp != 1 or d.attn_dp != 1:
-        return [f"the reference engine runs pp 1 and attn_dp 1 (got pp {d.pp}, attn_dp {d.attn_dp})"]
+    """Degrees this engine has no flag or no contract for (`server_args.py`): it would silently run
+    something else."""
+    if d.pp != 1:
+        return [f"the reference engine runs pp 1 (got pp {d.pp})"]
+    if d.attn_dp > 1 and d.dcp > 1:
+        return [f"the reference engine runs attention DP without DCP (got attn_dp {d.attn_dp}, dcp {d.dcp}): "
+                "DCP beside attention DP is not a contract of the reference engine"]
     return []
 
 
@@ -115,6 +124,24 @@ class Layout:
         """Prefill context parallelism splits extend rows over the ATTN_CP group."""
         return self.degrees.pcp
 
+    @property
+    def attn_dp(self) -> int:
+        return self.degrees.attn_dp
+
+    @property
+    def attn_dp_rank(self) -> int:
+        return self.me.attn_dp_rank
+
+    @property
+    def attention_group(self) -> str:
+        """The name of the group of this rank's attention-DP rank (its ATTN_CP x ATTN_TP block): the
+        whole TP group without attention DP, so that a one-DP-rank server uses the groups it always did."""
+        return "tp" if self.attn_dp == 1 else "dp_block"
+
+    def dp_leader(self, dp_rank: int) -> int:
+        """The first world rank of attention-DP rank `dp_rank`: the one that speaks for its batch."""
+        return dp_rank * self.attn_cp * self.attn_tp
+
     def problems(self) -> list[str]:
         """Why this layout cannot run on the reference engine (empty when it can)."""
         out = reference_problems(self.degrees)
@@ -124,9 +151,12 @@ class Layout:
 
     # ------------------------------------------------------------------ groups
     def all_groups(self, name: str) -> list[list[int]]:
-        """Every group of kind `name` (world, tp, dcp, attn_cp, attn_tp, pp), in creation order."""
+        """Every group of kind `name` (world, tp, dcp, attn_cp, attn_tp, pp, dp_block), in creation order."""
         if name == "world":
             return [list(range(self.world))]
+        if name == "dp_block":
+            block = self.attn_cp * self.attn_tp
+            return [list(range(b, b + block)) for b in range(0, self.world, block)]
         seen: dict[tuple[int, ...], None] = {}
         for g in self._geometry:
             seen.setdefault(g.group(name), None)
@@ -135,6 +165,8 @@ class Layout:
     def group(self, name: str) -> list[int]:
         if name == "world":
             return list(range(self.world))
+        if name == "dp_block":
+            return next(g for g in self.all_groups(name) if self.rank in g)
         return list(self.me.group(name))
 
     # ------------------------------------------------------------------ heads

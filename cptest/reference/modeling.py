@@ -11,6 +11,11 @@ heads, K/V written to the paged pool (all rows under PCP after an all-gather ove
 only the rows this rank owns, `pos % dcp`, under DCP), o_proj on the local heads, a sum over TP
 (rows of other CP ranks are zero on this rank, so one all-reduce joins heads and rows: the
 *final gather* of rows), then the SiLU MLP on every row (FFN rows are gathered), sharded over TP.
+
+With attention DP every DP rank runs its own batch through attention (the sums above go over its
+`dp_block`), and the MLP runs over the attention-DP buffer: every DP rank's rows in DP order, each
+slice padded as `DpSizes` says, joined by an all-reduce over TP; each rank keeps its own slice of the
+MLP's output.
 """
 
 from __future__ import annotations
@@ -240,6 +245,36 @@ def merge_lse(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> tor
     return (weight[..., None] * torch.stack(list(outs))).sum(0)
 
 
+# ---------------------------------------------------------------------------------------- attention DP
+@dataclass(frozen=True)
+class DpSizes:
+    """The attention-DP buffer of one step, as SGLang 0.5.17's `prepare_mlp_sync_batch` sizes it
+    (model_executor/forward_batch_info.py:1229-1311) for a CP-v2 model: `tokens` is each DP rank's row
+    count, `padded` its slice (aligned up to the attention-TP size; under `max_len` every slice the
+    longest), `mode` `sum_len` when any DP rank extends or when padding to the longest would cost more
+    than twice the rows, else `max_len` (layers/dp_attention.py:86-118)."""
+
+    tokens: tuple[int, ...]
+    padded: tuple[int, ...]
+    mode: str
+
+    @classmethod
+    def of(cls, tokens: Sequence[int], any_extend: bool, attn_tp: int) -> DpSizes:
+        aligned = [-(-n // attn_tp) * attn_tp for n in tokens]
+        longest, total = max(aligned), sum(aligned)
+        mode = "sum_len" if any_extend or total * 2 < longest * len(aligned) else "max_len"
+        padded = [longest] * len(aligned) if mode == "max_len" else aligned
+        return cls(tokens=tuple(tokens), padded=tuple(padded), mode=mode)
+
+    @property
+    def rows(self) -> int:
+        return sum(self.padded)
+
+    def start(self, dp_rank: int) -> int:
+        """The first buffer row of DP rank `dp_rank`'s slice."""
+        return sum(self.padded[:dp_rank])
+
+
 # ---------------------------------------------------------------------------------------- forward
 @dataclass
 class SeqRows:
@@ -288,13 +323,15 @@ class Model:
         self.cfg, self.shard, self.layout, self.comm, self.pool = cfg, shard, layout, comm, pool
 
     @torch.no_grad()
-    def forward(self, tokens: list[int], seqs: list[SeqRows], extend: bool, want_logits: bool
-                ) -> tuple[torch.Tensor | None, ForwardStats]:
+    def forward(self, tokens: list[int], seqs: list[SeqRows], extend: bool, want_logits: bool,
+                dp: DpSizes | None = None) -> tuple[torch.Tensor | None, ForwardStats]:
         """Logits (when `want_logits`) and what this rank did.
 
         The logits are those of each request's rows from `SeqRows.logits_first` to its last row
         (`logits_rows` of them: the last row alone unless it asks for input logprobs), packed in
         batch order, [sum of logits_rows, vocab]. The final norm and lm_head run on those rows only.
+        With attention DP, `tokens` and `seqs` are this rank's DP batch (possibly empty: an idle
+        forward that still joins the MLP's collectives) and `dp` the step's buffer over every DP rank.
         """
         cfg, lay, sh = self.cfg, self.layout, self.shard
         n_rows = len(tokens)
@@ -316,15 +353,15 @@ class Model:
             kv_written[s.rid] = [p for p, o in zip(s.positions, owned[at : at + len(s.positions)],
                                                    strict=True) if o]
             at += len(s.positions)
-        hq, hd = len(sh.q_heads), cfg.head_dim
+        hq, hk, hd = len(sh.q_heads), len(sh.kv_heads), cfg.head_dim
         self._plan_rows(seqs, pos, owned_t)
         for li, w in enumerate(sh.layers):
             x = rms_norm(hidden, w["in_norm"], cfg.eps)
             xl = x[local_t]
             lpos = pos[local_t]
             q = (xl @ w["q"].t()).view(len(local), hq, hd)
-            k = (xl @ w["k"].t()).view(len(local), -1, hd)
-            v = (xl @ w["v"].t()).view(len(local), -1, hd)
+            k = (xl @ w["k"].t()).view(len(local), hk, hd)  # hk, not -1: an idle DP rank has 0 rows
+            v = (xl @ w["v"].t()).view(len(local), hk, hd)
             if cfg.qk_norm:
                 q = rms_norm(q, w["q_norm"], cfg.eps)
                 k = rms_norm(k, w["k_norm"], cfg.eps)
@@ -348,13 +385,12 @@ class Model:
             if split:
                 full = torch.zeros(n_rows, cfg.hidden)
                 full[local_t] = o
-                o = self.comm.all_reduce(full, "tp")
+                o = self.comm.all_reduce(full, lay.attention_group)
             else:
-                o = self.comm.all_reduce(o, "attn_tp" if lay.attn_cp > 1 else "tp")
+                o = self.comm.all_reduce(o, "attn_tp" if lay.attn_cp > 1 else lay.attention_group)
             hidden = hidden + o
             x = rms_norm(hidden, w["post_norm"], cfg.eps)
-            mlp = (F.silu(x @ w["gate"].t()) * (x @ w["up"].t())) @ w["down"].t()
-            hidden = hidden + self.comm.all_reduce(mlp, "tp")
+            hidden = hidden + self._mlp(w, x, dp)
         logits = None
         if want_logits:
             rows: list[int] = []
@@ -364,9 +400,29 @@ class Model:
                 at += len(s.positions)
             sel = torch.tensor(rows, dtype=torch.long)
             logits = rms_norm(hidden[sel], sh.norm, cfg.eps) @ sh.lm_head.t()
-        return logits, ForwardStats(attn_rows=len(local), ffn_rows=n_rows, cp_active=split,
+        return logits, ForwardStats(attn_rows=len(local), ffn_rows=n_rows if dp is None else dp.rows,
+                                    cp_active=split,
                                     local_rows=local, kv_written=kv_written, layers=len(sh.layers),
                                     kv_slots=self._slots, kv_read=self._reads)
+
+    def _mlp(self, w: dict[str, torch.Tensor], x: torch.Tensor, dp: DpSizes | None) -> torch.Tensor:
+        """The MLP's output for this rank's rows `x`: sharded over TP and summed; with attention DP run
+        over the buffer of every DP rank's rows (each DP rank's first rank puts its batch in its slice,
+        an all-reduce over TP fills the buffer), of which this rank keeps its own slice."""
+        if dp is None:
+            return self.comm.all_reduce(self._mlp_shard(w, x), "tp")
+        lay = self.layout
+        start = dp.start(lay.attn_dp_rank)
+        buffer = torch.zeros(dp.rows, x.shape[1])
+        if self.layout.rank == lay.dp_leader(lay.attn_dp_rank):
+            buffer[start : start + x.shape[0]] = x
+        buffer = self.comm.all_reduce(buffer, "tp")
+        out = self.comm.all_reduce(self._mlp_shard(w, buffer), "tp")
+        return out[start : start + x.shape[0]]
+
+    @staticmethod
+    def _mlp_shard(w: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return (F.silu(x @ w["gate"].t()) * (x @ w["up"].t())) @ w["down"].t()
 
     def _gather_rows(self, t: torch.Tensor, per_cp: list[list[int]]) -> torch.Tensor:
         """Rows computed by each CP rank -> all rows in packed order (padded all-gather)."""

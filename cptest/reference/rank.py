@@ -7,6 +7,12 @@ tokens' top-k; with the first token, its input positions' logprobs and top-k). E
 the probe's evidence records to `$CPTEST_PROBE_DIR/rank<world>.jsonl` (Geometry, KvPool, Capacity,
 Graph `disabled`, one Step per forward), flushed line by line so a killed rank leaves at most one
 truncated line.
+
+With attention DP the leader keeps one scheduler (and one pool's accounting) per DP rank, hands each
+request to the next DP rank in turn (SGLang's default `round_robin` load balancing), and every step
+message carries one part per DP rank: its batch, or nothing (an idle forward that still joins the
+MLP's collectives, as SGLang's idle batches do). Each DP rank's first rank computes its logits, and
+an all-gather brings them to the leader to sample.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch.distributed as dist
 
 from cptest.evidence import (
     Capacity,
+    DpBuffer,
     Geometry,
     Graph,
     KvPool,
@@ -39,8 +46,8 @@ from cptest.evidence import (
 )
 from cptest.probe.pool_hooks import PoolSampler
 from cptest.reference.layout import Layout
+from cptest.reference.modeling import DpSizes, Model, ModelConfig, SeqRows, SoloComm, load_shard
 from cptest.reference.modeling import KvPool as Pool
-from cptest.reference.modeling import Model, ModelConfig, SeqRows, SoloComm, load_shard
 from cptest.reference.scheduler import BlockView, Request, Scheduler
 from cptest.store import rank_file_name
 from cptest.topology import Degrees, process_title
@@ -85,7 +92,8 @@ class GlooComm:
 
     def __init__(self, layout: Layout) -> None:
         self.groups: dict[str, Any] = {}
-        for name in ("tp", "dcp", "attn_cp", "attn_tp"):
+        names = ("tp", "dcp", "attn_cp", "attn_tp") + (("dp_block",) if layout.attn_dp > 1 else ())
+        for name in names:
             for members in layout.all_groups(name):
                 pg = None
                 if len(members) > 1:
@@ -188,9 +196,9 @@ def rank_main(rank: int, args: RankArgs, conn: Any, parent: int) -> None:
 
 def _write_static(ev: Evidence, layout: Layout, cfg: ModelConfig, args: RankArgs, kv_heads: int) -> RankId:
     rid = RankId(world=layout.rank, tp=layout.rank, dcp=layout.dcp_rank, attn_cp=layout.attn_cp_rank,
-                 attn_tp=layout.attn_tp_rank, attn_dp=0, pid=os.getpid())
+                 attn_tp=layout.attn_tp_rank, attn_dp=layout.attn_dp_rank, pid=os.getpid())
     sizes = {"tp": layout.tp, "dcp": layout.dcp, "attn_cp": layout.attn_cp, "attn_tp": layout.attn_tp,
-             "attn_dp": 1, "pp": 1, "world": layout.world}
+             "attn_dp": layout.attn_dp, "pp": 1, "world": layout.world}
     groups = {name: layout.group(name) for name in ("world", "tp", "dcp", "attn_cp", "attn_tp", "pp")}
     t = ev.now()
     ev.write(Geometry(t=t, rank=rid, sizes=sizes, groups=groups, gpu=None, hostname=socket.gethostname()))
@@ -204,19 +212,36 @@ def _write_static(ev: Evidence, layout: Layout, cfg: ModelConfig, args: RankArgs
     return rid
 
 
-def _seq_rows(msg: dict[str, Any]) -> list[SeqRows]:
+def _seq_rows(part: dict[str, Any]) -> list[SeqRows]:
     return [SeqRows(rid=s[0], positions=list(range(s[1], s[1] + s[2])), context=s[3], blocks=s[4],
-                    logits_from=s[5]) for s in msg["seqs"]]
+                    logits_from=s[5]) for s in part.get("seqs", ())]
 
 
-def _step(model: Model, ev: Evidence, rid: RankId, msg: dict[str, Any], want_logits: bool) -> Any:
-    """Run one broadcast step on this rank and record it; returns the logits (None without
-    `want_logits`: only the leader samples, so only it runs the final norm and lm_head).
+def _dp_sizes(msg: dict[str, Any], layout: Layout) -> DpSizes | None:
+    """The step's attention-DP buffer (None without attention DP): every DP rank's rows, from the
+    one message every rank got."""
+    if layout.attn_dp == 1:
+        return None
+    parts = msg["parts"]
+    return DpSizes.of([len(p.get("tokens", ())) for p in parts], any(p.get("extend") for p in parts),
+                      layout.attn_tp)
 
-    `msg["seqs"]`: per request (rid, first position, rows, context, block table, logits_from), see
-    `SeqRows`; every rank gets the same message and runs the same forward (lockstep)."""
-    seqs = _seq_rows(msg)
-    logits, st = model.forward(msg["tokens"], seqs, msg["extend"], want_logits)
+
+def _step(model: Model, ev: Evidence, rid: RankId, msg: dict[str, Any]) -> Any:
+    """Run one broadcast step on this rank and record it; returns the logits of its DP rank's batch
+    on the rank that speaks for it (its first rank: the leader without attention DP), else None: only
+    those run the final norm and lm_head.
+
+    `msg["parts"][d]`: DP rank d's batch: `extend` (None: idle), `tokens`, and `seqs`, per request
+    (rid, first position, rows, context, block table, logits_from), see `SeqRows`; every rank gets
+    the same message and each runs its DP rank's part (lockstep)."""
+    lay = model.layout
+    part = msg["parts"][lay.attn_dp_rank]
+    want_logits = lay.rank == lay.dp_leader(lay.attn_dp_rank)
+    seqs = _seq_rows(part)
+    extend = bool(part.get("extend"))
+    dp = _dp_sizes(msg, lay)
+    logits, st = model.forward(part.get("tokens", []), seqs, extend, want_logits, dp)
     pos = [p for s in seqs for p in s.positions]
     # Under PCP the MLP runs over the whole batch (the attention shards gathered back) and hands
     # every row on: the rows entering and leaving it are the batch's, not the attention's.
@@ -229,22 +254,40 @@ def _step(model: Model, ev: Evidence, rid: RankId, msg: dict[str, Any], want_log
         at += len(s.positions)
         if mine:
             seq_positions[s.rid] = ranges_from(mine)
+    mode = "idle" if part.get("extend") is None else "extend" if extend else "decode"
     ev.write(Step(
-        t=ev.now(), rank=rid, step=msg["step"], mode="extend" if msg["extend"] else "decode",
+        t=ev.now(), rank=rid, step=msg["step"], mode=mode,  # type: ignore[arg-type]
         batch_size=len(seqs), rows_in=len(pos), attn_rows=st.attn_rows, ffn_rows=st.ffn_rows,
         # The logits stage gets every row's hidden state (gathered under PCP) and picks the rows
-        # whose logits it returns; only the leader runs it.
+        # whose logits it returns; only the rank that speaks for the DP rank's batch runs it.
         logits_rows=len(pos) if want_logits else None, cp_active=st.cp_active if model.layout.pcp else None,
         positions=ranges_from(pos[i] for i in st.local_rows), seq_positions=seq_positions,
         kv_written={k: ranges_from(v) for k, v in st.kv_written.items() if v},
-        extend_lens=[len(s.positions) for s in seqs] if msg["extend"] else [],
-        prefix_lens=[0] * len(seqs) if msg["extend"] else [],
+        extend_lens=[len(s.positions) for s in seqs] if extend else [],
+        prefix_lens=[0] * len(seqs) if extend else [],
         # Every layer runs the same rows here.
         ffn_out_rows=st.ffn_rows, layers=st.layers, ffn_seq_positions=batch, ffn_out_seq_positions=batch,
         kv_slots={k: slot_runs_from(v) for k, v in st.kv_slots.items() if v},
         kv_read={k: ranges_from(v) for k, v in st.kv_read.items() if v},
+        dp_buffer=None if dp is None else DpBuffer(tokens=list(dp.tokens), padded=list(dp.padded),
+                                                   rows=dp.rows, mode=dp.mode),  # type: ignore[arg-type]
     ))  # fmt: skip
     return logits
+
+
+def _gather_logits(model: Model, msg: dict[str, Any], logits: torch.Tensor | None) -> list[torch.Tensor]:
+    """Each DP rank's logits, on every rank: its first rank's rows, padded to the longest over one
+    all-gather of the TP group (one DP rank: this rank's own)."""
+    lay = model.layout
+    if lay.attn_dp == 1:
+        assert logits is not None
+        return [logits]
+    counts = [sum(s.logits_rows() for s in _seq_rows(p)) for p in msg["parts"]]
+    mine = torch.zeros(max(counts), model.cfg.vocab)
+    if logits is not None:
+        mine[: logits.shape[0]] = logits
+    parts = model.comm.all_gather(mine, "tp")
+    return [parts[lay.dp_leader(d)][:n] for d, n in enumerate(counts)]
 
 
 def _broadcast(msg: dict[str, Any] | None, world: int) -> dict[str, Any]:
@@ -263,17 +306,20 @@ def _follow(args: RankArgs, model: Model, ev: Evidence, rid: RankId) -> None:
         msg = _broadcast(None, args.degrees.tp)
         if msg.get("exit"):
             return
-        # This rank's pool sample at the leader's iteration: its own block count (BlockView), the
-        # leader's queue length (only the leader holds the queue).
-        view.update([(s[0], s[4]) for s in msg.get("seqs", ())], msg.get("released", []))
+        # This rank's pool sample at the leader's iteration: its own block count (BlockView) of its
+        # DP rank's pool, that DP rank's queue length (only the leader holds the queues).
+        part = msg["parts"][model.layout.attn_dp_rank]
+        view.update([(s[0], s[4]) for s in part.get("seqs", ())], part.get("released", []))
         rec = sampler.offer(rank=rid, t=ev.now(), step=msg["step"], total=args.rows * dcp,
                             free=view.free_tokens, evictable=None, protected=None, running=len(view.live),
-                            waiting=msg.get("waiting", 0), scheduler_total=args.rows * dcp)
+                            waiting=part.get("waiting", 0), scheduler_total=args.rows * dcp)
         if rec is not None:
             ev.write(rec)
         if msg.get("pool_only"):
             continue
-        _step(model, ev, rid, msg, want_logits=False)
+        logits = _step(model, ev, rid, msg)
+        if model.layout.attn_dp > 1:
+            _gather_logits(model, msg, logits)
 
 
 def sample(logits: torch.Tensor, sampling: dict[str, Any], gen: torch.Generator | None) -> tuple[int, float]:
@@ -347,35 +393,47 @@ def input_logprobs(rows: torch.Tensor, ids: list[int], start: int, k: int
 
 
 class _Leader:
-    """Rank 0: scheduler, step broadcaster, sampler."""
+    """Rank 0: the schedulers (one per attention-DP rank), step broadcaster, sampler."""
 
     def __init__(self, args: RankArgs, layout: Layout, cfg: ModelConfig, model: Model, ev: Evidence,
                  rid: RankId, conn: Any) -> None:
         self.args, self.layout, self.cfg, self.model, self.ev, self.rid, self.conn = (
             args, layout, cfg, model, ev, rid, conn)
         blocks = args.rows // args.page
-        self.sched = Scheduler(blocks, args.page * layout.dcp, max_running=args.max_running)
+        self.scheds = [Scheduler(blocks, args.page * layout.dcp, max_running=args.max_running)
+                       for _ in range(layout.attn_dp)]
+        """One per attention-DP rank: each DP rank has its own pool and queue (its own scheduler in
+        SGLang); the leader's own pool is DP rank 0's."""
+        self.sched = self.scheds[0]
+        self.next_dp = 0
+        """The DP rank the next request goes to: round robin, SGLang's default load balancing without
+        disaggregation (server_args.py:3855-3864, managers/data_parallel_controller.py:754-764)."""
         self.gens: dict[str, torch.Generator] = {}
         self.stopping = False
         self.step_no = 0
         self.sampler = PoolSampler()
-        self.released: list[str] = []
-        """Requests whose blocks went back to the free list since the last message to the ranks."""
+        self.released: list[list[str]] = [[] for _ in self.scheds]
+        """Per DP rank, requests whose blocks went back to its free list since the last message."""
+
+    def idle(self) -> bool:
+        return all(s.idle() for s in self.scheds)
 
     def loop(self) -> None:
+        # The server's capacity is DP rank 0's pool: SGLang's DP controller reports its first DP
+        # scheduler's (managers/data_parallel_controller.py:733).
         self.conn.send([("ready", self.sched.capacity)])
         while True:
-            if self.sched.idle() and self.released:
+            if self.idle() and any(self.released):
                 self._drained()
-            self._receive(block=self.sched.idle())
-            if self.stopping and self.sched.idle():
+            self._receive(block=self.idle())
+            if self.stopping and self.idle():
                 _broadcast({"exit": True}, self.args.degrees.tp)
                 return
-            batch = self.sched.next_batch()
-            if batch is None:
+            batches = [s.next_batch() for s in self.scheds]
+            if all(b is None for b in batches):
                 continue
             self._sample()
-            self._run(batch.extend, batch.requests)
+            self._run(batches)
 
     def _drained(self) -> None:
         """The last requests were released and nothing waits: the leader's drained sample, and the
@@ -383,16 +441,17 @@ class _Leader:
         same iteration. Every rank samples at exactly these points and before each step, so their
         samplers see the same sequence (`PoolSampler` decides from it alone)."""
         self._sample()
-        _broadcast({"pool_only": True, "step": self.step_no, "released": self._take_released(),
-                    "waiting": 0}, self.args.degrees.tp)
+        _broadcast({"pool_only": True, "step": self.step_no,
+                    "parts": [{"released": r, "waiting": 0} for r in self._take_released()]},
+                   self.args.degrees.tp)
 
-    def _take_released(self) -> list[str]:
-        out, self.released = self.released, []
+    def _take_released(self) -> list[list[str]]:
+        out, self.released = self.released, [[] for _ in self.scheds]
         return out
 
     def _sample(self) -> None:
         """The leader's pool sample after this iteration's admissions (SGLang: after
-        `get_next_batch_to_run`), from the scheduler's own free list and queues."""
+        `get_next_batch_to_run`), from its scheduler's own free list and queues."""
         s = self.sched
         total = s.capacity
         rec = self.sampler.offer(rank=self.rid, t=self.ev.now(), step=self.step_no, total=total,
@@ -417,26 +476,32 @@ class _Leader:
             _, rid, ids, max_new, sampling, start, k = m
             req = Request(rid=rid, input_ids=list(ids), max_new_tokens=int(max_new), sampling=dict(sampling),
                           logprob_start_len=int(start), top_logprobs_num=int(k))
-            why = self.sched.submit(req)
+            why = self.scheds[self.next_dp].submit(req)
             if why is not None:
                 self.conn.send([("error", rid, why)])
                 return
+            self.next_dp = (self.next_dp + 1) % len(self.scheds)
             seed = sampling.get("sampling_seed")
             g = torch.Generator()
             g.manual_seed(int(seed) if seed is not None else zlib.crc32(rid.encode()))
             self.gens[rid] = g
         elif kind == "abort":
-            if self.sched.abort(m[1]) is not None:
-                self.released.append(m[1])
+            for d, sched in enumerate(self.scheds):
+                if sched.abort(m[1]) is not None:
+                    self.released[d].append(m[1])
             self.gens.pop(m[1], None)
         elif kind == "shutdown":
             self.stopping = True
 
-    def _run(self, extend: bool, reqs: list[Request]) -> None:
+    def _part(self, batch: Any, released: list[str], waiting: int) -> dict[str, Any]:
+        """One DP rank's part of a step message: its batch's rows, or an idle part (`extend` None)."""
+        part: dict[str, Any] = {"released": released, "waiting": waiting}
+        if batch is None:
+            return {**part, "extend": None}
         tokens: list[int] = []
         seqs = []
-        for r in reqs:
-            if extend:
+        for r in batch.requests:
+            if batch.extend:
                 n = len(r.input_ids)
                 tokens.extend(r.input_ids)
                 start = r.logprob_start_len if 0 <= r.logprob_start_len < n else None
@@ -445,14 +510,31 @@ class _Leader:
                 p = len(r.input_ids) + len(r.output_ids) - 1
                 tokens.append(r.output_ids[-1])
                 seqs.append((r.rid, p, 1, p + 1, r.blocks, None))
-        msg = {"step": self.step_no, "extend": extend, "tokens": tokens, "seqs": seqs,
-               "released": self._take_released(), "waiting": len(self.sched.waiting)}
+        return {**part, "extend": batch.extend, "tokens": tokens, "seqs": seqs}
+
+    def _run(self, batches: list[Any]) -> None:
+        released = self._take_released()
+        parts = [self._part(b, r, len(s.waiting))
+                 for b, r, s in zip(batches, released, self.scheds, strict=True)]
+        msg = {"step": self.step_no, "parts": parts}
         self.step_no += 1
         _broadcast(msg, self.args.degrees.tp)
-        logits = _step(self.model, self.ev, self.rid, msg, want_logits=True)
+        per_dp = _gather_logits(self.model, msg, _step(self.model, self.ev, self.rid, msg))
+        events: list[tuple[Any, ...]] = []
+        for d, (batch, part) in enumerate(zip(batches, parts, strict=True)):
+            if batch is not None:
+                events.extend(self._sample_batch(d, batch.extend, batch.requests, _seq_rows(part), per_dp[d]))
+        if not all(s.leak_free() for s in self.scheds):  # an accounting bug must be visible, not silent
+            self.ev.write(ProbeNote(rank=self.rid, level="error", message="KV block accounting leaked"))
+        self.conn.send(events)
+
+    def _sample_batch(self, dp_rank: int, extend: bool, reqs: list[Request], seqs: list[SeqRows],
+                      logits: torch.Tensor) -> list[tuple[Any, ...]]:
+        """Each request's next token (and the logprobs it asked for) from its DP rank's logits."""
+        sched = self.scheds[dp_rank]
         events: list[tuple[Any, ...]] = []
         at = 0
-        for r, s in zip(reqs, _seq_rows(msg), strict=True):
+        for r, s in zip(reqs, seqs, strict=True):
             n_rows = s.logits_rows()
             rows = logits[at : at + n_rows]
             at += n_rows
@@ -475,9 +557,7 @@ class _Leader:
                 finish = {"type": "length", "length": r.max_new_tokens}
             events.append(("token", r.rid, tok, lp, finish, extra or None))
             if finish is not None:
-                self.sched.finish(r)
-                self.released.append(r.rid)
+                sched.finish(r)
+                self.released[dp_rank].append(r.rid)
                 self.gens.pop(r.rid, None)
-        if not self.sched.leak_free():  # an accounting bug must be visible, not silent
-            self.ev.write(ProbeNote(rank=self.rid, level="error", message="KV block accounting leaked"))
-        self.conn.send(events)
+        return events

@@ -1,7 +1,8 @@
 """The reference server's command line: built by the plan (`build_argv`), read by the server (`parse`).
 
 Flag names follow SGLang's where the meaning is the same (`--tp-size`, `--dcp-size`,
-`--attn-cp-size`, `--enable-prefill-cp`, `--cp-strategy`, `--page-size`, `--max-total-tokens`), so
+`--attn-cp-size`, `--enable-prefill-cp`, `--cp-strategy`, `--dp-size` with `--enable-dp-attention`,
+`--page-size`, `--max-total-tokens`), so
 that a plan reads the same for both engines; the module is `cptest.reference.server`, never sglang.
 """
 
@@ -46,6 +47,8 @@ def build_argv(cfg: ReferenceConfig) -> list[str]:
             "--page-size", str(cfg.page_size), "--max-running-requests", str(cfg.max_running_requests)]
     if d.prefill_cp:
         argv.append("--enable-prefill-cp")
+    if d.attn_dp > 1:
+        argv += ["--dp-size", str(d.attn_dp), "--enable-dp-attention"]
     if cfg.max_total_tokens is not None:
         argv += ["--max-total-tokens", str(cfg.max_total_tokens)]
     if cfg.context_length is not None:
@@ -68,6 +71,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--attn-cp-size", type=int, default=1)
     p.add_argument("--enable-prefill-cp", action="store_true")
     p.add_argument("--cp-strategy", choices=["zigzag", "interleave"], default="zigzag")
+    p.add_argument("--dp-size", type=int, default=1)
+    p.add_argument("--enable-dp-attention", action="store_true")
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--max-total-tokens", type=int, default=None)
     p.add_argument("--context-length", type=int, default=None)
@@ -80,8 +85,12 @@ def parser() -> argparse.ArgumentParser:
 
 def parse(argv: list[str]) -> ReferenceConfig:
     """argv (without the program) -> ReferenceConfig; argparse exits with status 2 on bad flags."""
-    a = parser().parse_args(argv)
-    degrees = Degrees(tp=a.tp_size, dcp=a.dcp_size, attn_cp=a.attn_cp_size,
+    p = parser()
+    a = p.parse_args(argv)
+    if a.dp_size > 1 and not a.enable_dp_attention:
+        # SGLang's --dp-size alone runs whole data-parallel replicas, which this engine does not.
+        p.error("--dp-size > 1 needs --enable-dp-attention (the reference engine runs attention DP only)")
+    degrees = Degrees(tp=a.tp_size, dcp=a.dcp_size, attn_cp=a.attn_cp_size, attn_dp=a.dp_size,
                       prefill_cp=a.enable_prefill_cp, cp_strategy=a.cp_strategy, nodes=a.nnodes)
     return ReferenceConfig(model_path=a.model_path, degrees=degrees, host=a.host, port=a.port,
                            page_size=a.page_size, max_total_tokens=a.max_total_tokens,

@@ -1,5 +1,5 @@
-"""Parity: the reference engine under TP, PCP (zigzag, interleave) and DCP gives the log-probabilities
-of a single-rank transformers forward of the same checkpoint, within 1e-4.
+"""Parity: the reference engine under TP, PCP (zigzag, interleave), DCP and attention DP gives the
+log-probabilities of a single-rank transformers forward of the same checkpoint, within 1e-4.
 
 Each layout runs a real server (one process per rank, gloo) and gets four prompts at once, so that
 extends are batched (one of 3 tokens, shorter than 2*cp: the zigzag fallback) and decodes continue
@@ -36,6 +36,10 @@ LAYOUTS = {
                                             "--cp-strategy", "interleave"]),
     "tp4_pcp2_zigzag_qwen3": ("qwen3-kv2", ["--tp-size", "4", "--attn-cp-size", "2", "--enable-prefill-cp"]),
     "pcp2_zigzag_llama_kv2": ("llama-kv2", ["--tp-size", "2", "--attn-cp-size", "2", "--enable-prefill-cp"]),
+    # attention DP: the four prompts go two to each DP rank, whose batches meet in the MLP's buffer
+    "dp2_llama_kv2": ("llama-kv2", ["--tp-size", "2", "--dp-size", "2", "--enable-dp-attention"]),
+    "tp4_dp2_pcp2_zigzag_qwen3": ("qwen3-kv2", ["--tp-size", "4", "--dp-size", "2", "--enable-dp-attention",
+                                                "--attn-cp-size", "2", "--enable-prefill-cp"]),
 }
 
 

@@ -1,5 +1,6 @@
-"""The reference engine's rank-local evidence carries schema v6's fields: every step's layers, the
-MLP's rows and their identity under PCP, the pool rows each K/V went to and those each step read.
+"""The reference engine's rank-local evidence carries schema v6's and v7's fields: every step's layers,
+the MLP's rows and their identity under PCP, the pool rows each K/V went to and those each step read,
+and under attention DP the buffer every DP rank's rows meet in.
 
 Each layout runs a real server (one process per rank, gloo) with the probe directory set, gets two
 prompts at once and a few decode steps, and its rank files are read back with cptest's reader.
@@ -82,3 +83,33 @@ def test_a_pcp2_zigzag_rank_names_its_attention_shard_and_the_mlps_whole_batch(
         assert s.kv_slots and all(_slot_pairs(s, rid) for rid in s.kv_written)
     decodes = [s for steps in ranks.values() for s in steps if s.mode == "decode"]
     assert decodes and all(s.ffn_seq_positions is None and s.kv_read for s in decodes)
+
+
+def test_attention_dp_ranks_run_their_own_batches_and_record_the_buffer_they_meet_in(
+        tiny_models: Path, tmp_path: Path) -> None:
+    ranks = _run(tiny_models, tmp_path, "qwen3-kv2",
+                 ["--tp-size", "4", "--dp-size", "2", "--enable-dp-attention", "--attn-cp-size", "2",
+                  "--enable-prefill-cp"])
+    assert sorted(ranks) == [0, 1, 2, 3]
+    by_step: dict[int, dict[int, Step]] = {}
+    for world, steps in ranks.items():
+        assert {s.rank.attn_dp for s in steps} == {world // 2}  # DP blocks of attn_cp x attn_tp = 2 ranks
+        for s in steps:
+            by_step.setdefault(s.step, {})[world] = s
+    served: dict[int, set[str]] = {0: set(), 1: set()}
+    for step, recs in by_step.items():
+        assert sorted(recs) == [0, 1, 2, 3], step  # every rank joins every step, idle or not
+        b = recs[0].dp_buffer
+        assert b is not None and all(s.dp_buffer == b for s in recs.values()), step  # one buffer everywhere
+        for world, s in recs.items():
+            dp = world // 2
+            assert b.tokens[dp] == s.rows_in and s.ffn_rows == b.rows == sum(b.padded)
+            assert (s.mode == "idle") == (s.rows_in == 0)
+            served[dp] |= set(s.seq_positions)
+        extends = any(s.mode == "extend" for s in recs.values())
+        want = "sum_len" if extends or 2 * sum(b.tokens) < max(b.tokens) * 2 else "max_len"
+        assert b.mode == want and b.padded == (list(b.tokens) if want == "sum_len" else [max(b.tokens)] * 2)
+    # round robin: the health check's request went to DP rank 0, the two prompts to DP ranks 1 and 0
+    workload = {dp: {r for r in rids if not r.startswith("HEALTH_CHECK")} for dp, rids in served.items()}
+    assert all(len(rids) == 1 for rids in workload.values()), served
+    assert not served[0] & served[1]  # a request lives on one DP rank only
