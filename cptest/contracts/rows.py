@@ -18,7 +18,8 @@ same batches in lockstep).
   blocks r and 2cp-1-r of it (sizes differ by at most one, larger first; the pinned release's
   zigzag.py:150-160); interleave: packed token i goes to rank i % cp. A CP extend step with
   `cp_active == False` is the silent fallback of docs/sglang.md §5 and fails. ffn local:
-  ffn_rows == attn_rows; gathered: ffn_rows == rows_in.
+  ffn_rows == attn_rows; gathered: ffn_rows == rows_in. Under attention DP an MLP that took the
+  attention-DP buffer is judged by its DP rank's slice of it (`Step.dp_buffer`).
 - replicated: every rank of a TP group saw the same rows in each step (and attn_rows == rows_in).
 
 Findings: a *hard* violation (a position written twice or by the wrong rank, a wrong split) fails
@@ -36,7 +37,7 @@ from pydantic import field_validator
 
 from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written, choice, invalid
 from cptest.contracts.groups import groups, steps_by_number, zigzag_blocks
-from cptest.evidence import Evidence, RoleEvidence, ranges_len, ranges_merge
+from cptest.evidence import Evidence, RoleEvidence, Step, ranges_len, ranges_merge
 from cptest.request_ids import count_by_origin, origin_note, workload_index
 from cptest.topology import CP_STRATEGIES
 from cptest.values import Ident, describe
@@ -333,6 +334,17 @@ def _past_unobserved(end: int, upto: int | None, gaps: list[tuple[int, int]]) ->
 
 
 # ---------------------------------------------------------------- PCP: row split
+def _ffn_fed(s: Step) -> tuple[int | None, str]:
+    """The rows of this rank's batch that its MLP took, and how to say so: its own `ffn_rows`, or
+    under attention DP, where the MLP takes the buffer of every DP rank's rows, the slice of the
+    buffer this rank's batch filled (`DpBuffer.tokens` at its DP rank)."""
+    b = s.dp_buffer
+    if b is not None and s.ffn_rows == b.rows and s.rank.attn_dp < len(b.tokens):
+        mine = b.tokens[s.rank.attn_dp]
+        return mine, f"the attention-DP buffer ({b.rows} rows), its DP rank's slice {mine} rows"
+    return s.ffn_rows, f"{s.ffn_rows} rows"
+
+
 def _pcp_split(ev: RoleEvidence, cp: int, strategy: str, ffn: str | None) -> Verdict:
     if strategy not in CP_STRATEGIES:
         raise ValueError(f"unknown cp strategy {strategy!r} (known: zigzag, interleave)")
@@ -401,11 +413,12 @@ def _pcp_split(ev: RoleEvidence, cp: int, strategy: str, ffn: str | None) -> Ver
                         continue
                     ffn_checked += 1
                     want = r.attn_rows if ffn == "local" else r.rows_in
-                    if r.ffn_rows != want and len(violations) < 100:
+                    fed, what = _ffn_fed(r)
+                    if fed != want and len(violations) < 100:
                         violations.append(
                             {
-                                "what": f"extend step {step_no}: rank {group[c]} fed {r.ffn_rows} "
-                                f"rows to the MLP, {ffn} FFN means {want}",
+                                "what": f"extend step {step_no}: rank {group[c]} fed {what} "
+                                f"to the MLP, {ffn} FFN means {want}",
                                 "step": step_no,
                                 "rank": group[c],
                                 "ffn_rows": r.ffn_rows,

@@ -1,6 +1,6 @@
 """Specification of cptest/contracts/pcp_rows.py: the statement in the language, the checker on
 hand-built PCP2 zigzag Step records, and on SGLang's published PCP archives (schema v5: first-layer
-rows, no MLP output rows)."""
+rows, no MLP output rows); and of `rows split`'s MLP check under attention DP on the same records."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import pytest
 
 from cptest.checks import load_archive
 from cptest.contracts.pcp_rows import PcpRowsParams, check, padded_len
+from cptest.contracts.rows import RowsParams
+from cptest.contracts.rows import check as check_rows
 from cptest.errors import PlanError
 from cptest.evidence import DpBuffer, Step, ranges_from
 from cptest.lang import format_text, parse_text
@@ -319,3 +321,24 @@ def test_an_archive_where_sglang_never_split_is_unknown() -> None:
     loaded = load_archive(ROOT / "results/pcp2_zigzag_qwen3_moe_kv1/20261203T144442Z-e3303c21")
     v = check(loaded.evidence, PCP)
     assert v.status == "unknown" and "nothing to judge" in v.reason
+
+
+def _check_rows_dp(ranks: dict[int, list[Step]]):
+    """`rows split zigzag ffn gathered` on the attention-DP ranks' records."""
+    p = RowsParams(mode="pcp_split", cp=2, strategy="zigzag", ffn="gathered")
+    with tempfile.TemporaryDirectory() as d:
+        server = server_plan(world=4, attn_cp=2, attn_dp=2, cp_strategy="zigzag")
+        write_archive(Path(d), make_plan(server, [p]), ranks={"main": ranks}, runner={"main": []})
+        return check_rows(load_archive(Path(d)).evidence, p)
+
+
+def test_rows_judges_a_gathered_mlp_under_attention_dp_by_its_slice_of_the_buffer() -> None:
+    v = _check_rows_dp({w: [_dp_rank(w)] for w in range(4)})
+    assert v.status == "pass", v.reason
+    ranks = {w: [_dp_rank(w)] for w in range(4)}
+    # DP rank 1's slice holds only its CP shard: the batch was not gathered back before the MLP
+    ranks[3] = [_dp_rank(3, dp_buffer=_buffer(3, tokens=[20, 3], padded=[20, 4], rows=24), ffn_rows=24)]
+    v = _check_rows_dp(ranks)
+    assert v.status == "fail"
+    assert "rank 3 fed the attention-DP buffer (24 rows), its DP rank's slice 3 rows to the MLP" in v.reason
+    assert "gathered FFN means 7" in v.reason
