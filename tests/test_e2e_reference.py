@@ -44,6 +44,7 @@ RUN = [
     "fault_kill_rank_dcp2",
     "sigterm_shutdown",
     "reference_pcp2_interleave_qwen3",
+    "reference_pcp2_zigzag_qwen3_dp2",
     "reference_stop_rank_dcp2",
 ]
 """Scenarios whose every contract the reference engine implements: each must pass."""
