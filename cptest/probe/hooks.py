@@ -121,8 +121,10 @@ def after_scheduler_init_info(_result: Any, scheduler: Any, *_args: Any, **_kwar
     """AFTER managers/scheduler.py:1607 `Scheduler.get_init_info` (sent once to the launcher at start).
 
     In the pinned release `Scheduler.max_total_num_tokens` is the model runner's value, i.e. per-rank *rows*
-    under DCP (tp_worker.py:515-516); the scheduler multiplies by dcp_size where it admits
-    (scheduler.py:2005, 2137). The record carries the attribute as it is.
+    under DCP (tp_worker.py:515-516); admission counts the allocator's slots instead
+    (managers/schedule_policy.py:568-590), and the scheduler multiplies by dcp_size only for its pool
+    statistics and the max_new_tokens clamp (scheduler.py:2005, 2137). The record carries the
+    attribute as it is.
     """
     probe = get_probe()
     if probe is None or probe.rank is None:

@@ -244,8 +244,11 @@ CP_V2_DEFAULT_MODEL_CLASSES_0_5_17 = frozenset({
     "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "GptOssForCausalLM", "MiMoV2FlashForCausalLM",
     "MiMoV2ForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM",
 })
-"""0.5.17 `layers/cp/utils.py:42-52`: prefill CP runs (CP v2) only for these classes unless
-SGLANG_ENABLE_CP_V2=1 (`environ.py:314`, `layers/cp/utils.py:131-142`)."""
+"""0.5.17 `layers/cp/utils.py:42-52`: the generic prefill CP path (CP v2) runs by default only for
+these classes, and for any class with SGLANG_ENABLE_CP_V2=1 (`environ.py:314`,
+`layers/cp/utils.py:131-142`). With CP v2 off, DeepSeek V2/V3/V4 and Qwen3-MoE split prefill rows on
+model-local CP-v1 paths, which cptest's probe does not hook (docs/sglang.md §3); no scenario turns
+CP v2 off, so `pcp_splits` predicts the CP-v2 split only."""
 
 COLOCATION_ENV: Mapping[str, str] = {
     # NCCL: every rank a separate host (each node's own NCCL_HOSTID, `COLOCATION_HOST_ID_VAR`), so
