@@ -149,20 +149,16 @@ def test_a_cell_nobody_ran_names_the_scenario_that_would_run_it_or_why_none_can(
 
 def test_the_qwen3_moe_cells_are_run_and_name_the_rule_their_runs_showed(monkeypatch: pytest.MonkeyPatch):
     # cptest writes synthetic Qwen3-MoE weights (D64). Both DCP cells were run, and the rule (K/V
-    # written inside RoPE, past DCP's owner mask) is named beside them: observed on eager decode, the
-    # cell of the archive it cites, and inferred on graph decode, naming the eager cell. The PCP cell
-    # was run too, under its inferred rule. No cell of the grid is left without a scenario.
+    # written inside RoPE, past DCP's owner mask) is named beside them, observed in each: it cites
+    # both archives. The PCP cell was run too, under its inferred rule. No cell of the grid is left
+    # without a scenario.
     monkeypatch.chdir(ROOT)
     scenarios, runs, _ = read_inputs(RELEASE, Path("scenarios"), [Path("results")], matrix_judge())
     m = support_matrix(RELEASE, scenarios, runs)
     for decode in ("eager", "graph"):
         e = next(e for e in m.grid if e.cell == Cell("qwen3-moe", "kv<=tp/dcp", "dcp2", "triton", decode))
         assert e.state == "run" and e.rule is not None and e.rule.code == "dcp_fused_rope_kv_write"
-        if decode == "eager":
-            assert e.rule.provenance == "observed" and not e.rule.observed_on
-        else:
-            assert e.rule.provenance == "inferred"
-            assert e.rule.observed_on == "qwen3-moe kv<=tp/dcp dcp2 triton eager"
+        assert e.rule.provenance == "observed" and not e.rule.observed_on
         assert [r.scenario for r in e.runs] == [f"dcp2_qwen3_moe_kv1_{decode}"]
         assert e.runs[0].contracts["generation"] == "fail"
     pcp = parse_file(ROOT / "scenarios" / "qualification" / "pcp2_zigzag_qwen3_moe_kv1.cps")
@@ -257,12 +253,16 @@ def test_the_matrix_says_observed_only_where_the_cited_archive_ran():
     s = _scenario("dcp2_llama_kv4")
     run = ArchiveRun("results/dcp2_llama_kv4/x", "dcp2_llama_kv4", "fail",
                      {"generation": "pass (no-go seen)"})
-    md = render_support(support_matrix(RELEASE, {}, [(s, run)]))
-    # The rule cites results/dcp2_llama_kv4/<run>: a run of this scenario, Llama on eager decode.
-    here = _row(md, "Llama", "`kv>tp/dcp`", "dcp2", "triton", "eager")
-    assert "`mha_dcp_kv_not_replicated` (observed) applies" in here
-    elsewhere = "(inferred here; observed on `llama kv>tp/dcp dcp2 triton eager`)"
-    assert elsewhere in _row(md, "Llama", "`kv>tp/dcp`", "dcp2", "triton", "graph")
+    graph = parse_file(ROOT / "scenarios" / "qualification" / "dcp2_llama_kv4_graph.cps")
+    md = render_support(support_matrix(RELEASE, {"graph.cps": graph}, [(s, run)]))
+    # The rule cites a run of each scenario: Llama on eager decode, and (by the scenario's name, not
+    # run here) on graph decode; every other cell it rules out names both.
+    for decode in ("eager", "graph"):
+        assert "`mha_dcp_kv_not_replicated` (observed)" in _row(md, "Llama", "`kv>tp/dcp`", "dcp2", "triton",
+                                                                 decode)
+    elsewhere = ("(inferred here; observed on `llama kv>tp/dcp dcp2 triton eager`; "
+                 "`llama kv>tp/dcp dcp2 triton graph`)")
+    assert elsewhere in _row(md, "Llama", "`kv>tp/dcp`", "dcp2", "flashinfer", "graph")
     assert elsewhere in _row(md, "Qwen3 dense", "`kv>tp/dcp`", "dcp2", "triton", "eager")
     assert elsewhere in _row(md, "Qwen3-MoE", "`kv>tp/dcp`", "dcp2", "fa3", "graph")
 
@@ -305,7 +305,8 @@ def test_no_cell_of_the_committed_matrix_is_observed_by_an_archive_of_another_ce
             assert "(observed)" not in row and "inferred here; observed on " in row, row
             for c in ran:
                 assert isinstance(c, Cell) and f"`{c.words()}`" in row, row
-    assert observed == 7  # one cell per rule citing an archive: each rule's archive ran one cell
+    # one cell per archive a rule cites: 7 rules, 4 of them with a graph twin of their eager archive
+    assert observed == 11
 
 
 def test_a_colocated_run_is_labelled_in_its_cell_beside_a_physical_run_of_the_same_scenario():

@@ -182,7 +182,8 @@ RULES_0_5_17: dict[str, Rule] = {
         "KV heads, i.e. kv_heads <= tp/dcp. No check on CUDA (wrong output: observed with 4 KV heads at "
         "tp 2 dcp 2, generation against the TP2 baseline below the 0.5 floor)",
         provenance="observed",
-        evidence="results/dcp2_llama_kv4/20261203T081109Z-733943a0",
+        evidence="results/dcp2_llama_kv4/20261203T081109Z-733943a0; "
+        "results/dcp2_llama_kv4_graph/20261203T111929Z-7984e228",
     ),
     "mla_dcp_triton_decode": Rule(
         "mla_dcp_triton_decode",
@@ -195,7 +196,8 @@ RULES_0_5_17: dict[str, Rule] = {
         "CUDA-graph decode: during capture) and the scheduler dies. Observed at tp 2 dcp 2 on the tiny "
         "DeepSeek-style model (kv_lora 64, rope 16) in both decodes",
         provenance="observed",
-        evidence="results/dcp2_mla/20261203T144442Z-d95b93bd",
+        evidence="results/dcp2_mla/20261203T144442Z-d95b93bd; "
+        "results/dcp2_mla_triton_graph/20261203T144852Z-9c779d72",
     ),
     "mla_dcp_flashmla_lse_unpacked": Rule(
         "mla_dcp_flashmla_lse_unpacked",
@@ -210,7 +212,8 @@ RULES_0_5_17: dict[str, Rule] = {
         "so the launch fails). Observed at tp 2 dcp 2 on the tiny DeepSeek-style model (kv_lora 512, "
         "rope 64), eager and graph decode",
         provenance="observed",
-        evidence="results/dcp2_mla_flashmla_eager/20261203T175823Z-9cbb2bef",
+        evidence="results/dcp2_mla_flashmla_eager/20261203T175823Z-9cbb2bef; "
+        "results/dcp2_mla_flashmla_graph/20261203T175823Z-74bd3fd8",
     ),
     "mla_dcp_fa3_no_lse": Rule(
         "mla_dcp_fa3_no_lse",
@@ -240,7 +243,8 @@ RULES_0_5_17: dict[str, Rule] = {
         "right; decode reads the pool and diverges at its first token. Observed at tp 2 dcp 2 with 1 "
         "KV head, eager and graph decode; the probe, which watches the pool's store, sees no K/V write",
         provenance="observed",
-        evidence="results/dcp2_qwen3_moe_kv1_eager/20261203T143851Z-a58f99bb",
+        evidence="results/dcp2_qwen3_moe_kv1_eager/20261203T143851Z-a58f99bb; "
+        "results/dcp2_qwen3_moe_kv1_graph/20261203T144442Z-005d0ae0",
     ),
     "dcp_backend_without_dcp_path": Rule(
         "dcp_backend_without_dcp_path",
