@@ -81,6 +81,30 @@ def test_validate_reports_good_and_bad_files_together(tmp_path: Path):
     assert problem["where"] == f"{bad}:5:{problem['col']}"
 
 
+def test_a_folder_names_the_scenarios_directly_in_it_for_validate_fmt_and_lint(tmp_path: Path):
+    done = cptest("validate", "--json", "scenarios", "scenarios/qualification")
+    assert done.returncode == 0, done.stderr
+    named = [Path(r["file"]).name for r in json.loads(done.stdout)["files"]]
+    qualification = sorted(p.name for p in (ROOT / "scenarios" / "qualification").glob("*.cps"))
+    assert named == [p.name for p in SCENARIOS] + qualification  # defaults/ and subfolders are not scenarios
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "bad.cps").write_text(with_line(5, "  topology { gpus 2 tp 0 }"))
+    (mixed / "ok.cps").write_text(BASE)
+    done = cptest("validate", mixed)
+    assert done.returncode == 2 and f"ok  {mixed / 'ok.cps'}" in done.stdout
+    assert f"{mixed / 'bad.cps'}:5:" in done.stderr
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    (loose / "a.cps").write_text(format_text(BASE, "a.cps").replace("\n  ", "\n      ", 1))
+    assert cptest("fmt", "--check", loose).returncode == 1
+    assert cptest("fmt", loose).returncode == 0 and cptest("fmt", "--check", loose).returncode == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = cptest("lint", empty)
+    assert done.returncode == 2 and "no .cps file directly in this folder" in done.stderr
+
+
 @pytest.fixture(scope="module")
 def bad_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Done]]:
     """Every bad input of tests/lang/cases.py through `cptest validate`, run in parallel (each run is a

@@ -20,19 +20,39 @@ from cptest.cli.common import (
 )
 
 
+def _scenario_paths(paths: tuple[Path, ...]) -> list[Path]:
+    """The files named, and the .cps files directly in each folder named (as `cptest suite` reads a
+    folder: its `defaults/` and other subfolders are not scenarios). A path that does not exist stays,
+    so that its command says so beside the others' results."""
+    from cptest.errors import Problem, ScenarioError
+
+    out: list[Path] = []
+    for p in paths:
+        if not p.is_dir():
+            out.append(p)
+            continue
+        found = sorted(f for f in p.glob("*.cps") if f.is_file())
+        if not found:
+            raise ScenarioError(Problem(None, f"{p}: no .cps file directly in this folder",
+                                        hint="name the scenario files, or the folder that holds them"))
+        out.extend(found)
+    return out
+
+
 @click.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @json_option
 @guard
 def validate(files: tuple[Path, ...], as_json: bool) -> int:
-    """Parse and check scenario files; report every problem with file:line:col."""
+    """Parse and check scenario files (or the .cps files of folders); report every problem with
+    file:line:col."""
     from cptest.errors import ScenarioError
     from cptest.interface import problem_json
     from cptest.lang import parse_file
     from cptest.plan.flags import flag_problems
 
     results, code = [], 0
-    for f in files:
+    for f in _scenario_paths(files):
         try:
             # The release's flag table judges each pass-through flag's values; the language stage
             # knows no release.
@@ -52,16 +72,16 @@ def validate(files: tuple[Path, ...], as_json: bool) -> int:
 
 
 @click.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--check", is_flag=True, help="exit 1 with a diff if a file is not canonical; write nothing")
 @json_option
 @guard
 def fmt(files: tuple[Path, ...], check: bool, as_json: bool) -> int:
-    """Rewrite scenario files in canonical form (comments kept)."""
+    """Rewrite scenario files (or the .cps files of folders) in canonical form (comments kept)."""
     from cptest.lang import format_text
 
     code, done = 0, []
-    for f in files:
+    for f in _scenario_paths(files):
         text = _read(f)
         out = format_text(text, str(f))
         entry: dict[str, Any] = {"file": str(f), "canonical": out == text, "written": False, "diff": None}
@@ -85,14 +105,15 @@ def fmt(files: tuple[Path, ...], check: bool, as_json: bool) -> int:
 
 
 @click.command()
-@click.argument("files", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("files", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--evidence", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="test every release rule against the archives under this folder instead")
 @json_option
 @guard
 def lint(files: tuple[Path, ...], evidence: Path | None, as_json: bool) -> int:
-    """Compare what each scenario expects with what its pinned SGLang release is known to do; with
-    --evidence DIR, mark each release rule confirmed, refuted or untested by the archives in DIR."""
+    """Compare what each scenario (or each .cps file of a folder) expects with what its pinned SGLang
+    release is known to do; with --evidence DIR, mark each release rule confirmed, refuted or
+    untested by the archives in DIR."""
     from cptest.errors import Problem, ScenarioError
     from cptest.lang import parse_file
     from cptest.plan.lint import lint as lint_scenario
@@ -105,6 +126,7 @@ def lint(files: tuple[Path, ...], evidence: Path | None, as_json: bool) -> int:
         raise ScenarioError(Problem(None, "cptest lint: no scenario file given",
                                     hint="cptest lint FILE... | cptest lint --evidence DIR"))
 
+    files = tuple(_scenario_paths(files))
     found = []
     for f in files:
         for finding in lint_scenario(parse_file(f)):
