@@ -85,8 +85,14 @@ def server_args(req: dict[str, Any]) -> dict[str, Any]:
     argv = list(req["argv"])
     environ = dict(os.environ)
     try:
+        os.environ.update(req.get("env", {}))  # the scenario's `serve { env }`, as the launcher sets it
         ns = parser.parse_args([*argv, "--device", "cpu"])
         sa = ServerArgs.from_cli_args(ns)
+        from sglang.srt.layers.cp.utils import enable_cp_v2
+
+        # Whether this launch takes the generic PCP path (CP v2): ServerArgs sets the variable by
+        # the model's class unless the environment did; read before the variables are restored.
+        cp_v2 = enable_cp_v2()
     except SystemExit as err:  # argparse refuses the argv
         return {"ok": False, "type": "SystemExit", "message": str(err), "where": "argparse"}
     except Exception as err:  # noqa: BLE001 - the answer is the exception
@@ -101,7 +107,8 @@ def server_args(req: dict[str, Any]) -> dict[str, Any]:
     # since `get_cp_strategy` would fall back to the process's published args.
     bound = base._STRATEGY
     graphs = sa.cuda_graph_config
-    out: dict[str, Any] = {"ok": True, "resolved": {k: getattr(sa, k, None) for k in RESOLVED},
+    out: dict[str, Any] = {"ok": True, "cp_v2": cp_v2,
+                           "resolved": {k: getattr(sa, k, None) for k in RESOLVED},
                            "cp_strategy_bound": None if bound is None else bound.name,
                            "graph_backends": {"prefill": str(graphs.prefill.backend),
                                               "decode": str(graphs.decode.backend)}}

@@ -11,6 +11,7 @@ exercise (`device="cpu"` takes CPU branches; runtime and silent rules need a for
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,12 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cptest.engines.sglang.admission import Admission, LaunchConfig, predict
+from cptest.engines.sglang.admission import Admission, LaunchConfig, pcp_splits, predict
 from cptest.engines.sglang.argv import LAUNCHER, build_argv
 from cptest.engines.sglang.releases import RELEASE_0_5_17
 from cptest.topology import Degrees, divisors
 from tests.engines.sglang.configs import serve_config
-from tests.sglang_src.conftest import TINY_CONFIGS, SGLangDriver
+from tests.sglang_src.conftest import _COMMON, TINY_CONFIGS, SGLangDriver
 
 ARCHITECTURE = {name: cfg["architectures"][0] for name, cfg in TINY_CONFIGS.items()}
 BACKENDS = (None, "triton", "fa3", "flashinfer")
@@ -64,6 +65,8 @@ class Tally:
     compared: int = 0
     refused: int = 0
     by_rule: dict[str, int] | None = None
+    cp_v2_switch: int = 0
+    """Launches whose CP-v2 switch was compared with `pcp_splits`."""
 
 
 TALLY = Tally(by_rule={})
@@ -134,7 +137,7 @@ def compare(sglang: SGLangDriver, models: dict[str, str], batch: list[tuple[str,
 def report_tally() -> Any:
     yield
     print(f"\nrules differential: {TALLY.compared} configurations compared, {TALLY.refused} refused by "
-          f"SGLang; refusals by cptest rule: {TALLY.by_rule}")
+          f"SGLang; refusals by cptest rule: {TALLY.by_rule}; CP-v2 switch compared on {TALLY.cp_v2_switch}")
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
@@ -221,3 +224,46 @@ def test_dcp_disables_the_prefill_graph_as_predicted(sglang: SGLangDriver, tiny_
     answer = sglang.ask([{"op": "server_args", "argv": build_argv(RELEASE_0_5_17, serve)[len(LAUNCHER):]}])[0]
     assert answer["ok"], answer
     assert (answer["graph_backends"]["prefill"] == "disabled") == predicted, answer["graph_backends"]
+
+
+DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+               "num_attention_heads": 8, "num_key_value_heads": 8, "kv_lora_rank": 64, "q_lora_rank": None,
+               "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 8,
+               "num_experts_per_tok": 2, "moe_intermediate_size": 64, "first_k_dense_replace": 1,
+               "n_shared_experts": 1, "n_group": 1, "topk_group": 1}
+"""cptest's MLA family, an architecture of the CP-v2 classes with no DSA indexer (`index_topk`)."""
+CP_V2_ENV = (None, "1", "0", "true", "N", "2")
+"""The scenario's `SGLANG_ENABLE_CP_V2`: unset (the class decides), booleans both ways, and a value
+that is none (read as the variable's default, off, and no class default either)."""
+
+
+@pytest.fixture(scope="module")
+def deepseek_v3(tmp_path_factory: pytest.TempPathFactory) -> str:
+    d = tmp_path_factory.mktemp("tiny-deepseek-v3")
+    (d / "config.json").write_text(json.dumps({**_COMMON, **DEEPSEEK_V3}))
+    return str(d)
+
+
+def test_which_launches_take_the_generic_pcp_path_is_sglangs(
+        sglang: SGLangDriver, tiny_models: dict[str, str], deepseek_v3: str) -> None:
+    """`pcp_splits`, which the rules about what a split gets wrong hang on, against the CP-v2 switch
+    ServerArgs leaves set for the launch: per family, strategy and the scenario's variable."""
+    models = {**tiny_models, "mla": deepseek_v3}
+    archs = {**ARCHITECTURE, "mla": DEEPSEEK_V3["architectures"][0]}
+    cases, requests = [], []
+    for family in sorted(models):
+        for strategy in ("zigzag", "interleave"):
+            for value in CP_V2_ENV:
+                env = {} if value is None else {RELEASE_0_5_17.pcp_force_env: value}
+                degrees = dict(tp=2, attn_cp=2, prefill_cp=True, cp_strategy=strategy)
+                launch = LaunchConfig(degrees=Degrees(**degrees), architecture=archs[family],
+                                      env=tuple(env.items()))
+                serve = serve_config(models[family], **degrees)
+                cases.append((family, strategy, value, pcp_splits(RELEASE_0_5_17, launch)))
+                argv = build_argv(RELEASE_0_5_17, serve)[len(LAUNCHER):]
+                requests.append({"op": "server_args", "argv": argv, "env": env})
+    answers = sglang.ask(requests)
+    for (family, strategy, value, predicted), answer in zip(cases, answers, strict=True):
+        assert answer["ok"], (family, strategy, value, answer)
+        assert answer["cp_v2"] == predicted, (family, strategy, value, answer["cp_v2"])
+    TALLY.cp_v2_switch += len(cases)

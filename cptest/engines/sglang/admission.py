@@ -195,12 +195,29 @@ def _render(rule: Rule, cfg: LaunchConfig) -> str:
     return f"{situation.format(**values)}: {rule.note}" if situation else rule.note
 
 
+ENV_TRUE = ("true", "1", "yes", "y")
+ENV_FALSE = ("false", "0", "no", "n")
+"""How the pinned release reads a boolean variable, case aside (0.5.17 `environ.py:125-132`, `EnvBool`)."""
+
+
 def pcp_splits(release: Release, cfg: LaunchConfig) -> bool:
-    """Whether `release` splits prefill rows for `cfg`'s architecture: every one where the release
-    names no classes, else those it names, or any when the scenario forces it (`pcp_force_env=1`)."""
+    """Whether `release`'s generic prefill CP path (CP v2) splits rows for `cfg`: on every
+    architecture where the release names no classes; else, where the scenario sets `pcp_force_env`,
+    as its value reads (a value that is no boolean reads as the variable's default, off, with a
+    warning: 0.5.17 `environ.py:49-70`), and where it does not, on the release's classes, a DSA one
+    only for interleave (`ServerArgs._handle_context_parallelism`, 0.5.17 `server_args.py:6287-6302`).
+    DSA is taken from the architecture (SGLang also reads the checkpoint's `index_topk`). With the
+    path off, DeepSeek V2/V3/V4 and Qwen3-MoE split on model-local CP-v1 paths that cptest's probe
+    does not hook (docs/sglang.md §3): this predicts the CP-v2 split only."""
     classes = release.pcp_model_classes
-    forced = release.pcp_force_env is not None and dict(cfg.env).get(release.pcp_force_env) == "1"
-    return classes is None or cfg.architecture in classes or forced
+    if classes is None:
+        return True
+    env = dict(cfg.env).get(release.pcp_force_env or "")
+    if env is not None:  # set at all: the class default is not applied
+        return env.lower() in ENV_TRUE
+    dsa = cfg.architecture in DSA_ARCHITECTURES
+    interleave = cfg.degrees.prefill_cp and cfg.degrees.cp_strategy == "interleave"
+    return cfg.architecture in classes and (not dsa or interleave)
 
 
 def predict(release: Release, cfg: LaunchConfig) -> Admission:

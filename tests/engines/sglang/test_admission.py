@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from cptest.engines.sglang.admission import predict
+from cptest.engines.sglang.admission import pcp_splits, predict
 from cptest.engines.sglang.releases import get_release
 from tests.engines.sglang.configs import launch
 
@@ -164,3 +164,20 @@ def test_interleave_on_gqa_is_flagged_and_on_dsa_is_not():
         ),
     )
     assert "interleave_no_attention" not in codes(dsa)
+
+
+@pytest.mark.parametrize("arch, strategy, env, splits", [
+    ("Qwen3MoeForCausalLM", "zigzag", None, True),  # a CP-v2 class, the variable unset
+    ("Qwen3MoeForCausalLM", "zigzag", "0", False),  # switched off: the model's own CP-v1 path, unhooked
+    ("Qwen3MoeForCausalLM", "zigzag", "No", False),  # any of the release's boolean spellings, any case
+    ("LlamaForCausalLM", "zigzag", "true", True),
+    ("Qwen3MoeForCausalLM", "zigzag", "2", False),  # no boolean: read as the default, off
+    ("DeepseekV32ForCausalLM", "zigzag", None, False),  # DSA takes CP v2 by default for interleave only
+    ("DeepseekV32ForCausalLM", "interleave", None, True),
+    ("DeepseekV32ForCausalLM", "zigzag", "1", True),
+])
+def test_the_generic_pcp_path_follows_the_variable_then_the_class(arch, strategy, env, splits):
+    config = launch(tp=2, attn_cp=2, prefill_cp=True, cp_strategy=strategy, architecture=arch,
+                    env=() if env is None else (("SGLANG_ENABLE_CP_V2", env),))
+    assert pcp_splits(R17, config) is splits
+    assert pcp_splits(R23, config) is True  # 0.5.23 names no classes: every architecture splits
