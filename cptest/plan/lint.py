@@ -30,6 +30,7 @@ CONTRADICTS: dict[str, tuple[str, ...]] = {
     "interleave_short_batch": ("rows",),
     "attn_cp_without_prefill_cp": ("rows",),
     "prefill_cp_needs_attn_cp": ("rows",),
+    "pcp_cp_v1_unobserved": ("rows", "pcp_rows"),
     "llama_pcp_silent": ("generation",),
     "interleave_no_attention": ("generation", "serving"),
     "mha_dcp_kv_not_replicated": ("generation",),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cptest.engines.sglang.cells import evidence_archives
 from cptest.errors import ScenarioError
 from cptest.lang import parse_file, parse_text
 from cptest.plan.lint import Finding, lint
@@ -204,8 +205,10 @@ def test_a_finding_carries_how_its_rule_is_known_and_only_observed_ones_block():
     assert (inferred.code, inferred.provenance, inferred.blocks) == ("llama_pcp_silent", "inferred", False)
     assert (observed.code, observed.provenance) == ("mha_dcp_kv_not_replicated", "observed")
     assert observed.blocks
-    assert observed.evidence == "results/dcp2_llama_kv4/20261203T081109Z-733943a0"
-    assert (ROOT / observed.evidence / "verdict.json").is_file()  # the evidence is an archive here
+    archives = evidence_archives(observed.evidence)  # the eager run, and its graph-decode twin
+    assert archives == ("results/dcp2_llama_kv4/20261203T081109Z-733943a0",
+                        "results/dcp2_llama_kv4_graph/20261203T111929Z-7984e228")
+    assert all((ROOT / a / "verdict.json").is_file() for a in archives)  # the evidence is archives here
     assert observed.render().endswith(f"[observed: {observed.evidence}]")
 
 

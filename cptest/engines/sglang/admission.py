@@ -24,6 +24,9 @@ ATTENTION_OVER_FULL_TP = frozenset({"LlamaForCausalLM"})
 """Architectures whose attention shards heads over the full TP group rather than attention-TP
 (0.5.17 `models/llama.py:158-166`), so prefill CP hands CP partners different head shards."""
 
+CP_V1_ARCHITECTURES = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
+                                 "GlmMoeDsaForCausalLM", "DeepseekV4ForCausalLM", "Qwen3MoeForCausalLM"})
+"""Architectures that split prefill rows on a path of their own when CP v2 is off (docs/sglang.md §3)."""
 DSA_ARCHITECTURES = frozenset({"DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "DeepseekV4ForCausalLM"})
 """Architectures whose attention backend runs interleave CP itself (`layers/cp/interleave.py:222-233`)."""
 
@@ -126,6 +129,10 @@ CONDITIONS: tuple[tuple[str, Predicate], ...] = (
     (
         "interleave_short_batch",
         lambda c: _pcp(c, "interleave") and _shorter(c, c.degrees.attn_cp),
+    ),
+    (
+        "pcp_cp_v1_unobserved",
+        lambda c: c.degrees.pcp and not c.pcp_splits and c.architecture in CP_V1_ARCHITECTURES,
     ),
     (
         "interleave_no_attention",

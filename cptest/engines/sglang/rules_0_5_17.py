@@ -140,6 +140,16 @@ RULES_0_5_17: dict[str, Rule] = {
         "but never splits tokens (ServerArgs binding no strategy is checked on the CPU by "
         "tests/sglang_src/test_rules_differential.py; the unsplit forward needs a GPU run)",
     ),
+    "pcp_cp_v1_unobserved": Rule(
+        "pcp_cp_v1_unobserved",
+        "silent",
+        None,
+        None,
+        "models/deepseek_v2.py:2957-2960; models/deepseek_v4.py:2594-2602; models/qwen3_moe.py:989-997",
+        note="with SGLANG_ENABLE_CP_V2 off, DeepSeek V2/V3/V3.2/V4 and Qwen3-MoE split prefill rows on "
+        "a CP-v1 path of the model's own, which cptest's probe does not hook: every extend step reads "
+        "cp_active false, so `rows split` and `pcp rows` see no split where rows were split (inferred)",
+    ),
     "interleave_no_attention": Rule(
         "interleave_no_attention",
         "runtime",

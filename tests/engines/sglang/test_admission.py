@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -181,3 +182,25 @@ def test_the_generic_pcp_path_follows_the_variable_then_the_class(arch, strategy
                     env=() if env is None else (("SGLANG_ENABLE_CP_V2", env),))
     assert pcp_splits(R17, config) is splits
     assert pcp_splits(R23, config) is True  # 0.5.23 names no classes: every architecture splits
+
+
+def test_a_model_splitting_on_its_own_cp_v1_path_is_named_unobservable():
+    config = launch(tp=2, attn_cp=2, prefill_cp=True, cp_strategy="zigzag", **QWEN3_MOE)
+    assert "pcp_cp_v1_unobserved" not in codes(predict(R17, config))  # CP v2: the probe sees the split
+    off = replace(config, env=(("SGLANG_ENABLE_CP_V2", "0"),))
+    assert codes(predict(R17, off)) == {"pcp_cp_v1_unobserved"}
+    dense = replace(off, architecture="Qwen3ForCausalLM")  # no CP-v1 path: nothing is split at all
+    assert "pcp_cp_v1_unobserved" not in codes(predict(R17, dense))
+    assert "pcp_cp_v1_unobserved" not in codes(predict(R23, off))  # a rule of 0.5.17's table only
+
+
+def test_a_scenario_judging_rows_where_the_split_is_unobservable_gets_a_lint_finding():
+    from cptest.lang import parse_file
+    from cptest.plan.lint import lint
+
+    root = Path(__file__).resolve().parents[3]
+    s = parse_file(root / "scenarios" / "qualification" / "pcp2_zigzag_qwen3_moe_kv1.cps")
+    assert "pcp_cp_v1_unobserved" not in {f.code for f in lint(s)}
+    off = s.model_copy(update={"serve": s.serve.model_copy(update={"env": {"SGLANG_ENABLE_CP_V2": "0"}})})
+    (finding,) = [f for f in lint(off) if f.code == "pcp_cp_v1_unobserved"]
+    assert not finding.blocks and "expects rows to hold" in finding.message
