@@ -126,8 +126,11 @@ class Engine:
         if lay.pcp:
             log(f"prefill context parallelism enabled, attn_cp_size={d.attn_cp}, "
                 f"strategy={lay.strategy}")
+        if d.attn_dp > 1:
+            log(f"attention DP enabled, dp_size={d.attn_dp}, attn_tp_size={d.attn_tp}: each DP rank "
+                f"its own requests and KV pool (capacity below is one DP rank's)")
         log(f"{model.architecture}: {model.layers} layers, hidden {model.hidden}, heads {model.heads}, "
-            f"kv_heads {model.kv_heads}; tp {d.tp}, dcp {d.dcp}, attn_cp {d.attn_cp}")
+            f"kv_heads {model.kv_heads}; tp {d.tp}, dcp {d.dcp}, attn_cp {d.attn_cp}, attn_dp {d.attn_dp}")
         log(capacity_line(rows, cfg.page_size, d.dcp))
         args = rank_args(cfg, rows, ctx)
         ctx_fork = mp.get_context("fork")
