@@ -120,6 +120,9 @@ class PlanContext:
     kills_a_rank: bool
     """A fault of the scenario kills a rank (the engine then ends with other exit statuses)."""
     facts: EngineFacts
+    split_unobserved: str | None = None
+    """Why the probe cannot see the main server's prefill split (the engine's admission says so:
+    a split on a path it does not hook); None where it can."""
 
 
 E = TypeVar("E", bound=Declared)

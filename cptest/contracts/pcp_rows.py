@@ -36,6 +36,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import Field
+
 from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written
 from cptest.contracts.groups import all_ranks, groups, steps_by_number
 from cptest.contracts.rows import expected_split, short_ranges
@@ -56,6 +58,8 @@ class PcpRowsParams(Params):
     cp: int
     strategy: Literal["zigzag", "interleave"]
     attn_dp: int = 1
+    split_unobserved: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Why the probe cannot see this launch's split (`PlanContext.split_unobserved`)."""
 
 
 def resolve(expect: PcpRowsExpect, ctx: PlanContext) -> PcpRowsParams:
@@ -65,7 +69,8 @@ def resolve(expect: PcpRowsExpect, ctx: PlanContext) -> PcpRowsParams:
                                 f"attn_cp {d.attn_cp}, prefill_cp {str(d.prefill_cp).lower()}, cp_strategy "
                                 f"{d.cp_strategy}",
                                 expected="attn_cp > 1 with cp_strategy zigzag|interleave"))
-    return PcpRowsParams(cp=d.attn_cp, strategy=d.cp_strategy, attn_dp=d.attn_dp)  # type: ignore[arg-type]
+    return PcpRowsParams(cp=d.attn_cp, strategy=d.cp_strategy, attn_dp=d.attn_dp,  # type: ignore[arg-type]
+                         split_unobserved=ctx.split_unobserved)
 
 
 def padded_len(logical: list[int], cp: int, strategy: str) -> int:
@@ -100,6 +105,9 @@ def check(evidence: Evidence, p: PcpRowsParams) -> Verdict:
     ranks = all_ranks(ev, NAME)
     if isinstance(ranks, Verdict):
         return ranks
+    if p.split_unobserved:
+        return unknown(NAME, f"the prefill split of {p.role} runs where the probe does not look: "
+                       f"{p.split_unobserved}")
     cp_groups, source = groups(ev, "attn_cp")
     if not cp_groups:
         return unknown(NAME, f"no ATTN_CP groups known for {p.role}")

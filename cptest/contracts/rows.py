@@ -33,7 +33,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written, choice, invalid
 from cptest.contracts.groups import groups, steps_by_number, zigzag_blocks
@@ -83,12 +83,16 @@ class RowsParams(Params):
     ffn: Literal["gathered", "local"] | None = None
     interleave: int = 1
     """DCP interleave size (a release's `dcp_interleave_sizes` lists those it has)."""
+    split_unobserved: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """pcp_split: why the probe cannot see this launch's split (`PlanContext.split_unobserved`)."""
 
 
 def resolve(expect: RowsExpect, ctx: PlanContext) -> RowsParams:
     d = ctx.degrees
-    return RowsParams(mode=MODES[expect.mode], dcp=expect.modulus or d.dcp, cp=d.attn_cp,
-                      strategy=expect.strategy or d.cp_strategy, ffn=expect.ffn)
+    mode = MODES[expect.mode]
+    return RowsParams(mode=mode, dcp=expect.modulus or d.dcp, cp=d.attn_cp,
+                      strategy=expect.strategy or d.cp_strategy, ffn=expect.ffn,
+                      split_unobserved=ctx.split_unobserved if mode == "pcp_split" else None)
 
 
 def check(evidence: Evidence, p: RowsParams) -> Verdict:
@@ -108,6 +112,9 @@ def check(evidence: Evidence, p: RowsParams) -> Verdict:
     if p.mode == "dcp_owner":
         return _dcp_owner(ev, p.dcp, p.interleave)
     if p.mode == "pcp_split":
+        if p.split_unobserved:
+            return unknown(NAME, f"the prefill split of {role} runs where the probe does not look: "
+                           f"{p.split_unobserved}")
         return _pcp_split(ev, p.cp, p.strategy or "zigzag", p.ffn)
     return _replicated(ev)
 

@@ -122,7 +122,8 @@ def plan(scenario: Scenario, *, placement: Placement | None = None) -> Plan:
     facts = engine.facts()
     if workload is not None and scenario.workload.fill_drain is not None:
         workload = fill_drain.sized(scenario, facts, workload, problems)
-    expectations = _expectations(scenario, engine.name, facts)
+    admission = engine.admission(scenario)
+    expectations = _expectations(scenario, engine.name, facts, getattr(admission, "split_unobserved", None))
     control = None
     gen = next((e for e in expectations if isinstance(e, GenerationParams)), None)
     parity = next((e for e in expectations if isinstance(e, GraphParityParams)), None)
@@ -154,7 +155,7 @@ def plan(scenario: Scenario, *, placement: Placement | None = None) -> Plan:
         contracts=_contracts(scenario, facts, eager_reason),
         deadline_s=scenario.deadline_s or DEFAULT_DEADLINE_S,
         unsafe=unsafe,
-        admission=engine.admission(scenario),
+        admission=admission,
     )
 
 
@@ -471,13 +472,14 @@ def _faults(scenario: Scenario, main: ServerPlan | None, problems: ProblemCollec
     return out
 
 
-def _expectations(scenario: Scenario, engine: str, facts: EngineFacts) -> list:
+def _expectations(scenario: Scenario, engine: str, facts: EngineFacts, split_unobserved: str | None) -> list:
     ctx = PlanContext(
         engine=engine,
         degrees=scenario.topology.as_degrees(),
         requests=scenario.workload.requests,
         kills_a_rank=any(f.action == "kill" for f in scenario.faults),
         facts=facts,
+        split_unobserved=split_unobserved,
     )
     base = os.path.dirname(os.path.abspath(scenario.source_file))
     out = []

@@ -342,3 +342,30 @@ def test_rows_judges_a_gathered_mlp_under_attention_dp_by_its_slice_of_the_buffe
     assert v.status == "fail"
     assert "rank 3 fed the attention-DP buffer (24 rows), its DP rank's slice 3 rows to the MLP" in v.reason
     assert "gathered FFN means 7" in v.reason
+
+
+# --------------------------------------------------------------- a split the probe does not see
+def test_a_launch_splitting_on_a_path_the_probe_does_not_hook_leaves_both_row_contracts_unknown() -> None:
+    # Qwen3-MoE with CP v2 switched off splits on its own CP-v1 path (docs/sglang.md §3): the
+    # probe's records read "not split", which must not pass for a fallback the engine did not take.
+    path = ROOT / "scenarios" / "qualification" / "pcp2_zigzag_qwen3_moe_kv1.cps"
+    s = parse_text(path.read_text(), str(path))
+    assert not any(getattr(e, "split_unobserved", None) for e in plan(s).expectations)
+    off = s.model_copy(update={"serve": s.serve.model_copy(update={"env": {"SGLANG_ENABLE_CP_V2": "0"}})})
+    params = {e.kind: e for e in plan(off).expectations}
+    rows_p, pcp_p = params["rows"], params["pcp_rows"]
+    assert isinstance(rows_p, RowsParams) and isinstance(pcp_p, PcpRowsParams)
+    assert rows_p.split_unobserved == pcp_p.split_unobserved and "CP-v1" in (rows_p.split_unobserved or "")
+    unsplit = {w: [_rank(w).model_copy(update={"cp_active": False})] for w in (0, 1)}
+    assert check_rows(_evidence(unsplit, rows_p), rows_p.model_copy(update={"split_unobserved": None})
+                      ).status == "fail"  # what the evidence alone says: a fallback
+    for p, judge in ((rows_p, check_rows), (pcp_p, check)):
+        v = judge(_evidence(unsplit, p), p)
+        assert v.status == "unknown" and "runs where the probe does not look" in v.reason, v.reason
+
+
+def _evidence(ranks: dict[int, list[Step]], p):
+    with tempfile.TemporaryDirectory() as d:
+        write_archive(Path(d), make_plan(server_plan(world=2, attn_cp=2, cp_strategy="zigzag"), [p]),
+                      ranks={"main": ranks}, runner={"main": []})
+        return load_archive(Path(d)).evidence

@@ -88,6 +88,15 @@ class Admission(BaseModel):
     rule: str | None = Field(default=None, exclude_if=lambda v: v is None)
     """The code of the rule that rejects the launch (None when accepted)."""
 
+    @property
+    def split_unobserved(self) -> str | None:
+        """Why the probe cannot see this launch's prefill split, when a rule says so (None: it can)."""
+        return next((w.message for w in self.warnings if w.code in UNOBSERVED_SPLIT), None)
+
+
+UNOBSERVED_SPLIT = frozenset({"pcp_cp_v1_unobserved"})
+"""Rules under which rows are split where the probe does not look: the row contracts are unknown."""
+
 
 def launch_config(scenario: Scenario) -> LaunchConfig:
     """What admission depends on, read from a scenario (its shortest prompt included)."""
