@@ -211,7 +211,8 @@ def test_lint_of_an_observed_rule_exits_1_naming_the_archive(tmp_path: Path):
     done = cptest("lint", f)
     assert done.returncode == 1, done.stdout
     assert done.stdout.startswith(f"{f}:8:") and "mha_dcp_kv_not_replicated" in done.stdout
-    assert "[observed: results/dcp2_llama_kv4/20261203T081109Z-733943a0]" in done.stdout
+    assert ("[observed: results/dcp2_llama_kv4/20261203T081109Z-733943a0; "
+            "results/dcp2_llama_kv4_graph/20261203T111929Z-7984e228]") in done.stdout
 
 
 def test_lint_json_lists_findings(tmp_path: Path):
