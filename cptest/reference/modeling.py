@@ -248,7 +248,7 @@ def merge_lse(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> tor
 # ---------------------------------------------------------------------------------------- attention DP
 @dataclass(frozen=True)
 class DpSizes:
-    """The attention-DP buffer of one step, as SGLang 0.5.17's `prepare_mlp_sync_batch` sizes it
+    """The attention-DP buffer of one step, as the pinned release's `prepare_mlp_sync_batch` sizes it
     (model_executor/forward_batch_info.py:1229-1311) for a CP-v2 model: `tokens` is each DP rank's row
     count, `padded` its slice (aligned up to the attention-TP size; under `max_len` every slice the
     longest), `mode` `sum_len` when any DP rank extends or when padding to the longest would cost more
