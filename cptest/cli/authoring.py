@@ -25,13 +25,14 @@ def _scenario_paths(paths: tuple[Path, ...]) -> list[Path]:
     folder: its `defaults/` and other subfolders are not scenarios). A path that does not exist stays,
     so that its command says so beside the others' results."""
     from cptest.errors import Problem, ScenarioError
+    from cptest.suite.runner import scenarios_in
 
     out: list[Path] = []
     for p in paths:
         if not p.is_dir():
             out.append(p)
             continue
-        found = sorted(f for f in p.glob("*.cps") if f.is_file())
+        found = scenarios_in(p)
         if not found:
             raise ScenarioError(Problem(None, f"{p}: no .cps file directly in this folder",
                                         hint="name the scenario files, or the folder that holds them"))

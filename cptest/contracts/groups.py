@@ -41,6 +41,12 @@ def groups(ev: RoleEvidence, name: str) -> tuple[list[list[int]], str]:
     return [list(k) for k in planned], "plan"
 
 
+def split_unseen(checker: str, role: str, why: str) -> Verdict:
+    """The verdict of a row contract where the launch splits prefill rows on a path the probe does
+    not hook (`PlanContext.split_unobserved`): the records would read "not split"."""
+    return unknown(checker, f"the prefill split of {role} runs where the probe does not look: {why}")
+
+
 def all_ranks(ev: RoleEvidence, checker: str) -> list[int] | Verdict:
     """Every planned world rank of the role, or the `unknown` verdict saying which one left no
     evidence (a checker that compares all ranks cannot judge a partial set)."""

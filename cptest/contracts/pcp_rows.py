@@ -39,7 +39,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written
-from cptest.contracts.groups import all_ranks, groups, steps_by_number
+from cptest.contracts.groups import all_ranks, groups, split_unseen, steps_by_number
 from cptest.contracts.rows import expected_split, short_ranges
 from cptest.errors import PlanError, Problem
 from cptest.evidence import Evidence, RoleEvidence, Step, ranges_len, ranges_merge
@@ -106,8 +106,7 @@ def check(evidence: Evidence, p: PcpRowsParams) -> Verdict:
     if isinstance(ranks, Verdict):
         return ranks
     if p.split_unobserved:
-        return unknown(NAME, f"the prefill split of {p.role} runs where the probe does not look: "
-                       f"{p.split_unobserved}")
+        return split_unseen(NAME, p.role, p.split_unobserved)
     cp_groups, source = groups(ev, "attn_cp")
     if not cp_groups:
         return unknown(NAME, f"no ATTN_CP groups known for {p.role}")

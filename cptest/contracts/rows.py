@@ -36,7 +36,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written, choice, invalid
-from cptest.contracts.groups import groups, steps_by_number, zigzag_blocks
+from cptest.contracts.groups import groups, split_unseen, steps_by_number, zigzag_blocks
 from cptest.evidence import Evidence, RoleEvidence, Step, ranges_len, ranges_merge
 from cptest.request_ids import count_by_origin, origin_note, workload_index
 from cptest.topology import CP_STRATEGIES
@@ -113,8 +113,7 @@ def check(evidence: Evidence, p: RowsParams) -> Verdict:
         return _dcp_owner(ev, p.dcp, p.interleave)
     if p.mode == "pcp_split":
         if p.split_unobserved:
-            return unknown(NAME, f"the prefill split of {role} runs where the probe does not look: "
-                           f"{p.split_unobserved}")
+            return split_unseen(NAME, role, p.split_unobserved)
         return _pcp_split(ev, p.cp, p.strategy or "zigzag", p.ffn)
     return _replicated(ev)
 

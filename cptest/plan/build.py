@@ -123,7 +123,8 @@ def plan(scenario: Scenario, *, placement: Placement | None = None) -> Plan:
     if workload is not None and scenario.workload.fill_drain is not None:
         workload = fill_drain.sized(scenario, facts, workload, problems)
     admission = engine.admission(scenario)
-    expectations = _expectations(scenario, engine.name, facts, getattr(admission, "split_unobserved", None))
+    expectations = _expectations(scenario, engine.name, facts,
+                                 admission.split_unobserved if admission is not None else None)
     control = None
     gen = next((e for e in expectations if isinstance(e, GenerationParams)), None)
     parity = next((e for e in expectations if isinstance(e, GraphParityParams)), None)

@@ -414,7 +414,7 @@ class Model:
         lay = self.layout
         start = dp.start(lay.attn_dp_rank)
         buffer = torch.zeros(dp.rows, x.shape[1])
-        if self.layout.rank == lay.dp_leader(lay.attn_dp_rank):
+        if lay.rank == lay.dp_leader(lay.attn_dp_rank):
             buffer[start : start + x.shape[0]] = x
         buffer = self.comm.all_reduce(buffer, "tp")
         out = self.comm.all_reduce(self._mlp_shard(w, buffer), "tp")

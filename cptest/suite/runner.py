@@ -90,13 +90,19 @@ class SuiteResult:
     record: dict[str, Any]
 
 
+def scenarios_in(folder: Path) -> list[Path]:
+    """The .cps files directly in `folder`, sorted: its `defaults/` and other subfolders are not
+    scenarios. The one reading of a folder of scenarios (suite, validate, fmt, lint)."""
+    return sorted(f for f in folder.glob("*.cps") if f.is_file())
+
+
 def scenario_files(paths: Sequence[Path]) -> list[Path]:
-    """The .cps files named, and those directly in the folders named (sorted; a folder's `defaults/`
-    and other subfolders are not scenarios). Raises ScenarioError for a path that is neither."""
+    """The .cps files named, and those directly in the folders named (`scenarios_in`). Raises
+    ScenarioError for a path that is neither."""
     out: list[Path] = []
     for p in paths:
         if p.is_dir():
-            out.extend(sorted(f for f in p.glob("*.cps") if f.is_file()))
+            out.extend(scenarios_in(p))
         elif p.is_file():
             out.append(p)
         else:
