@@ -47,6 +47,10 @@ class ModelFacts(Node):
     """Query/key head dimension; for MLA, qk_nope_head_dim + qk_rope_head_dim."""
     vocab: int
     is_mla: bool = False
+    dsa_indexer: bool | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Whether the checkpoint has a DSA indexer (HF `index_topk`), read from its config only for the
+    architectures SGLang's DSA test names (`DSA_CANDIDATES`); None: not read, the architecture
+    decides. Absent from the dump when None, so that every other model keeps its plan."""
 
 
 class SyntheticGeometry(BaseModel):

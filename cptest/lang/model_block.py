@@ -8,6 +8,7 @@ import json
 import os
 from typing import Any
 
+from cptest.engines.sglang.admission import DSA_CANDIDATES
 from cptest.errors import Span, did_you_mean, one_of
 from cptest.lang import model_ids
 from cptest.lang import tables as T
@@ -197,6 +198,8 @@ def facts_from_config(config: dict[str, Any]) -> dict[str, Any]:
         out[fact] = int(config[key])
     out["kv_heads"] = int(config.get("num_key_value_heads") or out["heads"])
     out["is_mla"] = "kv_lora_rank" in config
+    if out["architecture"] in DSA_CANDIDATES:
+        out["dsa_indexer"] = config.get("index_topk") is not None
     if out["is_mla"]:
         out["head_dim"] = int(config["qk_nope_head_dim"]) + int(config["qk_rope_head_dim"])
     else:

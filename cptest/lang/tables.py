@@ -24,7 +24,9 @@ BLOCK_KEYS: dict[str, tuple[str, ...]] = {
         "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
         "experts", "experts_per_tok", "moe_intermediate",
     ),
-    "facts": ("architecture", "layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "mla"),
+    "facts": (
+        "architecture", "layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "mla", "dsa_indexer",
+    ),
     "topology": ("gpus", "nodes", "tp", "dcp", "attn_cp", "attn_dp", "pp", "prefill_cp", "cp_strategy"),
     "serve": (
         "attention_backend", "cuda_graph_decode", "cuda_graph_prefill", "page_size", "max_total_tokens",
@@ -176,6 +178,7 @@ SETTINGS: dict[str, dict[str, Setting]] = {
         "architecture": Setting("text", "architecture"),
         **{k: _g(k) for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab")},
         "mla": Setting("bool", "is_mla"),
+        "dsa_indexer": Setting("bool", "dsa_indexer"),
     },
 }  # fmt: skip
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -262,6 +263,33 @@ def test_mla_facts_from_config_use_nope_plus_rope_head_dim(tmp_path: Path):
     _write(tmp_path, {"m/config.json": json.dumps(mla)})
     s = parse_text(LOCAL.replace("  facts", "# facts"), "s.cps", base_dir=str(tmp_path))
     assert s.model.facts.is_mla and s.model.facts.head_dim == 48
+
+
+@pytest.mark.parametrize("arch, extra, indexer", [
+    ("DeepseekV3ForCausalLM", {"index_topk": 64}, True),
+    ("DeepseekV3ForCausalLM", {}, False),
+    ("DeepseekV32ForCausalLM", {"index_topk": None}, False),  # SGLang asks for a value, not the key
+    ("LlamaForCausalLM", {"index_topk": 64}, None),  # not read where SGLang's DSA test cannot apply
+])
+def test_a_dsa_indexer_is_read_from_the_config_of_the_architectures_it_matters_for(
+        tmp_path: Path, arch: str, extra: dict[str, Any], indexer: bool | None):
+    _write(tmp_path, {"m/config.json": json.dumps({**CONFIG, "architectures": [arch], **extra})})
+    facts = parse_text(LOCAL.replace("  facts", "# facts"), "s.cps", base_dir=str(tmp_path)).model.facts
+    assert facts.dsa_indexer is indexer
+    # Unread, the fact is absent from the dump: every model without one keeps its plan and hashes.
+    assert ("dsa_indexer" in facts.model_dump()) is (indexer is not None)
+
+
+def test_a_facts_block_declares_a_dsa_indexer_and_a_config_contradicting_it_is_an_error(tmp_path: Path):
+    hub = with_line(4, '  model hub "org/m" revision "abc" facts { architecture "DeepseekV32ForCausalLM" '
+                       "layers 1 hidden 8 heads 1 kv_heads 1 head_dim 8 vocab 8 mla true dsa_indexer false }")
+    assert parse_text(hub).model.facts.dsa_indexer is False
+    _write(tmp_path, {"m/config.json": json.dumps({**CONFIG, "architectures": ["DeepseekV3ForCausalLM"],
+                                                    "index_topk": 64})})
+    declared = (LOCAL.replace('"LlamaForCausalLM"', '"DeepseekV3ForCausalLM"')
+                .replace("vocab 4096", "vocab 4096 dsa_indexer false"))
+    with pytest.raises(ScenarioError, match="facts say dsa_indexer False but config.json says True"):
+        parse_text(declared, "s.cps", base_dir=str(tmp_path))
 
 
 def test_a_synthetic_qwen3_moe_model_keeps_its_experts_and_only_it_dumps_them():

@@ -7,7 +7,9 @@ Requests (`op` and its fields):
 - `version`: the sglang version.
 - `server_args` {argv}: SGLang's own parser and `ServerArgs.from_cli_args` on a launch argv
   (`--device cpu` appended: there is no accelerator). Answers `ok` with resolved fields, or the
-  exception's type, message and raising line. With `worker_start`, then calls the real
+  exception's type, message and raising line. With `gpu_capability` [major, minor], ServerArgs reads
+  that compute capability (DSA checkpoints pick their defaults by it). With `worker_start`, then
+  calls the real
   `initialize_model_parallel` with the sizes `distributed/bootstrap.py:88-97` passes it.
 - `groups` {tp, pp, attn_dp, attn_cp, moe_ep, moe_dp, dcp}: every group `initialize_model_parallel`
   builds (`distributed/parallel_state.py:2191-2545`), or its exception; and per TP rank its
@@ -31,6 +33,8 @@ What is not SGLang's own, and why:
   process group is created; the rank lists are SGLang's), a world group stub with local rank 0, the
   world size `tp * pp`, and `is_cuda` True unless the request says `cuda: false` (the GPU machine's
   platform; the CPU would fail the DCP platform check before anything else).
+- `torch.cuda.get_device_capability`, where a request names one (the GPU machine's is 9.0): the CPU
+  build has no device to ask, and ServerArgs asks it for a DSA checkpoint before its CP block.
 - `prepare_mlp_sync_batch` runs with `torch.tensor`'s `pin_memory` dropped (the CPU build has no
   pinned allocator), a model runner stub holding the ServerArgs, the attention DP size and this DP
   rank's attention ranks set as `initialize_dp_attention` would, and no CUDA-graph prefill.
@@ -84,10 +88,12 @@ def server_args(req: dict[str, Any]) -> dict[str, Any]:
     ServerArgs.add_cli_args(parser)
     argv = list(req["argv"])
     environ = dict(os.environ)
+    capability = req.get("gpu_capability")
     try:
         os.environ.update(req.get("env", {}))  # the scenario's `serve { env }`, as the launcher sets it
         ns = parser.parse_args([*argv, "--device", "cpu"])
-        sa = ServerArgs.from_cli_args(ns)
+        with _device_capability(capability):
+            sa = ServerArgs.from_cli_args(ns)
         from sglang.srt.layers.cp.utils import enable_cp_v2
 
         # Whether this launch takes the generic PCP path (CP v2): ServerArgs sets the variable by
@@ -118,6 +124,22 @@ def server_args(req: dict[str, Any]) -> dict[str, Any]:
             "attn_cp": sa.attn_cp_size, "moe_ep": sa.ep_size, "moe_dp": sa.moe_dp_size, "dcp": sa.dcp_size,
         })
     return out
+
+
+@contextlib.contextmanager
+def _device_capability(capability: list[int] | None) -> Any:
+    """`torch.cuda.get_device_capability` answering `capability` while ServerArgs runs, if given."""
+    if capability is None:
+        yield
+        return
+    import torch
+
+    real = torch.cuda.get_device_capability
+    torch.cuda.get_device_capability = lambda *_a, **_k: tuple(capability)
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_capability = real
 
 
 _GROUP_GLOBALS = ("_TP", "_PDMUX_PREFILL_TP_GROUP", "_DCP", "_ATTN_CP", "_ATTN_TP", "_MOE_DP", "_MOE_EP",

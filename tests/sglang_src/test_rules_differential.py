@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 from cptest.engines.sglang.admission import Admission, LaunchConfig, pcp_splits, predict
 from cptest.engines.sglang.argv import LAUNCHER, build_argv
 from cptest.engines.sglang.releases import RELEASE_0_5_17
+from cptest.lang.model_block import facts_from_config
 from cptest.topology import Degrees, divisors
 from tests.engines.sglang.configs import serve_config
 from tests.sglang_src.conftest import _COMMON, TINY_CONFIGS, SGLangDriver
@@ -234,36 +236,51 @@ DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepse
                "num_experts_per_tok": 2, "moe_intermediate_size": 64, "first_k_dense_replace": 1,
                "n_shared_experts": 1, "n_group": 1, "topk_group": 1}
 """cptest's MLA family, an architecture of the CP-v2 classes with no DSA indexer (`index_topk`)."""
+INDEXER = {"index_topk": 64, "index_head_dim": 32, "index_n_heads": 4}
+DSA_VARIANTS = {
+    "mla-indexer": INDEXER,
+    "v32": {"architectures": ["DeepseekV32ForCausalLM"], **INDEXER},
+    "v32-no-indexer": {"architectures": ["DeepseekV32ForCausalLM"]},
+    "glm-dsa": {"architectures": ["GlmMoeDsaForCausalLM"], **INDEXER},
+}
+"""MLA configs around SGLang's DSA test (`is_deepseek_dsa`: a named architecture *and* an indexer),
+each a CP-v2 class: V3 with an indexer, V3.2 and GLM DSA with one, and V3.2 without."""
 CP_V2_ENV = (None, "1", "0", "true", "N", "2")
 """The scenario's `SGLANG_ENABLE_CP_V2`: unset (the class decides), booleans both ways, and a value
 that is none (read as the variable's default, off, and no class default either)."""
 
 
 @pytest.fixture(scope="module")
-def deepseek_v3(tmp_path_factory: pytest.TempPathFactory) -> str:
-    d = tmp_path_factory.mktemp("tiny-deepseek-v3")
-    (d / "config.json").write_text(json.dumps({**_COMMON, **DEEPSEEK_V3}))
-    return str(d)
+def mla_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """cptest's MLA family and the DSA variants, each a config-only model folder."""
+    out = {}
+    for name, extra in {"mla": {}, **DSA_VARIANTS}.items():
+        d = tmp_path_factory.mktemp(f"tiny-{name}")
+        (d / "config.json").write_text(json.dumps({**_COMMON, **DEEPSEEK_V3, **extra}))
+        out[name] = str(d)
+    return out
 
 
 def test_which_launches_take_the_generic_pcp_path_is_sglangs(
-        sglang: SGLangDriver, tiny_models: dict[str, str], deepseek_v3: str) -> None:
+        sglang: SGLangDriver, tiny_models: dict[str, str], mla_models: dict[str, str]) -> None:
     """`pcp_splits`, which the rules about what a split gets wrong hang on, against the CP-v2 switch
-    ServerArgs leaves set for the launch: per family, strategy and the scenario's variable."""
-    models = {**tiny_models, "mla": deepseek_v3}
-    archs = {**ARCHITECTURE, "mla": DEEPSEEK_V3["architectures"][0]}
+    ServerArgs leaves set for the launch: per family, strategy and the scenario's variable. cptest
+    reads each model's facts from its config as a scenario's `model local` does."""
+    models = {**tiny_models, **mla_models}
     cases, requests = [], []
     for family in sorted(models):
+        facts = facts_from_config(json.loads((Path(models[family]) / "config.json").read_text()))
         for strategy in ("zigzag", "interleave"):
             for value in CP_V2_ENV:
                 env = {} if value is None else {RELEASE_0_5_17.pcp_force_env: value}
                 degrees = dict(tp=2, attn_cp=2, prefill_cp=True, cp_strategy=strategy)
-                launch = LaunchConfig(degrees=Degrees(**degrees), architecture=archs[family],
-                                      env=tuple(env.items()))
+                launch = LaunchConfig(degrees=Degrees(**degrees), architecture=facts["architecture"],
+                                      dsa_indexer=facts.get("dsa_indexer"), env=tuple(env.items()))
                 serve = serve_config(models[family], **degrees)
                 cases.append((family, strategy, value, pcp_splits(RELEASE_0_5_17, launch)))
                 argv = build_argv(RELEASE_0_5_17, serve)[len(LAUNCHER):]
-                requests.append({"op": "server_args", "argv": argv, "env": env})
+                # A DSA checkpoint's defaults read the compute capability: the GPU machine's H200.
+                requests.append({"op": "server_args", "argv": argv, "env": env, "gpu_capability": [9, 0]})
     answers = sglang.ask(requests)
     for (family, strategy, value, predicted), answer in zip(cases, answers, strict=True):
         assert answer["ok"], (family, strategy, value, answer)

@@ -27,8 +27,15 @@ ATTENTION_OVER_FULL_TP = frozenset({"LlamaForCausalLM"})
 CP_V1_ARCHITECTURES = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
                                  "GlmMoeDsaForCausalLM", "DeepseekV4ForCausalLM", "Qwen3MoeForCausalLM"})
 """Architectures that split prefill rows on a path of their own when CP v2 is off (docs/sglang.md §3)."""
-DSA_ARCHITECTURES = frozenset({"DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "DeepseekV4ForCausalLM"})
-"""Architectures whose attention backend runs interleave CP itself (`layers/cp/interleave.py:222-233`)."""
+DSA_CANDIDATES = frozenset({
+    "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "DeepseekV3ForCausalLMNextN",
+    "MistralLarge3ForCausalLM", "PixtralForConditionalGeneration", "GlmMoeDsaForCausalLM",
+    "GlmMoeDsaForCausalLMNextN", "LongcatFlashForCausalLM", "LongcatFlashForCausalLMNextN",
+})
+"""Architectures that are DSA when the checkpoint has an indexer (`index_topk`): SGLang's
+`is_deepseek_dsa` (0.5.17 `configs/model_config.py:106-121`)."""
+DSA_BY_DEFAULT = frozenset({"DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"})
+"""The candidates whose published checkpoints all carry an indexer: DSA when the config was not read."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,8 @@ class LaunchConfig:
     min_prompt_len: int | None = None
     env: tuple[tuple[str, str], ...] = ()
     """The scenario's `serve { env }` (a release may read one: `Release.pcp_force_env`)."""
+    dsa_indexer: bool | None = None
+    """Whether the checkpoint has a DSA indexer (`ModelFacts.dsa_indexer`; None: not read)."""
     pcp_splits: bool = True
     """Whether the release's prefill CP splits rows for this architecture at all (`predict` sets it
     from `Release.pcp_model_classes`): where it does not, the rules about what a split gets wrong
@@ -103,7 +112,7 @@ def launch_config(scenario: Scenario) -> LaunchConfig:
     topo, facts = scenario.topology, scenario.model.facts
     return LaunchConfig(
         degrees=topo.as_degrees(), architecture=facts.architecture,
-        heads=facts.heads, kv_heads=facts.kv_heads, is_mla=facts.is_mla,
+        heads=facts.heads, kv_heads=facts.kv_heads, is_mla=facts.is_mla, dsa_indexer=facts.dsa_indexer,
         attention_backend=scenario.serve.attention_backend,
         min_prompt_len=scenario.workload.prompt_tokens.bounds()[0],
         env=tuple(sorted(scenario.serve.env.items())),
@@ -145,7 +154,7 @@ CONDITIONS: tuple[tuple[str, Predicate], ...] = (
     ),
     (
         "interleave_no_attention",
-        lambda c: _pcp(c, "interleave") and c.pcp_splits and c.architecture not in DSA_ARCHITECTURES,
+        lambda c: _pcp(c, "interleave") and c.pcp_splits and not _attention_runs_interleave(c),
     ),
     # Observed on 0.5.17: with DCP the PCP split never activates (results/pcp_dcp_rejected), and
     # it crashes only when the KV heads Llama computes per rank (full-TP shard) differ from what
@@ -222,18 +231,32 @@ def pcp_splits(release: Release, cfg: LaunchConfig) -> bool:
     as its value reads (a value that is no boolean reads as the variable's default, off, with a
     warning: 0.5.17 `environ.py:49-70`), and where it does not, on the release's classes, a DSA one
     only for interleave (`ServerArgs._handle_context_parallelism`, 0.5.17 `server_args.py:6287-6302`).
-    DSA is taken from the architecture (SGLang also reads the checkpoint's `index_topk`). With the
-    path off, DeepSeek V2/V3/V4 and Qwen3-MoE split on model-local CP-v1 paths that cptest's probe
-    does not hook (docs/sglang.md §3): this predicts the CP-v2 split only."""
+    DSA is SGLang's test (`is_dsa`). With the path off, DeepSeek V2/V3/V4 and Qwen3-MoE split on
+    model-local CP-v1 paths that cptest's probe does not hook (docs/sglang.md §3): this predicts the
+    CP-v2 split only."""
     classes = release.pcp_model_classes
     if classes is None:
         return True
     env = dict(cfg.env).get(release.pcp_force_env or "")
     if env is not None:  # set at all: the class default is not applied
         return env.lower() in ENV_TRUE
-    dsa = cfg.architecture in DSA_ARCHITECTURES
+    dsa = is_dsa(cfg)
     interleave = cfg.degrees.prefill_cp and cfg.degrees.cp_strategy == "interleave"
     return cfg.architecture in classes and (not dsa or interleave)
+
+
+def _attention_runs_interleave(cfg: LaunchConfig) -> bool:
+    """Whether the model's attention backend runs interleave CP itself (`layers/cp/interleave.py:222-233`):
+    a DSA model's, or DeepSeek V4's own."""
+    return is_dsa(cfg) or cfg.architecture == "DeepseekV4ForCausalLM"
+
+
+def is_dsa(cfg: LaunchConfig) -> bool:
+    """SGLang's `is_deepseek_dsa`: a candidate architecture with an indexer. Where the config was not
+    read (`dsa_indexer` None), the architecture's published checkpoints decide (`DSA_BY_DEFAULT`)."""
+    if cfg.architecture not in DSA_CANDIDATES:
+        return False
+    return cfg.dsa_indexer if cfg.dsa_indexer is not None else cfg.architecture in DSA_BY_DEFAULT
 
 
 def predict(release: Release, cfg: LaunchConfig) -> Admission:

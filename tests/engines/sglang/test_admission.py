@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cptest.engines.sglang.admission import pcp_splits, predict
+from cptest.engines.sglang.admission import LaunchConfig, pcp_splits, predict
 from cptest.engines.sglang.releases import get_release
 from tests.engines.sglang.configs import launch
 
@@ -165,6 +165,13 @@ def test_interleave_on_gqa_is_flagged_and_on_dsa_is_not():
         ),
     )
     assert "interleave_no_attention" not in codes(dsa)
+    # DSA is the checkpoint's indexer, not the class: a V3.2 class without one has no DSA attention.
+    no_indexer = predict(R17, launch(tp=8, attn_cp=8, prefill_cp=True, cp_strategy="interleave",
+                                     architecture="DeepseekV32ForCausalLM", is_mla=True, dsa_indexer=False))
+    assert "interleave_no_attention" in codes(no_indexer)
+    v3_indexer = predict(R17, launch(tp=8, attn_cp=8, prefill_cp=True, cp_strategy="interleave",
+                                     architecture="DeepseekV3ForCausalLM", is_mla=True, dsa_indexer=True))
+    assert "interleave_no_attention" not in codes(v3_indexer)
 
 
 @pytest.mark.parametrize("arch, strategy, env, splits", [
@@ -182,6 +189,22 @@ def test_the_generic_pcp_path_follows_the_variable_then_the_class(arch, strategy
                     env=() if env is None else (("SGLANG_ENABLE_CP_V2", env),))
     assert pcp_splits(R17, config) is splits
     assert pcp_splits(R23, config) is True  # 0.5.23 names no classes: every architecture splits
+
+
+@pytest.mark.parametrize("arch, indexer, zigzag_splits", [
+    ("DeepseekV3ForCausalLM", None, True),  # config not read: V3's published checkpoints have no indexer
+    ("DeepseekV3ForCausalLM", True, False),  # an indexer makes V3 a DSA model: CP v2 for interleave only
+    ("DeepseekV32ForCausalLM", None, False),  # config not read: V3.2's checkpoints have one
+    ("DeepseekV32ForCausalLM", False, True),  # a V3.2 class without an indexer is no DSA model
+    ("Qwen3MoeForCausalLM", True, True),  # not an architecture SGLang's DSA test names
+])
+def test_dsa_is_an_architecture_with_an_indexer(arch, indexer, zigzag_splits):
+    def config(strategy: str) -> LaunchConfig:
+        return launch(tp=2, attn_cp=2, prefill_cp=True, cp_strategy=strategy, architecture=arch,
+                      dsa_indexer=indexer)
+
+    assert pcp_splits(R17, config("zigzag")) is zigzag_splits
+    assert pcp_splits(R17, config("interleave"))  # interleave takes CP v2 on every class, DSA or not
 
 
 def test_a_model_splitting_on_its_own_cp_v1_path_is_named_unobservable():
