@@ -18,6 +18,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cptest.engines.sglang.argv import LAUNCHER, build_argv
+from cptest.engines.sglang.releases import RELEASE_0_5_17
 from cptest.reference.layout import pcp_local_rows
 from cptest.reference.modeling import pool_rows
 from cptest.topology import (
@@ -29,6 +31,7 @@ from cptest.topology import (
     zigzag_applies,
     zigzag_rank_token_counts,
 )
+from tests.engines.sglang.configs import serve_config
 from tests.sglang_src.conftest import COMPARED, DIFFERENTIAL, SGLangDriver
 
 COUNT = COMPARED[__name__]
@@ -95,6 +98,24 @@ def test_worker_start_refuses_what_cptest_cannot_lay_out(sglang: SGLangDriver) -
     for d, answer in zip(cases, answers, strict=True):
         assert answer["ok"] == (d.tp % d.dcp == 0), (d, answer)
         COUNT["tp_dcp_pairs"] += 1
+
+
+def test_a_dcp_group_can_span_attention_dp_ranks_and_sglang_launches_it(
+        sglang: SGLangDriver, tiny_models: dict[str, str]) -> None:
+    """docs/sglang.md §2.4: no `attn_tp % dcp` check, so with attention TP 1 a DCP group mixes DP ranks.
+
+    SGLang's own ServerArgs and worker start take TP 4, attention DP 4, DCP 2, and build DCP groups of
+    two ranks that belong to two attention-DP ranks; cptest's layout says the same."""
+    d = Degrees(tp=4, attn_dp=4, dcp=2)
+    serve = serve_config(tiny_models["qwen3"], tp=d.tp, attn_dp=d.attn_dp, dcp=d.dcp)
+    answer = sglang.ask([{"op": "server_args", "argv": build_argv(RELEASE_0_5_17, serve)[len(LAUNCHER):],
+                          "worker_start": True}])[0]
+    assert answer["ok"] and answer["worker_start"]["ok"], answer
+    dp_rank = {tp_rank: ranks[1] for tp_rank, ranks in enumerate(answer["worker_start"]["attn_ranks"])}
+    dcp_groups = answer["worker_start"]["groups"]["dcp"]
+    assert dcp_groups == [[0, 1], [2, 3]]
+    assert all(len({dp_rank[r] for r in group}) == 2 for group in dcp_groups)
+    assert sorted({tuple(g.group("dcp")) for g in geometry(d)}) == [(0, 1), (2, 3)]
 
 
 splits = st.tuples(
