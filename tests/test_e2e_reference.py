@@ -43,6 +43,7 @@ RUN = [
     "pcp2_zigzag_qwen3_kv2",
     "fault_kill_rank_dcp2",
     "sigterm_shutdown",
+    "reference_dcp2_dp2_llama",
     "reference_pcp2_interleave_qwen3",
     "reference_pcp2_zigzag_qwen3_dp2",
     "reference_stop_rank_dcp2",

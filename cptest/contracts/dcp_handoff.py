@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written
-from cptest.contracts.groups import all_ranks, groups, steps_by_number
+from cptest.contracts.groups import all_ranks, groups, mlp_batch_rows, steps_by_number
 from cptest.errors import PlanError, Problem
 from cptest.evidence import Evidence, RoleEvidence, Step, ranges_iter, ranges_merge, slot_pairs
 from cptest.topology import dcp_local_positions, dcp_owner
@@ -169,11 +169,13 @@ def _counts(s: Step, world: int, t: _Tally) -> bool:
             t.unrecorded[part] += 1
             continue
         seen |= part != "the MLP's output"
-        if n != s.rows_in:
-            t.fail(f"step {s.step}: rank {world} handed {n} of {s.rows_in} rows to {part}: "
+        mine, what = (n, f"{n} rows") if part == "attention" else mlp_batch_rows(s, n)
+        if mine != s.rows_in:
+            t.fail(f"step {s.step}: rank {world} handed {what} of its batch's {s.rows_in} to {part}: "
                    "DCP must not split rows")
     for part, per_layer in (s.layer_rows or {}).items():
-        wrong = [k for k, n in enumerate(per_layer) if n != s.rows_in]
+        mine = [n if part == "attn" else mlp_batch_rows(s, n)[0] for n in per_layer]
+        wrong = [k for k, n in enumerate(mine) if n != s.rows_in]
         if wrong:
             t.fail(f"step {s.step}: rank {world}'s layer {wrong[0]} ran {per_layer[wrong[0]]} {part} rows "
                    f"of the batch's {s.rows_in}: every layer hands on the whole batch")

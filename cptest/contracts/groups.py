@@ -22,6 +22,17 @@ def zigzag_blocks(length: int, cp: int, rank: int) -> list[tuple[int, int]]:
     return [(lo, hi) for lo, hi in zigzag_split(length, cp)[rank] if hi > lo]
 
 
+def mlp_batch_rows(s: Step, n: int | None) -> tuple[int | None, str]:
+    """Of `n` rows that `s`'s MLP took (or put out), those of this rank's own batch, and how to say
+    so: `n` itself, or under attention DP, where the MLP runs over the buffer of every DP rank's rows,
+    the slice of the buffer this rank's batch filled (`DpBuffer.tokens` at its DP rank)."""
+    b = s.dp_buffer
+    if b is not None and n == b.rows and s.rank.attn_dp < len(b.tokens):
+        mine = b.tokens[s.rank.attn_dp]
+        return mine, f"the attention-DP buffer ({b.rows} rows), its DP rank's slice {mine} rows"
+    return n, f"{n} rows"
+
+
 def groups(ev: RoleEvidence, name: str) -> tuple[list[list[int]], str]:
     """The `name` groups (tp, dcp, attn_cp) of a server as lists of world ranks, and where they came
     from ("probe" or "plan"). Ranks within a group are in group-rank order."""

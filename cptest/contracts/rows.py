@@ -36,8 +36,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written, choice, invalid
-from cptest.contracts.groups import groups, split_unseen, steps_by_number, zigzag_blocks
-from cptest.evidence import Evidence, RoleEvidence, Step, ranges_len, ranges_merge
+from cptest.contracts.groups import groups, mlp_batch_rows, split_unseen, steps_by_number, zigzag_blocks
+from cptest.evidence import Evidence, RoleEvidence, ranges_len, ranges_merge
 from cptest.request_ids import count_by_origin, origin_note, workload_index
 from cptest.topology import CP_STRATEGIES
 from cptest.values import Ident, describe
@@ -340,17 +340,6 @@ def _past_unobserved(end: int, upto: int | None, gaps: list[tuple[int, int]]) ->
 
 
 # ---------------------------------------------------------------- PCP: row split
-def _ffn_fed(s: Step) -> tuple[int | None, str]:
-    """The rows of this rank's batch that its MLP took, and how to say so: its own `ffn_rows`, or
-    under attention DP, where the MLP takes the buffer of every DP rank's rows, the slice of the
-    buffer this rank's batch filled (`DpBuffer.tokens` at its DP rank)."""
-    b = s.dp_buffer
-    if b is not None and s.ffn_rows == b.rows and s.rank.attn_dp < len(b.tokens):
-        mine = b.tokens[s.rank.attn_dp]
-        return mine, f"the attention-DP buffer ({b.rows} rows), its DP rank's slice {mine} rows"
-    return s.ffn_rows, f"{s.ffn_rows} rows"
-
-
 def _pcp_split(ev: RoleEvidence, cp: int, strategy: str, ffn: str | None) -> Verdict:
     if strategy not in CP_STRATEGIES:
         raise ValueError(f"unknown cp strategy {strategy!r} (known: zigzag, interleave)")
@@ -419,7 +408,7 @@ def _pcp_split(ev: RoleEvidence, cp: int, strategy: str, ffn: str | None) -> Ver
                         continue
                     ffn_checked += 1
                     want = r.attn_rows if ffn == "local" else r.rows_in
-                    fed, what = _ffn_fed(r)
+                    fed, what = mlp_batch_rows(r, r.ffn_rows)
                     if fed != want and len(violations) < 100:
                         violations.append(
                             {

@@ -8,7 +8,8 @@ several (`node_ranks`: node k runs the k-th contiguous block of world ranks, as 
 Attention DP: each attention-DP rank is a contiguous block of `attn_cp * attn_tp` ranks (group
 `dp_block`) that runs its own batch through attention; the MLP runs over the buffer of every DP
 rank's rows (`cptest.reference.modeling.DpSizes`), sharded over the whole TP group, as SGLang's
-dense MLP does.
+dense MLP does. DCP runs beside attention DP where each DCP group lies inside one DP rank
+(`attn_tp % dcp == 0`): the group's ranks share one batch, so gathering its queries is sound.
 
 Head shards: query heads are split over attention TP (`heads / attn_tp` per rank, contiguous). The
 K/V heads a rank *stores* are the ones its attention needs: under DCP the queries of the whole DCP
@@ -39,9 +40,10 @@ def unsupported(d: Degrees) -> list[str]:
     something else."""
     if d.pp != 1:
         return [f"the reference engine runs pp 1 (got pp {d.pp})"]
-    if d.attn_dp > 1 and d.dcp > 1:
-        return [f"the reference engine runs attention DP without DCP (got attn_dp {d.attn_dp}, dcp {d.dcp}): "
-                "DCP beside attention DP is not a contract of the reference engine"]
+    if d.attn_dp > 1 and d.dcp > 1 and d.attn_tp % d.dcp:
+        return [f"the reference engine runs DCP beside attention DP only inside each attention-DP rank "
+                f"(attention TP {d.attn_tp} divisible by dcp {d.dcp}): a DCP group spanning attention-DP "
+                "ranks gathers queries of different batches, which is not a contract of the reference engine"]
     return []
 
 

@@ -12,7 +12,7 @@ import pytest
 from cptest.checks import load_archive
 from cptest.contracts.dcp_handoff import DcpHandoffParams, check
 from cptest.errors import PlanError
-from cptest.evidence import Step, ranges_from, slot_runs_from
+from cptest.evidence import DpBuffer, Step, ranges_from, slot_runs_from
 from cptest.lang import format_text, parse_text
 from cptest.plan import plan
 from cptest.testing.archives import make_plan, rank_id, rid, server_plan, write_archive
@@ -138,7 +138,34 @@ def test_an_mlp_fed_a_split_of_the_rows_fails() -> None:
     r0 = _rank(0)
     r0[0] = _edit(r0[0], ffn_rows=3)
     v = _check({0: r0, 1: _rank(1)})
-    assert v.status == "fail" and "rank 0 handed 3 of 5 rows to the MLP" in v.reason
+    assert v.status == "fail" and "rank 0 handed 3 rows of its batch's 5 to the MLP" in v.reason
+
+
+def _in_dp_buffer(steps: list[Step], other: int) -> list[Step]:
+    """These steps of DP rank 0 under attention DP 2, another DP rank bringing `other` rows a step:
+    the MLP runs over the buffer of both DP ranks' rows, in every layer."""
+    out = []
+    for s in steps:
+        rows = s.rows_in + other
+        out.append(_edit(s, ffn_rows=rows, ffn_out_rows=rows, layer_rows={"attn": [s.rows_in] * 2,
+                                                                          "ffn": [rows] * 2},
+                         dp_buffer=DpBuffer(tokens=[s.rows_in, other], padded=[s.rows_in, other], rows=rows,
+                                            mode="sum_len")))
+    return out
+
+
+def test_an_mlp_over_the_attention_dp_buffer_is_judged_by_its_dp_ranks_slice() -> None:
+    v = _check({0: _in_dp_buffer(_rank(0), 7), 1: _in_dp_buffer(_rank(1), 7)})
+    assert v.status == "pass", v.reason
+    r0 = _in_dp_buffer(_rank(0), 7)
+    # The buffer says this DP rank brought 4 rows of its batch of 5: a row split off before the MLP.
+    r0[0] = _edit(r0[0], dp_buffer=DpBuffer(tokens=[4, 8], padded=[4, 8], rows=12, mode="sum_len"))
+    v = _check({0: r0, 1: _in_dp_buffer(_rank(1), 7)})
+    assert v.status == "fail" and "its DP rank's slice 4 rows of its batch's 5 to the MLP" in v.reason
+    r0 = _in_dp_buffer(_rank(0), 7)
+    r0[0] = _edit(r0[0], ffn_rows=9)  # neither the batch nor the buffer
+    v = _check({0: r0, 1: _in_dp_buffer(_rank(1), 7)})
+    assert v.status == "fail" and "rank 0 handed 9 rows of its batch's 5 to the MLP" in v.reason
 
 
 def test_a_prefix_written_by_an_earlier_request_counts_by_position() -> None:

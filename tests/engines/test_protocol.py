@@ -66,9 +66,10 @@ def test_the_reference_engine_states_its_own_log_line_and_no_exit_statuses():
 def test_what_an_engine_cannot_express_is_said_and_what_it_rejects_is_not():
     ref = engine_for("reference", "builtin")
     assert "runs pp 1" in ref.unexpressible(Degrees(tp=2, pp=2))[0]
-    # attention DP runs, but not beside DCP: that pair is no contract of the reference engine
+    # attention DP runs, and DCP inside each DP rank; a DCP group spanning DP ranks is no contract of it
     assert ref.unexpressible(Degrees(tp=4, attn_dp=2, attn_cp=2, prefill_cp=True, cp_strategy="zigzag")) == []
-    assert "attention DP without DCP" in ref.unexpressible(Degrees(tp=4, attn_dp=2, dcp=2))[0]
+    assert ref.unexpressible(Degrees(tp=4, attn_dp=2, dcp=2)) == []
+    assert "only inside each attention-DP rank" in ref.unexpressible(Degrees(tp=4, attn_dp=4, dcp=2))[0]
     # PCP with DCP is something the reference engine *refuses* at launch: its behaviour, not a plan error.
     assert ref.unexpressible(Degrees(tp=2, dcp=2, attn_cp=2, prefill_cp=True, cp_strategy="zigzag")) == []
     assert engine_for("sglang", "0.5.17").unexpressible(Degrees(tp=4, pp=2, nodes=2)) == []

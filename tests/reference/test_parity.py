@@ -40,6 +40,9 @@ LAYOUTS = {
     "dp2_llama_kv2": ("llama-kv2", ["--tp-size", "2", "--dp-size", "2", "--enable-dp-attention"]),
     "tp4_dp2_pcp2_zigzag_qwen3": ("qwen3-kv2", ["--tp-size", "4", "--dp-size", "2", "--enable-dp-attention",
                                                 "--attn-cp-size", "2", "--enable-prefill-cp"]),
+    # DCP inside each attention-DP rank: a DCP group is the DP rank's attention-TP pair
+    "tp4_dp2_dcp2_llama_kv1": ("llama-kv1", ["--tp-size", "4", "--dp-size", "2", "--enable-dp-attention",
+                                             "--dcp-size", "2"]),
 }
 
 
