@@ -21,8 +21,8 @@ scenario reference_dcp2_dp2_llama {
   topology {
     gpus 4
     tp 4
-    attn_dp 2
     dcp 2
+    attn_dp 2
   }
   baseline {
     tp 4

@@ -21,8 +21,8 @@ scenario dcp2_dp2_qwen3_kv1_eager {
   topology {
     gpus 4
     tp 4
-    attn_dp 2
     dcp 2
+    attn_dp 2
   }
   baseline {
     tp 4

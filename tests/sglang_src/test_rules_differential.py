@@ -48,6 +48,7 @@ CPU_BLIND = {
                             "(CP v2 off) is compared by test_which_launches_take_the_generic_pcp_path_…",
     "llama_pcp": "the KV-pool write of the first prefill: needs a forward",
     "llama_pcp_silent": "wrong output: needs a forward",
+    "llama_attention_dp": "the all-reduce of different batches: needs a forward",
     "mha_dcp_kv_not_replicated": "wrong output: needs a forward",
     "mla_dcp_triton_decode": "the first decode: needs a forward",
     "mla_dcp_flashmla_lse_unpacked": "the first decode: needs a forward (and FlashMLA)",

@@ -159,6 +159,7 @@ CONDITIONS: tuple[tuple[str, Predicate], ...] = (
     # Observed on 0.5.17: with DCP the PCP split never activates (results/pcp_dcp_rejected), and
     # it crashes only when the KV heads Llama computes per rank (full-TP shard) differ from what
     # the attention-TP-sized pool row holds (results/pcp2_zigzag_llama_kv2).
+    ("llama_attention_dp", lambda c: c.degrees.attn_dp > 1 and c.architecture in ATTENTION_OVER_FULL_TP),
     ("llama_pcp", lambda c: _llama_pcp(c) and _kv_row_mismatch(c)),
     ("llama_pcp_silent", lambda c: _llama_pcp(c) and c.pcp_splits and not _kv_row_mismatch(c)),
     (
@@ -206,6 +207,7 @@ SITUATIONS: dict[str, str] = {
     "interleave_short_batch": "interleave with attn_cp {attn_cp} and prompts as short as {min_prompt_len}",
     "interleave_no_attention": "--cp-strategy interleave on {architecture}",
     "llama_pcp": "prefill CP on {architecture}",
+    "llama_attention_dp": "attention DP {attn_dp} on {architecture}",
     "llama_pcp_silent": "prefill CP on {architecture} with {kv_heads} KV head(s)",
     "mha_dcp_kv_not_replicated": "{kv_heads} KV heads with tp {tp} and dcp {dcp}",
     "dcp_backend_without_dcp_path": "DCP with attention backend {attention_backend}",

@@ -181,6 +181,17 @@ RULES_0_5_17: dict[str, Rule] = {
         note="Llama shards attention heads over the full TP group, not attention-TP "
         "(cf. models/qwen3.py:86-92); CP partners hold different query-head shards (inferred wrong output)",
     ),
+    "llama_attention_dp": Rule(
+        "llama_attention_dp",
+        "silent",
+        None,
+        None,
+        "models/llama.py:158-166, 184-199; layers/linear.py:1433-1437",
+        note="Llama shards attention (and its MLP) over the full TP group and gathers no attention-DP "
+        "buffer: its projections take the TP group's size and rank, and o_proj all-reduces over the "
+        "whole TP group, so ranks of different attention-DP ranks, each with its own batch, meet in one "
+        "all-reduce (inferred: wrong output, or a crash or hang where their row counts differ; no run)",
+    ),
     "mha_dcp_kv_not_replicated": Rule(
         "mha_dcp_kv_not_replicated",
         "silent",

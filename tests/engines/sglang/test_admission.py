@@ -108,6 +108,20 @@ def test_llama_pcp_with_dcp_never_splits_so_does_not_crash():
     assert adm.accepted and "llama_pcp" not in codes(adm)
 
 
+def test_attention_dp_on_llama_is_flagged_and_on_qwen3_is_not():
+    llama = predict(R17, launch(tp=4, attn_dp=2, architecture="LlamaForCausalLM", heads=8, kv_heads=1))
+    assert llama.accepted and "llama_attention_dp" in codes(llama)
+    assert "attention DP 2 on LlamaForCausalLM" in next(w.message for w in llama.warnings
+                                                         if w.code == "llama_attention_dp")
+    qwen3 = predict(R17, launch(tp=4, attn_dp=2, architecture="Qwen3ForCausalLM", heads=8, kv_heads=1))
+    assert "llama_attention_dp" not in codes(qwen3)
+    tp_only = predict(R17, launch(tp=4, architecture="LlamaForCausalLM", heads=8, kv_heads=1))
+    assert "llama_attention_dp" not in codes(tp_only)
+    # Nobody has read 0.5.23's Llama for it: the rule does not come over.
+    later = predict(R23, launch(tp=4, attn_dp=2, architecture="LlamaForCausalLM"))
+    assert "llama_attention_dp" not in codes(later)
+
+
 def test_mha_dcp_warns_when_kv_heads_exceed_tp_over_dcp():
     llama = predict(R17, launch(tp=8, dcp=2, attention_backend="triton", **LLAMA))
     assert "mha_dcp_kv_not_replicated" in codes(llama)
