@@ -1,6 +1,6 @@
 # Kill TP rank 1 of a DCP2 server after 8 requests. The watchdog sees the dead scheduler and
 # sends SIGQUIT; the main process then SIGKILLs its children and itself (docs/sglang.md §10,
-# tokenizer_manager.py:3755 in 0.5.17), so the exit status is -9/137 by design, not 0.
+# tokenizer_manager.py:3753-3762 in 0.5.17), so the exit status is -9/137 by design, not 0.
 # In-flight requests must fail, not hang; no process may survive; GPU memory must come back.
 cptest 1
 scenario fault_kill_rank_dcp2 {

@@ -60,7 +60,7 @@ def test_groups_match_the_reference_worked_examples(spec, tp, attn_tp, attn_cp, 
 
 
 def test_sglang_docstring_example_attn_cp2_attn_tp4():
-    # parallel_state.py:2239-2250: tp 8, attn_cp 2 -> CP groups [g0,g4],[g1,g5],[g2,g6],[g3,g7].
+    # parallel_state.py:2237-2244: tp 8, attn_cp 2 -> CP groups [g0,g4],[g1,g5],[g2,g6],[g3,g7].
     spec = Degrees(tp=8, attn_cp=2)
     assert groups(spec, "attn_cp_group") == [[0, 4], [1, 5], [2, 6], [3, 7]]
     assert groups(spec, "attn_tp_group") == [[0, 1, 2, 3], [4, 5, 6, 7]]

@@ -3,7 +3,7 @@
 # the one-GPU reference its CP runs compare with. tools/device/family_parity.py scores its outputs
 # teacher-forced against transformers.
 # fa4 is SGLang's vendored FlashAttention 4 (CuTe DSL), which has an SM90 path
-# (kernels/ops/attention/flash_attn/cute/interface.py:500-507, flash_fwd_sm90.py).
+# (kernels/ops/attention/flash_attn/cute/interface.py:1236-1237, flash_fwd_sm90.py).
 cptest 1
 scenario tp1_llama_fa4 {
   description "TP1 tiny Llama on fa4: load, graph decode, graph vs eager parity"

@@ -1,9 +1,9 @@
 # Rule dcp_disables_prefill_graph (SGLang 0.5.17, parse-time warning, observed on the CPU (the
-# resolved prefill graph backend) by tests/sglang_src/test_rules_differential.py; server_args.py:
-# 4440-4446, 4512-4520): with --dcp-size > 1 the default breakable prefill CUDA graph is turned off,
+# resolved prefill graph backend) by tests/sglang_src/test_rules_differential.py;
+# server_args.py:4440-4446, 4512-4520): with --dcp-size > 1 the default breakable prefill CUDA graph is turned off,
 # with the warning "Breakable CUDA graph is incompatible with decode context parallel (dcp_size > 1);
 # disabling prefill CUDA graph." The cascade is skipped when the prefill graph backend is given
-# explicitly (server_args.py:4346-4347), so this scenario has no `rows` entry: rows makes cptest run
+# explicitly (server_args.py:4345-4346), so this scenario has no `rows` entry: rows makes cptest run
 # eager and pass --cuda-graph-backend-prefill disabled itself. The prefill backend is left to
 # SGLang's default (breakable).
 # Expected if the rule holds: the warning is logged and no rank captures a prefill graph.

@@ -65,7 +65,7 @@ def test_kv_pool_dtype_drops_the_torch_prefix() -> None:
 def test_zigzag_local_positions_are_assigned_to_their_requests() -> None:
     # cp=2, two requests of 8 and 4 tokens -> 4 blocks each; rank 0 takes blocks 0 and 3 of each.
     split_list = [2, 2, 2, 2, 1, 1, 1, 1]
-    zigzag_index = [0, 4, 3, 7]  # rank 0: block 0 of each, then block 3 of each (zigzag.py:158-166)
+    zigzag_index = [0, 4, 3, 7]  # rank 0: block 0 of each, then block 3 of each (zigzag.py:172-180)
     local = [0, 1, 0, 6, 7, 3]
     out = records.split_zigzag_local(local, split_list, zigzag_index, ["a", "b"])
     assert out == {"a": [0, 1, 6, 7], "b": [0, 3]}

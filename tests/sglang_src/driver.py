@@ -20,7 +20,9 @@ Requests (`op` and its fields):
 - `dcp_lens` {dcp, lens, starts}: `layers/dcp/layout.py:get_dcp_lens` for every rank.
 - `dcp_filter` {dcp, locs}: `layers/dcp/layout.py:filter_dcp_local_kv_indices` for every rank.
 - `alloc_extend` {page_size, prefix_lens, seq_lens, last_loc, free_pages}: the paged allocator's
-  `alloc_extend_naive` (`mem_cache/allocator/paged.py:45-102`, the reference of its triton kernel).
+  `alloc_extend_naive` (`mem_cache/allocator/paged.py:45-102`), the allocation in plain torch. On
+  CUDA the allocator runs a triton kernel instead (`alloc_extend_kernel`); the two are taken to
+  agree, which only a GPU could compare.
 - `dp_buffer` {model_path, tp, dp, attn_cp, strategy, dp_rank, tokens, extend}: the attention-DP
   buffer one DP rank's forward batch sizes, through `ForwardBatch.prepare_mlp_sync_batch`
   (`model_executor/forward_batch_info.py:1229-1311`) on a batch of `tokens[dp_rank]` rows, with
@@ -200,7 +202,7 @@ _PUBLISHED: dict[tuple[str, int], Any] = {}
 
 def _publish_pcp_args(strategy: str, cp: int, model_path: str) -> None:
     """Publish a ServerArgs with prefill CP on (tp = attn_cp = cp): the split's padding reads the
-    published mode (`layers/cp/padding.py:23-31`)."""
+    published mode (`layers/cp/padding.py:24-32`)."""
     from sglang.srt.runtime_context import get_context
     from sglang.srt.server_args import ServerArgs
 

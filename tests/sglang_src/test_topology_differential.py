@@ -6,7 +6,8 @@
 - Prefill CP splits: zigzag and interleave, through the strategies' own `can_apply`, `build_metadata`,
   padding and `shard_hidden_states`, against `cptest.topology` and the reference engine's `pcp_local_rows`.
 - DCP ownership: `get_dcp_lens`, `filter_dcp_local_kv_indices` and the paged allocator's
-  `alloc_extend_naive` (page `page * dcp`), against `dcp_owner` and the reference engine's pool rows.
+  `alloc_extend_naive` (page `page * dcp`; the plain-torch form of what CUDA runs as a triton kernel),
+  against `dcp_owner` and the reference engine's pool rows.
 """
 
 from __future__ import annotations

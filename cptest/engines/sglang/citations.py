@@ -32,8 +32,13 @@ RELEASES = tuple(KNOWN_RELEASES)
 PINNED = PINNED_RELEASE.name
 """The release the GPU machine runs: what `cptest sources check` reads unless told."""
 
-CITING = ("README.md", "docs/sglang.md", "docs/target-plan.md", "docs/support-matrix.md", "cptest/**/*.py")
-"""The docs and code (globs relative to the checkout) whose `path:line` text must be registered."""
+CITING = ("README.md", "docs/*.md", "scenarios/**/*.cps", "scenarios/**/*.md", "cptest/**/*.py",
+          "tests/**/*.py", "tools/**/*.py", "tools/**/*.md", "tools/**/*.sh", "benchmarks/*.py")
+"""The docs, scenarios and code (globs relative to the checkout) whose `path:line` text must be
+registered: every place a reader meets a claim about SGLang's source, a scenario's comment included."""
+NOT_CITING = ("tests/engines/sglang/test_citations.py", "tests/probe/test_plugin.py",
+              "tests/report/test_support.py")
+"""Tests whose `path:line` texts are made-up inputs of the reader and the checker, not claims."""
 
 _CITE = re.compile(
     r"(?P<path>(?:[A-Za-z_][\w.]*/)*[A-Za-z_]\w*\.py):[ \t]*\n?[ \t]*"
@@ -158,7 +163,8 @@ def cites(ref: Reference, citation: Citation) -> bool:
 
 
 def citing_files(root: Path = ROOT) -> list[Path]:
-    return sorted({p for pattern in CITING for p in root.glob(pattern) if p.is_file()})
+    skip = {root / name for name in NOT_CITING}
+    return sorted({p for pattern in CITING for p in root.glob(pattern) if p.is_file() and p not in skip})
 
 
 def scan(root: Path = ROOT) -> list[Reference]:
