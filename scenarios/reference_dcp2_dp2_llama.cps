@@ -2,7 +2,10 @@
 # with one KV head. Each DP rank runs its own requests through attention; its two ranks are one DCP
 # group, which shards that DP rank's KV positions p % 2 and merges decode attention by LSE; the MLP
 # runs over the attention-DP buffer of both DP ranks' rows. SGLang 0.5.17 launches this layout and
-# builds these groups (executed on CPU, docs/sglang.md §2.4); no SGLang run has judged it yet.
+# builds these groups (executed on CPU, docs/sglang.md §2.4); no SGLang run has judged it yet. The
+# reference engine shards attention over attention TP whatever the family; SGLang's Llama does not
+# (rule llama_attention_dp), so the SGLang run of this layout is dense Qwen3's:
+# scenarios/qualification/dcp2_dp2_qwen3_kv1_eager.cps.
 cptest 1
 scenario reference_dcp2_dp2_llama {
   description "DCP2 inside attention DP 2 on TP4, tiny Llama with 1 KV head"
