@@ -32,6 +32,7 @@ CONTRADICTS: dict[str, tuple[str, ...]] = {
     "prefill_cp_needs_attn_cp": ("rows",),
     "pcp_cp_v1_unobserved": ("rows", "pcp_rows"),
     "llama_pcp_silent": ("generation",),
+    "llama_attention_dp": ("generation",),
     "interleave_no_attention": ("generation", "serving"),
     "mha_dcp_kv_not_replicated": ("generation",),
     "dcp_backend_without_dcp_path": ("rows", "generation"),

@@ -159,6 +159,15 @@ def test_llama_with_prefill_cp_contradicts_generation_holding_where_the_release_
     assert [f.code for f in lint(forced)] == ["llama_pcp_silent"]
 
 
+def test_llama_with_attention_dp_contradicts_generation_holding_and_qwen3_does_not():
+    dp = "gpus 2 tp 2 attn_dp 2"
+    findings = lint(scenario(GEN, topology=dp))
+    assert codes_and_lines(findings) == [("llama_attention_dp", EXPECT_LINE)]
+    assert "violated generation" in findings[0].message and not findings[0].blocks  # inferred
+    assert lint(scenario(GEN, topology=dp, arch="qwen3")) == []
+    assert lint(scenario(f'violated {GEN} because "full-TP attention"', topology=dp)) == []
+
+
 def test_llama_with_prefill_cp_whose_kv_shard_misfits_the_pool_is_expected_to_crash():
     # kv_heads 2, tp 2, attn_cp 2: the pool row holds 2 heads, Llama's K has 1 (observed on H200).
     findings = lint(scenario("launch accepted", topology=ZIGZAG, kv=2))
