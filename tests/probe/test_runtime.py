@@ -137,7 +137,8 @@ def test_work_an_idle_engine_leaves_pending_is_finished_by_the_writer(tmp_path: 
     p.defer(Job(p, "left behind"))  # no step comes after it
     deadline = time.monotonic() + 5.0
     path = tmp_path / "rank0.jsonl"
-    while not path.exists() and time.monotonic() < deadline:
+    # The writer creates the file before its round writes the line: wait for the record itself.
+    while not (path.exists() and read_records(path)[0]) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert [r.message for r in read_records(path)[0]] == ["left behind"]  # type: ignore[union-attr]
     p.close()
