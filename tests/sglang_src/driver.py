@@ -9,8 +9,7 @@ Requests (`op` and its fields):
   (`--device cpu` appended: there is no accelerator). Answers `ok` with resolved fields, or the
   exception's type, message and raising line. With `gpu_capability` [major, minor], ServerArgs reads
   that compute capability (DSA checkpoints pick their defaults by it). With `worker_start`, then
-  calls the real
-  `initialize_model_parallel` with the sizes `distributed/bootstrap.py:88-97` passes it.
+  calls the real `initialize_model_parallel` with the sizes `distributed/bootstrap.py:88-97` passes it.
 - `groups` {tp, pp, attn_dp, attn_cp, moe_ep, moe_dp, dcp}: every group `initialize_model_parallel`
   builds (`distributed/parallel_state.py:2191-2545`), or its exception; and per TP rank its
   (attn_tp_rank, attn_dp_rank) from `layers/dp_attention.py:compute_dp_attention_world_info`.
