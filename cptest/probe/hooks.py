@@ -35,6 +35,7 @@ from cptest.rank_records import LayerPart
 
 __all__ = [
     "after_capture_cuda_graphs",
+    "after_cp_v1_split_positions",
     "after_initialize_model_parallel",
     "after_kv_configure",
     "after_mla_set_kv_buffer",
@@ -222,6 +223,34 @@ def after_zigzag_shard_positions(result: Any, strategy: Any, _positions: Any, fo
     keep = int(logical[int(strategy.cp_rank)]) if logical else None
     draft.zigzag_pending = (text_positions(result), keep, list(meta.split_list), list(meta.zigzag_index))
 
+
+
+def after_cp_v1_split_positions(result: Any, forward_batch: Any, _positions: Any, *_a: Any,
+                                **_k: Any) -> None:
+    """AFTER layers/utils/cp_utils.py:150 `cp_split_and_rebuild_position`: this rank's positions on a
+    model's own CP-v1 split (with CP v2 off: Qwen3-MoE, models/qwen2_moe.py:915-923; DeepSeek
+    V2/V3/V3.2, models/deepseek_v2.py:2771-2779; V4, models/deepseek_v4.py:2380-2383).
+
+    Its metadata is CP v2's zigzag layout, `split_list` and `zigzag_index` over 2 x cp blocks of each
+    sequence (cp_utils.py:470-673), without padding: each rank's rows are `per_rank_actual_token`.
+    DSA's round-robin split leaves the metadata empty (cp_utils.py:482-483) and is not read here. The
+    DSA backend calls this again on later layers (dsa_backend.py:3144-3146): the step's first call counts.
+    """
+    probe = get_probe()
+    draft = probe.current if probe else None
+    if probe is None or draft is None or draft.cp_active:
+        return
+    meta = forward_batch.attn_cp_metadata
+    split_list = getattr(meta, "split_list", None)
+    actual = getattr(meta, "per_rank_actual_token", None)
+    if not split_list or not actual:
+        return
+    draft.cp_active = True
+    draft.cp_rank = int(probe.rank.attn_cp) if probe.rank else 0
+    draft.cp_logical_rows = int_list(actual)
+    if probe.observe_positions and draft.cp_rank < len(actual):
+        draft.zigzag_pending = (text_positions(result), int(actual[draft.cp_rank]), list(split_list),
+                                list(meta.zigzag_index))
 
 
 @guards_itself

@@ -397,6 +397,56 @@ def test_a_zigzag_step_records_this_ranks_blocks(probe: Probe, monkeypatch: MP) 
     assert s.kv_written == {"q": [(0, 10)]}
 
 
+def cp_v1_step(probe: Probe, monkeypatch: MP, metas: list[Any]) -> Step:
+    """The Step of one extend on rank 1 of cp 2 whose model calls its CP-v1 position split once per
+    entry of `metas` (a DSA model's backend calls it again on later layers), the step's batch being
+    one request of 10 tokens."""
+    _fake_parallel_state(monkeypatch, 1)
+    hooks.after_initialize_model_parallel(None)
+    probe.cp_configured = True
+    probe.rank = probe.rank.model_copy(update={"attn_cp": 1})  # type: ignore[union-attr]
+    fb = Batch(Mode("EXTEND"), torch.arange(10), torch.arange(10), ["q"], 1, [10], [0])
+
+    def forward(r: Runner, b: Batch) -> Output:
+        for meta in metas:
+            split = Batch(Mode("EXTEND"), torch.arange(10), torch.arange(10), ["q"], 1, [10], [0],
+                          attn_cp_metadata=meta)
+            # cp_utils.cp_split_and_rebuild_position's result: this rank's blocks, no padding
+            zigzag = getattr(meta, "split_list", None)
+            mine = torch.tensor([3, 4, 5, 6, 7]) if zigzag else torch.arange(1, 10, 2)
+            hooks.after_cp_v1_split_positions(mine, split, split.positions)
+        return Output(False)
+
+    hooks.around_model_runner_forward(forward, Runner(), fb)
+    (s,) = [r for r in _records(probe) if isinstance(r, Step)]
+    return s
+
+
+@dataclass
+class V1Meta:
+    split_list: list[int] | None = None
+    zigzag_index: list[int] | None = None
+    per_rank_actual_token: list[int] | None = None
+
+
+def test_a_cp_v1_split_records_this_ranks_blocks_without_padding(probe: Probe, monkeypatch: MP) -> None:
+    s = cp_v1_step(probe, monkeypatch, [V1Meta([3, 3, 2, 2], [1, 2], [5, 5])])
+    assert (s.cp_active, s.attn_rows) == (True, 5)
+    assert s.seq_positions == {"q": [(3, 8)]}
+
+
+def test_the_first_cp_v1_split_of_a_step_counts(probe: Probe, monkeypatch: MP) -> None:
+    later = V1Meta([5, 1, 2, 2], [1, 2], [7, 3])  # another call's metadata must not replace the first's
+    s = cp_v1_step(probe, monkeypatch, [V1Meta([3, 3, 2, 2], [1, 2], [5, 5]), later])
+    assert (s.attn_rows, s.seq_positions) == (5, {"q": [(3, 8)]})
+
+
+def test_a_round_robin_split_is_not_read_as_a_zigzag_one(probe: Probe, monkeypatch: MP) -> None:
+    # DSA's round-robin split leaves the metadata empty (cp_utils.py:482-483): nothing to read
+    s = cp_v1_step(probe, monkeypatch, [V1Meta()])
+    assert not s.cp_active and s.attn_rows is None
+
+
 @dataclass
 class Pool:
     size: int = 1000

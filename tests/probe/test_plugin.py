@@ -136,6 +136,33 @@ def test_a_raising_after_hook_keeps_the_original_result_under_the_real_registry(
 
 
 @needs_sglang
+def test_a_module_function_is_patched_where_another_module_imported_it_by_name(
+    real_registry: Any, probe: Probe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The CP hooks target module-level functions (`prepare_cp_forward`, `cp_split_and_rebuild_position`)
+    # that the models and the eager runner import by name before the plugin runs: the registry must
+    # reach those copies too (`hook_registry._propagate_patch`), or the hook never fires.
+    source, user = types.ModuleType("cptest_fake_cp_utils"), types.ModuleType("cptest_fake_model")
+
+    def split(x: int) -> int:
+        return x + 1
+
+    split.__module__ = source.__name__
+    source.split = split  # type: ignore[attr-defined]
+    user.split = split  # type: ignore[attr-defined]  # `from cptest_fake_cp_utils import split`
+    monkeypatch.setitem(sys.modules, source.__name__, source)
+    monkeypatch.setitem(sys.modules, user.__name__, user)
+    target = Target(f"{source.__name__}.split", "after", _after_observes, "test", "-")
+    monkeypatch.setattr(plugin, "TARGETS", (target,))
+    plugin.register()
+    real_registry.HookRegistry.apply_hooks()
+    assert user.split is not split and user.split(1) == 2  # type: ignore[attr-defined]
+    assert probe.flush()
+    recs, _ = read_records(probe.out_dir / "rank0.jsonl")
+    assert [r.message for r in recs if isinstance(r, ProbeNote)] == ["saw 2"]
+
+
+@needs_sglang
 def test_a_target_missing_from_the_release_is_a_warning_not_a_failure(
     real_registry: Any, probe: Probe, monkeypatch: pytest.MonkeyPatch
 ) -> None:

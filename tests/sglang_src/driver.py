@@ -16,6 +16,10 @@ Requests (`op` and its fields):
 - `split` {strategy, cp, extend_lens, prefix_lens}: the prefill CP split of one batch on every CP
   rank, through the strategy's own `can_apply`, `build_metadata`, `pad_logical_token_to_physical`
   and `shard_hidden_states` (`layers/cp/zigzag.py`, `interleave.py`, `padding.py`).
+- `split_v1` {cp, extend_lens, prefix_lens}: a model's own CP-v1 split of one batch on every CP rank
+  (CP v2 off: Qwen3-MoE, DeepSeek), through `can_cp_split`, `prepare_context_parallel_metadata` and
+  `cp_split_and_rebuild_position` (`layers/utils/cp_utils.py`); the metadata on the CPU
+  (`device="cpu"`, where the forward leaves the default, CUDA).
 - `dcp_lens` {dcp, lens, starts}: `layers/dcp/layout.py:get_dcp_lens` for every rank.
 - `dcp_filter` {dcp, locs}: `layers/dcp/layout.py:filter_dcp_local_kv_indices` for every rank.
 - `alloc_extend` {page_size, prefix_lens, seq_lens, last_loc, free_pages}: the paged allocator's
@@ -246,6 +250,43 @@ def split(req: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def split_v1(req: dict[str, Any]) -> dict[str, Any]:
+    """A model's own CP-v1 split of one batch on every CP rank: `can_cp_split`,
+    `prepare_context_parallel_metadata` and `cp_split_and_rebuild_position`
+    (`layers/utils/cp_utils.py`), as Qwen3-MoE's and DeepSeek's forwards call them with CP v2 off."""
+    import torch
+    from sglang.srt.layers.utils.cp_utils import (
+        can_cp_split,
+        cp_split_and_rebuild_position,
+        prepare_context_parallel_metadata,
+    )
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.runtime_context import get_parallel
+
+    cp = int(req["cp"])
+    extend = [int(n) for n in req["extend_lens"]]
+    prefix = [int(n) for n in req.get("prefix_lens") or [0] * len(extend)]
+    _publish_pcp_args("zigzag", cp, str(req["model_path"]))
+    total = sum(extend)
+    positions = torch.cat([torch.arange(p, p + n) for p, n in zip(prefix, extend, strict=True)])
+    out: dict[str, Any] = {"ok": True, "positions": [], "metadata": []}
+    for rank in range(cp):
+        with get_parallel().override(attn_cp_size=cp, attn_cp_rank=rank):
+            batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, extend_seq_lens_cpu=extend)
+            out["applies"] = bool(can_cp_split(total, cp, batch))
+            if not out["applies"]:
+                return out
+            meta = prepare_context_parallel_metadata(total, rank, cp, [p + n for p, n in zip(prefix, extend,
+                                                                                         strict=True)],
+                                                     extend_seqs_len=extend, device="cpu")
+            batch.attn_cp_metadata = meta
+            local = cp_split_and_rebuild_position(batch, positions)
+            out["positions"].append([int(x) for x in local.tolist()])
+            out["metadata"].append({key: list(getattr(meta, key)) for key in (
+                "split_list", "zigzag_index", "per_rank_actual_token", "max_rank_len")})
+    return out
+
+
 def dcp_lens(req: dict[str, Any]) -> dict[str, Any]:
     import torch
     from sglang.srt.layers.dcp.layout import get_dcp_lens
@@ -350,7 +391,8 @@ def version(_req: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "version": sglang.__version__}
 
 
-OPS = {"version": version, "server_args": server_args, "groups": groups, "split": split, "dcp_lens": dcp_lens,
+OPS = {"version": version, "server_args": server_args, "groups": groups, "split": split, "split_v1": split_v1,
+       "dcp_lens": dcp_lens,
        "dcp_filter": dcp_filter, "alloc_extend": alloc_extend, "dp_buffer": dp_buffer}
 
 

@@ -4,7 +4,9 @@
   `initialize_model_parallel` builds (the driver records them instead of creating process groups),
   and the ranks SGLang derives from them (a rank's position in its group; `compute_dp_attention_world_info`).
 - Prefill CP splits: zigzag and interleave, through the strategies' own `can_apply`, `build_metadata`,
-  padding and `shard_hidden_states`, against `cptest.topology` and the reference engine's `pcp_local_rows`.
+  padding and `shard_hidden_states`, against `cptest.topology` and the reference engine's `pcp_local_rows`;
+  and the models' own CP-v1 split (`can_cp_split`, `prepare_context_parallel_metadata`,
+  `cp_split_and_rebuild_position`) as the probe reads it, against what `rows split` and `pcp rows` expect.
 - DCP ownership: `get_dcp_lens`, `filter_dcp_local_kv_indices` and the paged allocator's
   `alloc_extend_naive` (page `page * dcp`; the plain-torch form of what CUDA runs as a triton kernel),
   against `dcp_owner` and the reference engine's pool rows.
@@ -19,8 +21,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cptest.contracts.rows import expected_split
 from cptest.engines.sglang.argv import LAUNCHER, build_argv
 from cptest.engines.sglang.releases import RELEASE_0_5_17
+from cptest.evidence import ranges_merge
+from cptest.probe.records import split_zigzag_local
 from cptest.reference.layout import pcp_local_rows
 from cptest.reference.modeling import pool_rows
 from cptest.topology import (
@@ -152,6 +157,44 @@ def test_prefill_cp_splits_match_sglangs_strategies(sglang: SGLangDriver, tiny_m
             assert local[counts[r]:] == [-1] * (answer["physical"][r] - counts[r]), (strategy, cp, lens, r)
             if local[: counts[r]] != rows[r]:
                 COUNT[f"{strategy}_rank_row_order_differs"] += 1
+
+
+v1_splits = st.tuples(st.integers(2, 8), st.lists(st.tuples(st.integers(0, 30), st.integers(1, 70)),
+                                                  min_size=1, max_size=4))
+
+
+@HYPOTHESIS
+@given(batch=st.lists(v1_splits, min_size=10, max_size=10))
+def test_cp_v1_splits_read_by_the_probe_are_what_the_row_contracts_expect(
+        sglang: SGLangDriver, tiny_models: dict[str, str],
+        batch: list[tuple[int, list[tuple[int, int]]]]) -> None:
+    """The probe's CP-v1 hook (`hooks.after_cp_v1_split_positions`) keeps a rank's first
+    `per_rank_actual_token[rank]` positions and reads them through the metadata's `split_list` and
+    `zigzag_index` (`records.split_zigzag_local`): on SGLang's own split that reading gives every
+    request the shard `rows split` and `pcp rows` expect of zigzag, with no padding row, and the MoE
+    gather's length (`max_rank_len`) is `pcp rows`' CP-v1 gathered length."""
+    answers = sglang.ask([{"op": "split_v1", "cp": cp, "extend_lens": [n for _, n in seqs],
+                           "prefix_lens": [p for p, _ in seqs], "model_path": tiny_models["qwen3-moe"]}
+                          for cp, seqs in batch])
+    for (cp, seqs), answer in zip(batch, answers, strict=True):
+        lens = [n for _, n in seqs]
+        assert answer["ok"], answer
+        assert answer["applies"] == zigzag_applies(lens, cp), (cp, seqs)
+        COUNT["cp_v1_batches"] += 1
+        if not answer["applies"]:
+            continue
+        counts = zigzag_rank_token_counts(lens, cp)
+        rids = [f"r{i}" for i in range(len(seqs))]
+        for r in range(cp):
+            meta, local = answer["metadata"][r], answer["positions"][r]
+            assert meta["per_rank_actual_token"] == counts and len(local) == counts[r], (cp, seqs, r)
+            assert meta["max_rank_len"] == [max(counts)] * cp, (cp, seqs, r)
+            read = split_zigzag_local(local[: counts[r]], meta["split_list"], meta["zigzag_index"], rids)
+            assert read is not None, (cp, seqs, r)
+            for rid, (prefix, n) in zip(rids, seqs, strict=True):
+                want = expected_split("zigzag", prefix, prefix + n, cp, [])[r]
+                assert ranges_merge((x, x + 1) for x in read[rid]) == want, (cp, seqs, r, rid)
+                COUNT["cp_v1_rank_shards"] += 1
 
 
 @HYPOTHESIS
