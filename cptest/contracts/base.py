@@ -123,6 +123,9 @@ class PlanContext:
     split_unobserved: str | None = None
     """Why the probe cannot see the main server's prefill split (the engine's admission says so:
     a split on a path it does not hook); None where it can."""
+    cp_v1: bool = False
+    """The main server splits prefill rows on a model's own CP-v1 path (the engine's admission says
+    so): each rank's rows are its zigzag shard unpadded, and the MoE gather pads them to the longest."""
 
 
 E = TypeVar("E", bound=Declared)

@@ -12,7 +12,8 @@ of every rank of the group matched by `Step.step`:
   metadata's `per_rank_logical_token`), no K/V is written for a position outside the batch, and a
   padded count seen (a layer's attention rows, a local MLP's rows) is the logical one or SGLang's
   padded length, `ceil(max(logical) / align) * align` with align `2 x cp` for zigzag and `cp` for
-  interleave (layers/cp/padding.py:24-44);
+  interleave (layers/cp/padding.py:24-44); on a model's own CP-v1 split (`cp_v1`) attention runs over
+  the logical rows and only the MoE gather pads them, to `max(logical)`;
 - the MLP handoff: rows entering the MLP are this rank's shard (logical or padded) or the batch
   gathered back (`rows_in`, or every rank's padded shard, `cp x padded`: the MoE gather); with their
   identity recorded (`ffn_seq_positions`) they are the batch's positions; rows leaving it are its
@@ -60,6 +61,9 @@ class PcpRowsParams(Params):
     attn_dp: int = 1
     split_unobserved: str | None = Field(default=None, exclude_if=lambda v: v is None)
     """Why the probe cannot see this launch's split (`PlanContext.split_unobserved`)."""
+    cp_v1: bool = Field(default=False, exclude_if=lambda v: not v)
+    """The split runs on a model's own CP-v1 path (`PlanContext.cp_v1`): no padding to the
+    alignment, the MoE gather pads every shard to the longest (layers/communicator.py:1247-1273)."""
 
 
 def resolve(expect: PcpRowsExpect, ctx: PlanContext) -> PcpRowsParams:
@@ -70,12 +74,15 @@ def resolve(expect: PcpRowsExpect, ctx: PlanContext) -> PcpRowsParams:
                                 f"{d.cp_strategy}",
                                 expected="attn_cp > 1 with cp_strategy zigzag|interleave"))
     return PcpRowsParams(cp=d.attn_cp, strategy=d.cp_strategy, attn_dp=d.attn_dp,  # type: ignore[arg-type]
-                         split_unobserved=ctx.split_unobserved)
+                         split_unobserved=ctx.split_unobserved, cp_v1=ctx.cp_v1)
 
 
-def padded_len(logical: list[int], cp: int, strategy: str) -> int:
-    """SGLang's physical rows per CP rank of one batch (layers/cp/padding.py:24-44): the longest
-    logical shard rounded up to the strategy's alignment."""
+def padded_len(logical: list[int], cp: int, strategy: str, *, cp_v1: bool = False) -> int:
+    """SGLang's physical rows per CP rank of one batch: on CP v2 the longest logical shard rounded up
+    to the strategy's alignment (layers/cp/padding.py:24-44); on a CP-v1 path the longest shard, the
+    length the MoE gather pads to (layers/communicator.py:1247-1273; attention runs unpadded)."""
+    if cp_v1:
+        return max(logical)
     align = 2 * cp if strategy == "zigzag" else cp
     return -(-max(logical) // align) * align
 
@@ -175,7 +182,7 @@ def _judge_step(recs: list[Step], group: list[int], p: PcpRowsParams, t: _Tally)
     first = recs[0]
     step = f"extend step {first.step}"
     logical = [s.attn_rows for s in recs]
-    physical = padded_len([n for n in logical if n is not None] or [0], p.cp, p.strategy)
+    physical = padded_len([n for n in logical if n is not None] or [0], p.cp, p.strategy, cp_v1=p.cp_v1)
     batch = _batch(first)
     _order(recs, group, p, batch, step, t)
     buffers = [s.dp_buffer for s in recs if s.dp_buffer is not None]
@@ -197,7 +204,8 @@ def _judge_step(recs: list[Step], group: list[int], p: PcpRowsParams, t: _Tally)
             if span is not None and ranges_merge(rs) and not (span[0] <= rs[0][0] and rs[-1][1] <= span[1]):
                 t.fail(f"{where} wrote K/V of request {rid} outside its extend [{span[0]}, {span[1]}): "
                        "a padding row written to the pool")
-        shard = {n for n in (mine, physical) if n is not None}
+        # a CP-v1 attention runs over the rank's own rows: only the MoE gather pads them
+        shard = {mine} if p.cp_v1 and mine is not None else {n for n in (mine, physical) if n is not None}
         own = _dp_buffer(s, where, p, t)
         _layers(s, where, shard, physical, t)
         _ffn(s, where, shard, p.cp * physical, batch, t)

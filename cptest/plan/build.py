@@ -124,7 +124,8 @@ def plan(scenario: Scenario, *, placement: Placement | None = None) -> Plan:
         workload = fill_drain.sized(scenario, facts, workload, problems)
     admission = engine.admission(scenario)
     expectations = _expectations(scenario, engine.name, facts,
-                                 admission.split_unobserved if admission is not None else None)
+                                 admission.split_unobserved if admission is not None else None,
+                                 cp_v1=admission is not None and admission.cp_v1)
     control = None
     gen = next((e for e in expectations if isinstance(e, GenerationParams)), None)
     parity = next((e for e in expectations if isinstance(e, GraphParityParams)), None)
@@ -473,7 +474,8 @@ def _faults(scenario: Scenario, main: ServerPlan | None, problems: ProblemCollec
     return out
 
 
-def _expectations(scenario: Scenario, engine: str, facts: EngineFacts, split_unobserved: str | None) -> list:
+def _expectations(scenario: Scenario, engine: str, facts: EngineFacts, split_unobserved: str | None, *,
+                  cp_v1: bool = False) -> list:
     ctx = PlanContext(
         engine=engine,
         degrees=scenario.topology.as_degrees(),
@@ -481,6 +483,7 @@ def _expectations(scenario: Scenario, engine: str, facts: EngineFacts, split_uno
         kills_a_rank=any(f.action == "kill" for f in scenario.faults),
         facts=facts,
         split_unobserved=split_unobserved,
+        cp_v1=cp_v1,
     )
     base = os.path.dirname(os.path.abspath(scenario.source_file))
     out = []

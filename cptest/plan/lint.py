@@ -31,6 +31,7 @@ CONTRADICTS: dict[str, tuple[str, ...]] = {
     "attn_cp_without_prefill_cp": ("rows",),
     "prefill_cp_needs_attn_cp": ("rows",),
     "pcp_cp_v1_unobserved": ("rows", "pcp_rows"),
+    "pcp_cp_v1_interleave_zigzag": ("rows", "pcp_rows"),
     "llama_pcp_silent": ("generation",),
     "llama_attention_dp": ("generation",),
     "interleave_no_attention": ("generation", "serving"),

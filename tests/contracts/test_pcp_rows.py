@@ -345,23 +345,51 @@ def test_rows_judges_a_gathered_mlp_under_attention_dp_by_its_slice_of_the_buffe
 
 
 # --------------------------------------------------------------- a split the probe does not see
-def test_a_launch_splitting_on_a_path_the_probe_does_not_hook_leaves_both_row_contracts_unknown() -> None:
-    # Qwen3-MoE with CP v2 switched off splits on its own CP-v1 path (docs/sglang.md §3): the
-    # probe's records read "not split", which must not pass for a fallback the engine did not take.
-    path = ROOT / "scenarios" / "qualification" / "pcp2_zigzag_qwen3_moe_kv1.cps"
-    s = parse_text(path.read_text(), str(path))
-    assert not any(getattr(e, "split_unobserved", None) for e in plan(s).expectations)
-    off = s.model_copy(update={"serve": s.serve.model_copy(update={"env": {"SGLANG_ENABLE_CP_V2": "0"}})})
-    params = {e.kind: e for e in plan(off).expectations}
-    rows_p, pcp_p = params["rows"], params["pcp_rows"]
-    assert isinstance(rows_p, RowsParams) and isinstance(pcp_p, PcpRowsParams)
-    assert rows_p.split_unobserved == pcp_p.split_unobserved and "CP-v1" in (rows_p.split_unobserved or "")
+def test_a_split_the_probe_cannot_see_leaves_both_row_contracts_unknown() -> None:
+    # DSA's round robin on its CP-v1 path leaves the CP metadata empty (admission's
+    # pcp_cp_v1_unobserved): the probe's records read "not split", which must not pass for a
+    # fallback the engine did not take.
+    why = "the split runs where the probe does not look: DSA's round robin"
+    rows_p = RowsParams(mode="pcp_split", cp=2, strategy="interleave", split_unobserved=why)
+    pcp_p = PcpRowsParams(cp=2, strategy="interleave", split_unobserved=why)
     unsplit = {w: [_rank(w).model_copy(update={"cp_active": False})] for w in (0, 1)}
     assert check_rows(_evidence(unsplit, rows_p), rows_p.model_copy(update={"split_unobserved": None})
                       ).status == "fail"  # what the evidence alone says: a fallback
     for p, judge in ((rows_p, check_rows), (pcp_p, check)):
         v = judge(_evidence(unsplit, p), p)
         assert v.status == "unknown" and "runs where the probe does not look" in v.reason, v.reason
+
+
+# ------------------------------------------------------------------------- a model's CP-v1 split
+V1_PROMPTS = {R: 9, R2: 12}
+"""Zigzag shards of 11 and 10 rows: CP v1's MoE gather pads to 11 (22 rows), CP v2's alignment to 12."""
+
+
+def _v1_rank(world: int, **update) -> Step:
+    s = _rank(world, V1_PROMPTS)
+    return s.model_copy(update={"attn_rows_padded": s.attn_rows, "ffn_rows": 22, "ffn_out_rows": s.attn_rows,
+                                "ffn_out_seq_positions": s.seq_positions, **update})
+
+
+def test_a_cp_v1_launch_is_planned_and_judged_with_its_own_padding() -> None:
+    path = ROOT / "scenarios" / "qualification" / "pcp2_zigzag_qwen3_moe_kv1.cps"
+    s = parse_text(path.read_text(), str(path))
+    assert not any(getattr(e, "cp_v1", False) for e in plan(s).expectations)  # CP v2 by the class default
+    off = s.model_copy(update={"serve": s.serve.model_copy(update={"env": {"SGLANG_ENABLE_CP_V2": "0"}})})
+    params = {e.kind: e for e in plan(off).expectations}
+    pcp_p = params["pcp_rows"]
+    assert isinstance(pcp_p, PcpRowsParams) and pcp_p.cp_v1 and pcp_p.split_unobserved is None
+    assert params["rows"].split_unobserved is None  # type: ignore[union-attr]
+    assert padded_len([11, 10], 2, "zigzag", cp_v1=True) == 11 and padded_len([11, 10], 2, "zigzag") == 12
+
+    v1 = {w: [_v1_rank(w)] for w in (0, 1)}
+    v = _check(v1, pcp_p)
+    assert v.status == "pass", v.reason
+    assert v.figures["ffn_modes"] == {"gathered (padded)": 2}
+    assert _check(v1).status == "fail"  # the same rows judged by CP v2's alignment: 22 is no 2 x 12
+    v2_padded = {w: [_v1_rank(w, attn_rows_padded=12)] for w in (0, 1)}  # attention ran padded rows
+    v = _check(v2_padded, pcp_p)
+    assert v.status == "fail" and "its attention took 12 rows" in v.reason, v.reason
 
 
 def _evidence(ranks: dict[int, list[Step]], p):

@@ -46,6 +46,10 @@ CPU_BLIND = {
     "interleave_no_attention": "fails at the first CP extend: needs a forward",
     "pcp_cp_v1_unobserved": "the model's own split runs in its forward; the switch it hangs on "
                             "(CP v2 off) is compared by test_which_launches_take_the_generic_pcp_path_…",
+    "pcp_cp_v1_interleave_zigzag": "the model's own split runs in its forward; its metadata is "
+                                   "compared by test_topology_differential's "
+                                   "test_cp_v1_splits_read_by_the_probe_…, the switch (CP v2 off) by "
+                                   "test_which_launches_take_the_generic_pcp_path_…",
     "llama_pcp": "the KV-pool write of the first prefill: needs a forward",
     "llama_pcp_silent": "wrong output: needs a forward",
     "llama_attention_dp": "the all-reduce of different batches: needs a forward",

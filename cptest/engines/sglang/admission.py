@@ -96,6 +96,9 @@ class Admission(BaseModel):
     exception: str | None = None
     rule: str | None = Field(default=None, exclude_if=lambda v: v is None)
     """The code of the rule that rejects the launch (None when accepted)."""
+    cp_v1: bool = Field(default=False, exclude_if=lambda v: not v)
+    """The launch splits prefill rows on a model's own CP-v1 path that the probe reads (`cp_v1_splits`):
+    no padding to the strategy's alignment, and the MoE gather pads each shard to the longest."""
 
     @property
     def split_unobserved(self) -> str | None:
@@ -148,10 +151,8 @@ CONDITIONS: tuple[tuple[str, Predicate], ...] = (
         "interleave_short_batch",
         lambda c: _pcp(c, "interleave") and _shorter(c, c.degrees.attn_cp),
     ),
-    (
-        "pcp_cp_v1_unobserved",
-        lambda c: c.degrees.pcp and not c.pcp_splits and c.architecture in CP_V1_ARCHITECTURES,
-    ),
+    ("pcp_cp_v1_unobserved", lambda c: _cp_v1(c) and _round_robin(c)),
+    ("pcp_cp_v1_interleave_zigzag", lambda c: _cp_v1(c) and _pcp(c, "interleave") and not _round_robin(c)),
     (
         "interleave_no_attention",
         lambda c: _pcp(c, "interleave") and c.pcp_splits and not _attention_runs_interleave(c),
@@ -247,6 +248,25 @@ def pcp_splits(release: Release, cfg: LaunchConfig) -> bool:
     return cfg.architecture in classes and (not dsa or interleave)
 
 
+def _cp_v1(cfg: LaunchConfig) -> bool:
+    """Prefill CP on an architecture with a CP-v1 path of its own, CP v2 off (`pcp_splits`)."""
+    return cfg.degrees.pcp and not cfg.pcp_splits and cfg.architecture in CP_V1_ARCHITECTURES
+
+
+def _round_robin(cfg: LaunchConfig) -> bool:
+    """DSA's round-robin split: interleave where the DSA prefill CP path runs, a DSA model or
+    DeepSeek V4 (`layers/attention/dsa/utils.py:105-109`); its CP metadata is empty
+    (`layers/utils/cp_utils.py:482-483`)."""
+    return _pcp(cfg, "interleave") and _attention_runs_interleave(cfg)
+
+
+def cp_v1_splits(cfg: LaunchConfig) -> bool:
+    """Whether the launch splits prefill rows on a model's own CP-v1 path in the zigzag layout that
+    the probe reads at `cp_split_and_rebuild_position` (`cptest.probe.hooks`): CP v2 off on a CP-v1
+    architecture, DSA's round-robin split excepted. `cfg.pcp_splits` must be set (`predict` does)."""
+    return _cp_v1(cfg) and not _round_robin(cfg)
+
+
 def _attention_runs_interleave(cfg: LaunchConfig) -> bool:
     """Whether the model's attention backend runs interleave CP itself (`layers/cp/interleave.py:222-233`):
     a DSA model's, or DeepSeek V4's own."""
@@ -281,4 +301,5 @@ def predict(release: Release, cfg: LaunchConfig) -> Admission:
                 rule=code,
             )
         warnings.append(AdmissionWarning(code=code, message=_render(rule, cfg), citation=rule.citation))
-    return Admission(accepted=True, stage="accepted", message=None, citation="", warnings=tuple(warnings))
+    return Admission(accepted=True, stage="accepted", message=None, citation="", warnings=tuple(warnings),
+                     cp_v1=cp_v1_splits(cfg))

@@ -145,10 +145,23 @@ RULES_0_5_17: dict[str, Rule] = {
         "silent",
         None,
         None,
-        "models/deepseek_v2.py:2957-2960; models/deepseek_v4.py:2594-2602; models/qwen3_moe.py:989-997",
-        note="with SGLANG_ENABLE_CP_V2 off, DeepSeek V2/V3/V3.2/V4 and Qwen3-MoE split prefill rows on "
-        "a CP-v1 path of the model's own, which cptest's probe does not hook: every extend step reads "
-        "cp_active false, so `rows split` and `pcp rows` see no split where rows were split (inferred)",
+        "layers/attention/dsa/utils.py:105-109; layers/utils/cp_utils.py:482-483",
+        note="with SGLANG_ENABLE_CP_V2 off, interleave on a DSA model or DeepSeek V4 splits prefill rows "
+        "round robin on the model's own CP-v1 path, whose CP metadata is empty: cptest's probe reads "
+        "CP-v1 splits by that metadata, so every extend step reads cp_active false and `rows split` and "
+        "`pcp rows` see no split where rows were split (inferred)",
+    ),
+    "pcp_cp_v1_interleave_zigzag": Rule(
+        "pcp_cp_v1_interleave_zigzag",
+        "silent",
+        None,
+        None,
+        "models/qwen3_moe.py:989-997; layers/utils/cp_utils.py:470-673",
+        note="with SGLANG_ENABLE_CP_V2 off, Qwen3-MoE and DeepSeek V2/V3 without an indexer split prefill "
+        "rows on their own CP-v1 path, whose metadata (prepare_context_parallel_metadata) is the zigzag "
+        "layout whatever --cp-strategy says: interleave is accepted and rows are split zigzag (inferred; "
+        "the metadata runs on the CPU in tests/sglang_src/test_topology_differential.py, the forward "
+        "needs a GPU run)",
     ),
     "interleave_no_attention": Rule(
         "interleave_no_attention",

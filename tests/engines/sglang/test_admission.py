@@ -221,23 +221,46 @@ def test_dsa_is_an_architecture_with_an_indexer(arch, indexer, zigzag_splits):
     assert pcp_splits(R17, config("interleave"))  # interleave takes CP v2 on every class, DSA or not
 
 
-def test_a_model_splitting_on_its_own_cp_v1_path_is_named_unobservable():
+def interleave_degrees(config: LaunchConfig):  # noqa: ANN201 - a Degrees
+    return config.degrees.model_copy(update={"cp_strategy": "interleave"})
+
+
+def test_a_cp_v1_split_is_read_except_dsas_round_robin():
     config = launch(tp=2, attn_cp=2, prefill_cp=True, cp_strategy="zigzag", **QWEN3_MOE)
-    assert "pcp_cp_v1_unobserved" not in codes(predict(R17, config))  # CP v2: the probe sees the split
+    on = predict(R17, config)  # CP v2 by the class default: the generic split
+    assert not on.cp_v1 and not codes(on) & {"pcp_cp_v1_unobserved", "pcp_cp_v1_interleave_zigzag"}
     off = replace(config, env=(("SGLANG_ENABLE_CP_V2", "0"),))
-    assert codes(predict(R17, off)) == {"pcp_cp_v1_unobserved"}
-    dense = replace(off, architecture="Qwen3ForCausalLM")  # no CP-v1 path: nothing is split at all
-    assert "pcp_cp_v1_unobserved" not in codes(predict(R17, dense))
-    assert "pcp_cp_v1_unobserved" not in codes(predict(R23, off))  # a rule of 0.5.17's table only
+    zigzag = predict(R17, off)  # the model's own split, read at cp_split_and_rebuild_position
+    assert zigzag.cp_v1 and zigzag.split_unobserved is None and not codes(zigzag)
+    interleave = predict(R17, replace(off, degrees=interleave_degrees(off)))
+    assert interleave.cp_v1 and codes(interleave) == {"pcp_cp_v1_interleave_zigzag"}
+    dense = predict(R17, replace(off, architecture="Qwen3ForCausalLM"))  # no CP-v1 path: nothing is split
+    assert not dense.cp_v1 and "pcp_cp_v1_unobserved" not in codes(dense)
+    r23 = predict(R23, replace(off, degrees=interleave_degrees(off)))
+    assert not codes(r23) & {"pcp_cp_v1_unobserved", "pcp_cp_v1_interleave_zigzag"}  # 0.5.17's table only
 
 
-def test_a_scenario_judging_rows_where_the_split_is_unobservable_gets_a_lint_finding():
+def test_dsas_round_robin_split_is_named_unobservable():
+    dsa = launch(tp=2, attn_cp=2, prefill_cp=True, cp_strategy="interleave",
+                 architecture="DeepseekV32ForCausalLM", dsa_indexer=True, env=(("SGLANG_ENABLE_CP_V2", "0"),))
+    rr = predict(R17, dsa)
+    assert "pcp_cp_v1_unobserved" in codes(rr) and rr.split_unobserved and not rr.cp_v1
+    assert "pcp_cp_v1_interleave_zigzag" not in codes(rr)  # round robin is interleave's own layout
+    # zigzag on a DSA model takes CP v1 by default (the in-seq split): its metadata is zigzag's, read
+    zigzag_degrees = dsa.degrees.model_copy(update={"cp_strategy": "zigzag"})
+    zigzag = predict(R17, replace(dsa, degrees=zigzag_degrees, env=()))
+    assert zigzag.cp_v1 and zigzag.split_unobserved is None
+
+
+def test_a_scenario_judging_rows_where_cp_v1_ignores_interleave_gets_a_lint_finding():
     from cptest.lang import parse_file
     from cptest.plan.lint import lint
 
     root = Path(__file__).resolve().parents[3]
     s = parse_file(root / "scenarios" / "qualification" / "pcp2_zigzag_qwen3_moe_kv1.cps")
-    assert "pcp_cp_v1_unobserved" not in {f.code for f in lint(s)}
     off = s.model_copy(update={"serve": s.serve.model_copy(update={"env": {"SGLANG_ENABLE_CP_V2": "0"}})})
-    (finding,) = [f for f in lint(off) if f.code == "pcp_cp_v1_unobserved"]
+    assert not {f.code for f in lint(off)} & {"pcp_cp_v1_unobserved", "pcp_cp_v1_interleave_zigzag"}
+    topo = off.topology.model_copy(update={"cp_strategy": "interleave"})
+    interleave = off.model_copy(update={"topology": topo})
+    (finding,) = [f for f in lint(interleave) if f.code == "pcp_cp_v1_interleave_zigzag"]
     assert not finding.blocks and "expects rows to hold" in finding.message
