@@ -6,10 +6,11 @@
 # expected split zigzag where interleave was asked. The metadata and the probe's reading of it run on
 # the CPU too (tests/sglang_src/test_topology_differential.py); the forward needs this run.
 # fa3 is the backend with a CP-v1 attention path (layers/attention/flashattention_backend.py:1144-1148).
-# Judged by `rows split` and `pcp rows` (plan.lint.CONTRADICTS), on their raw verdicts:
-# - confirmed: a split step's shards are zigzag's, not interleave's (both fail on the order);
-# - refuted: the shards are interleave's (both hold), or nothing is split (rows split fails as a
-#   silent fallback, pcp rows unknown: the rule's premise is wrong either way).
+# Judged by `pcp rows` (plan.lint.CONTRADICTS), on its raw verdict, which judges split steps only:
+# - confirmed: a split step's shards are zigzag's, not interleave's (pcp rows fails on the order);
+# - refuted: the shards are interleave's (pcp rows holds);
+# - untested: nothing is split (pcp rows unknown). `rows split` then fails as a silent fallback,
+#   which is why it shows the run but does not judge the rule: it fails on either defect.
 # Generation is expected to hold against TP2: zigzag is a correct split, only not the one asked for.
 cptest 1
 scenario pcp_cp_v1_interleave_zigzag {
