@@ -2,7 +2,7 @@
 and once they are there their batch writes the steps' lines.
 
 A step's record needs a few values that are still on the device as its forward ends (the batch's
-positions, the DCP owner mask, the zigzag-sharded positions; off with CPTEST_PROBE_POSITIONS=0).
+positions, the DCP owner mask, the CP-sharded positions; off with CPTEST_PROBE_POSITIONS=0).
 The step recording (`cptest.probe.steps`) hands each step's draft and tensors to the batch
 being filled (`CopyBatch.add`, or `join_run` for a decode step of positions alone). A batch is
 the probe's deferred work (`Probe.defer`): its copies are sent without waiting, every COPY_EVERY
@@ -32,7 +32,7 @@ COPY_EVERY = 16
 COPY_WITHIN_S = 0.1
 """...unless the first of them is older than this (slow steps: records stay timely)."""
 
-_NAMES = ("positions", "kv_mask", "zigzag", "slots", "reads")
+_NAMES = ("positions", "kv_mask", "split", "slots", "reads")
 WHICH: dict[tuple[bool, bool, bool, bool, bool], tuple[str, ...]] = {
     flags: tuple(n for n, on in zip(_NAMES, flags, strict=True) if on)
     for flags in ((p, m, z, s, r) for p in (False, True) for m in (False, True) for z in (False, True)
@@ -535,7 +535,7 @@ def _step_line(probe: Probe, batch: CopyBatch, draft: StepDraft) -> str:
             draft.kv_read = records.read_rows(value, draft.read_lens or (), draft.read_rids or (),
                                               probe.dcp_size, probe.dcp_rank, draft.note) or {}
         else:
-            _resolve_zigzag(draft, value.tolist())
+            _resolve_split(draft, value.tolist())
     return records.finish_step_line(draft, rank=probe.rank, rank_json=probe.rank_json,
                                     t=_record_t(probe, draft.t), positions=positions, rid_text=probe.rid_text)
 
@@ -551,12 +551,12 @@ def _record_t(probe: Probe, clock: float) -> float:
     return round(clock - probe.t0, 6)
 
 
-def _resolve_zigzag(draft: StepDraft, sharded: list[int]) -> None:
-    _, keep, split_list, zigzag_index = draft.zigzag_pending
-    draft.zigzag_pending = None
-    split = records.split_zigzag_local(sharded[:keep], split_list, zigzag_index, draft.rids)
+def _resolve_split(draft: StepDraft, sharded: list[int]) -> None:
+    _, keep, layout = draft.split_pending
+    draft.split_pending = None
+    split = records.split_local(sharded[:keep], layout, draft.rids, draft.extend_lens)
     if split is None:
-        draft.note(f"step {draft.step}: zigzag positions do not fit split_list/zigzag_index")
+        draft.note(f"step {draft.step}: the sharded positions do not fit the split's layout {layout}")
     draft.cp_local_positions = split
 
 

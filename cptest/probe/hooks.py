@@ -8,7 +8,7 @@ result" (plugins/hook_registry.py:375-383). Nothing here mutates a tensor or an 
 
 The hooks called once a run (geometry, KV pool, capacity, graph capture) write their record at
 once. The hook around each forward is the step recording's (`steps.around_model_runner_forward`,
-named here beside the others); the inner hooks (CP split, zigzag positions, KV write, the forward
+named here beside the others); the inner hooks (CP split, split positions, KV write, the forward
 hooks) fill the draft it opened, and the device tensors they keep travel with the step's copy
 batch (`copy_batches`).
 
@@ -37,6 +37,7 @@ __all__ = [
     "after_capture_cuda_graphs",
     "after_cp_v1_split_positions",
     "after_initialize_model_parallel",
+    "after_interleave_shard_positions",
     "after_kv_configure",
     "after_mla_set_kv_buffer",
     "after_prepare_cp_forward",
@@ -221,7 +222,22 @@ def after_zigzag_shard_positions(result: Any, strategy: Any, _positions: Any, fo
     logical = getattr(meta, "per_rank_logical_token", None)
     # rows past this rank's logical count are padding (layers/cp/padding.py:45-62)
     keep = int(logical[int(strategy.cp_rank)]) if logical else None
-    draft.zigzag_pending = (text_positions(result), keep, list(meta.split_list), list(meta.zigzag_index))
+    draft.split_pending = (text_positions(result), keep,
+                           records.ZigzagLayout(list(meta.split_list), list(meta.zigzag_index)))
+
+
+def after_interleave_shard_positions(result: Any, strategy: Any, _positions: Any, forward_batch: Any,
+                                     *_a: Any, **_k: Any) -> None:
+    """AFTER layers/cp/interleave.py:103 `InterleaveCPStrategy.shard_position_ids`: this rank's
+    positions, every cp-th packed token from its rank on (interleave.py:108-123), padded at the end."""
+    probe = get_probe()
+    draft = probe.current if probe else None
+    if probe is None or draft is None or not probe.observe_positions:
+        return
+    logical = getattr(forward_batch.attn_cp_metadata, "per_rank_logical_token", None)
+    rank = int(strategy.cp_rank)
+    keep = int(logical[rank]) if logical else None
+    draft.split_pending = (text_positions(result), keep, records.StrideLayout(rank, int(strategy.cp_size)))
 
 
 
@@ -249,8 +265,8 @@ def after_cp_v1_split_positions(result: Any, forward_batch: Any, _positions: Any
     draft.cp_rank = int(probe.rank.attn_cp) if probe.rank else 0
     draft.cp_logical_rows = int_list(actual)
     if probe.observe_positions and draft.cp_rank < len(actual):
-        draft.zigzag_pending = (text_positions(result), int(actual[draft.cp_rank]), list(split_list),
-                                list(meta.zigzag_index))
+        draft.split_pending = (text_positions(result), int(actual[draft.cp_rank]),
+                               records.ZigzagLayout(list(split_list), list(meta.zigzag_index)))
 
 
 @guards_itself

@@ -11,8 +11,10 @@ from __future__ import annotations
 import re
 import sys
 from binascii import b2a_base64
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Literal, Protocol
 
 from cptest.evidence import (
@@ -209,17 +211,18 @@ class StepDraft:
     """Why parts of the record are missing; made on the first note (most steps have none)."""
     kv_mask_pending: Any = None
     """The mask tensor as SGLang passed it, until the probe copies it (then into kv_mask)."""
-    zigzag_pending: Any = None
-    """The sharded positions tensor and what cutting them needs (keep, split_list, zigzag_index),
-    until the probe copies it (then into cp_local_positions). Plain fields, not callbacks: a
-    closure over the draft would make a reference cycle per step, left to the garbage collector."""
+    split_pending: Any = None
+    """The sharded positions tensor and what cutting them needs (the logical rows to keep, the
+    split's layout: `ZigzagLayout` or `StrideLayout`), until the probe copies it (then into
+    cp_local_positions). Plain fields, not callbacks: a closure over the draft would make a
+    reference cycle per step, left to the garbage collector."""
     t: float = 0.0
     """The probe's clock when the forward returned (the record's `t` is `Probe.now` of it, made
     with the batch's records: copy_batches._record_t)."""
     first: int = 0
     """Index of the step's first tensor in its CopyBatch."""
     which: tuple[str, ...] = ()
-    """What the step's tensors in its CopyBatch are, in order (positions, kv_mask, zigzag)."""
+    """What the step's tensors in its CopyBatch are, in order (positions, kv_mask, split, ...)."""
 
     def note(self, message: str) -> None:
         if self.notes is None:
@@ -265,6 +268,58 @@ def split_per_request(
     for rid, n in zip(rids, lens, strict=True):
         out.setdefault(rid, []).extend(values[at : at + n])
         at += n
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ZigzagLayout:
+    """A rank's share of a prefill split by blocks (`split_zigzag_local`): zigzag on CP v2, and every
+    model's own CP-v1 split, which uses the same metadata."""
+
+    split_list: list[int]
+    zigzag_index: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class StrideLayout:
+    """A rank's share of a prefill split by stride (`split_stride_local`): interleave on CP v2."""
+
+    rank: int
+    cp: int
+
+
+SplitLayout = ZigzagLayout | StrideLayout
+
+
+def split_local(local_positions: Sequence[int], layout: SplitLayout, rids: Sequence[str],
+                extend_lens: Sequence[int] | None) -> dict[str, list[int]] | None:
+    """This rank's positions after a prefill split, per request, read by the split's layout; None
+    when they do not fit it."""
+    if isinstance(layout, ZigzagLayout):
+        return split_zigzag_local(local_positions, layout.split_list, layout.zigzag_index, rids)
+    if extend_lens is None:
+        return None
+    return split_stride_local(local_positions, layout.rank, layout.cp, rids, extend_lens)
+
+
+def split_stride_local(local_positions: Sequence[int], rank: int, cp: int, rids: Sequence[str],
+                       extend_lens: Sequence[int]) -> dict[str, list[int]] | None:
+    """This rank's positions after an interleave PCP split, per request, or None when they do not fit.
+
+    SGLang's interleave strategy gives CP rank `rank` the batch's packed extend tokens `rank`,
+    `rank + cp`, ... (`InterleaveCPStrategy._interleave_shard`, layers/cp/interleave.py:108-123 of the
+    pinned release): the j-th local row is packed token `rank + j * cp`, which belongs to the request
+    whose extend holds it.
+    """
+    if len(extend_lens) != len(rids) or cp < 1 or not 0 <= rank < cp:
+        return None
+    ends = list(accumulate(int(n) for n in extend_lens))  # each request's packed end
+    out: dict[str, list[int]] = {rid: [] for rid in rids}
+    for j, pos in enumerate(local_positions):
+        packed = rank + j * cp
+        if not ends or packed >= ends[-1]:
+            return None
+        out[rids[bisect_right(ends, packed)]].append(pos)
     return out
 
 

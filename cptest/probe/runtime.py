@@ -295,7 +295,7 @@ class Probe:
     def recycle(self, draft: StepDraft) -> None:
         """Take a finished draft back for the next step (its references to SGLang's objects dropped)."""
         if len(self.drafts) < MAX_SPARE_DRAFTS:
-            draft.rids = draft.kv_mask = draft.kv_mask_pending = draft.zigzag_pending = None  # type: ignore[assignment]
+            draft.rids = draft.kv_mask = draft.kv_mask_pending = draft.split_pending = None  # type: ignore[assignment]
             draft.cp_local_positions = draft.notes = None
             self.drafts.append(draft)
 

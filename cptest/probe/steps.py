@@ -249,7 +249,7 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
                             "padded size (decode_cuda_graph_runner.bs); its step is not recorded")
             probe.recycle(draft)
             return
-        draft.graph_rows = rows  # no inner hook fired: no mask or zigzag tensor is pending
+        draft.graph_rows = rows  # no inner hook fired: no mask or split tensor is pending
     else:
         probe.graph.totals[_GRAPH_KEYS[False, draft.mode]] += 1
         if draft.mode != "decode":
@@ -260,7 +260,7 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
     # Taken here, at the forward's end: every stream SGLang used in the forward has joined the
     # current one by now, so the tensors kept by the inner hooks are complete in its order.
     has_pos = probe.observe_positions and pos_t is not None
-    mask, zigzag = draft.kv_mask_pending, draft.zigzag_pending
+    mask, split = draft.kv_mask_pending, draft.split_pending
     # The clock as read: `Probe.now`'s rounding waits for the batch's records
     # (`copy_batches._record_t`), where it runs for all its steps in a row; on its own, once a step
     # after the engine's work, it cost several times as much (benchmarks/probe_step.py --engine-us).
@@ -275,7 +275,7 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
     seen_write = (has_pos and draft.kv_rows is not None
                   and (not decode or mask is not None or reads is not None))
     slots = getattr(fb, "out_cache_loc", None) if seen_write and not draft.kv_at_loc else None
-    if mask is None and zigzag is None and slots is None and reads is None:  # a decode step's usual case
+    if mask is None and split is None and slots is None and reads is None:  # a decode step's usual case
         if has_pos:
             draft.which = WHICH_POS
             if join_run(probe, draft, pos_t):
@@ -291,13 +291,13 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
         tensors = [text_positions(pos_t)] if has_pos else []
         if mask is not None:
             tensors.append(mask)
-        if zigzag is not None:
-            tensors.append(zigzag[0])
+        if split is not None:
+            tensors.append(split[0])
         if slots is not None:
             tensors.append(slots)
         if reads is not None:
             tensors.append(reads)
-        draft.which = WHICH[has_pos, mask is not None, zigzag is not None, slots is not None,
+        draft.which = WHICH[has_pos, mask is not None, split is not None, slots is not None,
                             reads is not None]
     with probe.copy_lock:
         batch = probe.copies

@@ -397,6 +397,36 @@ def test_a_zigzag_step_records_this_ranks_blocks(probe: Probe, monkeypatch: MP) 
     assert s.kv_written == {"q": [(0, 10)]}
 
 
+class Interleave:
+    cp_rank = 1
+    cp_size = 2
+
+
+def test_an_interleave_step_records_every_second_packed_token_per_request(probe: Probe,
+                                                                          monkeypatch: MP) -> None:
+    """Rank 1 of cp 2 over two requests of 5 and 4 tokens (request b's prefix 6): packed tokens
+    1, 3, 5, 7 are a's 1 and 3 and b's 6 + 0 and 6 + 2; one padding row follows."""
+    _fake_parallel_state(monkeypatch, 1)
+    hooks.after_initialize_model_parallel(None)
+    probe.cp_configured = True
+    probe.rank = probe.rank.model_copy(update={"attn_cp": 1})  # type: ignore[union-attr]
+    positions = torch.tensor([0, 1, 2, 3, 4, 6, 7, 8, 9])
+    meta = Meta([], [], per_rank_actual_token=[5, 5], per_rank_logical_token=[5, 4])
+    fb = Batch(Mode("EXTEND"), torch.arange(9), positions, ["a", "b"], 2, [5, 4], [0, 6])
+    loaded = Batch(Mode("EXTEND"), torch.arange(9), positions, ["a", "b"], 2, [5, 4], [0, 6],
+                   attn_cp_metadata=meta)
+
+    def forward(r: Runner, b: Batch) -> Output:
+        hooks.after_prepare_cp_forward(None, loaded)
+        hooks.after_interleave_shard_positions(torch.tensor([1, 3, 6, 8, 0]), Interleave(), positions, loaded)
+        return Output(False)
+
+    hooks.around_model_runner_forward(forward, Runner(), fb)
+    (s,) = [r for r in _records(probe) if isinstance(r, Step)]
+    assert (s.cp_active, s.attn_rows) == (True, 4)
+    assert s.seq_positions == {"a": [(1, 2), (3, 4)], "b": [(6, 7), (8, 9)]}
+
+
 def cp_v1_step(probe: Probe, monkeypatch: MP, metas: list[Any]) -> Step:
     """The Step of one extend on rank 1 of cp 2 whose model calls its CP-v1 position split once per
     entry of `metas` (a DSA model's backend calls it again on later layers), the step's batch being

@@ -260,3 +260,14 @@ def test_request_ids_that_are_not_strings_are_written_as_strings() -> None:
     line = records.finish_step_line(draft, rank=RANK, rank_json=RANK.model_dump_json(), t=0.0,
                                     positions=[3, 4])
     assert parse_record(line).seq_positions == {"7": [(3, 4)], "8": [(4, 5)]}  # type: ignore[union-attr]
+
+
+def test_a_stride_split_is_read_per_request_by_packed_index() -> None:
+    # cp 3, rank 2: packed tokens 2, 5, 8 of requests of 4, 2 and 5 tokens (ends 4, 6, 11)
+    got = records.split_stride_local([12, 40, 72], 2, 3, ["a", "b", "c"], [4, 2, 5])
+    assert got == {"a": [12], "b": [40], "c": [72]}
+    assert records.split_stride_local([1, 2, 3, 4], 2, 3, ["a"], [10]) is None  # packed 11 is past the batch
+    assert records.split_stride_local([1], 3, 3, ["a"], [10]) is None  # no such rank
+    layout = records.StrideLayout(0, 2)
+    assert records.split_local([0, 2], layout, ["a"], [4]) == {"a": [0, 2]}
+    assert records.split_local([0, 2], layout, ["a"], None) is None  # the batch's lengths unread

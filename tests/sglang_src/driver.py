@@ -14,8 +14,8 @@ Requests (`op` and its fields):
   builds (`distributed/parallel_state.py:2191-2545`), or its exception; and per TP rank its
   (attn_tp_rank, attn_dp_rank) from `layers/dp_attention.py:compute_dp_attention_world_info`.
 - `split` {strategy, cp, extend_lens, prefix_lens}: the prefill CP split of one batch on every CP
-  rank, through the strategy's own `can_apply`, `build_metadata`, `pad_logical_token_to_physical`
-  and `shard_hidden_states` (`layers/cp/zigzag.py`, `interleave.py`, `padding.py`).
+  rank, through the strategy's own `can_apply`, `build_metadata`, `pad_logical_token_to_physical`,
+  `shard_hidden_states` and `shard_position_ids` (`layers/cp/zigzag.py`, `interleave.py`, `padding.py`).
 - `split_v1` {cp, extend_lens, prefix_lens}: a model's own CP-v1 split of one batch on every CP rank
   (CP v2 off: Qwen3-MoE, DeepSeek), through `can_cp_split`, `prepare_context_parallel_metadata` and
   `cp_split_and_rebuild_position` (`layers/utils/cp_utils.py`); the metadata on the CPU
@@ -245,6 +245,12 @@ def split(req: dict[str, Any]) -> dict[str, Any]:
             batch.attn_cp_metadata = meta
             local = strat.shard_hidden_states(rows, batch)
             out["rows"].append([int(x) - 1 for x in local.tolist()])
+            positions = torch.cat([torch.arange(p, p + n) for p, n in zip(prefix, extend, strict=True)])
+            out.setdefault("positions", []).append([int(x) for x in strat.shard_position_ids(positions,
+                                                                                            batch).tolist()])
+            if strategy == "zigzag":
+                out.setdefault("layout", []).append({"split_list": list(meta.split_list),
+                                                     "zigzag_index": list(meta.zigzag_index)})
             out["logical"] = list(meta.per_rank_logical_token)
             out["physical"] = list(meta.per_rank_actual_token)
     return out

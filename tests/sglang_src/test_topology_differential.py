@@ -25,7 +25,7 @@ from cptest.contracts.rows import expected_split
 from cptest.engines.sglang.argv import LAUNCHER, build_argv
 from cptest.engines.sglang.releases import RELEASE_0_5_17
 from cptest.evidence import ranges_merge
-from cptest.probe.records import split_zigzag_local
+from cptest.probe.records import StrideLayout, ZigzagLayout, split_local, split_zigzag_local
 from cptest.reference.layout import pcp_local_rows
 from cptest.reference.modeling import pool_rows
 from cptest.topology import (
@@ -157,6 +157,44 @@ def test_prefill_cp_splits_match_sglangs_strategies(sglang: SGLangDriver, tiny_m
             assert local[counts[r]:] == [-1] * (answer["physical"][r] - counts[r]), (strategy, cp, lens, r)
             if local[: counts[r]] != rows[r]:
                 COUNT[f"{strategy}_rank_row_order_differs"] += 1
+
+
+prefixed_splits = st.tuples(
+    st.sampled_from(("zigzag", "interleave")),
+    st.integers(2, 8),
+    st.lists(st.tuples(st.integers(0, 30), st.integers(1, 70)), min_size=1, max_size=4),
+)
+
+
+@HYPOTHESIS
+@given(batch=st.lists(prefixed_splits, min_size=10, max_size=10))
+def test_cp_v2_positions_read_by_the_probe_are_what_the_row_contracts_expect(
+        sglang: SGLangDriver, tiny_models: dict[str, str], batch: list[tuple[str, int, list[tuple[int, int]]]]
+) -> None:
+    """The probe's CP-v2 position hooks (`hooks.after_zigzag_shard_positions`,
+    `after_interleave_shard_positions`) keep a rank's logical rows of the strategy's own
+    `shard_position_ids` and read them by the split's layout (`records.split_local`): on SGLang's
+    split that gives every request the shard `rows split` and `pcp rows` expect."""
+    answers = sglang.ask([{"op": "split", "strategy": s, "cp": cp, "extend_lens": [n for _, n in seqs],
+                           "prefix_lens": [p for p, _ in seqs], "model_path": tiny_models["qwen3-moe"]}
+                          for s, cp, seqs in batch])
+    for (strategy, cp, seqs), answer in zip(batch, answers, strict=True):
+        assert answer["ok"], answer
+        if not answer["applies"]:
+            continue
+        lens, rids = [n for _, n in seqs], [f"r{i}" for i in range(len(seqs))]
+        for r in range(cp):
+            keep = answer["logical"][r]
+            layout = (ZigzagLayout(**answer["layout"][r]) if strategy == "zigzag" else StrideLayout(r, cp))
+            read = split_local(answer["positions"][r][:keep], layout, rids, lens)
+            assert read is not None, (strategy, cp, seqs, r)
+            for k, (rid, (prefix, n)) in enumerate(zip(rids, seqs, strict=True)):
+                # interleave's shards start at the rank the request's first packed token went to
+                per_rank: list[list[tuple[int, int]]] = [[] for _ in range(cp)]
+                per_rank[sum(lens[:k]) % cp] = [(prefix, prefix + 1)]
+                want = expected_split(strategy, prefix, prefix + n, cp, per_rank)[r]
+                assert ranges_merge((x, x + 1) for x in read[rid]) == want, (strategy, cp, seqs, r, rid)
+                COUNT[f"{strategy}_position_shards"] += 1
 
 
 v1_splits = st.tuples(st.integers(2, 8), st.lists(st.tuples(st.integers(0, 30), st.integers(1, 70)),
