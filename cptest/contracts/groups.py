@@ -58,6 +58,13 @@ def split_unseen(checker: str, role: str, why: str) -> Verdict:
     return unknown(checker, f"the prefill split of {role} runs where the probe does not look: {why}")
 
 
+def shard_identity_recorded(s: Step) -> bool:
+    """Whether a split step's record says which rows its rank held (`seq_positions`). A shard with
+    rows but no identity is positions the probe did not read (CPTEST_PROBE_POSITIONS=0, a split
+    whose positions it does not hook), never an empty shard: that one has a logical count of 0."""
+    return bool(s.seq_positions) or s.attn_rows == 0
+
+
 def all_ranks(ev: RoleEvidence, checker: str) -> list[int] | Verdict:
     """Every planned world rank of the role, or the `unknown` verdict saying which one left no
     evidence (a checker that compares all ranks cannot judge a partial set)."""

@@ -40,7 +40,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written
-from cptest.contracts.groups import all_ranks, groups, split_unseen, steps_by_number
+from cptest.contracts.groups import all_ranks, groups, shard_identity_recorded, split_unseen, steps_by_number
 from cptest.contracts.rows import expected_split, short_ranges
 from cptest.errors import PlanError, Problem
 from cptest.evidence import Evidence, RoleEvidence, Step, ranges_len, ranges_merge
@@ -98,7 +98,7 @@ class _Tally:
     dp_padding: int = 0
     """Padding rows of the attention-DP buffers over the judged rank-steps (padded - tokens)."""
     seen: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("layers", "padded_count", "ffn_rows", "ffn_identity", "ffn_out_rows", "logits_rows"), 0))
+        ("identity", "layers", "padded_count", "ffn_rows", "ffn_identity", "ffn_out_rows", "logits_rows"), 0))
     """Part -> rank-steps in which its evidence was recorded (`dp_buffer` with attention DP declared)."""
     ffn_modes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
@@ -141,6 +141,10 @@ def check(evidence: Evidence, p: PcpRowsParams) -> Verdict:
     if not t.steps:
         return unknown(NAME, f"no extend step of {p.role} ran the prefill split on every rank of an ATTN_CP "
                        f"group ({t.not_split} extend step(s) not split): nothing to judge", **figures)
+    if not t.seen["identity"]:
+        return unknown(NAME, f"the split ran in {t.steps} extend step(s), but no rank's record says which "
+                       "rows it held (its sharded positions were not read): the shards' order is not judged",
+                       **figures)
     ok = (f"{t.requests} request extend(s) in {t.steps} split step(s): each shard in {p.strategy} order, "
           f"{t.padding} padding row(s) kept out of the rows' identity and K/V, the MLP fed "
           f"{'/'.join(sorted(t.ffn_modes)) or 'unobserved rows'} and the whole batch handed to the logits")
@@ -184,7 +188,10 @@ def _judge_step(recs: list[Step], group: list[int], p: PcpRowsParams, t: _Tally)
     logical = [s.attn_rows for s in recs]
     physical = padded_len([n for n in logical if n is not None] or [0], p.cp, p.strategy, cp_v1=p.cp_v1)
     batch = _batch(first)
-    _order(recs, group, p, batch, step, t)
+    identity = all(shard_identity_recorded(s) for s in recs)
+    if identity:
+        t.seen["identity"] += len(recs)
+        _order(recs, group, p, batch, step, t)
     buffers = [s.dp_buffer for s in recs if s.dp_buffer is not None]
     if any(b != buffers[0] for b in buffers):
         t.fail(f"{step}: the CP ranks {group} of one DP rank sized different attention-DP buffers "
@@ -196,7 +203,7 @@ def _judge_step(recs: list[Step], group: list[int], p: PcpRowsParams, t: _Tally)
         shown = sum(ranges_len(r) for r in s.seq_positions.values())
         if mine is not None:
             t.padding += physical - mine
-            if shown != mine:
+            if identity and shown != mine:
                 t.fail(f"{where} names {shown} rows in its attention shard, its logical shard is {mine}: "
                        "padding rows are reported apart, never as rows")
         for rid, rs in s.kv_written.items():

@@ -36,7 +36,14 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written, choice, invalid
-from cptest.contracts.groups import groups, mlp_batch_rows, split_unseen, steps_by_number, zigzag_blocks
+from cptest.contracts.groups import (
+    groups,
+    mlp_batch_rows,
+    shard_identity_recorded,
+    split_unseen,
+    steps_by_number,
+    zigzag_blocks,
+)
 from cptest.evidence import Evidence, RoleEvidence, ranges_len, ranges_merge
 from cptest.request_ids import count_by_origin, origin_note, workload_index
 from cptest.topology import CP_STRATEGIES
@@ -347,7 +354,7 @@ def _pcp_split(ev: RoleEvidence, cp: int, strategy: str, ffn: str | None) -> Ver
     cp_groups, source = groups(ev, "attn_cp")
     violations: list[dict[str, Any]] = []
     holes: list[dict[str, Any]] = []
-    n_steps = n_rows = n_requests = ffn_checked = fallback_by_rule = 0
+    n_steps = n_rows = n_requests = ffn_checked = fallback_by_rule = identity_unrecorded = 0
     seen_rids: list[str] = []
     need_per_extend = 2 * cp if strategy == "zigzag" else cp
     for group in cp_groups:
@@ -420,6 +427,9 @@ def _pcp_split(ev: RoleEvidence, cp: int, strategy: str, ffn: str | None) -> Ver
                                 "expected": want,
                             }
                         )
+            if not all(shard_identity_recorded(r) for r in recs):
+                identity_unrecorded += 1  # which rows each rank held is not known: not judged
+                continue
             rids: dict[str, None] = {}
             for r in recs:
                 rids.update(dict.fromkeys(r.seq_positions))
@@ -484,6 +494,7 @@ def _pcp_split(ev: RoleEvidence, cp: int, strategy: str, ffn: str | None) -> Ver
     figures = {
         "mode": "pcp_split",
         "fallback_by_rule": fallback_by_rule,
+        "steps_identity_unrecorded": identity_unrecorded,
         "cp": cp,
         "strategy": strategy,
         "groups": len(cp_groups),
@@ -499,10 +510,17 @@ def _pcp_split(ev: RoleEvidence, cp: int, strategy: str, ffn: str | None) -> Ver
         return unknown(
             NAME, f"{ffn} FFN declared but no Step record carries ffn_rows (MLP hook missing?)", **figures
         )
+    if n_requests == 0 and identity_unrecorded and not violations:
+        return unknown(NAME, f"the split ran in {identity_unrecorded} extend step(s), but no rank's record "
+                       "says which rows it held (its sharded positions were not read): the split is not "
+                       "judged",
+                       **figures)
     ok = (
         f"{n_rows} rows of {n_requests} request extend(s) {origin_note(count_by_origin(seen_rids))} "
         f"in {n_steps} step(s) "
         f"split by {strategy} over {cp} ranks"
+        + (f" ({identity_unrecorded} split step(s) without the ranks' rows recorded, not judged)"
+           if identity_unrecorded else "")
     )
     return _finish(violations, holes, _truncated(ev, [w for g in cp_groups for w in g]), figures, ok)
 

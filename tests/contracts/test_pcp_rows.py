@@ -344,6 +344,20 @@ def test_rows_judges_a_gathered_mlp_under_attention_dp_by_its_slice_of_the_buffe
     assert "gathered FFN means 7" in v.reason
 
 
+def test_shards_whose_rows_were_not_read_leave_the_order_unjudged_not_failed() -> None:
+    blind = {w: [_rank(w).model_copy(update={"seq_positions": {}})] for w in (0, 1)}
+    v = _check(blind)
+    assert v.status == "unknown" and "the shards' order is not judged" in v.reason, v.reason
+    # a second step with its rows read is judged, and the first is listed as not judged
+    read = {w: _rank(w).model_copy(update={"step": 2}) for w in (0, 1)}
+    v = _check({w: [blind[w][0], read[w]] for w in (0, 1)})
+    assert v.status == "pass" and "identity" in v.figures["not_judged"], v.reason
+    # a wrong order in the read step still fails
+    swapped = {w: read[1 - w].model_copy(update={"rank": read[w].rank}) for w in (0, 1)}
+    v = _check({w: [blind[w][0], swapped[w]] for w in (0, 1)})
+    assert v.status == "fail", v.reason
+
+
 # --------------------------------------------------------------- a split the probe does not see
 def test_a_split_the_probe_cannot_see_leaves_both_row_contracts_unknown() -> None:
     # DSA's round robin on its CP-v1 path leaves the CP metadata empty (admission's

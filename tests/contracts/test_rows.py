@@ -192,6 +192,30 @@ def test_a_short_extend_split_anyway_is_still_judged(tmp_path: Path) -> None:
     assert v.status == "fail", v.reason
 
 
+def test_a_split_without_the_ranks_rows_recorded_is_not_judged(tmp_path: Path) -> None:
+    # The split ran (cp_active, each rank's logical count) but its sharded positions were not read
+    # (CPTEST_PROBE_POSITIONS=0, or a split whose positions the probe does not hook): no identity.
+    prompts = {rid(0): 8}
+    blind = {w: [zigzag_steps(w, 2, prompts).model_copy(update={"seq_positions": {}})] for w in (0, 1)}
+    v = _pcp(tmp_path, blind)
+    assert v.status == "unknown" and "no rank's record says which rows it held" in v.reason, v.reason
+    # one rank's positions missing: that step is not judged, the other step is
+    half = zigzag_steps(1, 2, prompts).model_copy(update={"seq_positions": {}})
+    good = {w: zigzag_steps(w, 2, {rid(1): 8}).model_copy(update={"step": 2}) for w in (0, 1)}
+    v = _pcp(tmp_path, {0: [zigzag_steps(0, 2, prompts), good[0]], 1: [half, good[1]]})
+    assert v.status == "pass" and v.figures["steps_identity_unrecorded"] == 1, v.reason
+    assert v.figures["request_extends"] == 1
+    assert "1 split step(s) without the ranks' rows recorded" in v.reason
+
+
+def test_a_rank_with_an_empty_shard_is_still_judged(tmp_path: Path) -> None:
+    # A logical count of 0 is a shard with no rows, not an unread one: its request's rows then lack a rank.
+    prompts = {rid(0): 8}
+    empty = zigzag_steps(1, 2, prompts).model_copy(update={"seq_positions": {}, "attn_rows": 0})
+    v = _pcp(tmp_path, {0: [zigzag_steps(0, 2, prompts)], 1: [empty]})
+    assert v.status == "fail", v.reason
+
+
 def test_gathered_ffn_declared_but_local_observed_fails(tmp_path: Path) -> None:
     expect = PCP.model_copy(update={"ffn": "gathered"})
     v = _pcp(tmp_path, {w: [zigzag_steps(w, 2, {rid(0): 8})] for w in (0, 1)}, expect)
