@@ -58,6 +58,16 @@ class Fault(Protocol):
         """Undo `fault` if it can be undone (SIGCONT after SIGSTOP); None when nothing to heal."""
         ...
 
+    def settle(self, timeout_s: float) -> None:
+        """Wait, up to `timeout_s`, until every process a `kill` ended is gone (or a zombie)."""
+        ...
+
+
+KILLED_GONE_S = 5.0
+"""How long the injector's `stop` waits for the processes its kills signalled to end. The kernel ends
+a SIGKILLed process at its next scheduling, which on a loaded host can come after the workload's
+last request has failed: the shutdown must not take it for a live server and signal it."""
+
 
 def process_title(pid: int) -> str | None:
     """The title a process shows (setproctitle rewrites argv; psutil pads it with empty strings)."""
@@ -88,6 +98,8 @@ class SignalFault:
 
     def __init__(self, handles: list[Handle]) -> None:
         self.handles = handles
+        self.killed: list[psutil.Process] = []
+        """The processes `kill` faults signalled (psutil's handle tells a reused pid apart)."""
 
     def _all_pids(self, node: int | None = None) -> list[int]:
         """Pids of every node's tree, or of node `node`'s alone (a co-located rank's own process)."""
@@ -119,6 +131,9 @@ class SignalFault:
             detail["node"] = fault.node
         if pid is not None:
             try:
+                if fault.action == "kill":
+                    with contextlib.suppress(psutil.Error):
+                        self.killed.append(psutil.Process(pid))
                 os.kill(pid, SIGNAL_OF[fault.action])
             except (ProcessLookupError, PermissionError) as e:
                 error = f"signal {SIGNAL_OF[fault.action].name} to pid {pid} failed: {e}"
@@ -133,6 +148,19 @@ class SignalFault:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGCONT)
         return {"sig": "SIGCONT", "pid": pid, "fault_index": fault.index}
+
+    def settle(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while any(_running(p) for p in self.killed) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+def _running(p: psutil.Process) -> bool:
+    """Alive and not a zombie (a zombie has ended; its parent has not reaped it yet)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 class DecodeStepCounter:
@@ -269,7 +297,8 @@ class FaultInjector:
             self.log.info(f"fault {f.index}: healed ({detail.get('sig')} to pid {detail.get('pid')})")
 
     def stop(self) -> None:
-        """Stop the thread; heal now every fired `stop` that declared `heal_after_s` and is not healed."""
+        """Stop the thread; heal now every fired `stop` that declared `heal_after_s` and is not healed;
+        wait for what the kills ended to be gone (`KILLED_GONE_S`)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
@@ -278,3 +307,4 @@ class FaultInjector:
             for f in self.faults:
                 if f.index in self.fired and f.index not in self.healed and f.heal_after_s is not None:
                     self._heal(f)
+        self.fault.settle(KILLED_GONE_S)

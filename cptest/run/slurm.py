@@ -622,6 +622,10 @@ class SlurmFault:
             detail["error"] = out["error"]
         return detail
 
+    def settle(self, timeout_s: float) -> None:
+        """Nothing to wait for here: a killed rank runs on another node, and the job's shutdown
+        (`scancel`) ends whatever is left of it."""
+
     def heal(self, fault: Any, injected: dict[str, Any]) -> dict[str, Any] | None:
         if fault.action != "stop" or injected.get("error"):
             return None

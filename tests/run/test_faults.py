@@ -42,6 +42,9 @@ class Recorder:
     def heal(self, fault: FaultPlan, injected: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
+    def settle(self, timeout_s: float) -> None:
+        pass
+
 
 def kill_rank(index: int = 0, **trigger: Any) -> FaultPlan:
     return FaultPlan(
@@ -183,6 +186,25 @@ def test_killing_a_rank_by_title_brings_the_server_down_and_is_recorded(tmp_path
         assert event.detail["pid"] == target and "error" not in event.detail
     finally:
         assert launcher.teardown(handle, grace_s=2).leftover_pids == []
+
+
+def test_stopping_the_injector_waits_for_a_killed_server_to_end_and_takes_a_zombie_as_ended() -> None:
+    import subprocess
+    import types
+
+    child = subprocess.Popen(["sleep", "30"])  # never waited here: once killed it stays a zombie
+    head = types.SimpleNamespace(node=types.SimpleNamespace(node_rank=0), main_pid=lambda: child.pid)
+    fault = SignalFault([head])  # type: ignore[list-item]
+    try:
+        detail = fault.inject(FaultPlan(index=0, action="kill", target="server", at_s=0.0))
+        assert detail["pid"] == child.pid and "error" not in detail
+        t0 = time.monotonic()
+        fault.settle(5.0)
+        assert time.monotonic() - t0 < 2.0  # ended: a zombie, not a live server
+        assert psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_a_stopped_rank_is_continued_after_heal_after_s(tmp_path: Path, port: int) -> None:

@@ -143,8 +143,11 @@ def test_killing_a_rank_mid_workload_fails_the_rest_and_leaves_nothing(tmp_path:
     f = next(e for e in evs if e.event == "fault")
     assert f.detail["trigger"] == "after 2 requests" and f.detail["title"] == "sglang::scheduler_TP1"
     exited = next(e for e in evs if e.event == "exited")
-    assert exited.detail["status"] == -signal.SIGKILL and exited.detail["after_s_since_signal"] is None
-    assert "signal" not in [e.event for e in evs if e.t > f.t]  # a dead server gets no SIGTERM
+    assert exited.detail["status"] == -signal.SIGKILL  # it killed itself after its rank, as SGLang does
+    # The shutdown signals only a server still alive when it begins. On a loaded host the server's own
+    # SIGKILL can come after the workload's last failed request: then it was signalled, and says so.
+    signalled = [e for e in evs if e.event == "signal" and e.t > f.t]
+    assert (exited.detail["after_s_since_signal"] is None) == (not signalled)
     assert outcome.main.all_exited is True
     assert alive(every_pid(archive)) == []
 
