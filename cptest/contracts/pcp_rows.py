@@ -98,9 +98,12 @@ class _Tally:
     dp_padding: int = 0
     """Padding rows of the attention-DP buffers over the judged rank-steps (padded - tokens)."""
     seen: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("identity", "layers", "padded_count", "ffn_rows", "ffn_identity", "ffn_out_rows", "logits_rows"), 0))
+        ("layers", "padded_count", "ffn_rows", "ffn_identity", "ffn_out_rows", "logits_rows"), 0))
     """Part -> rank-steps in which its evidence was recorded (`dp_buffer` with attention DP declared)."""
     ffn_modes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    identity: int = 0
+    """Rank-steps whose shard identity (`seq_positions`) was read. Apart from `seen`, whose every part
+    the figures list: a part new to them would change the figures of every archive judged before."""
 
     def fail(self, what: str) -> None:
         if len(self.findings) < MAX_FINDINGS:
@@ -127,7 +130,8 @@ def check(evidence: Evidence, p: PcpRowsParams) -> Verdict:
         for recs in _split_steps(ev, group, t):
             _judge_step(recs, group, p, t)
     rank_steps = t.steps * p.cp
-    unrecorded = [part for part, n in t.seen.items() if n < rank_steps]
+    unrecorded = (["identity"] if t.identity < rank_steps else []) + [
+        part for part, n in t.seen.items() if n < rank_steps]
     dp_figures = {"dp_padding_rows": t.dp_padding} if p.attn_dp > 1 else {}
     figures: dict[str, Any] = {
         "cp": p.cp, "strategy": p.strategy, "groups": len(cp_groups), "groups_from": source,
@@ -141,7 +145,7 @@ def check(evidence: Evidence, p: PcpRowsParams) -> Verdict:
     if not t.steps:
         return unknown(NAME, f"no extend step of {p.role} ran the prefill split on every rank of an ATTN_CP "
                        f"group ({t.not_split} extend step(s) not split): nothing to judge", **figures)
-    if not t.seen["identity"]:
+    if not t.identity:
         return unknown(NAME, f"the split ran in {t.steps} extend step(s), but no rank's record says which "
                        "rows it held (its sharded positions were not read): the shards' order is not judged",
                        **figures)
@@ -190,7 +194,7 @@ def _judge_step(recs: list[Step], group: list[int], p: PcpRowsParams, t: _Tally)
     batch = _batch(first)
     identity = all(shard_identity_recorded(s) for s in recs)
     if identity:
-        t.seen["identity"] += len(recs)
+        t.identity += len(recs)
         _order(recs, group, p, batch, step, t)
     buffers = [s.dp_buffer for s in recs if s.dp_buffer is not None]
     if any(b != buffers[0] for b in buffers):

@@ -491,10 +491,12 @@ def _pcp_split(ev: RoleEvidence, cp: int, strategy: str, ffn: str | None) -> Ver
                              f"than {need_per_extend} tokens, where SGLang's rule is no split; the split "
                              "was never exercised", fallback_by_rule=fallback_by_rule, steps=n_steps,
                        cp=cp, strategy=strategy)
+    # only where it happened: the figures of every archive judged before it was counted stay as they were
+    unread = {"steps_identity_unrecorded": identity_unrecorded} if identity_unrecorded else {}
     figures = {
         "mode": "pcp_split",
         "fallback_by_rule": fallback_by_rule,
-        "steps_identity_unrecorded": identity_unrecorded,
+        **unread,
         "cp": cp,
         "strategy": strategy,
         "groups": len(cp_groups),
