@@ -240,7 +240,6 @@ def after_interleave_shard_positions(result: Any, strategy: Any, _positions: Any
     draft.split_pending = (text_positions(result), keep, records.StrideLayout(rank, int(strategy.cp_size)))
 
 
-
 def after_cp_v1_split_positions(result: Any, forward_batch: Any, _positions: Any, *_a: Any,
                                 **_k: Any) -> None:
     """AFTER layers/utils/cp_utils.py:150 `cp_split_and_rebuild_position`: this rank's positions on a
