@@ -11,7 +11,9 @@ matched by `Step.step`.
 
 - Rows, every layer: on each DCP rank the rows entering attention, entering the MLP and leaving it
   are the whole batch (`attn_rows`, `ffn_rows`, `ffn_out_rows` == `rows_in`, and per layer through
-  `layer_rows`), with the same requests and positions on every rank of the group at that step
+  `layer_rows`; under attention DP, attention's rows are the DP rank's padded slice of the buffer
+  and the MLP's the whole buffer, `groups.attention_batch_rows` and `mlp_batch_rows`), with the same
+  requests and positions on every rank of the group at that step
   (`seq_positions`; the MLP's `ffn_seq_positions` / `ffn_out_seq_positions`, None: the attention's).
 - KV, write to read: in each decode step that records `kv_read`, the rows a rank read for a request
   hold, as last written by that rank (its earlier `kv_slots`), exactly the positions it owns of the
@@ -32,7 +34,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cptest.contracts.base import Contract, Declared, Params, PlanContext, Syntax, Written
-from cptest.contracts.groups import all_ranks, groups, mlp_batch_rows, steps_by_number
+from cptest.contracts.groups import (
+    all_ranks,
+    attention_batch_rows,
+    attention_dp_size,
+    groups,
+    mlp_batch_rows,
+    steps_by_number,
+)
 from cptest.errors import PlanError, Problem
 from cptest.evidence import Evidence, RoleEvidence, Step, ranges_iter, ranges_merge, slot_pairs
 from cptest.topology import dcp_local_positions, dcp_owner
@@ -74,6 +83,9 @@ class _Tally:
     unrecorded: Counter[str] = field(default_factory=Counter)
     """Part -> rank-steps compared without its row count recorded (an older archive: first layer only,
     no MLP output)."""
+    buffer_unseen: int = 0
+    """Rank-steps under attention DP whose row counts differ from the batch with no attention-DP
+    buffer recorded to say which rows are padding (an older archive's decode steps): not judged."""
 
     def fail(self, what: str) -> None:
         if len(self.findings) < MAX_FINDINGS:
@@ -95,7 +107,7 @@ def check(evidence: Evidence, p: DcpHandoffParams) -> Verdict:
         if len(group) != p.dcp:
             tally.fail(f"DCP group {group} has {len(group)} ranks, expected {p.dcp}")
             continue
-        _rows(ev, group, tally)
+        _rows(ev, group, tally, attention_dp_size(ev))
         for d, world in enumerate(group):
             _reads(ev.ranks[world].steps, world, d, p.dcp, tally)
     figures: dict[str, Any] = {
@@ -106,6 +118,8 @@ def check(evidence: Evidence, p: DcpHandoffParams) -> Verdict:
         "reads_unknown": dict(tally.unknown_reads), "rank_steps_unrecorded": dict(tally.unrecorded),
         "findings": len(tally.findings),
     }
+    if tally.buffer_unseen:
+        figures["rank_steps_dp_buffer_unrecorded"] = tally.buffer_unseen
     if tally.findings:
         return failed(NAME, tally.findings[0], first=tally.findings[:5], **figures)
     if not tally.row_steps and not tally.reads:
@@ -117,6 +131,9 @@ def check(evidence: Evidence, p: DcpHandoffParams) -> Verdict:
     if tally.unrecorded:
         rows += " (not recorded: " + ", ".join(f"{part} in {n} rank-step(s)"
                                                for part, n in tally.unrecorded.most_common()) + ")"
+    if tally.buffer_unseen:
+        rows += (f" ({tally.buffer_unseen} rank-step(s) under attention DP not judged: rows beyond the "
+                 "batch and no DP buffer recorded to say they are padding)")
     reads = (f"{tally.reads} decode read(s) of {tally.read_rows} KV row(s) held exactly the positions "
              f"p % {p.dcp} of their rank ({tally.from_prefix} row(s) written by an earlier request)")
     if not tally.row_steps:
@@ -136,7 +153,7 @@ def _why_unknown(t: _Tally) -> str:
 
 
 # ---------------------------------------------------------------- rows handed on, every layer
-def _rows(ev: RoleEvidence, group: list[int], t: _Tally) -> None:
+def _rows(ev: RoleEvidence, group: list[int], t: _Tally, dp: int) -> None:
     by_step = steps_by_number(ev, group)
     for step_no in sorted(by_step):
         recs = by_step[step_no]
@@ -145,7 +162,7 @@ def _rows(ev: RoleEvidence, group: list[int], t: _Tally) -> None:
         first = recs[group[0]]
         judged = True
         for world, s in recs.items():
-            judged &= _counts(s, world, t)
+            judged &= _counts(s, world, t, dp)
             if s.seq_positions != first.seq_positions:
                 t.fail(f"step {step_no}: rank {world} computed attention for other requests or positions "
                        f"than rank {group[0]}: DCP ranks must see the same rows")
@@ -159,9 +176,11 @@ def _rows(ev: RoleEvidence, group: list[int], t: _Tally) -> None:
             t.rows_unseen += 1
 
 
-def _counts(s: Step, world: int, t: _Tally) -> bool:
+def _counts(s: Step, world: int, t: _Tally, dp: int) -> bool:
     """The row counts of `s` against its batch (findings into `t`); False when neither the rows
-    entering attention nor those entering the MLP were observed. A part not recorded is counted."""
+    entering attention nor those entering the MLP were observed, or when under attention DP (`dp` >
+    1) a count differs from the batch and no DP buffer says how much of it is padding. A part not
+    recorded is counted."""
     seen = False
     counts = (("attention", s.attn_rows), ("the MLP", s.ffn_rows), ("the MLP's output", s.ffn_out_rows))
     for part, n in counts:
@@ -169,12 +188,15 @@ def _counts(s: Step, world: int, t: _Tally) -> bool:
             t.unrecorded[part] += 1
             continue
         seen |= part != "the MLP's output"
-        mine, what = (n, f"{n} rows") if part == "attention" else mlp_batch_rows(s, n)
+        mine, what = attention_batch_rows(s, n) if part == "attention" else mlp_batch_rows(s, n)
+        if mine != s.rows_in and dp > 1 and s.dp_buffer is None:
+            t.buffer_unseen += 1
+            return False
         if mine != s.rows_in:
             t.fail(f"step {s.step}: rank {world} handed {what} of its batch's {s.rows_in} to {part}: "
                    "DCP must not split rows")
     for part, per_layer in (s.layer_rows or {}).items():
-        mine = [n if part == "attn" else mlp_batch_rows(s, n)[0] for n in per_layer]
+        mine = [(attention_batch_rows if part == "attn" else mlp_batch_rows)(s, n)[0] for n in per_layer]
         wrong = [k for k, n in enumerate(mine) if n != s.rows_in]
         if wrong:
             t.fail(f"step {s.step}: rank {world}'s layer {wrong[0]} ran {per_layer[wrong[0]]} {part} rows "

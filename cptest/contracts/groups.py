@@ -33,6 +33,29 @@ def mlp_batch_rows(s: Step, n: int | None) -> tuple[int | None, str]:
     return n, f"{n} rows"
 
 
+def attention_batch_rows(s: Step, n: int) -> tuple[int, str]:
+    """Of `n` rows that `s`'s attention took, those of this rank's own batch, and how to say so: `n`
+    itself, or under attention DP, where SGLang pads each DP rank's batch to a multiple of the
+    attention TP size (and under `max_len` to the longest DP rank's) before the forward
+    (model_executor/forward_batch_info.py:1245-1247, 1291-1297), the batch itself when `n` is exactly
+    its DP rank's padded slice (`DpBuffer.padded`) and the slice's real rows are the batch's."""
+    b = s.dp_buffer
+    d = s.rank.attn_dp
+    if b is not None and d < len(b.padded) and n == b.padded[d] != b.tokens[d] == s.rows_in:
+        return s.rows_in, (f"{n} rows (its DP rank's padded slice of the attention-DP buffer: "
+                           f"{s.rows_in} rows of its batch and {n - s.rows_in} padding)")
+    return n, f"{n} rows"
+
+
+def attention_dp_size(ev: RoleEvidence) -> int:
+    """The attention-DP size the role's ranks reported (`Geometry.sizes`), else the planned one."""
+    for rank in ev.ranks.values():
+        for g in rank.geometry[-1:]:
+            if "attn_dp" in g.sizes:
+                return g.sizes["attn_dp"]
+    return ev.degrees.attn_dp if ev.degrees is not None else 1
+
+
 def groups(ev: RoleEvidence, name: str) -> tuple[list[list[int]], str]:
     """The `name` groups (tp, dcp, attn_cp) of a server as lists of world ranks, and where they came
     from ("probe" or "plan"). Ranks within a group are in group-rank order."""

@@ -192,7 +192,7 @@ class CopyBatch:
         if ((which is WHICH_POS or which is _WHICH_POS_MASK or which is _WHICH_POS_MASK_SLOTS)
                 and draft.mode == "decode" and rids
                 and not draft.cp_active and draft.extend_lens is None and draft.notes is None
-                and draft.layer_rows is None):
+                and draft.layer_rows is None and draft.dp_buffer is None):
             kv_rows = draft.kv_rows
             run = self.run_
             if (run is None or run.rids is not rids or run.which is not which

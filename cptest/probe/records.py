@@ -206,7 +206,7 @@ class StepDraft:
     """Rows the CUDA graph ran, when this step is a replay (None: eager; see `Step.graph_rows`)."""
     dp_buffer: DpBuffer | None = None
     """The attention-DP buffer the step's forward batch sized (`Step.dp_buffer`); set on eager
-    extend and mixed steps under attention DP only."""
+    steps under attention DP only."""
     notes: list[str] | None = None
     """Why parts of the record are missing; made on the first note (most steps have none)."""
     kv_mask_pending: Any = None
@@ -388,6 +388,7 @@ def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence
     kv_written: dict[str, Ranges] = {}
     kv_slots: dict[str, SlotRuns] = {}
     if per_req is not None and positions is not None and lens is not None:
+        _drop_dp_padding(draft, len(positions), rank.attn_dp)
         source = _kv_source(draft, len(positions))
         owned: list[int] = []
         if source == "mask":
@@ -432,6 +433,22 @@ def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence
         attn_rows_padded=(draft.attn_rows_seen if draft.cp_active and draft.attn_rows_seen is not None
                           and draft.attn_rows_seen != attn_rows else None),
     )
+
+
+def _drop_dp_padding(draft: StepDraft, n_rows: int, dp_rank: int) -> None:
+    """Cut the KV write's per-row values (mask, slots) back to the batch's `n_rows` rows where
+    attention DP padded the batch: the write took this DP rank's padded slice (`DpBuffer.padded`),
+    whose dummy rows SGLang appends after the real ones (forward_batch_info.py:1459-1462), while
+    the positions read at the forward's end are already cut back (forward_batch_info.py:1547-1553)."""
+    b = draft.dp_buffer
+    if (b is None or draft.kv_rows is None or dp_rank >= len(b.padded) or draft.kv_rows != b.padded[dp_rank]
+            or b.tokens[dp_rank] != n_rows or n_rows >= draft.kv_rows):
+        return
+    draft.kv_rows = n_rows
+    if draft.kv_mask is not None:
+        draft.kv_mask = draft.kv_mask[:n_rows]
+    if draft.kv_slots is not None:
+        draft.kv_slots = draft.kv_slots[:n_rows]
 
 
 def _kv_slots(draft: StepDraft, owned: Sequence[int], lens: Sequence[int]) -> dict[str, SlotRuns]:

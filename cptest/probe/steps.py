@@ -252,10 +252,10 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
         draft.graph_rows = rows  # no inner hook fired: no mask or split tensor is pending
     else:
         probe.graph.totals[_GRAPH_KEYS[False, draft.mode]] += 1
-        if draft.mode != "decode":
-            # Sized by the forward itself (model_runner.py:1566-1571), so read at its end; a decode
-            # step is left out: `pcp rows` judges extends, and decode is where the probe's cost counts.
-            draft.dp_buffer = records.dp_buffer(fb)
+        # Sized by the forward itself (model_runner.py:1566-1571), so read at its end. Decode steps
+        # too: under attention DP their attention and MLP rows include padding that only the
+        # buffer tells apart; without attention DP this is one attribute read of None.
+        draft.dp_buffer = records.dp_buffer(fb)
     pos_t = getattr(fb, "positions", None)
     # Taken here, at the forward's end: every stream SGLang used in the forward has joined the
     # current one by now, so the tensors kept by the inner hooks are complete in its order.

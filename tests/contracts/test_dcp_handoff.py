@@ -168,6 +168,73 @@ def test_an_mlp_over_the_attention_dp_buffer_is_judged_by_its_dp_ranks_slice() -
     assert v.status == "fail" and "rank 0 handed 9 rows of its batch's 5 to the MLP" in v.reason
 
 
+def _dp_padded(steps: list[Step], dp_rank: int, other: int) -> list[Step]:
+    """These steps on DP rank `dp_rank` of attention DP 2 with attention TP 2 (the other DP rank
+    bringing `other` rows a step): SGLang pads each DP rank's batch to a multiple of 2 before the
+    forward, so attention takes the padded slice and the MLP the buffer of both slices."""
+    out = []
+    for s in steps:
+        tokens = [s.rows_in, other] if dp_rank == 0 else [other, s.rows_in]
+        padded = [n + n % 2 for n in tokens]
+        buffer = DpBuffer(tokens=tokens, padded=padded, rows=sum(padded), mode="sum_len")
+        mine = padded[dp_rank]
+        out.append(_edit(s, rank=s.rank.model_copy(update={"attn_dp": dp_rank}), attn_rows=mine,
+                         ffn_rows=buffer.rows, ffn_out_rows=buffer.rows, dp_buffer=buffer,
+                         layer_rows={"attn": [mine] * 2, "ffn": [buffer.rows] * 2}))
+    return out
+
+
+def _check_dp(ranks: dict[int, list[Step]]):
+    """The verdict on an archive of TP 4 with attention DP 2 and DCP 2 (DCP groups [0, 1], [2, 3])."""
+    with tempfile.TemporaryDirectory() as d:
+        main = server_plan(world=4, tp=4, dcp=2, attn_dp=2)
+        write_archive(Path(d), make_plan(main, [DcpHandoffParams(dcp=2)]), ranks={"main": ranks},
+                      runner={"main": []})
+        return check(load_archive(Path(d)).evidence, DcpHandoffParams(dcp=2))
+
+
+def _dp_ranks(**edits) -> dict[int, list[Step]]:
+    ranks = {}
+    for world in range(4):
+        d, dp = world % 2, world // 2
+        steps = [_edit(s, rank=s.rank.model_copy(update={"world": world, "tp": world}))
+                 for s in _rank(d, prompt=5, decodes=3)]
+        ranks[world] = _dp_padded(steps, dp, other=3)
+    for world, (i, update) in edits.items():
+        ranks[int(world[1:])][i] = _edit(ranks[int(world[1:])][i], **update)
+    return ranks
+
+
+def test_attention_over_the_dp_padded_slice_is_the_whole_batch() -> None:
+    v = _check_dp(_dp_ranks())
+    assert v.status == "pass", v.reason
+    assert v.figures["steps_compared"] == 8 and "rank_steps_dp_buffer_unrecorded" not in v.figures
+    # a decode step's attention took 4 rows: not its DP rank's slice of 2 (1 row and 1 padding)
+    v = _check_dp(_dp_ranks(r0=(1, {"attn_rows": 4})))
+    assert v.status == "fail" and "rank 0 handed 4 rows of its batch's 1 to attention" in v.reason
+    # a slice of the right size whose real rows are not the batch's: split queries, not padding
+    bad = DpBuffer(tokens=[0, 3], padded=[2, 4], rows=6, mode="sum_len")
+    v = _check_dp(_dp_ranks(r0=(1, {"dp_buffer": bad, "ffn_rows": 6, "ffn_out_rows": 6,
+                                    "layer_rows": {"attn": [2, 2], "ffn": [6, 6]}})))
+    assert v.status == "fail" and "rank 0 handed 2 rows of its batch's 1 to attention" in v.reason
+
+
+def test_padding_without_a_recorded_dp_buffer_is_not_judged_not_failed() -> None:
+    # an archive from before decode steps carried the buffer: their extra rows cannot be told apart
+    ranks = _dp_ranks()
+    for steps in ranks.values():
+        steps[1:] = [_edit(s, dp_buffer=None) for s in steps[1:]]
+    v = _check_dp(ranks)
+    assert v.status == "pass", v.reason
+    assert v.figures["steps_compared"] == 2 and v.figures["rank_steps_dp_buffer_unrecorded"] == 12
+    assert "12 rank-step(s) under attention DP not judged" in v.reason
+    # without attention DP the same extra rows are split queries
+    r0 = _rank(0)
+    r0[1] = _edit(r0[1], attn_rows=2)
+    v = _check({0: r0, 1: _rank(1)})
+    assert v.status == "fail" and "rank 0 handed 2 rows of its batch's 1 to attention" in v.reason
+
+
 def test_a_prefix_written_by_an_earlier_request_counts_by_position() -> None:
     r0 = _rank(0, decodes=1)
     # a second request shares the first's 5-token prefix: its decode at position 5 reads rows 10-12

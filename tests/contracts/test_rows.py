@@ -6,7 +6,7 @@ from pathlib import Path
 
 from cptest.checks import check_loaded, load_archive
 from cptest.contracts import Expectation, RowsParams
-from cptest.evidence import Geometry, RequestResult, Step
+from cptest.evidence import DpBuffer, Geometry, RequestResult, Step
 from cptest.request_ids import scoring_rid
 from cptest.testing.archives import (
     dcp_steps,
@@ -95,6 +95,48 @@ def test_dcp_queries_split_over_ranks_fails(tmp_path: Path) -> None:
     r1 = list(dcp_steps(1, 2, PROMPTS, decode_steps=0))
     v = _dcp_archive(tmp_path, {0: r0, 1: r1})
     assert v.status == "fail" and "must not split queries" in v.reason
+
+
+def _dp_padded(steps, tokens_other: int = 3) -> list[Step]:
+    """DP rank 0's steps under attention DP 2 with attention TP 2: attention took the batch padded
+    to an even count (SGLang's alignment to the attention TP size before the forward)."""
+    out = []
+    for s in steps:
+        tokens = [s.rows_in, tokens_other]
+        padded = [n + n % 2 for n in tokens]
+        out.append(s.model_copy(update={
+            "attn_rows": padded[0],
+            "dp_buffer": DpBuffer(tokens=tokens, padded=padded, rows=sum(padded), mode="sum_len")}))
+    return out
+
+
+def _dp_archive(tmp_path: Path, rank_records: dict[int, list]):
+    geo = Geometry(rank=rank_id(0, dcp=2), sizes={"tp": 4, "dcp": 2, "attn_dp": 2, "attn_tp": 2},
+                   groups={"dcp": [0, 1]})
+    ranks = {w: [geo.model_copy(update={"rank": rank_id(w, dcp=2)}), *steps]
+             for w, steps in rank_records.items()}
+    return _dcp_archive(tmp_path, ranks)
+
+
+def test_dcp_queries_padded_by_attention_dp_are_not_split(tmp_path: Path) -> None:
+    prompts = {rid(0): 5, rid(1): 8}  # 13 rows in the extend: 14 with the padding, 2 a decode step
+    steps = {w: _dp_padded(dcp_steps(w, 2, prompts, decode_steps=2)) for w in (0, 1)}
+    assert {s.attn_rows - s.rows_in for s in steps[0]} == {1, 0}
+    v = _dp_archive(tmp_path / "a", steps)
+    assert v.status == "pass", v.reason
+    # one row beyond the DP rank's padded slice: split queries again
+    steps[0][0] = steps[0][0].model_copy(update={"attn_rows": steps[0][0].attn_rows + 2})
+    v = _dp_archive(tmp_path / "b", steps)
+    assert v.status == "fail" and "must not split queries" in v.reason
+
+
+def test_dcp_queries_padded_without_a_recorded_buffer_are_not_judged(tmp_path: Path) -> None:
+    steps = {w: [s.model_copy(update={"dp_buffer": None})
+                 for s in _dp_padded(dcp_steps(w, 2, {rid(0): 5}, decode_steps=2))] for w in (0, 1)}
+    v = _dp_archive(tmp_path, steps)
+    assert v.status == "pass", v.reason
+    assert v.figures["rank_steps_dp_buffer_unrecorded"] == 6  # the extend (5 + 1) and 2 decodes (1 + 1)
+    assert "queries not judged in 6 rank-step(s) under attention DP" in v.reason
 
 
 def test_missing_rank_evidence_is_unknown(tmp_path: Path) -> None:

@@ -164,8 +164,46 @@ def test_an_extend_under_attention_dp_records_the_buffer_sglang_sized(probe: Pro
     first, second, third = [r for r in _records(probe) if isinstance(r, Step)]
     assert first.dp_buffer is not None and first.ffn_rows == 12
     assert first.dp_buffer.model_dump() == {"tokens": [7, 3], "padded": [8, 4], "rows": 12, "mode": "sum_len"}
-    assert second.mode == "decode" and second.dp_buffer is None  # decode steps are not sized by the probe
+    # a decode step's attention and MLP rows hold the DP padding too: only the buffer tells it apart
+    assert second.mode == "decode" and second.dp_buffer == first.dp_buffer
     assert third.dp_buffer is None and "dp_buffer" not in third.model_dump_json()
+
+
+def _dp_padded_dcp_forward(dcp_rank: int, mlp: Layer) -> Any:
+    """Stands in for ModelRunner.forward under attention DP 2 and DCP 2: `prepare_mlp_sync_batch`
+    pads this DP rank's 7 rows to 8 with a dummy row after the real ones (positions and
+    out_cache_loc alike), the pool write and the first MLP run over the padded rows and the
+    buffer, and `post_forward_mlp_sync_batch` cuts the positions back to the real rows."""
+
+    def forward(runner: Runner, fb: Batch, *a: Any, **k: Any) -> Output:
+        fb.original_global_num_tokens_cpu = [7, 3]  # type: ignore[attr-defined]
+        fb.global_num_tokens_cpu = [8, 4]  # type: ignore[attr-defined]
+        fb.global_dp_buffer_len = 12  # type: ignore[attr-defined]
+        fb.dp_padding_mode = types.SimpleNamespace(name="SUM_LEN")  # type: ignore[attr-defined]
+        real = fb.positions
+        fb.positions = torch.cat([real, torch.zeros(1, dtype=real.dtype)])
+        mask = fb.positions % 2 == dcp_rank
+        loc = torch.cat([torch.arange(100, 107), torch.zeros(1, dtype=torch.long)])
+        k_rows = torch.zeros(8, 1, 4)
+        hooks.after_set_kv_buffer(None, object(), object(), loc, k_rows, k_rows, dcp_kv_mask=mask)
+        out = mlp(torch.ones(12, 8))
+        fb.positions = real
+        return Output(can_run_graph=False, logits=out)
+
+    return forward
+
+
+def test_a_kv_write_over_the_dp_padded_slice_is_recorded_for_the_real_rows(probe: Probe,
+                                                                          monkeypatch: MP) -> None:
+    mlp = _bound_with_mlp(monkeypatch, 1)
+    fb = Batch(Mode("EXTEND"), torch.arange(7), torch.tensor([0, 1, 2, 3, 4, 0, 1]), ["r0", "r1"], 2,
+               [5, 2], [0, 0])
+    hooks.around_model_runner_forward(_dp_padded_dcp_forward(1, mlp), Runner(), fb)
+    (s,) = [r for r in _records(probe) if isinstance(r, Step)]
+    assert s.rows_in == 7 and s.ffn_rows == 12 and s.dp_buffer is not None
+    # the dummy row (position 0, slot 0) is neither a write of r1 nor of r0
+    assert s.kv_written == {"r0": [(1, 2), (3, 4)], "r1": [(1, 2)]}
+    assert s.seq_positions == {"r0": [(0, 5)], "r1": [(0, 2)]}
 
 
 def test_sglangs_thread_does_not_wait_for_a_steps_device_copies(probe: Probe, monkeypatch: MP) -> None:
