@@ -91,3 +91,18 @@ def test_install_extras_runs_every_chunk_installer_and_answers_with_the_last(
 def test_install_extras_without_extras_in_the_set_says_so(tmp_path: Path) -> None:
     got = parts(tmp_path, tmp_path / "there", "install-extras")
     assert got.returncode == 1 and "no kernel extras" in got.stderr
+
+
+def test_a_folders_work_scratch_does_not_travel(tmp_path: Path) -> None:
+    here = tmp_path / "here"
+    (here / "extras" / "k1").mkdir(parents=True)
+    (here / "extras" / "k1" / "part").write_bytes(os.urandom(1 << 20))
+    (here / "extras" / ".work").mkdir()
+    (here / "extras" / ".work" / "unpacked.so").write_bytes(os.urandom(3 << 20))
+    made = parts(here, tmp_path / "there", "make", "--mib", "1", "extras")
+    assert made.returncode == 0 and "in 2 piece(s)" in made.stdout, made.stdout + made.stderr
+    for n in ("00", "01"):
+        got = parts(here, tmp_path / "there", "receive", f".device-parts/{n}")
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert (tmp_path / "there" / "tree" / "extras" / "k1" / "part").exists()
+    assert not (tmp_path / "there" / "tree" / "extras" / ".work").exists()
