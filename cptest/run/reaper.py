@@ -80,10 +80,12 @@ def tree_snapshot(session: int) -> dict[int, float]:
     return found
 
 
-def kill_all(session: int, known: dict[int, float]) -> None:
-    """SIGKILL the process group and each known pid that is still the same process."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(session, signal.SIGKILL)
+def kill_all(session: int, known: dict[int, float], *, group: bool = True) -> None:
+    """SIGKILL the process group (unless `group` is False: its id no longer names the engine's) and
+    each known pid that is still the same process."""
+    if group:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(session, signal.SIGKILL)
     for pid, created in known.items():
         if ident(pid) == created:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -95,6 +97,16 @@ def watch(cptest_pid: int, cptest_created: float, session: int, interval_s: floa
     """Watch until cptest is gone (then kill the tree) or the tree ended by itself. `lifeline`: a
     file descriptor whose end-of-file means cptest is gone; `ready` is called after the first
     snapshot."""
+    leader = ident(session)
+
+    def ours() -> bool:
+        # The kernel reuses a pid only once no process has it as its session or group id: a leader
+        # pid alive as another process means every process of the engine's session has ended, and
+        # the number now names someone else's session (a later run's engine, in a busy process
+        # table), which must not be snapshot or killed as the engine's.
+        now = ident(session)
+        return now is None or now == leader
+
     known: dict[int, float] = tree_snapshot(session)
     if ready is not None:
         ready()
@@ -102,18 +114,20 @@ def watch(cptest_pid: int, cptest_created: float, session: int, interval_s: floa
     tick = 1
     while True:
         if tick % rescan_every == 0:
-            snap = tree_snapshot(session)
+            snap = tree_snapshot(session) if ours() else {}
             known.update(snap)
             if not snap and not any(ident(p) == c for p, c in known.items()):
                 return 0  # the tree ended by itself
         tick += 1
         if _lifeline_closed(lifeline, interval_s) or ident(cptest_pid) != cptest_created:
             for _ in range(50):  # up to ~5 s: processes may fork while we kill
-                known.update(tree_snapshot(session))
+                group = ours()
+                if group:
+                    known.update(tree_snapshot(session))
                 alive = {p: c for p, c in known.items() if ident(p) == c}
                 if not alive:
                     break
-                kill_all(session, alive)
+                kill_all(session, alive, group=group)
                 time.sleep(0.1)
             return 0
         if lifeline is None:

@@ -14,6 +14,7 @@ import pytest
 
 from cptest.errors import RunError
 from cptest.plan.model import NodeLaunch
+from cptest.run import reaper
 from cptest.run.launcher import Launcher
 from cptest.run.process import ProcessLauncher, engine_env, live_handles, resolve_argv
 
@@ -166,3 +167,31 @@ def test_sigkill_of_the_parent_is_covered_by_the_reaper(tmp_path: Path, port: in
     parent.kill()
     parent.wait()
     wait_until(lambda: not alive(list(pids), pids), 15, "the reaper to kill the orphaned tree")
+
+
+def test_a_reaper_whose_session_id_was_reused_kills_nobody_of_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A busy process table (pid_max 32768 on CI) reuses a finished engine's session id for a later
+    # run's engine, itself a session leader. The first reaper then learns that cptest is gone (the
+    # lifeline closes when its run ends): the process that now holds the number is not its engine.
+    other = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        real = reaper.ident(other.pid)
+        assert real is not None
+        reused = {"now": False}
+        true_ident = reaper.ident
+
+        def ident(pid: int) -> float | None:
+            if pid == other.pid:  # the engine's leader while it ran, then the later run's process
+                return real if reused["now"] else real - 100.0
+            return None if pid == gone.pid else true_ident(pid)
+
+        monkeypatch.setattr(reaper, "ident", ident)
+        monkeypatch.setattr(reaper, "tree_snapshot", lambda session: {session: ident(session)})
+        assert reaper.watch(gone.pid, 1.0, other.pid, interval_s=0.05,
+                            ready=lambda: reused.update(now=True)) == 0
+        assert other.poll() is None, "the reaper killed a process of the session that reused its id"
+    finally:
+        other.kill()
+        other.wait()
