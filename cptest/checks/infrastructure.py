@@ -8,8 +8,9 @@ cause instead of the failures the missing run would produce (`checks.check_loade
 
 The signatures are the operating system's and Python's own texts, which SGLang and the reference
 engine print unchanged in the traceback that ends them: EADDRINUSE and ENOSPC as `strerror` gives
-them, a missing checkpoint file as `FileNotFoundError` or transformers' `does not appear to have
-a file named config.json` (AutoConfig, which the pinned SGLang release loads the model's config with).
+them (and SGLang's `<port name> at <port> is not available in <n> seconds`), a missing checkpoint
+file as `FileNotFoundError` or transformers' `does not appear to have a file named config.json`
+(AutoConfig, which the pinned SGLang release loads the model's config with).
 
 A package the install lacks (`package_missing`) counts only when Python's `ImportError` or
 `ModuleNotFoundError` is the last exception the log prints: SGLang logs import errors it ignores (a
@@ -27,7 +28,10 @@ from dataclasses import dataclass
 from cptest.evidence import Evidence
 
 SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("port_in_use", re.compile(r"Address already in use")),
+    # SGLang's own check before it binds a derived port (utils/network.py:74-94, wait_port_available):
+    # on one host, co-located nodes of an attention-DP server derive the same ports, and a node that
+    # checks after the first node bound them ends here.
+    ("port_in_use", re.compile(r"Address already in use|\b\w+ at \d+ is not available in \d+ seconds")),
     ("disk_full", re.compile(r"No space left on device")),
     ("model_missing", re.compile(r"No such file or directory: '[^']*(?:config\.json|\.safetensors|\.bin)'"
                                  r"|does not appear to have a file named config\.json")),

@@ -44,6 +44,16 @@ def test_a_port_taken_after_preflight_is_unknown_not_a_launch_failure_or_a_rejec
     assert got["run"][0] == "unknown" and "Address already in use" in got["run"][1]
 
 
+def test_sglangs_own_wait_for_a_busy_port_is_unknown(tmp_path: Path) -> None:
+    died = fake_server("main", free_port(), "--reject",
+                       "ValueError: port_base at 30051 is not available in 30 seconds. port_base is used by "
+                       "a process already.")
+    got = judged(with_expectations(make_plan(died), True), tmp_path)
+    assert got["_status"][0] == "unknown"
+    assert got["launch"][0] == "unknown" and "(port_in_use)" in got["launch"][1]
+    assert "port_base at 30051 is not available" in got["launch"][1]
+
+
 def test_an_engine_that_refuses_its_launch_for_its_own_reasons_still_fails(tmp_path: Path) -> None:
     refused = fake_server("main", free_port(), "--reject", "dcp does not support prefill cp")
     got = judged(with_expectations(make_plan(refused), True), tmp_path)
