@@ -75,6 +75,10 @@ class ColocatedLaunch:
     follower_ranks_ended: str | None = None
     """A regular expression of the log line a follower node (any but node 0) prints once its ranks
     have ended; None where the engine's follower does nothing after them."""
+    follower_ports_checked: str | None = None
+    """A regular expression of the log line a follower node prints once it has checked the ports that
+    node 0 then binds on the same host: node 0 starts after every follower printed it (None: all
+    nodes start at once)."""
 
 
 class Engine(Protocol):

@@ -36,6 +36,7 @@ record, teardown of everything, then KeyboardInterrupt (Ctrl-C) or RunError exit
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import threading
 import time
@@ -48,7 +49,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from cptest.engines import engine_for
-from cptest.errors import RunError
+from cptest.errors import PlanError, RunError
 from cptest.evidence import Lifecycle, ProbeNote, RequestResult, ServerInfo, read_records
 from cptest.outline import JsonLinesSink, Logger
 from cptest.plan.model import Plan, ServerPlan
@@ -317,7 +318,13 @@ def _run_server(sup: Supervisor, plan: Plan, server: ServerPlan, writer: RecordW
         gpu_before = sup.sample("before", role, writer, host=True)
         owned: list[Owned] = []
         with log.step(f"launching {role} server"):
-            for node in sorted(server.nodes, key=lambda n: n.node_rank):
+            gate = _ports_checked(server)
+            nodes = sorted(server.nodes, key=lambda n: n.node_rank)
+            if gate is not None:
+                nodes = nodes[1:] + nodes[:1]  # node 0 last: it binds the ports the followers check
+            for node in nodes:
+                if gate is not None and node.node_rank == 0 and owned:
+                    _await_followers(owned, gate, log)
                 env = dict(node.env)
                 if server.probe:
                     env["CPTEST_PROBE_DIR"] = str(probe_dir)
@@ -326,6 +333,7 @@ def _run_server(sup: Supervisor, plan: Plan, server: ServerPlan, writer: RecordW
                           "cptest.run": layout.root.name, **opts.labels}
                 owned.append(sup.start(launch, layout.log(role, node.node_rank),
                                        labels, role, writer))
+            owned.sort(key=lambda o: o.handle.node.node_rank)
         _wait_ready(sup, server, owned, writer, out, opts, log)
         if out.ready:
             _record_server_info(server, writer, opts)
@@ -383,6 +391,47 @@ def _describe_pids(pids: list[int]) -> str:
 
     return ", ".join(f"pid {p['pid']} ({p['title'][:80] or p['name']})" for p in describe_processes(pids)) \
         or ", ".join(f"pid {p}" for p in pids)
+
+
+FOLLOWERS_CHECKED_S = 120.0
+"""How long a co-located node 0 waits for its followers' port check (`_await_followers`) before it
+starts anyway; SGLang's followers print it seconds after they start."""
+
+
+def _ports_checked(server: ServerPlan) -> re.Pattern[str] | None:
+    """The engine's line for "this follower has checked its derived ports", for a co-located server
+    of several nodes; None otherwise (every node then starts at once, in node order)."""
+    if not server.colocated or len(server.nodes) < 2:
+        return None
+    try:
+        line = engine_for(server.engine, server.release).colocated().follower_ports_checked
+    except PlanError:
+        return None
+    return re.compile(line) if line else None
+
+
+def _await_followers(followers: list[Owned], line: re.Pattern[str], log: Logger,
+                     limit_s: float = FOLLOWERS_CHECKED_S) -> None:
+    """Wait until every started follower's log has `line` or the follower has ended (its launch
+    then fails and is reported as such), at most `limit_s`. On one host the nodes of an attention-DP
+    SGLang server derive the same TCP ports from the rendezvous port; node 0 binds them, and a
+    follower that checks them after that gives up (SGLang's `wait_port_available`)."""
+    t0 = time.monotonic()
+    waiting = list(followers)
+    while waiting and time.monotonic() - t0 < limit_s:
+        waiting = [o for o in waiting if o.handle.poll() is None and not _log_has(o.handle.log_path, line)]
+        if waiting:
+            time.sleep(0.2)
+    if waiting:
+        log.warning(f"node(s) {[o.handle.node.node_rank for o in waiting]} did not print "
+                    f"{line.pattern!r} within {limit_s:.0f} s; node 0 starts anyway")
+
+
+def _log_has(path: Path, line: re.Pattern[str]) -> bool:
+    try:
+        return line.search(path.read_text(errors="replace")) is not None
+    except OSError:
+        return False
 
 
 def _wait_ready(sup: Supervisor, server: ServerPlan, owned: list[Owned], writer: RecordWriter,

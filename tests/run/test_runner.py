@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from cptest.errors import RunError
 from cptest.evidence import Lifecycle, ProbeNote, ProcessSample, RequestResult, ServerInfo, read_records
 from cptest.outline import Logger, TerminalSink
-from cptest.plan.model import FaultPlan, Plan
+from cptest.plan.model import Colocation, FaultPlan, Plan, ServerPlan
 from cptest.run import runner
 from cptest.run.process import Interrupted, ProcessLauncher
 from cptest.run.runner import RunOptions, run_plan
@@ -202,3 +204,36 @@ def test_the_engine_env_carries_the_probe_dir_only_when_the_plan_probes(tmp_path
     plan = make_plan(fake_server("main", free_port(), probe=False), reqs=requests(1))
     run(plan, tmp_path)
     assert not (tmp_path / "archive" / "evidence" / "main" / "rank0.jsonl").exists()
+
+
+def _colocated(server: ServerPlan, follower_argv: list[str]) -> ServerPlan:
+    """`server` with a co-located follower node 1 running `follower_argv`."""
+    follower = server.nodes[0].model_copy(update={"node_rank": 1, "argv": follower_argv,
+                                                  "port": server.nodes[0].port + 1})
+    colocation = Colocation(rank_gpus=[0, 0], ranks_per_gpu=2, transport="sockets", env={},
+                            node_env=[{}, {}], flags=[], mem_fraction=None, mem_fraction_basis="none")
+    return server.model_copy(update={"nodes": [server.nodes[0], follower], "colocation": colocation})
+
+
+def test_a_colocated_node_0_starts_after_its_followers_checked_their_ports(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On one host node 0 binds the ports an attention-DP follower checks: the follower goes first.
+    monkeypatch.setattr(runner, "_ports_checked", lambda server: re.compile(r"ports checked"))
+    follower = [sys.executable, "-c", "import time; time.sleep(1.5); print('ports checked', flush=True); "
+                "time.sleep(600)"]
+    plan = make_plan(_colocated(fake_server("main", free_port()), follower), n=2)
+    outcome, archive, _ = run(plan, tmp_path)
+    launched = [e for e in events(archive) if e.event == "launched"]
+    assert [e.detail["node"] for e in launched] == [1, 0]
+    assert launched[1].t - launched[0].t >= 1.4  # node 0 waited for the follower's line
+    assert outcome.main.ready and outcome.main.workload.completed == 2
+    assert alive(every_pid(archive)) == []
+
+
+def test_sglangs_colocated_servers_gate_node_0_on_the_followers_port_check() -> None:
+    server = _colocated(fake_server("main", 30000), ["python3"]).model_copy(
+        update={"engine": "sglang", "release": "0.5.17"})
+    line = runner._ports_checked(server)
+    assert line is not None and line.search("[2026-12-05 04:23:31] server_args=ServerArgs(model_path='m')")
+    assert runner._ports_checked(server.model_copy(update={"colocation": None})) is None
+    assert runner._ports_checked(server.model_copy(update={"engine": "reference", "release": "fake"})) is None

@@ -63,7 +63,8 @@ class SGLangEngine:
     def colocated(self) -> ColocatedLaunch:
         return ColocatedLaunch(env=dict(self.table.colocation_env), host_id_var=COLOCATION_HOST_ID_VAR,
                                flags=self.table.colocation_flags, transport=COLOCATION_TRANSPORT,
-                               takes_mem_fraction=True, follower_ranks_ended=self.table.follower_ranks_ended)
+                               takes_mem_fraction=True, follower_ranks_ended=self.table.follower_ranks_ended,
+                               follower_ports_checked=self.table.follower_ports_checked)
 
     def argv(self, launch: ServerLaunch, node_rank: int, nodes: int) -> list[str]:
         serve = launch.serve

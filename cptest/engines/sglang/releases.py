@@ -77,6 +77,10 @@ class Release:
     follower_ranks_ended: str | None = None
     """A regular expression of the line a node other than 0 prints when its scheduler process has
     ended: what follows in its log is its launcher's, after its ranks (docs/placement.md)."""
+    follower_ports_checked: str | None = None
+    """A regular expression of the line a node other than 0 prints once it has checked the ports it
+    derives from the rendezvous address; co-located, node 0 starts after every follower printed it
+    (docs/placement.md)."""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @functools.cached_property
@@ -300,6 +304,10 @@ RELEASE_0_5_17 = Release(
     # into http_server.launch_server with no tokenizer manager and logs an AttributeError traceback
     # from the app's lifespan (seen on every co-located follower at shutdown).
     follower_ranks_ended=r"Scheduler or DataParallelController \d+ terminated with -?\d+",
+    # entrypoints/engine.py:1057-1059: logged right after PortArgs.init_new, which under attention DP
+    # waits for the TCP ports derived from the rendezvous port to be free (server_args.py:9522-9525)
+    # and gives up after 30 s; node 0 binds them, so on one host a follower must check first.
+    follower_ports_checked=r"server_args=ServerArgs\(",
     # entrypoints/http_server.py:863; /get_server_info is its deprecated alias.
     server_info_paths=("/server_info", "/get_server_info"),
     safety=POLICY_0_5_17,
@@ -417,6 +425,7 @@ RELEASE_0_5_23 = Release(
     colocation_env=COLOCATION_ENV,
     colocation_flags=RELEASE_0_5_17.colocation_flags,
     follower_ranks_ended=RELEASE_0_5_17.follower_ranks_ended,
+    follower_ports_checked=RELEASE_0_5_17.follower_ports_checked,
     server_info_paths=RELEASE_0_5_17.server_info_paths,
     safety=POLICY_0_5_23,
 )
