@@ -1,4 +1,4 @@
-# Rule pcp_cp_v1_interleave_zigzag (SGLang 0.5.17, silent, inferred; models/qwen3_moe.py:989-997,
+# Rule pcp_cp_v1_interleave_zigzag (SGLang 0.5.17, silent, observed; models/qwen3_moe.py:989-997,
 # layers/utils/cp_utils.py:470-673): with SGLANG_ENABLE_CP_V2 off, Qwen3-MoE splits prefill rows on
 # its own CP-v1 path, whose metadata, prepare_context_parallel_metadata, has one layout outside DSA's
 # round robin: zigzag. ServerArgs accepts --cp-strategy interleave here (CP v2's switch and the
@@ -12,6 +12,7 @@
 # - untested: nothing is split (pcp rows unknown). `rows split` then fails as a silent fallback,
 #   which is why it shows the run but does not judge the rule: it fails on either defect.
 # Generation is expected to hold against TP2: zigzag is a correct split, only not the one asked for.
+# Confirmed on one H200 with co-located ranks: results/pcp_cp_v1_interleave_zigzag/20261205T042659Z-ffc6ee5a.
 cptest 1
 scenario pcp_cp_v1_interleave_zigzag {
   description "PCP2 interleave on TP2 with CP v2 off, tiny Qwen3-MoE with 1 KV head, fa3 (expected: rows split zigzag)"

@@ -159,9 +159,12 @@ RULES_0_5_17: dict[str, Rule] = {
         "models/qwen3_moe.py:989-997; layers/utils/cp_utils.py:470-673",
         note="with SGLANG_ENABLE_CP_V2 off, Qwen3-MoE and DeepSeek V2/V3 without an indexer split prefill "
         "rows on their own CP-v1 path, whose metadata (prepare_context_parallel_metadata) is the zigzag "
-        "layout whatever --cp-strategy says: interleave is accepted and rows are split zigzag (inferred; "
-        "the metadata runs on the CPU in tests/sglang_src/test_topology_differential.py, the forward "
-        "needs a GPU run)",
+        "layout whatever --cp-strategy says: interleave is accepted and rows are split zigzag (the "
+        "metadata runs on the CPU in tests/sglang_src/test_topology_differential.py). Observed on one "
+        "H200 with co-located ranks (Qwen3-MoE, tp 2, attn_cp 2, fa3): every split step's shards were "
+        "zigzag's: results/pcp_cp_v1_interleave_zigzag/20261205T042659Z-ffc6ee5a.",
+        provenance="observed",
+        evidence="results/pcp_cp_v1_interleave_zigzag/20261205T042659Z-ffc6ee5a",
     ),
     "interleave_no_attention": Rule(
         "interleave_no_attention",
