@@ -29,7 +29,9 @@ Requests (`op` and its fields):
 - `dp_buffer` {model_path, tp, dp, attn_cp, strategy, dp_rank, tokens, extend}: the attention-DP
   buffer one DP rank's forward batch sizes, through `ForwardBatch.prepare_mlp_sync_batch`
   (`model_executor/forward_batch_info.py:1229-1311`) on a batch of `tokens[dp_rank]` rows, with
-  `tokens` as the DP ranks exchanged them; answers the four fields the probe reads.
+  `tokens` as the DP ranks exchanged them; answers the four fields the probe reads, the rows the
+  forward runs, its padded positions and `out_cache_loc`, and the positions once
+  `post_forward_mlp_sync_batch` cut them back.
 
 What is not SGLang's own, and why:
 - torchvision's two op schemas (`_define_torchvision_ops`): PyPI's torchvision links libtorch_cuda,
@@ -383,12 +385,17 @@ def _dp_buffer_sized(req: dict[str, Any]) -> dict[str, Any]:
         with get_parallel().override(attn_tp_size=tp // (dp * cp), attn_dp_rank=dp_rank, attn_dp_size=dp,
                                      attn_cp_size=cp):
             fb.prepare_mlp_sync_batch(runner)
+            padded = {"positions": fb.positions.tolist(), "out_cache_loc": fb.out_cache_loc.tolist()}
+            rows = int(fb.input_ids.shape[0])
+            fb.post_forward_mlp_sync_batch(SimpleNamespace(next_token_logits=torch.zeros(rows, 4),
+                                                           hidden_states=None))
     finally:
         torch.tensor, dp_attention._ATTN_DP_SIZE = tensor, saved_dp
     return {"ok": True, "original_global_num_tokens_cpu": list(fb.original_global_num_tokens_cpu),
             "global_num_tokens_cpu": [int(x) for x in fb.global_num_tokens_cpu],
             "global_dp_buffer_len": int(fb.global_dp_buffer_len), "dp_padding_mode": fb.dp_padding_mode.name,
-            "rows": int(fb.input_ids.shape[0])}
+            "rows": rows, "padded_positions": padded["positions"],
+            "padded_out_cache_loc": padded["out_cache_loc"], "positions_after": fb.positions.tolist()}
 
 
 def version(_req: dict[str, Any]) -> dict[str, Any]:

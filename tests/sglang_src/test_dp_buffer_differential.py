@@ -20,9 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cptest.contracts.groups import attention_batch_rows
 from cptest.contracts.pcp_rows import PcpRowsParams, _dp_buffer, _Tally
 from cptest.evidence import RankId, Step
-from cptest.probe.records import dp_buffer
+from cptest.probe.records import StepDraft, _drop_dp_padding, dp_buffer
 from tests.sglang_src.conftest import COMPARED, DIFFERENTIAL, SGLangDriver
 
 COUNT = COMPARED[__name__]
@@ -72,6 +73,19 @@ def test_every_buffer_sglang_sizes_reads_back_and_passes_pcp_rows(
     assert t.findings == [], (case, answer)
     # the batch as this rank's forward ran it: SGLang pads the rank's inputs to its slice
     assert own == answer["rows"]
+    # attention over that padded slice is the whole batch (dcp handoff, rows kv_owner) ...
+    n = case["tokens"][case["dp_rank"]]
+    assert attention_batch_rows(step, answer["rows"])[0] == n
+    assert attention_batch_rows(step, answer["rows"] + 1)[0] != n
+    # ... its dummy rows come after the real ones, and the positions the probe reads at the
+    # forward's end are cut back to the real ones: what `_drop_dp_padding` cuts the KV write to
+    assert answer["padded_positions"][:n] == list(range(n)) == answer["positions_after"]
+    assert answer["padded_out_cache_loc"][:n] == list(range(n))
+    draft = StepDraft(step=1, mode="extend", rids=["r"], batch_size=1, rows_in=n, kv_rows=answer["rows"],
+                      kv_mask=[True] * answer["rows"], kv_slots=answer["padded_out_cache_loc"],
+                      dp_buffer=buffer)
+    _drop_dp_padding(draft, n, case["dp_rank"])
+    assert (draft.kv_rows, len(draft.kv_mask or ()), draft.kv_slots) == (n, n, list(range(n)))
     COUNT[f"{case['family']} {'extend' if case['extend'] else 'decode'} {buffer.mode}"] += 1
 
 
