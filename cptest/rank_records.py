@@ -342,6 +342,12 @@ class Graph(_Record):
     count: int = 1
 
 
+KV_WRITE_UNMAPPED = "kv_written left empty"
+"""The end of the note the probe writes, once per kind, when a step's KV write was not seen or did not
+fit the step's rows: on that rank, a request absent from a step's `kv_written` was not observed
+(a mapped write names every request, with an empty list where this rank stored none)."""
+
+
 class ProbeNote(_Record):
     """Something the probe could not observe or an error inside it (never raised into the engine)."""
 

@@ -48,6 +48,7 @@ from cptest.contracts.groups import (
     zigzag_blocks,
 )
 from cptest.evidence import Evidence, RoleEvidence, ranges_len, ranges_merge
+from cptest.rank_records import KV_WRITE_UNMAPPED
 from cptest.request_ids import count_by_origin, origin_note, workload_index
 from cptest.topology import CP_STRATEGIES
 from cptest.values import Ident, describe
@@ -212,11 +213,13 @@ def _dcp_owner(ev: RoleEvidence, dcp: int, inter: int) -> Verdict:
         # the graph, unobserved. Every rank of the group computes every query row under DCP,
         # so the union over the group is the set of positions no write of which could be seen.
         replayed: dict[str, list[tuple[int, int]]] = defaultdict(list)
-        # Positions of an eager step whose write the probe saw but could not map onto its rows (the
-        # request is absent from `kv_written`; a probe note says why): unobserved as well, where no
-        # rank of the group was seen writing them.
+        # Positions of an eager step whose write the probe saw but could not map onto its rows (on a
+        # rank whose notes say so, the request is absent from `kv_written`): unobserved as well,
+        # where no rank of the group was seen writing them. Elsewhere an absent request is a write
+        # of nothing (the reference engine leaves empty ones out), and a position nobody wrote a hole.
         unmapped: dict[str, list[tuple[int, int]]] = defaultdict(list)
         for d, world in enumerate(group):
+            unmappable = any(n.message.endswith(KV_WRITE_UNMAPPED) for n in ev.ranks[world].notes)
             for step in ev.ranks[world].steps:
                 if step.graph_rows is not None:
                     if d == 0:
@@ -239,7 +242,7 @@ def _dcp_owner(ev: RoleEvidence, dcp: int, inter: int) -> Verdict:
                             "step": step.step,
                         }
                     )
-                missed = [rid for rid in step.seq_positions if rid not in step.kv_written]
+                missed = [r for r in step.seq_positions if r not in step.kv_written] if unmappable else []
                 if missed and step.mode in ("extend", "mixed", "decode"):
                     write_unseen_steps += 1
                     for rid in missed:

@@ -31,7 +31,7 @@ from cptest.evidence import (
     ranges_merge,
     slot_runs_from,
 )
-from cptest.rank_records import DpBuffer, LayerPart
+from cptest.rank_records import KV_WRITE_UNMAPPED, DpBuffer, LayerPart
 
 StepMode = Literal["extend", "decode", "mixed", "idle", "other"]
 
@@ -589,7 +589,7 @@ def kv_source_of(mode: StepMode, step: int, graph_rows: int | None, kv_rows: int
         return None, None  # a replay: the write ran inside the graph, unobserved (not missing: no note)
     if kv_rows is None:
         if mode in ("extend", "decode", "mixed"):
-            return None, f"step {step}: no KV write seen; kv_written left empty"
+            return None, f"step {step}: no KV write seen; {KV_WRITE_UNMAPPED}"
         return None, None
     if mask_len is not None and mask_len == n_rows:
         return "mask", None
@@ -597,7 +597,7 @@ def kv_source_of(mode: StepMode, step: int, graph_rows: int | None, kv_rows: int
         return "all", None
     return None, (f"step {step}: KV write of {kv_rows} rows "
                   f"(mask {'of ' + str(mask_len) if mask_len is not None else 'none'}) "
-                  f"does not match the batch's {n_rows} rows; kv_written left empty")
+                  f"does not match the batch's {n_rows} rows; {KV_WRITE_UNMAPPED}")
 
 
 class RidText:

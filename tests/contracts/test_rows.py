@@ -6,7 +6,7 @@ from pathlib import Path
 
 from cptest.checks import check_loaded, load_archive
 from cptest.contracts import Expectation, RowsParams
-from cptest.evidence import DpBuffer, Geometry, RequestResult, Step
+from cptest.evidence import DpBuffer, Geometry, ProbeNote, RequestResult, Step
 from cptest.request_ids import scoring_rid
 from cptest.testing.archives import (
     dcp_steps,
@@ -67,6 +67,22 @@ def test_dcp_position_written_by_no_rank_fails_as_a_hole(tmp_path: Path) -> None
     v = _dcp_archive(tmp_path, {0: r0, 1: r1})
     assert (v.status, v.figures["first"]["position"]) == ("fail", 3)
     assert "[3, 4) written by no rank" in v.reason
+
+
+def test_a_write_the_probe_could_not_map_is_unobserved_only_where_its_note_says_so(tmp_path: Path) -> None:
+    r0 = list(dcp_steps(0, 2, {rid(0): 8}, decode_steps=0))
+    # rank 1's extend names no write for the request: on SGLang's probe, a write it could not map
+    r1 = [s.model_copy(update={"kv_written": {}, "seq_positions": {rid(0): [(0, 8)]}})
+          for s in dcp_steps(1, 2, {rid(0): 8}, decode_steps=0)]
+    v = _dcp_archive(tmp_path / "a", {0: r0, 1: r1})
+    assert v.status == "fail" and "[1, 2) written by no rank" in v.reason  # no note: a hole
+    note = ProbeNote(rank=rank_id(1, dcp=2), level="warning",
+                     message="step 0: KV write of 9 rows (mask of 9) does not match the batch's 8 rows; "
+                     "kv_written left empty")
+    v = _dcp_archive(tmp_path / "b", {0: r0, 1: [note, *r1]})
+    assert v.status == "unknown", v.reason
+    assert "4 more position(s) in 1 rank-step(s) were not seen written" in v.reason
+    assert v.figures["positions_write_unmapped"] == 4
 
 
 def test_dcp_hole_with_truncated_rank_evidence_is_unknown(tmp_path: Path) -> None:
