@@ -21,7 +21,9 @@
 # FIDELITY_DEADLINE_S and CONTROL_DEADLINE_S (paired: start no pair of rounds after this many
 # seconds of that fidelity.py),
 # GRAPHS_P0=1 (p0 runs with decode CUDA graphs, SGLang's default, instead of eager: the probe's
-# cost under replay next to p1's eager), GRAPHS_P1=1 (the same for p1: two servers under replay).
+# cost under replay next to p1's eager), GRAPHS_P1=1 (the same for p1: two servers under replay),
+# P0_ENV / P1_ENV (more VAR=value words for that probed server, e.g. P1_ENV=CPTEST_PROBE_READ_EVERY=0:
+# two servers that differ in one probe knob, each measured against itself in its windows).
 # On a 1-GPU machine all three servers share GPU 0.
 # Run it as `COMMIT=<the commit, from here> bash tools/device/measure.sh`: the machine's copy of .git
 # may be stale, so its own `git rev-parse` named an older commit in the first three runs' manifests.
@@ -69,6 +71,10 @@ launch() {  # name gpu port cpuset model probe(0/1) [extra args...]
   if [ "$probe" = 1 ]; then
     mkdir -p "$WORK/probe-$name"
     envs+=(CPTEST_PROBE_DIR="$WORK/probe-$name" CPTEST_PROBE_SWITCH="$WORK/switch-$name" SGLANG_LOG_MS=1)
+    local knobs_var="${name^^}_ENV" knobs=()
+    read -r -a knobs <<< "${!knobs_var:-}"
+    envs+=("${knobs[@]}")
+    [ ${#knobs[@]} -eq 0 ] || say "$name: probe knobs ${knobs[*]}"
     extra+=(--forward-hooks "$HOOKS")
   fi
   env "${envs[@]}" setsid python3 -c 'import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")}); os.execvp(sys.argv[2], sys.argv[2:])' \
