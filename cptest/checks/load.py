@@ -104,13 +104,10 @@ def _follower_ranks_ended(server: ServerPlan) -> str | None:
     release cptest has no table of: its logs are then judged whole)."""
     if not server.colocated:
         return None
-    from cptest.engines import engine_for
-    from cptest.errors import PlanError
+    from cptest.engines import colocated_launch
 
-    try:
-        return engine_for(server.engine, server.release).colocated().follower_ranks_ended
-    except PlanError:
-        return None
+    recipe = colocated_launch(server.engine, server.release)
+    return recipe.follower_ranks_ended if recipe is not None else None
 
 
 def split_follower_log(text: str, ended: str) -> tuple[str, int]:

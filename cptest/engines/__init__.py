@@ -6,10 +6,11 @@ plan asks the engine it gets for argv, process titles and the facts contracts ar
 
 from __future__ import annotations
 
-from cptest.engines.protocol import Engine, ServerLaunch
+from cptest.engines.protocol import ColocatedLaunch, Engine, ServerLaunch
 from cptest.engines.reference import ReferenceEngine
 from cptest.engines.sglang.engine import SGLangEngine
 from cptest.engines.sglang.releases import get_release
+from cptest.errors import PlanError
 
 
 def engine_for(kind: str, release: str) -> Engine:
@@ -20,4 +21,13 @@ def engine_for(kind: str, release: str) -> Engine:
     return SGLangEngine(get_release(release))
 
 
-__all__ = ["Engine", "ServerLaunch", "engine_for"]
+def colocated_launch(kind: str, release: str) -> ColocatedLaunch | None:
+    """What the engine needs to co-locate ranks (`Engine.colocated`), or None for an SGLang release
+    cptest has no table of: a run or an archive of such a release goes on without the engine's lines."""
+    try:
+        return engine_for(kind, release).colocated()
+    except PlanError:
+        return None
+
+
+__all__ = ["ColocatedLaunch", "Engine", "ServerLaunch", "colocated_launch", "engine_for"]

@@ -48,8 +48,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from cptest.engines import engine_for
-from cptest.errors import PlanError, RunError
+from cptest.engines import colocated_launch, engine_for
+from cptest.errors import RunError
 from cptest.evidence import Lifecycle, ProbeNote, RequestResult, ServerInfo, read_records
 from cptest.outline import JsonLinesSink, Logger
 from cptest.plan.model import Plan, ServerPlan
@@ -403,10 +403,8 @@ def _ports_checked(server: ServerPlan) -> re.Pattern[str] | None:
     of several nodes; None otherwise (every node then starts at once, in node order)."""
     if not server.colocated or len(server.nodes) < 2:
         return None
-    try:
-        line = engine_for(server.engine, server.release).colocated().follower_ports_checked
-    except PlanError:
-        return None
+    recipe = colocated_launch(server.engine, server.release)
+    line = recipe.follower_ports_checked if recipe is not None else None
     return re.compile(line) if line else None
 
 
