@@ -48,6 +48,7 @@ from cptest.record_base import (
     ranges_iter,
     ranges_len,
     ranges_merge,
+    ranges_minus,
     slot_pairs,
     slot_runs_from,
 )
@@ -57,7 +58,7 @@ __all__ = [
     "SCHEMA_VERSION", "Capacity", "DpBuffer", "Evidence", "Geometry", "Graph", "KvPool", "PoolSample",
     "ProbeNote", "RankEvidence", "RankId", "Ranges", "Record", "RequestResult", "RoleEvidence", "RunRole",
     "RunnerEvidence", "Step", "StepBlock", "dump_record", "parse_record", "ranges_from", "ranges_iter",
-    "ranges_len", "ranges_merge", "read_records", "SlotRuns", "slot_pairs", "slot_runs_from",
+    "ranges_len", "ranges_merge", "ranges_minus", "read_records", "SlotRuns", "slot_pairs", "slot_runs_from",
 ]  # fmt: skip
 """The records and helpers other modules import from here, wherever they are defined."""
 

@@ -80,6 +80,23 @@ def ranges_iter(ranges: Iterable[tuple[int, int]]) -> Iterator[int]:
         yield from range(a, b)
 
 
+def ranges_minus(ranges: Ranges, taken: Ranges) -> Ranges:
+    """The parts of merged `ranges` outside merged `taken`."""
+    out: Ranges = []
+    for lo, hi in ranges:
+        for a, b in taken:
+            if b <= lo or a >= hi:
+                continue
+            if a > lo:
+                out.append((lo, a))
+            lo = max(lo, b)
+            if lo >= hi:
+                break
+        if lo < hi:
+            out.append((lo, hi))
+    return out
+
+
 SlotRuns = list[tuple[int, int, int]]
 """`[start, end, slot]` runs over a set of positions (a step's `kv_written` of one request): the
 positions of the set in `[start, end)`, in order, are held by rows `slot, slot + 1, ...`. Over the

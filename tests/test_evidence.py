@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cptest.errors import EvidenceError
-from cptest.evidence import Step, parse_record, read_records, slot_pairs
+from cptest.evidence import Step, parse_record, ranges_minus, read_records, slot_pairs
 
 BASE = {"v": 1, "kind": "step", "rank": {"world": 1}, "step": 4, "mode": "decode", "batch_size": 3,
         "rows_in": 3}
@@ -132,3 +132,9 @@ def test_a_step_without_the_v6_fields_is_written_as_before_and_with_them_reads_b
                                  "ffn_seq_positions": {"a": [(0, 4)]}})
     assert parse_record(new.model_dump_json()) == new
     assert slot_pairs(new.kv_slots["a"], new.kv_written["a"]) == [(3, 17)]
+
+
+def test_ranges_minus_keeps_what_the_taken_ranges_leave() -> None:
+    assert ranges_minus([(0, 10), (20, 30)], [(2, 4), (8, 22), (29, 40)]) == [(0, 2), (4, 8), (22, 29)]
+    assert ranges_minus([(0, 5)], []) == [(0, 5)]
+    assert ranges_minus([(0, 5)], [(0, 5)]) == []

@@ -47,7 +47,7 @@ from cptest.contracts.groups import (
     steps_by_number,
     zigzag_blocks,
 )
-from cptest.evidence import Evidence, RoleEvidence, ranges_len, ranges_merge
+from cptest.evidence import Evidence, RoleEvidence, ranges_len, ranges_merge, ranges_minus
 from cptest.rank_records import KV_WRITE_UNMAPPED
 from cptest.request_ids import count_by_origin, origin_note, workload_index
 from cptest.topology import CP_STRATEGIES
@@ -269,7 +269,8 @@ def _dcp_owner(ev: RoleEvidence, dcp: int, inter: int) -> Verdict:
         in_replays = {rid: ranges_merge(r) for rid, r in replayed.items()}
         unseen = dict(in_replays)
         for rid, rngs in unmapped.items():
-            missing = _minus(ranges_merge(rngs), ranges_merge((a, b) for a, b, _ in written.get(rid, ())))
+            seen_written = ranges_merge((a, b) for a, b, _ in written.get(rid, ()))
+            missing = ranges_minus(ranges_merge(rngs), seen_written)
             write_unseen_total += ranges_len(missing)
             unseen[rid] = ranges_merge([*unseen.get(rid, []), *missing])
         for rid in unseen.keys() - written.keys():
@@ -371,23 +372,6 @@ def _dcp_owner(ev: RoleEvidence, dcp: int, inter: int) -> Verdict:
             **verdict.figures,
         )
     return verdict
-
-
-def _minus(ranges: list[tuple[int, int]], taken: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The parts of merged `ranges` outside merged `taken`."""
-    out: list[tuple[int, int]] = []
-    for lo, hi in ranges:
-        for a, b in taken:
-            if b <= lo or a >= hi:
-                continue
-            if a > lo:
-                out.append((lo, a))
-            lo = max(lo, b)
-            if lo >= hi:
-                break
-        if lo < hi:
-            out.append((lo, hi))
-    return out
 
 
 def _past_unobserved(end: int, upto: int | None, gaps: list[tuple[int, int]]) -> int:
