@@ -26,9 +26,8 @@ Printed, per step of a `--batch`-request decode batch over `--layers` layers:
   tokens change every step, as a decode's do; the unhooked step changes the same figures;
 - parts: a second hooked run with the probe's `cost` timing on (`Probe.timing`, what the GPU
   machine's `cost` notes report): ready / begin / end / send per step, steps over steps.SLOW_NS,
-  the pool hook's own time, and the CPU time of the engine's thread and of the others (the writer,
-  whose rounds the cost notes now count apart: `writer_ns`). Work the writer does still takes the
-  GIL: judge a change by the engine thread's wall time and both threads' CPU, not by the parts.
+  the pool hook's own time, the chores', and the CPU time of the engine's thread and of the others
+  (the probe's watchdog, which acts only when the engine stalls: `watchdog_ns`).
 
 - with `--graphs`, each step is a decode CUDA-graph replay as the probe sees one (D58): no KV
   write or forward hook fires, the output says `can_run_graph` and the runner the padded size;
@@ -37,16 +36,20 @@ Printed, per step of a `--batch`-request decode batch over `--layers` layers:
   own work, a fixed amount of it: Python holding the GIL, letting go of it for a C call every
   ~50 us (`engine_work`). The probe's code then runs as in SGLang, once a step after other work,
   and costs several times what it costs back to back (D69: 1.67 ms models a decode-graph step of
-  the H200 measurements, 4.4 ms an eager one); and a writer thread that takes the GIL lengthens
-  the engine's steps instead of hiding in a spin that waits for a time.
-- with `--inline STEPS`, no writer thread runs: its round (sends, polls, finishing what arrived,
-  the lines' write) runs on the benchmark's thread every STEPS steps (12: 20 ms of 1.67 ms steps)
-  and is timed apart, so every part of the probe's CPU work adds up on one thread, without GIL
-  hand-overs; `--finish-on engine|writer` says which thread finishes the batches' records
-  (`Probe.writer_finishes`, D69).
+  the H200 measurements, 4.4 ms an eager one); and any other thread that takes the GIL (a probe
+  thread with work, `--gil-thread`) lengthens the engine's steps instead of hiding in a spin that
+  waits for a time.
+- with `--gil-thread US`, a thread beside the engine's does US microseconds of Python every
+  20 ms, as the probe's writer thread did before D114 (its rounds: sends, polls, finishing): what
+  such a thread costs a GIL-bound engine, against the same work done on the engine's thread.
+- `--blocks K` runs the unhooked and hooked steps in K alternating pairs of blocks and prints the
+  engine thread's cost with a 95 % bootstrap interval over the pairs (this host's drift and
+  noise are of the size of the probe's cost; one run of each says little); `--control` also runs
+  the unhooked step against itself in as many pairs, the floor of the method on this host.
 
     python benchmarks/probe_step.py [--steps N] [--batch B] [--layers L] [--device cpu|cuda]
-        [--pool] [--graphs] [--engine-us US] [--inline STEPS] [--finish-on engine|writer] [--profile TOP]
+        [--pool] [--graphs] [--engine-us US] [--gil-thread US] [--blocks K [--control]] [--reads CONTEXT]
+        [--profile TOP]
 
 `--profile TOP` also prints the TOP functions by their own time in a profiled run of the hooked
 steps (cProfile inflates Python calls, so read it for proportions, not for figures).
@@ -58,7 +61,10 @@ import argparse
 import enum
 import gc
 import hashlib
+import random
+import statistics
 import tempfile
+import threading
 import time
 import types
 from pathlib import Path
@@ -224,6 +230,54 @@ def kept_per_step(fn: Any, fb: Any, steps: int) -> float:
     return moved / steps
 
 
+class GilThread:
+    """A thread beside the engine's that does `us` microseconds of Python every 20 ms while `on`
+    (`--gil-thread`): the shape of the probe's writer thread before D114."""
+
+    def __init__(self, us: float) -> None:
+        self.us, self.on, self.rounds = us, False, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        n = _STRETCH[0] or _calibrate()
+        while not self._stop.wait(0.02):
+            if self.on:
+                self.rounds += 1
+                for _ in range(max(round(self.us / 40), 1)):
+                    for _ in range(n):
+                        pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def paired_blocks(bare_step: Any, hooked_step: Any, pairs: int, steps: int, probe: Probe,
+                  gil: GilThread | None) -> tuple[float, tuple[float, float], float]:
+    """The hooked step's extra time over the unhooked one, from `pairs` pairs of blocks of `steps`
+    steps each, in ABBA order pair by pair (a drift linear in time cancels): the mean over the pairs,
+    its 95 % bootstrap interval, and the unhooked step's mean."""
+    diffs, bases = [], []
+    for i in range(pairs):
+        order = (False, True) if i % 2 == 0 else (True, False)
+        got = {}
+        for hooked in order:
+            if gil is not None:
+                gil.on = hooked
+            got[hooked] = per_step_us(hooked_step if hooked else bare_step, steps)
+            if gil is not None:
+                gil.on = False
+            if hooked:
+                probe.flush(timeout=600)  # outside the timed block: the unhooked one finds nothing pending
+        diffs.append(got[True] - got[False])
+        bases.append(got[False])
+    rng = random.Random(1)
+    boot = sorted(statistics.fmean(rng.choices(diffs, k=len(diffs))) for _ in range(10_000))
+    return statistics.fmean(diffs), (boot[250], boot[9749]), statistics.fmean(bases)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20_000)
@@ -236,10 +290,12 @@ def main() -> None:
                     help="each step is a decode CUDA-graph replay (`cuda_graph_decode full`): no inner hook")
     ap.add_argument("--engine-us", type=float, default=0.0, metavar="US",
                     help="each step also does US us of the engine's own work (GIL held, let go now and then)")
-    ap.add_argument("--finish-on", choices=("writer", "engine"), default="writer",
-                    help="the thread that finishes the batches' records (Probe.writer_finishes)")
-    ap.add_argument("--inline", type=int, default=0, metavar="STEPS",
-                    help="no writer thread: its round runs on this thread every STEPS steps, timed apart")
+    ap.add_argument("--gil-thread", type=float, default=0.0, metavar="US",
+                    help="while hooked, a thread beside the engine's does US us of Python every 20 ms")
+    ap.add_argument("--blocks", type=int, default=0, metavar="K",
+                    help="also measure the engine thread's cost in K alternating pairs of blocks, with a CI")
+    ap.add_argument("--control", action="store_true",
+                    help="with --blocks, also the unhooked step against itself (the method's floor)")
     ap.add_argument("--reads", type=int, default=0, metavar="CONTEXT",
                     help="DCP 2 with SGLang's block table: every step also hands over its KV slots, and "
                          "every CPTEST_PROBE_READ_EVERY-th step reads the rows of requests of CONTEXT tokens")
@@ -267,20 +323,12 @@ def main() -> None:
         sched_off()
         bare(runner, fb)
 
-    rounds = {"steps": 0, "ns": 0}
-
     def hooked_step() -> None:
         sched_on()
         forward_step()
 
     def forward_step() -> None:
         around(forward, runner, fb)
-        if a.inline:
-            rounds["steps"] += 1
-            if rounds["steps"] % a.inline == 0:
-                t0 = time.perf_counter_ns()
-                writer_round(probe)
-                rounds["ns"] += time.perf_counter_ns() - t0
 
     runtime.set_probe(None)
     off = per_step_us(bare_step, a.steps)
@@ -289,31 +337,34 @@ def main() -> None:
     off_cpu = (time.process_time() - cpu0) / a.steps * 1e6
     gc_steps = min(a.steps, 2000)
     kept_off = kept_per_step(bare_step, fb, gc_steps)
+    gil = GilThread(a.gil_thread) if a.gil_thread else None
 
     with tempfile.TemporaryDirectory() as d:
         probe = Probe(Path(d), graph_flush_s=1.0)
         runtime.set_probe(probe)
-        if a.inline:
-            probe._start_writer = lambda: None  # type: ignore[method-assign]
         probe.set_rank(RankId(world=0))
         if a.reads:
             probe.dcp_size = 2
-        if a.inline:
-            probe.writer_polls = True  # as with a writer thread: the engine's steps neither send nor poll
-        probe.writer_finishes = a.finish_on == "writer"
         probe.cp_configured = False
         cpu0 = time.process_time()
+        if gil is not None:
+            gil.on = True
         on = per_step_us(hooked_step, a.steps)
         probe.flush(timeout=600)
         on_cpu = (time.process_time() - cpu0) / a.steps * 1e6
+        if gil is not None:
+            gil.on = False
         kept_on = kept_per_step(hooked_step, fb, gc_steps)
         probe.flush(timeout=600)
         lines = (Path(d) / "rank0.jsonl").read_text().count("\n")
         recs = read_records(Path(d) / "rank0.jsonl")[0]
         steps_read = sum(isinstance(r, Step) for r in recs)
         samples = sum(isinstance(r, PoolSample) for r in recs)
-        rounds["ns"] = 0
-        parts = timed_parts(probe, sched_on, forward_step, a.steps, off_cpu, rounds)
+        blocks = (paired_blocks(bare_step, hooked_step, a.blocks, max(a.steps // a.blocks, 1), probe, gil)
+                  if a.blocks else None)
+        control = (paired_blocks(bare_step, bare_step, a.blocks, max(a.steps // a.blocks, 1), probe, None)
+                   if a.blocks and a.control else None)
+        parts = timed_parts(probe, sched_on, forward_step, a.steps, off_cpu)
         # Paused (CPTEST_PROBE_SWITCH): what the run-time windows leave in both states, the hooks'
         # early returns; SGLang's own hook dispatch is not simulated here.
         if a.profile:
@@ -328,11 +379,24 @@ def main() -> None:
         paused = per_step_us(hooked_step, a.steps)
         probe.close()
         runtime.set_probe(None)
+    if gil is not None:
+        gil.stop()
     what = "decode-graph replays" if a.graphs else f"eager decode steps, {a.layers} layers"
     print(f"probe step cost on {a.device}, {what} of {a.batch} requests, {a.steps} steps "
           f"(+{gc_steps} for kept objects; {steps_read} steps read back from {lines} lines, "
-          f"{samples} pool samples)")
+          f"{samples} pool samples)" + (f"; a thread of {a.gil_thread:.0f} us every 20 ms beside the "
+                                        "engine's while hooked" if gil is not None else ""))
     print(f"  engine thread: {on - off:8.1f} us/step  (hooked {on:.1f}, unhooked {off:.1f})")
+    if blocks is not None:
+        mean, (lo, hi), base = blocks
+        print(f"  paired blocks: {mean:8.1f} us/step (95 % CI {lo:.1f} .. {hi:.1f}) over {a.blocks} pairs of "
+              f"{max(a.steps // a.blocks, 1)} steps: {100 * mean / base:.2f} % of the unhooked step "
+              f"({100 * lo / base:.2f} .. {100 * hi / base:.2f})")
+    if control is not None:
+        mean, (lo, hi), base = control
+        print(f"  control      : {mean:8.1f} us/step (95 % CI {lo:.1f} .. {hi:.1f}), the unhooked step "
+              f"against itself in as many pairs: {100 * mean / base:.2f} % "
+              f"({100 * lo / base:.2f} .. {100 * hi / base:.2f})")
     print(f"  CPU time     : {on_cpu - off_cpu:8.1f} us/step the probe adds, both threads")
     print(f"  paused       : {paused - off:8.1f} us/step left when switched off (hooks returning at once)")
     print(f"  kept objects : {kept_on - kept_off:8.2f} per step moved to the collector's oldest generation "
@@ -340,23 +404,10 @@ def main() -> None:
     print(parts)
 
 
-def writer_round(probe: Probe) -> None:
-    """What the writer thread does every runtime.WRITER_PERIOD_S while the engine decodes (`--inline`):
-    send the closed copy batches and poll them, finish those that arrived (`Probe.writer_finishes`),
-    write the lines made since (graph counts, notes and the idle check come once a second or never
-    in a steady decode)."""
-    if probe.batches is not None:
-        probe.batches.writer_round(probe)
-    if getattr(probe, "writer_finishes", False) and probe._pending:  # (a probe before D69 has none)
-        probe._run_pending(time.monotonic())
-    probe._write_lines()
-
-
-def timed_parts(probe: Probe, iteration: Any, step: Any, steps: int, off_cpu: float,
-                rounds: dict[str, int]) -> str:
+def timed_parts(probe: Probe, iteration: Any, step: Any, steps: int, off_cpu: float) -> str:
     """The probe's parts of a step as its `cost` notes count them (`Probe.timing`), the pool
-    hook's time apart, the writer's rounds (with `--inline`), and the CPU time of the engine's
-    thread and of the other threads."""
+    hook's and the chores' time apart, and the CPU time of the engine's thread and of the other
+    threads."""
     probe.flush(timeout=600)
     probe.cost = [0] * COST_FIELDS
     probe._write_cost = lambda: None  # type: ignore[method-assign]  # keep the sums (no cost notes)
@@ -376,19 +427,20 @@ def timed_parts(probe: Probe, iteration: Any, step: Any, steps: int, off_cpu: fl
     c, probe.cost = probe.cost, [0] * COST_FIELDS
     n = c[1] or 1
     us = [v / n / 1e3 for v in (c[0], c[4], c[5], c[6], c[7])]
+    chores = c[18] if len(c) > 18 else 0  # (a probe before D114 has no chores)
+    whole = (c[0] + c[11] + chores) / n / 1e3
     return (f"  parts (timed): {us[0]:.1f} us/step = ready {us[1]:.1f} / begin {us[2]:.1f} / end {us[3]:.1f} "
             f"(send {us[4]:.1f}); slow steps (> {SLOW_NS / 1e3:.0f} us) {c[8]} of {c[1]}, "
             f"{c[9] / max(c[8], 1) / 1e3:.0f} us each, {c[9] / n / 1e3:.1f} us per step of all\n"
             f"  pool hook    : {pool_ns / steps / 1e3:8.1f} us/step on the engine thread (with the "
-            f"scheduler's own figures; outside the parts), {c[11] / n / 1e3:.1f} of it the hook's own "
-            f"(the cost notes' pool_ns)\n"
-            + (f"  writer rounds: {rounds['ns'] / steps / 1e3:8.1f} us/step on this thread (--inline); "
-               f"the probe in all: {(c[0] + pool_ns + rounds['ns']) / steps / 1e3:.1f} us/step\n"
-               if rounds["ns"] else "")
-            + f"  CPU by thread: engine {thread / steps * 1e6 - off_cpu:.1f} us/step over unhooked, "
-            f"other threads (writer) {(cpu - thread) / steps * 1e6:.1f} us/step, of which the writer's "
-            f"rounds {c[10] / n / 1e3:.1f} (the cost notes' writer_ns: sends and polls "
-            f"{c[15] / n / 1e3:.1f}, finishing {c[16] / n / 1e3:.1f}, lines {c[17] / n / 1e3:.1f})")
+            f"scheduler's own figures and the chores; outside the parts), {c[11] / n / 1e3:.1f} of it the "
+            f"hook's own (the cost notes' pool_ns)\n"
+            f"  chores       : {chores / n / 1e3:8.1f} us/step; the probe's whole time on the engine thread "
+            f"(the cost notes' engine share): {whole:.1f} us/step\n"
+            f"  CPU by thread: engine {thread / steps * 1e6 - off_cpu:.1f} us/step over unhooked, "
+            f"other threads {(cpu - thread) / steps * 1e6:.1f} us/step, of which the watchdog's rounds "
+            f"{c[10] / n / 1e3:.1f} (sends {c[15] / n / 1e3:.1f}, finishing {c[16] / n / 1e3:.1f}, "
+            f"lines {c[17] / n / 1e3:.1f})")
 
 
 if __name__ == "__main__":

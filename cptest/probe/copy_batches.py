@@ -6,9 +6,9 @@ positions, the DCP owner mask, the CP-sharded positions; off with CPTEST_PROBE_P
 The step recording (`cptest.probe.steps`) hands each step's draft and tensors to the batch
 being filled (`CopyBatch.add`, or `join_run` for a decode step of positions alone). A batch is
 the probe's deferred work (`Probe.defer`): its copies are sent without waiting, every COPY_EVERY
-steps (or COPY_WITHIN_S), by the writer thread where there is one (`writer_round`), and its lines
-are made once the copies are on the host (`CopyBatch.run`), so SGLang never waits on the device
-for the probe. The runtime drives the batches only through `BATCHES` (`runtime.BatchRecorder`).
+steps (or COPY_WITHIN_S), from the engine's thread, and its lines are made once the copies are on
+the host (`CopyBatch.run`, at a later step's start), so SGLang never waits on the device for the
+probe. The runtime drives the batches only through `BATCHES` (`runtime.BatchRecorder`).
 
 Nothing here imports torch: tensors are asked through their own methods, and `torch` is taken
 from `sys.modules`, where the engine that made them has put it.
@@ -78,7 +78,7 @@ class Run:
     @staticmethod
     def open(probe: Probe, draft: StepDraft, first: int) -> Run:
         """A run for `draft`'s step and those that fit it (a spare one, or a new one)."""
-        try:  # the writer thread gives runs back while the engine's thread takes them
+        try:  # the watchdog may give runs back while the engine's thread takes them
             run = probe.runs.pop()
         except IndexError:
             run = Run()
@@ -106,7 +106,7 @@ class Run:
         """Step `k` as the draft it was made from (a spare one, filled again)."""
         step, t, rows_in, batch_size, attn, ffn, logits, kv_rows, ffn_out = self.rows[k]
         rids = self.rids
-        try:  # the writer thread finishes batches while the engine's thread takes drafts too
+        try:  # the watchdog may finish batches while the engine's thread takes drafts too
             d = probe.drafts.pop()
         except IndexError:
             d = StepDraft(step=0, mode="decode", batch_size=0, rows_in=0, rids=rids)
@@ -222,8 +222,8 @@ class CopyBatch:
     def send(self, on_engine_thread: bool = False) -> None:
         """Start the host copies on the steps' stream: entered only when the caller is not on it
         already (another thread, `send_copies`), as entering it costs 8.8 us on the GPU machine.
-        Off the engine's thread the stream is entered for each batch: set once as the writer
-        thread's current stream instead, and on the H200 the last step of a batch then read
+        Off the engine's thread (the watchdog) the stream is entered for each batch: set once as
+        that thread's current stream instead, and on the H200 the last step of a batch then read
         back values from before its own kernels ran (tests/probe/test_hooks_cuda.py):
         the copy was not ordered after them on the steps' stream."""
         if self.host is not None:
@@ -264,12 +264,8 @@ class CopyBatch:
         self.done.record(self.stream)  # the current stream, named: Event.record would look it up
 
     def ready(self) -> bool:
-        """Whether `run` may go, asked where no device may be: while the probe's writer thread
-        runs, it polls the copies' events (`poll`) and reads this one flag (it also runs the batch,
-        `Probe.writer_finishes`). Each CUDA call on the engine's thread was a point where it let go
-        of the GIL and had to win it back: the batch's sends and polls cost 27 us a step in the real
-        engine (results/_measure), against 2 us in benchmarks/probe_step.py."""
-        return self.arrived or (not self.probe.writer_polls and self.poll())
+        """Whether `run` may go: the copies' event asked once (`poll`), never waited for."""
+        return self.arrived or self.poll()
 
     def poll(self) -> bool:
         """Ask the device whether the copies are complete (never waits); True once they are."""
@@ -406,22 +402,10 @@ def send_copies(probe: Probe) -> None:
     _send_closed(probe, batch, poll=False)
 
 
-def writer_round(probe: Probe) -> None:
-    """The writer thread's share of the copies, every runtime.WRITER_PERIOD_S: send the batches the
-    engine closed (and the open one once it is COPY_WITHIN_S old), then poll the sent ones, so that
-    the engine's thread makes no CUDA call for the probe in a steady decode."""
-    old = None
-    with probe.copy_lock:
-        batch = probe.copies
-        if batch is not None and batch.steps and probe.clock() - batch.born >= COPY_WITHIN_S:
-            old, probe.copies = batch, None
-    _send_closed(probe, old, poll=True)
-
-
 def _send_closed(probe: Probe, detached: CopyBatch | None, *, poll: bool) -> None:
-    """Send `detached` and every batch the engine closed without sending; poll the sent ones if
-    asked. Under `send_lock`, not `copy_lock`: the engine's thread takes copy_lock every step and
-    must not wait for a send."""
+    """Send `detached` and every batch not sent yet; poll the sent ones if asked. Under `send_lock`,
+    not `copy_lock`: the engine's thread takes copy_lock every step, and the watchdog, which may be
+    sending, must not hold it meanwhile."""
     with probe.send_lock:
         if detached is not None:
             detached.send()
@@ -434,12 +418,8 @@ def _send_closed(probe: Probe, detached: CopyBatch | None, *, poll: bool) -> Non
 
 
 def close_locked(probe: Probe, on_engine_thread: bool = False) -> None:
-    """No further step joins the batch being filled; the writer thread sends it on its next round
-    (the engine's thread sends it itself when there is no writer)."""
-    if probe.writer_polls:
-        probe.copies = None
-    else:
-        _send_locked(probe, on_engine_thread)
+    """No further step joins the batch being filled: send it."""
+    _send_locked(probe, on_engine_thread)
 
 
 def _send_locked(probe: Probe, on_engine_thread: bool = False) -> None:
@@ -455,7 +435,7 @@ def _send_locked(probe: Probe, on_engine_thread: bool = False) -> None:
 
 def attach_record(probe: Probe, record: Any) -> bool:
     """Put `record` into the batch being filled, after its steps so far (`Probe.write`): the
-    batch stays open, and is sent when full, by the writer thread; the next step starts a new run.
+    batch stays open, and is sent when full; the next step starts a new run.
     A pool sample (a tuple, `records.pool_sample_late`) is the exception: the run goes on, and the
     sample is written after the run's steps (`CopyBatch.later`). False when no batch is being
     filled. The batch being filled is the last of the pending work: a record written after it
@@ -481,12 +461,10 @@ def open_batch(probe: Probe) -> CopyBatch:
 
 
 def close_if_due(probe: Probe, batch: CopyBatch) -> None:
-    """After a step joined `batch` (copy_lock held): close it when full, or, without a writer
-    thread, send it once its first step is COPY_WITHIN_S old."""
-    if batch.steps >= COPY_EVERY:
-        close_locked(probe, on_engine_thread=True)
-    elif not probe.writer_polls and probe.clock() - batch.born >= COPY_WITHIN_S:
-        _send_locked(probe, on_engine_thread=True)  # no writer thread to send an old batch
+    """After a step joined `batch` (copy_lock held): send it when full, or once its first step is
+    COPY_WITHIN_S old (slow steps: records stay timely)."""
+    if batch.steps >= COPY_EVERY or probe.clock() - batch.born >= COPY_WITHIN_S:
+        _send_locked(probe, on_engine_thread=True)
 
 
 def join_run(probe: Probe, draft: StepDraft, pos_t: Any) -> bool:
@@ -560,5 +538,5 @@ def _resolve_split(draft: StepDraft, sharded: list[int]) -> None:
     draft.cp_local_positions = split
 
 
-BATCHES = BatchRecorder(attach=attach_record, send_all=send_copies, writer_round=writer_round)
+BATCHES = BatchRecorder(attach=attach_record, send_all=send_copies)
 """The copy batches as the runtime drives them (`Probe.batches`, installed by `open_batch`)."""

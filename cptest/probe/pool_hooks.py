@@ -95,8 +95,15 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
     and the pool-stats observer's `max_total_num_tokens` (rows x dcp_size, scheduler.py:2005).
     """
     probe = _runtime._PROBE or get_probe()
+    if probe is None:
+        return
+    # The probe's chores (runtime.Probe.chores) ride on this call too: SGLang makes it on every
+    # loop iteration, idle ones included, where no step runs to do them.
+    now = probe.clock()
+    if now >= probe.next_chores:
+        probe.chores(now)
     sampler = _SAMPLER
-    if probe is None or probe.rank_json is None or sampler.off or probe.paused:
+    if probe.rank_json is None or sampler.off or probe.paused:
         return
     # Timed when the probe measures itself (runtime.ENV_SWITCH): SGLang calls this every scheduler
     # iteration on the engine's thread, outside the forward that steps._timed_forward times.

@@ -479,9 +479,9 @@ def read_rows(table: Any, lens: Sequence[int], rids: Sequence[str], dcp: int, dc
     builds a DCP rank's KV indices (the kernel `create_triton_kv_indices_for_dcp_triton`). None,
     noted, when the rows do not fit the lengths.
 
-    The writer thread holds the GIL while it makes these numpy calls, and the engine's thread waits
-    for it: a few requests go one at a time (a handful of calls each), more go all at once (a dozen
-    calls in all, `_read_all`), since a dozen calls per request of 64 took most of a millisecond."""
+    These numpy calls run on the engine's thread, as its batch is finished: a few requests go one at
+    a time (a handful of calls each), more go all at once (a dozen calls in all, `_read_all`), since
+    a dozen calls per request of 64 took most of a millisecond."""
     n = len(rids)
     width = len(table) // n if n else 0
     if n == 0 or width * n != len(table) or len(lens) != n or max(lens, default=0) > width:
@@ -784,7 +784,7 @@ class GraphCounter:
     """Replay/eager decisions counted between flushes, so that replays cost no line each.
 
     Each flushed `Graph` record carries the count *since the previous flush*: a checker sums them.
-    One thread counts (the engine's, every forward) and another flushes (the probe's writer), without
+    One thread counts (the engine's, every forward) and another may flush (the probe's watchdog), without
     a lock: the counter only ever adds to running totals whose keys all exist from the start (a dict
     that never changes size can be read while another thread adds to a value), and a flush writes
     the difference from the totals it flushed before. A count made during a flush falls into the

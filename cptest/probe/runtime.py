@@ -2,31 +2,35 @@
 
 Contracts:
 - Active only when `CPTEST_PROBE_DIR` is set (`enabled()`); otherwise nothing here is created.
-- One JSON line per record, appended to an O_APPEND descriptor by the writer thread's round (one
-  `os.write` for all the lines made since the last round, off the engine's thread), so a rank
-  SIGKILLed at any moment leaves at most one half line (which `cptest.evidence.read_records` drops)
-  and loses at most the lines of its last WRITER_PERIOD_S.
+- One JSON line per record, appended to an O_APPEND descriptor as it is made (one `os.write` for
+  a copy batch's lines), so a rank SIGKILLed at any moment leaves at most one half line (which
+  `cptest.evidence.read_records` drops).
 - SGLang's thread never waits on the device for the probe: a blocking copy there ends its
   CPU/GPU overlap (22.9 % of eager decode throughput, results/_probe-overhead/). Work that needs
   device values (a step's positions, on their way to the host) is `defer`red and finished once
-  `ready()` says the copies are done (a query, never a wait): by the writer thread, right after
-  its round's sends and polls (`writer_finishes`), or without a writer thread by the
-  engine's thread at the start of a later step. The writer still takes the GIL for it; what it
-  saves the engine is running that code cold, once a batch between SGLang's own work (about twice
-  the CPU of the same code run warm, benchmarks/probe_step.py --engine-us). Its CPU time is in
-  the `cost` notes (`writer_ns`) beside the engine thread's.
+  `ready()` says the copies are done (a query, never a wait), by the engine's thread at the start
+  of a later step.
+- The probe's work runs on the engine's thread, not on a thread of its own. SGLang's eager loop
+  lets go of the GIL at every torch call; a probe thread with work to do takes it there, and the
+  engine then waits for the GIL at its next call, twice a hand-over. That convoy cost the engine
+  several times the probe thread's own work (benchmarks/probe_step.py --engine-us: the same rounds
+  on a thread of their own lengthened a modelled eager step 4-6 times as much as on the engine's
+  thread; docs/decisions.md D114). So the probe's whole cost is in its `cost` notes.
 - Records are written in the order they were made: while deferred work is pending, later records
   queue behind it; one made while a copy batch is being filled joins that batch, between the
   steps before and after it (copy_batches.attach_record), which stays open. One exception: a
   pool sample made while a run of decode steps fills (copy_batches.Run) is written after that run's
   `steps` line, so it does not split it in two; its `t` and `step` say when it was made, and
   no reader depends on the order of samples and steps (every one groups records by kind).
-- A writer thread, started with the rank, comes by every WRITER_PERIOD_S: it sends and polls the
-  copies (copy_batches.writer_round), finishes what arrived, writes the graph counts when due, and
-  finishes all deferred work left waiting for IDLE_S (an idle engine runs no step, and a batch
-  being filled is sent then). `flush()` finishes everything and runs at exit. So records reach the
-  disk within about 0.2 s of an engine going idle; a rank SIGKILLed while busy loses its last
-  steps (at most copy_batches.COPY_EVERY, or COPY_WITHIN_S of them) and WRITER_PERIOD_S of lines.
+- Chores (`chores`: the run-time switch, graph counts, the measuring notes, deferred work left
+  waiting for IDLE_S) run on the engine's thread every CHORES_S, from the step hook and from the
+  pool hook, which SGLang's scheduler calls on every loop iteration, idle ones included. A watchdog
+  thread, started with the rank, wakes every WATCH_S and does the idle part only when the engine's
+  thread has not come by for IDLE_S (a rank blocked in a collective, a process that stopped
+  calling): rarely enough that its hand-overs of the GIL cost nothing measurable. `flush()` finishes
+  everything and runs at exit. So records reach the disk within about IDLE_S + CHORES_S of an idle
+  SGLang scheduler, IDLE_S + WATCH_S of a stalled engine; a rank SIGKILLed while busy loses its
+  last steps (at most copy_batches.COPY_EVERY, or COPY_WITHIN_S of them).
 - Records go to `$CPTEST_PROBE_DIR/rank<world_rank>.jsonl` once the rank is known (Geometry is the
   first rank-local event). Records made earlier are held in memory and written there first; if a
   process never learns its rank (the HTTP/launcher process) and holds a warning or error, it is
@@ -77,12 +81,12 @@ cost the engine a gather and a transfer each step."""
 READ_EVERY_DEFAULT = 32
 READ_CELLS_MAX = 1 << 14
 """The most block-table values (requests x their longest length) a sampled step reads: it takes
-as many consecutive requests as fit. Their ranges are made on the writer thread, which holds the
-GIL meanwhile: at 2^18 values that cost the engine's thread milliseconds per sampled step."""
+as many consecutive requests as fit. Their ranges are made when the batch is finished, on the
+engine's thread: at 2^18 values that cost milliseconds per sampled step."""
 ENV_GRAPH_FLUSH_S = "CPTEST_PROBE_GRAPH_FLUSH_S"
 ENV_SWITCH = "CPTEST_PROBE_SWITCH"
 """A file whose content `off` pauses the probe at run time (anything else, or no file: on). The
-writer thread looks at it every WRITER_PERIOD_S; a paused probe records no step (a note marks each
+engine's thread looks at it every CHORES_S (`chores`); a paused probe records no step (a note marks each
 pause and resume). It exists to measure the probe's cost on one server in alternating windows
 (tools/device/probe_windows.py); evidence runs never set it. While it is set the probe also
 lists the process's garbage collections of generation 1 and 2 (`watch_gc`), so that the windows
@@ -90,10 +94,13 @@ can be read against the collector's pauses, and times its own work on the engine
 (`timing`, `cost` notes)."""
 MAX_ERRORS_PER_HOOK = 5
 MAX_SPARE_DRAFTS = 256
-WRITER_PERIOD_S = 0.02
-"""How often the writer thread comes by (graph counts, work an idle engine left pending)."""
+CHORES_S = 0.02
+"""How often the engine's thread does the probe's chores (`Probe.chores`)."""
+WATCH_S = 0.5
+"""How often the watchdog thread wakes (`Probe._watch_loop`)."""
 IDLE_S = 0.15
-"""Deferred work older than this is finished by the writer: the engine has not come back for it."""
+"""Deferred work older than this is finished without waiting for further steps (by the chores, or
+by the watchdog when the engine's thread has not come by for this long)."""
 
 
 class Deferred(Protocol):
@@ -124,9 +131,7 @@ class BatchRecorder:
     being filled (then `Probe.write` queues it behind the pending work)."""
     send_all: Callable[[Probe], None]
     """Send the batch being filled and every closed one not sent yet: before deferred work is
-    finished without the engine, and before a record that could not join the batch."""
-    writer_round: Callable[[Probe], None]
-    """The copies' part of each writer round: sends and device polls."""
+    finished without further steps, and before a record that could not join the batch."""
 
 
 class _Write:
@@ -151,7 +156,7 @@ def enabled(environ: dict[str, str] | None = None) -> bool:
     return bool(env.get(ENV_DIR, "").strip())
 
 
-COST_FIELDS = 18
+COST_FIELDS = 19
 """The length of `Probe.cost` (and of a `cost` note: epoch, steps, probe_ns, span_ns, then cost[4:])."""
 
 
@@ -189,8 +194,13 @@ class Probe:
         self._pending_lock = threading.Lock()
         self._runner: int | None = None
         """Thread id running deferred work: its writes go straight to the file (they are its turn)."""
-        self._writer: threading.Thread | None = None
+        self._watchdog: threading.Thread | None = None
         self._stop = threading.Event()
+        self.next_chores = 0.0
+        """When the engine's thread next does the chores (its clock); 0: at its next call."""
+        self.engine_seen = self.t0
+        """When the engine's thread last did the chores: the watchdog acts only after IDLE_S without."""
+        self._last_notes = self.t0
         self._lines: list[bytes] = []
         self.rid_text = RidText()
         self.copies: CopyBatch | None = None
@@ -198,16 +208,8 @@ class Probe:
         self.copy_lock = threading.RLock()
         self.batches: BatchRecorder | None = None
         """The copy batches as the runtime drives them; None until the first batch opens."""
-        self.writer_polls = False
-        """True while the writer thread runs: it sends closed batches and polls their copies, and
-        the engine's thread makes no CUDA call for the probe (copy_batches.CopyBatch.ready)."""
-        self.writer_finishes = True
-        """While the writer thread runs, it also finishes the deferred work whose copies arrived (the
-        batches' lines), right after its sends and polls, and the engine's thread finishes none;
-        False: the engine's thread finishes it at a step's start."""
         self.send_lock = threading.Lock()
-        """Held while batches are sent: the writer's rounds and `BatchRecorder.send_all` never send
-        one twice."""
+        """Held while batches are sent: the engine's thread and the watchdog never send one twice."""
         self._io_lock = threading.Lock()
         self._graph_lock = threading.Lock()
         self._guarded: dict[tuple[str, Callable[..., Any]], Callable[..., Any]] = {}
@@ -235,17 +237,17 @@ class Probe:
         self.cost: list[Any] = [0] * COST_FIELDS
         """Since the last `cost` note: [probe ns, steps, first step's start ns, last step's end ns,
         ready ns, begin ns, end ns, send ns, slow steps, slow steps' ns] (steps._timed_forward), the
-        writer thread's CPU ns in its rounds (`_write_loop`), the pool hook's ns on the engine's
-        thread in busy scheduler iterations (pool_hooks.after_get_next_batch_to_run), those
-        iterations, the ns and number of those that read the pools (not too soon), and the writer's
-        CPU ns by phase: sends and polls, finishing records, writing lines."""
+        watchdog thread's CPU ns in the rounds where it acted (`_watch_loop`), the pool hook's ns on
+        the engine's thread in busy scheduler iterations (pool_hooks.after_get_next_batch_to_run),
+        those iterations, the ns and number of those that read the pools (not too soon), and the
+        watchdog's CPU ns by phase: sends, finishing records, writing lines; the chores' ns."""
 
     # ------------------------------------------------------------ writing
     def now(self) -> float:
         return round(self.clock() - self.t0, 6)
 
     def set_rank(self, rank: RankId) -> None:
-        """Bind this process to its rank file, write what was held until now, start the writer."""
+        """Bind this process to its rank file, write what was held until now, start the watchdog."""
         with self._lock:
             self.rank = rank
             self.rank_json = rank.model_dump_json()
@@ -255,10 +257,10 @@ class Probe:
             if isinstance(rec, ProbeNote) and rec.rank is None:
                 rec = rec.model_copy(update={"rank": rank})
             self.write(rec)
-        self._start_writer()
+        self._start_watchdog()
 
     def count_graph(self, event: Literal["replay", "eager"], phase: Literal["decode", "prefill"]) -> None:
-        """Count one forward's graph decision; the writer writes the counts every graph_flush_s.
+        """Count one forward's graph decision; the chores write the counts every graph_flush_s.
         No lock: the engine's thread is the counter's only writer (GraphCounter)."""
         self.graph.add(event, phase)
 
@@ -266,7 +268,7 @@ class Probe:
         if self.rank is None:
             return
         if not force and self.clock() - self.graph.last_flush < self.graph_flush_s:
-            return  # not due: every writer round but one a second ends here, before the lock and `pending`
+            return  # not due: every chores round but one a second ends here, before the lock and `pending`
         with self._graph_lock:
             now = self.clock()
             if not (self.graph.pending and (force or self.graph.due(now, self.graph_flush_s))):
@@ -325,12 +327,11 @@ class Probe:
                     self._held.append(record)
                 return
             self._lines.append(line)
-            if self._writer is not None:
-                return  # the writer's next round writes it, off the engine's thread
         self._write_lines()
 
     def _write_lines(self) -> None:
-        """Write the buffered lines in one `os.write` (writer thread, flush, or no writer)."""
+        """Write the buffered lines in one `os.write`; a line another thread buffered meanwhile goes
+        with them."""
         with self._io_lock:
             with self._lock:
                 lines, self._lines = self._lines, []
@@ -368,10 +369,9 @@ class Probe:
         self._pending.append((self.clock(), item))
 
     def run_ready(self) -> None:
-        """On the engine's thread, at a step's start: finish what the device is done with, in order
-        (unless the writer thread does, `writer_finishes`)."""
+        """On the engine's thread, at a step's start: finish what the device is done with, in order."""
         pending = self._pending
-        if pending and not (self.writer_polls and self.writer_finishes) and pending[0][1].ready():
+        if pending and pending[0][1].ready():
             self._run_pending(None)
 
     def _finish_pending(self, deadline: float) -> bool:
@@ -382,7 +382,7 @@ class Probe:
 
     def _run_pending(self, deadline: float | None) -> bool:
         """Run pending work in order; True when none is left. Without a deadline (the engine's
-        thread) it never waits: not for the lock, which the writer may hold, nor for an item."""
+        thread) it never waits: not for the lock, which the watchdog may hold, nor for an item."""
         if deadline is None:
             locked = self._pending_lock.acquire(blocking=False)
         else:
@@ -406,13 +406,41 @@ class Probe:
             self._runner = None
             self._pending_lock.release()
 
-    def _start_writer(self) -> None:
+    def _start_watchdog(self) -> None:
         with self._lock:
-            if self._writer is not None:
+            if self._watchdog is not None:
                 return
-            self._writer = threading.Thread(target=self._write_loop, name="cptest-probe-writer", daemon=True)
-            self.writer_polls = True
-            self._writer.start()
+            self._watchdog = threading.Thread(target=self._watch_loop, name="cptest-probe-watchdog",
+                                              daemon=True)
+            self._watchdog.start()
+
+    def chores(self, now: float) -> None:
+        """The probe's periodic work, on the engine's thread once `now` reaches `next_chores` (the step
+        hook and the pool hook ask): the run-time switch, the graph counts when due, the measuring
+        notes once a second, and deferred work that waited IDLE_S: an idle engine runs no step, so
+        the batch being filled is sent then, and finished by a later call once its copies are on the
+        host. Never waits for the device. Timed into the `cost` notes while measuring."""
+        self.next_chores = now + CHORES_S
+        self.engine_seen = now
+        t0 = time.perf_counter_ns() if self.timing else 0
+        try:
+            if self.switch is not None:
+                self.poll_switch()
+            if now - self._last_notes >= 1.0:
+                self._last_notes = now
+                self._write_gc()
+                if self.timing:
+                    self._write_cost()
+            pending = self._pending
+            if pending and now - pending[0][0] > IDLE_S:
+                if self.batches is not None:
+                    self.batches.send_all(self)
+                self._run_pending(None)
+            self._write_graph_counts(force=False)
+        except Exception as e:
+            self.call("chores", self.error, "chores", e)
+        if t0:
+            self.cost[18] += time.perf_counter_ns() - t0
 
     def poll_switch(self) -> None:
         """Pause or resume as the switch file says; a stat per call, a read only when it changed."""
@@ -436,7 +464,7 @@ class Probe:
     # ------------------------------------------------------------ the collector, when measuring
     def watch_gc(self) -> None:
         """List every collection of generation 1 or 2 (epoch end, generation, seconds, objects
-        collected); the writer writes them about once a second as a note `gc <JSON list>`. Only for the
+        collected); the chores write them about once a second as a note `gc <JSON list>`. Only for the
         run-time switch's measurements (ENV_SWITCH): a callback on every collection, in both states."""
         gc.callbacks.append(self._on_gc)
 
@@ -455,51 +483,37 @@ class Probe:
 
     def _write_cost(self) -> None:
         """Write what `cost` gathered as a note `cost [epoch, steps, probe_ns, span_ns, ready_ns,
-        begin_ns, end_ns, send_ns, slow_steps, slow_ns, writer_ns, pool_ns, pool_calls, pool_read_ns,
-        pool_reads, writer_send_ns, writer_finish_ns, writer_lines_ns]`: the probe's own time
+        begin_ns, end_ns, send_ns, slow_steps, slow_ns, watchdog_ns, pool_ns, pool_calls, pool_read_ns,
+        pool_reads, watchdog_send_ns, watchdog_finish_ns, watchdog_lines_ns, chores_ns]`: the probe's own time
         in the per-step hooks' begin and end (deferred records, copies included) over `steps` steps
         that took `span_ns` from the first one's start to the last one's end, then that time by part
         (steps._timed_forward), the steps whose probe work took over steps.SLOW_NS, the CPU
-        time of the writer thread's rounds (its sends and polls and, with `writer_finishes`, the
-        records it finished): the part of the probe's work that holds the GIL off the engine's
-        thread, which `probe_ns` does not count; and the pool hook's time on the engine's thread in
-        busy scheduler iterations, outside the forward (not in `probe_ns` either). The last six split
-        the pool hook's and the writer's figures, to show where the time goes."""
+        time of the watchdog thread in the rounds where it acted (a stalled engine's work, off its
+        thread: 0 in a steady decode); and the pool hook's time on the engine's thread in busy
+        scheduler iterations, outside the forward (not in `probe_ns`; the chores it runs are in it).
+        The next six split the pool hook's and the watchdog's figures, to show where the time goes;
+        the last is the chores' time on the engine's thread (`chores`, outside both hooks' figures).
+        The fields keep their places from when a writer thread did the watchdog's work every round:
+        tools/device/probe_windows.py reads notes of both."""
         cost, self.cost = self.cost, [0] * COST_FIELDS
         if cost[1] and self.rank is not None:
             seen = [round(time.time(), 4), cost[1], cost[0], cost[3] - cost[2], *cost[4:]]
             self.write(ProbeNote(t=self.now(), rank=self.rank, message="cost " + json.dumps(seen)))
 
-    def _write_loop(self) -> None:
-        # Errors are contained with try/except, not `contextlib.suppress`: a round runs every
-        # WRITER_PERIOD_S between the engine's work, cold, and each suppress is three Python calls.
-        rounds = 0
-        while not self._stop.wait(WRITER_PERIOD_S):
-            rounds += 1
-            if rounds % 50 == 0:
-                with contextlib.suppress(Exception):
-                    self._write_gc()
-                if self.timing:
-                    with contextlib.suppress(Exception):
-                        self._write_cost()
-            if self.switch is not None:
-                try:  # noqa: SIM105
-                    self.poll_switch()
-                except Exception:
-                    pass
+    def _watch_loop(self) -> None:
+        """Every WATCH_S: when the engine's thread has not done its chores for IDLE_S, send and finish
+        what it left (waiting for the copies up to 10 IDLE_S) and write the graph counts."""
+        while not self._stop.wait(WATCH_S):
+            if self.clock() - self.engine_seen <= IDLE_S:
+                continue  # the engine's thread comes by: its chores do this
             cpu0 = time.thread_time_ns() if self.timing else 0
-            if self.batches is not None:
-                try:  # noqa: SIM105
-                    self.batches.writer_round(self)
-                except Exception:
-                    pass
-            cpu1 = time.thread_time_ns() if cpu0 else 0
+            cpu1 = cpu0
             try:
                 if self._pending:
-                    if self.clock() - self._pending[0][0] > IDLE_S:
-                        self._finish_pending(time.monotonic() + 10 * IDLE_S)
-                    elif self.writer_finishes:
-                        self._run_pending(time.monotonic())  # what arrived, in order; no wait
+                    if self.batches is not None:
+                        self.batches.send_all(self)
+                    cpu1 = time.thread_time_ns() if cpu0 else 0
+                    self._run_pending(time.monotonic() + 10 * IDLE_S)
                 self._write_graph_counts(force=False)
             except Exception:
                 pass
@@ -509,7 +523,7 @@ class Probe:
             except Exception:
                 pass
             if cpu0:
-                # By phase: the sends and polls (CUDA calls), finishing the records, the write.
+                # By phase: the sends, finishing the records, the write.
                 cost = self.cost
                 cpu3 = time.thread_time_ns()
                 cost[10] += cpu3 - cpu0
@@ -530,11 +544,10 @@ class Probe:
 
     def close(self) -> None:
         self.flush()
-        if self._writer is not None:
+        if self._watchdog is not None:
             self._stop.set()
-            self._writer.join(timeout=10.0)
-            self._writer = None
-            self.writer_polls = False
+            self._watchdog.join(timeout=10.0)
+            self._watchdog = None
         self._write_lines()
         with self._io_lock:
             if self._fd is not None:
@@ -578,7 +591,7 @@ class Probe:
 
 
 def _run(item: Deferred) -> None:
-    try:  # noqa: SIM105  # items are guarded; this keeps the probe going (no suppress: see _write_loop)
+    try:  # noqa: SIM105  # items are guarded; this keeps the probe going (no suppress: per batch, cold)
         item.run()
     except Exception:
         pass

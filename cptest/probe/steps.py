@@ -22,7 +22,6 @@ from typing import Any
 from cptest.probe import records
 from cptest.probe import runtime as _runtime
 from cptest.probe.copy_batches import (
-    COPY_EVERY,
     NO_RIDS,
     WHICH,
     WHICH_NONE,
@@ -62,7 +61,12 @@ def around_model_runner_forward(original: Any, runner: Any, forward_batch: Any, 
     (runtime.ENV_SWITCH) opens no draft, so the inner hooks find none and return at once.
     """
     probe = _runtime._PROBE or get_probe()
-    if probe is None or probe.paused or getattr(runner, "is_draft_worker", False):
+    if probe is None:
+        return original(runner, forward_batch, *args, **kwargs)
+    now = probe.clock()
+    if now >= probe.next_chores:
+        probe.chores(now)
+    if probe.paused or getattr(runner, "is_draft_worker", False):
         return original(runner, forward_batch, *args, **kwargs)
     if probe.timing:
         return _timed_forward(probe, original, runner, forward_batch, args, kwargs)
@@ -74,7 +78,7 @@ def around_model_runner_forward(original: Any, runner: Any, forward_batch: Any, 
     # Begin and end are guarded inline (not through Probe.call): two calls fewer every step.
     try:
         pending = probe._pending  # Probe.run_ready, inline: earlier steps whose copies have arrived
-        if pending and not (probe.writer_polls and probe.writer_finishes) and pending[0][1].ready():
+        if pending and pending[0][1].ready():
             probe._run_pending(None)
         _begin_step_body(probe, runner, forward_batch)
     except Exception as e:
@@ -190,7 +194,7 @@ def _begin_step_body(probe: Probe, runner: Any, fb: Any) -> None:
         draft.attn_layers = draft.ffn_layers = 0
         probe.current = draft
         return
-    try:  # not `if probe.drafts`: the writer thread may take the last one in between (writer_finishes)
+    try:  # not `if probe.drafts`: the watchdog may take the last one in between
         draft = probe.drafts.pop()
     except IndexError:
         draft = StepDraft(step=0, mode=mode, batch_size=0, rows_in=0, rids=rids)
@@ -420,12 +424,12 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
     batch closed or sent, anything read differently) gets the draft filled as the general begin
     fills it and the general end, which says what it finds. `timed`, `t0`: the timing probe's
     (`_timed_forward`); the time is added to `Probe.cost` as it is at the step's end, as there, so
-    that a cost note written meanwhile by the writer thread does not take it."""
+    that a cost note written meanwhile by the chores does not take it."""
     try:
         pending = probe._pending  # Probe.run_ready, inline: finishing due goes by the general path
         fm = fb.forward_mode
         rids = fb.rids
-        if ((pending and not (probe.writer_polls and probe.writer_finishes) and pending[0][1].ready())
+        if ((pending and pending[0][1].ready())
                 or (fm is not st.mode and _step_mode(fm) != "decode") or fb.batch_size != st.bs
                 or (rids is not st.rids and rids != st.rids)):  # the same requests: equal item by item
             probe.steady = None
@@ -465,8 +469,7 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
                     batch.steps += 1
                     run.rows.append((step, t, rows_in, st.bs, None, None, None, None, None))
                     st.totals[_REPLAY_DECODE] += 1  # Probe.count_graph, inline (one writer: this thread)
-                    if batch.steps >= COPY_EVERY or not probe.writer_polls:
-                        close_if_due(probe, batch)  # full: the next step opens a batch by the general end
+                    close_if_due(probe, batch)  # sent: the next step opens a batch by the general end
         except Exception as e:
             done = True
             probe.steady = None

@@ -1,15 +1,14 @@
 """A fixed sequence of engine steps through the probe's hooks, for comparing the files it writes.
 
-`run(out_dir, writer=...)` drives the probe as SGLang 0.5.17 would (the pool-sample hook before
+`run(out_dir, watchdog=...)` drives the probe as SGLang 0.5.17 would (the pool-sample hook before
 each forward, `ModelRunner.forward` with the inner hooks an eager forward fires, CUDA-graph
 replays, records written while a copy batch fills) over every kind of step the probe writes a
 line for, on a clock that only the scenario moves, and returns the bytes of the rank's file. The
-file depends only on the sequence, not on when the writer thread comes by, except for the `t` of
-the notes made when a batch of steps is finished (a step's missing KV write, said once): that is
-when the batch was finished. So `writer=True` (the writer thread sends and polls the copies) and
-`writer=False` (the engine's thread does) give the same bytes but for those notes' `t`.
+file depends only on the sequence: the engine's thread sends, polls and finishes the copies, and
+the probe's watchdog thread (`watchdog=True`) does nothing while the engine's thread comes by, so
+both give the same bytes.
 
-`tests/probe/data/steps_scenario.jsonl` holds the bytes of `writer=False` as the probe wrote them
+`tests/probe/data/steps_scenario.jsonl` holds the bytes of the engine's thread alone as the probe wrote them
 at 3bfa576, before D69 reworked how steps are gathered and written: the reference of its records.
 `tests/probe/data/steps_scenario_d72.jsonl` holds the bytes it writes since D72 (pool samples after
 their run's steps), which must read as the same evidence as the reference (test_steps_scenario.py).
@@ -201,21 +200,21 @@ def _zigzag(probe: Probe) -> None:
                                       _batch("EXTEND", ["z"], torch.arange(10), [10], [0]))
 
 
-def run(out_dir: Path, *, writer: bool) -> bytes:
-    """The rank file the probe writes for the scenario (with or without its writer thread)."""
+def run(out_dir: Path, *, watchdog: bool) -> bytes:
+    """The rank file the probe writes for the scenario (with or without its watchdog thread)."""
     clock = Clock()
     probe = Probe(out_dir, clock=clock, graph_flush_s=1e9)
-    if not writer:
-        probe._start_writer = lambda: None  # type: ignore[method-assign]
+    if not watchdog:
+        probe._start_watchdog = lambda: None  # type: ignore[method-assign]
     sampler, pool_hooks._SAMPLER = pool_hooks._SAMPLER, PoolSampler(every=4)
     runtime.set_probe(probe)
     try:
         probe.note("before the rank is known")
         probe.set_rank(RANK)
-        assert probe.writer_polls is writer
-        # With the writer thread, let it come by now and then: it sends and polls the copies, and
-        # the engine's thread finishes the batches that arrived at a later step.
-        _steps(probe, clock, Scheduler(), (lambda: time.sleep(3 * runtime.WRITER_PERIOD_S)) if writer
+        assert (probe._watchdog is not None) is watchdog
+        # With the watchdog, pause now and then for longer than it sleeps: it wakes meanwhile, and
+        # must leave alone an engine whose clock says it came by just now.
+        _steps(probe, clock, Scheduler(), (lambda: time.sleep(1.2 * runtime.WATCH_S)) if watchdog
                else (lambda: None))
         assert probe.flush(timeout=30)
         probe.close()
@@ -227,4 +226,4 @@ def run(out_dir: Path, *, writer: bool) -> bytes:
 
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as d:
-        sys.stdout.buffer.write(run(Path(d), writer=False))
+        sys.stdout.buffer.write(run(Path(d), watchdog=False))

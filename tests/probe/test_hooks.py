@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 import threading
-import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -233,36 +232,38 @@ def test_sglangs_thread_does_not_wait_for_a_steps_device_copies(probe: Probe, mo
     assert second.seq_positions == {"a": [(99, 100)], "b": [(4, 5)]}
 
 
-def test_the_engines_thread_neither_sends_nor_polls_copies_while_the_writer_runs(
+def test_in_a_steady_decode_the_engines_thread_alone_sends_polls_and_finishes_the_copies(
         probe: Probe, monkeypatch: MP) -> None:
-    """Each CUDA call on the engine's thread lets go of the GIL and must win it back: in the real
-    engine the batches' sends and polls cost 27 us a step (results/_measure run12). The writer
-    thread does both; the engine's thread only reads a flag at a step's start."""
+    """A probe thread that takes the GIL while SGLang's eager loop runs makes the engine wait for it
+    at its next torch call (D114): the copies are sent, polled and finished on the engine's thread,
+    a batch sent when full, finished at a later step's start."""
+    monkeypatch.setattr(runtime, "IDLE_S", 60.0)  # a slow test machine is no stalled engine
     _fake_parallel_state(monkeypatch, 0)
     hooks.after_initialize_model_parallel(None)
     engine = threading.get_ident()
-    on_engine: list[str] = []
+    calls: list[tuple[str, int]] = []
 
     class Watched(copy_batches.CopyBatch):
         def send(self, on_engine_thread: bool = False) -> None:
-            if threading.get_ident() == engine:
-                on_engine.append("send")
+            calls.append(("send", threading.get_ident()))
             super().send(on_engine_thread)
 
         def poll(self) -> bool:
-            if threading.get_ident() == engine:
-                on_engine.append("poll")
+            calls.append(("poll", threading.get_ident()))
             return super().poll()
+
+        def run(self) -> None:
+            calls.append(("run", threading.get_ident()))
+            super().run()
 
     monkeypatch.setattr(copy_batches, "CopyBatch", Watched)
     steps = 3 * copy_batches.COPY_EVERY + 5
     for i in range(steps):
         fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([9 + i, 4 + i]), ["a", "b"], 2)
         hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=False), Runner(), fb)
-        if i % copy_batches.COPY_EVERY == 0:
-            time.sleep(3 * runtime.WRITER_PERIOD_S)  # the writer's rounds send and poll meanwhile
-    assert on_engine == []
-    recs = [r for r in _records(probe) if isinstance(r, Step)]  # the flush (off the engine) finishes all
+    assert [c for c, _ in calls if c != "poll"] == ["send", "run"] * 3  # each full batch: sent, then finished
+    assert {t for _, t in calls} == {engine}
+    recs = [r for r in _records(probe) if isinstance(r, Step)]  # the flush finishes the last batch
     assert [r.seq_positions["a"] for r in recs] == [[(9 + i, 10 + i)] for i in range(steps)]
 
 
@@ -649,15 +650,16 @@ def test_a_timing_probe_notes_its_own_time_per_step_never_more_than_the_steps_to
     probe.flush()
     (note,) = [r for r in _records(probe) if isinstance(r, ProbeNote) and r.message.startswith("cost ")]
     cost = json.loads(note.message[5:])
-    (_epoch, steps, probe_ns, span_ns, ready_ns, begin_ns, end_ns, send_ns, slow, slow_ns, writer_ns,
-     pool_ns, pool_calls, pool_read_ns, pool_reads, w_send_ns, w_finish_ns, w_lines_ns) = cost
+    (_epoch, steps, probe_ns, span_ns, ready_ns, begin_ns, end_ns, send_ns, slow, slow_ns, watchdog_ns,
+     pool_ns, pool_calls, pool_read_ns, pool_reads, w_send_ns, w_finish_ns, w_lines_ns, chores_ns) = cost
     assert steps == copy_batches.COPY_EVERY + 4 and 0 < probe_ns <= span_ns
     assert ready_ns + begin_ns + end_ns == probe_ns  # the parts are the whole
-    assert send_ns == 0  # the writer thread sends the full batch, not the engine's thread
+    assert 0 < send_ns <= end_ns  # the engine's thread sends the full batch as its step ends
     assert 0 <= slow <= steps and (slow_ns == 0) == (slow == 0)
-    assert writer_ns >= 0  # the writer thread's rounds, off the engine's thread (not in probe_ns)
+    assert watchdog_ns >= 0  # the watchdog's rounds, off the engine's thread (not in probe_ns)
     assert pool_ns == pool_calls == pool_read_ns == pool_reads == 0  # no scheduler iteration here
-    assert w_send_ns + w_finish_ns + w_lines_ns == writer_ns  # the writer's phases are its whole round
+    assert w_send_ns + w_finish_ns + w_lines_ns == watchdog_ns  # the watchdog's phases are its whole round
+    assert chores_ns > 0  # the first step's chores, outside the step's parts
     assert len([r for r in _records(probe) if isinstance(r, Step)]) == steps  # timing changes no record
 
 
@@ -684,11 +686,11 @@ def test_decode_runs_over_the_same_requests_share_a_line_and_read_back_step_by_s
     assert '"kind":"step"' not in text
 
 
-def test_a_record_written_while_a_batch_fills_joins_it_in_order_and_the_engine_sends_nothing(
+def test_a_record_written_while_a_batch_fills_joins_it_in_order_and_the_batch_goes_whole(
         probe: Probe, monkeypatch: MP) -> None:
     """A pool sample every 4 scheduler iterations (D59) closed the copy batch being filled and sent
-    it from the engine's thread: batches of 4 steps, each sent there (D67). A record written while
-    a batch fills now joins it: the batch stays open and the writer thread sends it. A pool sample
+    it: batches of 4 steps (D67). A record written while a batch fills now joins it: the batch
+    stays open and is sent when full. A pool sample
     does not split the run of decode steps it was made in: it follows the run's one `steps` line
     (D72); any other record is written between the steps made before and after it."""
     from cptest.evidence import PoolSample
@@ -727,7 +729,7 @@ def test_a_record_written_while_a_batch_fills_joins_it_in_order_and_the_engine_s
     # one batch of n steps, closed when full, then another
     assert all(b is batches[0] for b in batches[:n - 1]) and batches[n - 1] is None
     assert all(b is batches[n] for b in batches[n:-1]) and batches[-1] is None
-    assert sent_on_engine == []
+    assert sent_on_engine == [n, n]
     recs = [r for r in _records(probe) if isinstance(r, (Step, PoolSample, ProbeNote))]
     # Samples made while no batch fills (0, before the first step; 16, between the batches) come
     # in order; the others after their run's steps; the note splits the second batch's run, and the
@@ -768,10 +770,11 @@ def test_a_decode_steps_reused_draft_starts_as_a_new_one(probe: Probe, monkeypat
     probe.current = None
 
 
-def test_with_the_writer_thread_the_engine_finishes_no_batch_and_records_keep_their_order(
+def test_batches_finished_at_later_steps_keep_the_records_in_the_order_they_were_made(
         probe: Probe, monkeypatch: MP) -> None:
-    """The writer thread finishes the batches whose copies arrived (`Probe.writer_finishes`, D69):
-    the engine's thread builds no line; records come out in the order they were made."""
+    """The engine's thread finishes each batch at a later step's start (D114), with notes written
+    between steps: records come out in the order they were made."""
+    monkeypatch.setattr(runtime, "IDLE_S", 60.0)  # a slow test machine is no stalled engine
     _fake_parallel_state(monkeypatch, 0)
     hooks.after_initialize_model_parallel(None)
     engine = threading.get_ident()
@@ -789,9 +792,7 @@ def test_with_the_writer_thread_the_engine_finishes_no_batch_and_records_keep_th
         hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=False), Runner(), fb)
         if i % 7 == 3:
             probe.note(f"after step {i + 1}")
-        if i % copy_batches.COPY_EVERY == 0:
-            time.sleep(3 * runtime.WRITER_PERIOD_S)  # the writer's rounds send, poll and finish
-    assert finished_on and engine not in finished_on
+    assert finished_on == [engine] * 3  # the three full batches, each at a later step's start
     recs = _records(probe)
     order = [r.step if isinstance(r, Step) else r.message for r in recs
              if isinstance(r, Step) or (isinstance(r, ProbeNote) and r.level == "info")]
@@ -913,7 +914,7 @@ def test_replays_by_the_short_path_write_the_bytes_the_general_path_writes(
         # 10 us a reading: no batch grows old enough for the engine to send it before it is full
         p = Probe(tmp_path / ("short" if short else "general"), clock=lambda: next(clock) / 100_000,
                   graph_flush_s=1e9)
-        p._start_writer = lambda: None  # type: ignore[method-assign]  # the engine's thread alone: one order
+        p._start_watchdog = lambda: None  # type: ignore[method-assign]  # it would read the clock too
         runtime.set_probe(p)
         try:
             with monkeypatch.context() as m:

@@ -66,9 +66,8 @@ def test_a_step_that_sends_a_batch_of_copies_returns_before_they_exist_and_all_a
             hooks.around_model_runner_forward(forward, runner, fb)  # fills the batch and sends it
             returned_s = time.perf_counter() - t0
             spin_done = stream.query()
-            # The writer thread sends on the steps' stream, entered for each batch on its own thread;
-            # the engine's thread's current stream stays as SGLang set it (CopyBatch.send).
-            time.sleep(3 * runtime.WRITER_PERIOD_S)
+            # The engine's thread sends on the steps' stream, its current one: the copies queue
+            # behind the step's kernels, and the current stream stays as SGLang set it.
             assert torch.cuda.current_stream() == stream
         assert probe.flush(timeout=30)
         torch.cuda.synchronize()

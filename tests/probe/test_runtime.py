@@ -45,16 +45,12 @@ def test_records_before_the_rank_is_known_go_to_the_rank_file_once_it_is(tmp_pat
     assert all(r.rank == RankId(world=3) for r in recs if isinstance(r, ProbeNote))
 
 
-def test_each_record_reaches_the_disk_soon_without_a_flush(tmp_path: Path) -> None:
+def test_each_record_reaches_the_disk_as_it_is_written(tmp_path: Path) -> None:
     p = Probe(tmp_path)
     p.set_rank(RankId(world=0))
     p.note("one")
-    deadline = time.monotonic() + 5.0  # the writer comes by every WRITER_PERIOD_S (20 ms)
-    path = tmp_path / "rank0.jsonl"
     # read through a separate descriptor, as a reader would after a SIGKILL
-    while not (path.exists() and path.read_text().count("\n") == 1) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert path.read_text().count("\n") == 1
+    assert (tmp_path / "rank0.jsonl").read_text().count("\n") == 1
     p.close()
 
 
@@ -131,13 +127,13 @@ def test_deferred_work_and_writes_keep_their_order_and_close_finishes_them(tmp_p
     assert read_records(tmp_path / "rank0.jsonl")[0][-1].message == "last"  # type: ignore[union-attr]
 
 
-def test_work_an_idle_engine_leaves_pending_is_finished_by_the_writer(tmp_path: Path) -> None:
+def test_work_a_stalled_engine_leaves_pending_is_finished_by_the_watchdog(tmp_path: Path) -> None:
     p = Probe(tmp_path)
     p.set_rank(RankId(world=0))
-    p.defer(Job(p, "left behind"))  # no step comes after it
+    p.defer(Job(p, "left behind"))  # no step and no chores come after it
     deadline = time.monotonic() + 5.0
     path = tmp_path / "rank0.jsonl"
-    # The writer creates the file before its round writes the line: wait for the record itself.
+    # The file may exist before the line is in it: wait for the record itself.
     while not (path.exists() and read_records(path)[0]) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert [r.message for r in read_records(path)[0]] == ["left behind"]  # type: ignore[union-attr]
@@ -165,8 +161,11 @@ def test_graph_counts_are_written_while_the_engine_is_idle(tmp_path: Path) -> No
     p.set_rank(RankId(world=0))
     for _ in range(3):
         p.count_graph("replay", "decode")
-    time.sleep(0.5)  # no step, no flush: the writer's own rounds write the counts
-    recs, _ = read_records(tmp_path / "rank0.jsonl")
+    path = tmp_path / "rank0.jsonl"
+    deadline = time.monotonic() + 5.0  # no step, no flush: the watchdog writes the counts
+    while not (path.exists() and read_records(path)[0]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    recs, _ = read_records(path)
     assert [(r.event, r.phase, r.count) for r in recs] == [("replay", "decode", 3)]  # type: ignore[union-attr]
     p.count_graph("eager", "prefill")
     p.close()  # a final flush writes what was counted since, due or not
@@ -193,10 +192,10 @@ def test_a_measuring_probe_lists_the_collections_of_older_generations(tmp_path: 
 
 
 def test_a_record_another_thread_writes_while_work_is_being_finished_comes_after_it(tmp_path: Path) -> None:
-    """Deferred work leaves the line only once it has run (D69): while the writer thread finishes a
+    """Deferred work leaves the line only once it has run (D69): while the watchdog finishes a
     batch, a record the engine's thread writes queues behind it instead of reaching the file first."""
     p = Probe(tmp_path)
-    p._start_writer = lambda: None  # type: ignore[method-assign]  # this test is the writer
+    p._start_watchdog = lambda: None  # type: ignore[method-assign]  # this test is the watchdog
     p.set_rank(RankId(world=0))
     running, resume = threading.Event(), threading.Event()
 
@@ -218,10 +217,46 @@ def test_a_record_another_thread_writes_while_work_is_being_finished_comes_after
         "finished", "written meanwhile"]
 
 
-def test_the_writer_finishes_arrived_work_and_the_engines_step_start_finishes_none(tmp_path: Path) -> None:
+def test_the_engines_step_start_finishes_arrived_work_on_its_own_thread(tmp_path: Path) -> None:
+    """No thread of the probe's takes the GIL from a busy engine to finish its records (D114)."""
     p = Probe(tmp_path)
     p.set_rank(RankId(world=0))
-    assert p.writer_polls and p.writer_finishes
+    ran_on: list[int] = []
+    copied = threading.Event()
+
+    class Watched(Job):
+        def run(self) -> None:
+            ran_on.append(threading.get_ident())
+            super().run()
+
+    p.defer(Watched(p, "one", copied))
+    p.run_ready()  # the copies are not there: nothing is waited for
+    assert ran_on == []
+    copied.set()
+    p.run_ready()
+    assert ran_on == [threading.get_ident()]
+    p.close()
+    assert [r.message for r in read_records(tmp_path / "rank0.jsonl")[0]] == ["one"]  # type: ignore[union-attr]
+
+
+class StepClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_chores_finish_what_waited_idle_s_and_nothing_sooner(tmp_path: Path) -> None:
+    """An idle SGLang scheduler runs no step but calls the pool hook every loop iteration, which
+    runs the chores: work older than IDLE_S is sent and finished there, on the engine's thread."""
+    clock = StepClock()
+    p = Probe(tmp_path, clock=clock)
+    p._start_watchdog = lambda: None  # type: ignore[method-assign]
+    p.set_rank(RankId(world=0))
+    sent: list[float] = []
+    p.batches = BatchRecorder(attach=lambda probe, record: False,
+                              send_all=lambda probe: sent.append(clock.now))
     ran_on: list[int] = []
 
     class Watched(Job):
@@ -229,31 +264,53 @@ def test_the_writer_finishes_arrived_work_and_the_engines_step_start_finishes_no
             ran_on.append(threading.get_ident())
             super().run()
 
-    p.defer(Watched(p, "one"))
-    p.run_ready()  # the engine's step start: ready, but the writer's to finish
+    p.defer(Watched(p, "idle batch"))
+    p.chores(clock.now)
+    clock.now += runtime.CHORES_S  # due again, not yet old
+    assert p.next_chores <= clock.now
+    p.chores(clock.now)
+    assert (sent, ran_on) == ([], [])
+    clock.now += runtime.IDLE_S
+    p.chores(clock.now)
+    assert sent == [clock.now] and ran_on == [threading.get_ident()]
+    assert p.engine_seen == clock.now and p.next_chores == clock.now + runtime.CHORES_S
+    p.close()
+    assert [r.message for r in read_records(tmp_path / "rank0.jsonl")[0]] == ["idle batch"]  # type: ignore[union-attr]
+
+
+def test_the_watchdog_acts_only_when_the_engine_has_not_come_by_for_idle_s(tmp_path: Path) -> None:
+    clock = StepClock()
+    p = Probe(tmp_path, clock=clock)
+    p.set_rank(RankId(world=0))
+    ran_on: list[int] = []
+
+    class Watched(Job):
+        def run(self) -> None:
+            ran_on.append(threading.get_ident())
+            super().run()
+
+    p.chores(clock.now)  # the engine came by: its clock stands still, so it always just did
+    p.defer(Watched(p, "pending", None))
+    time.sleep(2.5 * runtime.WATCH_S)  # the watchdog wakes twice meanwhile
     assert ran_on == []
+    clock.now += 2 * runtime.IDLE_S  # the engine stalls
     deadline = time.monotonic() + 5.0
     while not ran_on and time.monotonic() < deadline:
-        time.sleep(0.005)
+        time.sleep(0.01)
     assert ran_on and ran_on[0] != threading.get_ident()
-    p.writer_finishes = False  # D52's way: the engine's step start finishes it
-    p.defer(Watched(p, "two"))
-    p.run_ready()
-    assert ran_on[-1] == threading.get_ident()
     p.close()
-    assert [r.message for r in read_records(tmp_path / "rank0.jsonl")[0]] == ["one", "two"]  # type: ignore[union-attr]
+    assert [r.message for r in read_records(tmp_path / "rank0.jsonl")[0]] == ["pending"]  # type: ignore[union-attr]
 
 
 def test_the_runtime_reaches_the_copy_batches_only_through_their_recorder(tmp_path: Path) -> None:
     """While a copy batch is being filled, a record goes into it when the batch takes it; one it
-    refuses closes it (`send_all`) and waits behind it. The writer's rounds and a flush reach the
-    batches through the same recorder (`Probe.batches`)."""
+    refuses closes it (`send_all`) and waits behind it. A flush reaches the batches through the
+    same recorder (`Probe.batches`)."""
     p = Probe(tmp_path)
     p.set_rank(RankId(world=0))
     arrived = threading.Event()
     batch = Job(p, "the batch's steps", arrived)  # deferred work standing for the batch being filled
     calls: list[str] = []
-    rounds: list[int] = []
 
     def attach(probe: Probe, record: Record) -> bool:
         calls.append(f"attach {record.message}")  # type: ignore[union-attr]
@@ -266,15 +323,12 @@ def test_the_runtime_reaches_the_copy_batches_only_through_their_recorder(tmp_pa
 
     p.defer(batch)
     p.copies = batch  # type: ignore[assignment]
-    p.batches = BatchRecorder(attach=attach, send_all=send_all, writer_round=lambda probe: rounds.append(1))
+    p.batches = BatchRecorder(attach=attach, send_all=send_all)
     p.note("taken by the batch")
     p.note("refused by the batch")
     assert calls == ["attach taken by the batch", "attach refused by the batch", "send_all"]
-    deadline = time.monotonic() + 5.0
-    while not rounds and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert rounds  # the writer thread's round reached the batches
     assert p.flush(timeout=5.0)
+    assert calls[3:] == ["send_all"]  # the flush sends what is left before it finishes it
     p.close()
     assert [r.message for r in read_records(tmp_path / "rank0.jsonl")[0]] == [  # type: ignore[union-attr]
         "the batch's steps", "refused by the batch"]

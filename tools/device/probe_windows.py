@@ -5,8 +5,8 @@
         [--conc 64] [--prompt 128] [--new 7000]
 
 Each server is an eager SGLang server with the probe on (`CPTEST_PROBE_DIR`, `--forward-hooks`),
-`CPTEST_PROBE_SWITCH=SWITCH` (cptest/probe/runtime.py: the probe's writer thread reads the file
-every 20 ms; `off` pauses every per-step hook; the file is replaced whole, never seen half
+`CPTEST_PROBE_SWITCH=SWITCH` (cptest/probe/runtime.py: the engine's thread reads the file every
+20 ms, in the probe's chores; `off` pauses every per-step hook; the file is replaced whole, never seen half
 written) and `SGLANG_LOG_MS=1` (its log stamps carry milliseconds). The load is a cohort: `conc`
 requests of `prompt` ids sent together, `new` tokens each (ignore_eos), so the decode batch stays
 whole for the cohort's life and its step time changes only with the context, smoothly. (A closed
@@ -208,11 +208,15 @@ def engine_share(costs: list[list[float]], n: int = 10_000, seed: int = 1) -> di
     if with_pool:
         # The probe's whole time on the engine's thread: its forward hooks' parts and the pool hook
         # (outside the forward), over the same steps' span, with its own interval over the notes.
-        whole, whole_ci = _share_ci(with_pool, (2, 11), rng, n)
+        # D114: the chores (field 18) run on the engine's thread too, outside both.
+        parts = (2, 11, 18) if all(len(c) >= 19 for c in with_pool) else (2, 11)
+        whole, whole_ci = _share_ci(with_pool, parts, rng, n)
         n_pool = sum(c[1] for c in with_pool)
         out["pool_us_per_step"] = sum(c[11] for c in with_pool) / n_pool / 1000
+        if len(parts) == 3:
+            out["chores_us_per_step"] = sum(c[18] for c in with_pool) / n_pool / 1000
         out["engine_all"] = {"share": whole, "ci95": whole_ci,
-                             "us_per_step": sum(c[2] + c[11] for c in with_pool) / n_pool / 1000}
+                             "us_per_step": sum(c[i] for c in with_pool for i in parts) / n_pool / 1000}
     split = [c for c in costs if len(c) >= 18]  # D73: the pool hook's and the writer's figures split
     if split:
         n_split = sum(c[1] for c in split)
