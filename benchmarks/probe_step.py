@@ -4,7 +4,9 @@ The real figure is the decode-throughput overhead on the GPU machine
 (`tools/device/probe-overhead.sh`, target <= 3 %); this is its CPU-side part, measurable anywhere,
 for finding where the time goes. One simulated SGLang step drives the same hook bodies SGLang's
 wrappers call: `ModelRunner.forward` (AROUND), the KV write of every layer (AFTER, with a DCP
-owner mask), every layer's attention and MLP forward hooks, the logits one. With `--device cpu`
+owner mask), every layer's attention and MLP module calls with the probe's row hooks on them (the
+first layer's registered with torch as SGLang's `--forward-hooks` does, the others wrapped as the
+probe does; `--registered`: all registered), the logits one. With `--device cpu`
 (default) the tensors are small CPU tensors and the figures are pure Python; with `--device cuda`
 they live on the GPU and the figures include the probe's device copies and events.
 
@@ -115,8 +117,38 @@ _STRETCH = [0]
 _GIL_FREE = bytes(16384)
 
 
+class _Pass(torch.nn.Module):
+    """A layer's attention or MLP as torch calls it: the probe's row hooks ride on the module call."""
+
+    def forward(self, x: Any) -> Any:
+        return x
+
+
+class _Logits(torch.nn.Module):
+    def forward(self, _ids: Any, hidden: Any) -> Any:
+        return hidden
+
+
+def make_modules(layers: int, hooked: bool, registered: bool) -> tuple[list[tuple[Any, Any]], Any]:
+    """Each layer's attention and MLP modules and the logits processor, hooked as in SGLang: the
+    first layer's and the logits' by `register_forward_hook` (`--forward-hooks`), the others' by
+    `hooks.wrap_forward` (`hooks._hook_every_layer`), or every one registered with `registered`."""
+    mods = [(_Pass(), _Pass()) for _ in range(layers)]
+    logits = _Logits()
+    if hooked:
+        for i, (attn, mlp) in enumerate(mods):
+            if i == 0 or registered:
+                attn.register_forward_hook(hooks.on_attn_input)
+                mlp.register_forward_hook(hooks.on_mlp_input)
+            else:
+                hooks.wrap_forward(attn, hooks.on_attn_input)
+                hooks.wrap_forward(mlp, hooks.on_mlp_input)
+        logits.register_forward_hook(hooks.on_logits_input)
+    return mods, logits
+
+
 def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
-              graphs: bool = False, engine_us: float = 0.0) -> tuple[Any, Any]:
+              graphs: bool = False, engine_us: float = 0.0, registered: bool = False) -> tuple[Any, Any]:
     """A forward function and a decode batch shaped like SGLang 0.5.17's, for `batch` requests.
 
     Unhooked, the forward does the same loop without calling the probe, as an SGLang without the
@@ -142,24 +174,26 @@ def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
     if graphs:
         return replay, fb
 
+    mods, logits = make_modules(layers, hooked, registered)
+
     def forward(_runner: Any, _fb: Any) -> Any:
         if engine_us:
             engine_work(engine_us)
-        for _ in range(layers):  # each layer's KV write, attention and MLP, as SGLang calls them
+        for attn, mlp in mods:  # each layer's KV write, attention and MLP, as SGLang calls them
             hooks.after_set_kv_buffer(None, None, None, None, k, k, dcp_kv_mask=mask)
-            hooks.on_attn_input(None, (hidden,), None)
-            hooks.on_mlp_input(None, (hidden,), hidden)
-        hooks.on_logits_input(None, (None, hidden), None)
+            attn(hidden)
+            mlp(hidden)
+        logits(None, hidden)
         return out
 
     def bare(_runner: Any, _fb: Any) -> Any:
         if engine_us:
             engine_work(engine_us)
-        for _ in range(layers):
+        for attn, mlp in mods:
             _noop(None, None, None, None, k, k, dcp_kv_mask=mask)
-            _noop(None, (hidden,), None)
-            _noop(None, (hidden,), hidden)
-        _noop(None, (hidden,), None)
+            attn(hidden)
+            mlp(hidden)
+        logits(None, hidden)
         return out
 
     return (forward if hooked else bare), fb
@@ -294,6 +328,8 @@ def main() -> None:
                     help="while hooked, a thread beside the engine's does US us of Python every 20 ms")
     ap.add_argument("--blocks", type=int, default=0, metavar="K",
                     help="also measure the engine thread's cost in K alternating pairs of blocks, with a CI")
+    ap.add_argument("--registered", action="store_true",
+                    help="every layer's row hooks registered with torch (before D114), not wrapped")
     ap.add_argument("--control", action="store_true",
                     help="with --blocks, also the unhooked step against itself (the method's floor)")
     ap.add_argument("--reads", type=int, default=0, metavar="CONTEXT",
@@ -301,7 +337,7 @@ def main() -> None:
                          "every CPTEST_PROBE_READ_EVERY-th step reads the rows of requests of CONTEXT tokens")
     a = ap.parse_args()
     shape = {"device": a.device, "graphs": a.graphs, "engine_us": a.engine_us}
-    forward, fb = make_step(a.layers, a.batch, **shape)
+    forward, fb = make_step(a.layers, a.batch, registered=a.registered, **shape)
     bare, _ = make_step(a.layers, a.batch, hooked=False, **shape)
     # What DecodeCudaGraphRunner.load_batch leaves for the probe to read after a replay: the batch
     # padded to a captured size (here the batch itself) and the tokens per request it was captured with.

@@ -264,6 +264,24 @@ def _graph_setup(probe: Probe, monkeypatch: MP, specs: list[str], model: _Model 
     return model
 
 
+def _hooks(module: Any) -> int:
+    """Row hooks on `module`: registered ones (SGLang's `--forward-hooks`) and cptest's wrapper."""
+    return len(module._forward_hooks) + (getattr(module, hooks.WRAPPED, None) is not None)
+
+
+def test_a_wrapped_forward_calls_the_hook_with_its_args_and_output_and_keeps_torchs_fast_path() -> None:
+    seen: list[tuple[Any, tuple[Any, ...], Any]] = []
+    layer = torch.nn.Linear(8, 3)
+    hooks.wrap_forward(layer, lambda m, a, o: seen.append((m, a, o)))
+    hooks.wrap_forward(layer, lambda m, a, o: seen.append(("twice",)))  # a second wrap is ignored
+    x = torch.zeros(5, 8)
+    out = layer(x)
+    assert out.shape == (5, 3) and len(seen) == 1
+    (m, a, o), = seen
+    assert m is layer and a == (x,) and o is out
+    assert not layer._forward_hooks  # nothing registered: torch's call takes its fast path
+
+
 def test_the_graph_setup_hook_gives_every_layer_the_first_layers_forward_hooks(
         probe: Probe, monkeypatch: MP) -> None:
     model = _graph_setup(probe, monkeypatch, ["cptest_attn_rows", "cptest_mlp_rows"])
@@ -281,15 +299,15 @@ def test_the_graph_setup_hook_gives_every_layer_the_first_layers_forward_hooks(
 
 def test_a_layer_is_not_hooked_for_a_spec_the_server_was_not_given(probe: Probe, monkeypatch: MP) -> None:
     model = _graph_setup(probe, monkeypatch, ["cptest_mlp_rows"])
-    attn_hooks = [len(layer.self_attn.attn._forward_hooks) for layer in model.model.layers]
-    mlp_hooks = [len(layer.mlp._forward_hooks) for layer in model.model.layers]
+    attn_hooks = [_hooks(layer.self_attn.attn) for layer in model.model.layers]
+    mlp_hooks = [_hooks(layer.mlp) for layer in model.model.layers]
     assert (attn_hooks, mlp_hooks) == ([0, 0, 0], [1, 1, 1])
 
 
 def test_with_the_first_layer_alone_asked_for_no_other_layer_is_hooked(probe: Probe, monkeypatch: MP) -> None:
     monkeypatch.setenv(runtime.ENV_LAYERS, "first")
     model = _graph_setup(probe, monkeypatch, ["cptest_attn_rows", "cptest_mlp_rows"])
-    assert [len(layer.mlp._forward_hooks) for layer in model.model.layers] == [1, 0, 0]
+    assert [_hooks(layer.mlp) for layer in model.model.layers] == [1, 0, 0]
 
 
 @dataclass
@@ -470,7 +488,7 @@ def test_mla_attention_is_hooked_on_every_layer_and_counted_once_per_layer(
     every layer, and a layer calling attention again (a prefix chunk) is still one layer."""
     specs = ["cptest_attn_rows", "cptest_mlp_rows"]
     model = _graph_setup(probe, monkeypatch, specs, _MlaModel(3, prefix_chunks))
-    hooked = {name for name, m in model.named_modules() if m._forward_hooks}
+    hooked = {name for name, m in model.named_modules() if _hooks(m)}
     assert {f"model.layers.{i}.self_attn.{a}" for i in range(3)
             for a in ("attn_mqa", "attn_mqa_for_dcp_decode", "attn_mha")} <= hooked
 
@@ -487,5 +505,5 @@ def test_with_the_first_layer_alone_asked_for_mlas_first_attention_is_still_hook
         probe: Probe, monkeypatch: MP) -> None:
     monkeypatch.setenv(runtime.ENV_LAYERS, "first")
     model = _graph_setup(probe, monkeypatch, ["cptest_attn_rows", "cptest_mlp_rows"], _MlaModel(3))
-    assert [len(layer.self_attn.attn_mha._forward_hooks) for layer in model.model.layers] == [1, 0, 0]
-    assert [len(layer.mlp._forward_hooks) for layer in model.model.layers] == [1, 0, 0]
+    assert [_hooks(layer.self_attn.attn_mha) for layer in model.model.layers] == [1, 0, 0]
+    assert [_hooks(layer.mlp) for layer in model.model.layers] == [1, 0, 0]
