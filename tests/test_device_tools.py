@@ -116,6 +116,27 @@ def test_probe_windows_splits_the_pool_hooks_and_the_writers_time(tmp_path: Path
         "sends_and_polls": pytest.approx(1.0), "finishing": pytest.approx(3.0), "lines": pytest.approx(2.0)}
 
 
+def test_probe_windows_adds_the_chores_and_the_inner_hooks_to_the_whole_share(tmp_path: Path) -> None:
+    """D114: the chores (19th field) and the inner hooks (20th) run on the engine's thread outside
+    both hooks' figures; the whole share adds them."""
+    pw = _load("probe_windows")
+    probe_dir = tmp_path / "probe-p0"
+    p = Probe(probe_dir, switch=tmp_path / "switch")
+    p.set_rank(RankId(world=0))
+    for steps, probe_ns in ((100, 2_000_000), (100, 1_000_000)):
+        p.cost = [probe_ns, steps, 1_000, 1_000 + 100_000_000, 0, 0, 0, 0, 0, 0, 0, 400_000, 100,
+                  0, 0, 0, 0, 0, 100_000, 500_000]
+        p._write_cost()
+    p.close()
+    share = pw.engine_share(pw.probe_notes(probe_dir, "cost"))
+    assert share is not None
+    assert share["chores_us_per_step"] == pytest.approx(1.0)
+    assert share["inner_us_per_step"] == pytest.approx(5.0)
+    whole = share["engine_all"]
+    assert whole["share"] == pytest.approx((3_000_000 + 800_000 + 200_000 + 1_000_000) / 200_000_000)
+    assert whole["us_per_step"] == pytest.approx(25.0)
+
+
 def test_fidelity_compares_the_clients_round_by_round() -> None:
     fid = _load("fidelity")
     runs = [{"client": "bench_serving", "x": 100.0}, {"client": "cptest", "x": 102.0},

@@ -35,7 +35,7 @@ def _make(name: str, hook: str) -> ForwardHook | None:
     if probe is None:
         return None
     fn = getattr(hooks, hook)
-    return fn if getattr(fn, "_cptest_guards_itself", False) else probe.guarded(name)(fn)
+    return probe.timed_inner(fn if getattr(fn, "_cptest_guards_itself", False) else probe.guarded(name)(fn))
 
 
 def attn_rows(config: dict[str, Any] | None = None) -> ForwardHook | None:

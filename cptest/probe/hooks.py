@@ -157,7 +157,7 @@ def after_capture_cuda_graphs(result: Any, *_args: Any, **kwargs: Any) -> None:
             batch_sizes=int_list(sizes) if sizes is not None else None,
         ))
     if runner is not None:
-        probe.call("every_layer", _hook_every_layer, runner)
+        probe.call("every_layer", _hook_every_layer, runner, probe)
 
 
 _LAYER_MODULE = re.compile(
@@ -168,7 +168,7 @@ _LAYER_MODULE = re.compile(
 the plain one), and the MLP."""
 
 
-def _hook_every_layer(runner: Any) -> None:
+def _hook_every_layer(runner: Any, probe: Probe) -> None:
     """Give every layer the attention and MLP hooks that `--forward-hooks` gave the first.
 
     The plan's argv names the first layer's modules alone (`forward_hooks.MODULES`), and archives
@@ -190,7 +190,7 @@ def _hook_every_layer(runner: Any) -> None:
             continue
         spec, hook = hooks["mlp" if m.group(2) == "mlp" else "self_attn.attn"]
         if spec in given:
-            wrap_forward(module, hook)
+            wrap_forward(module, probe.timed_inner(hook))
 
 
 WRAPPED = "_cptest_forward_hook"

@@ -33,6 +33,8 @@ class Target:
     """What evidence goes missing when the target is absent."""
     cite: str
     """The pinned release's `sglang/srt/<path>:<line>`."""
+    inner: bool = False
+    """Fires inside a forward, every step: timed while the probe measures itself (`Probe.timed_inner`)."""
 
 
 TARGETS: tuple[Target, ...] = (
@@ -49,21 +51,23 @@ TARGETS: tuple[Target, ...] = (
            hooks.around_model_runner_forward, "steps and replay counts",
            "model_executor/model_runner.py:1382"),
     Target("sglang.srt.layers.cp.utils.prepare_cp_forward", "after",
-           hooks.after_prepare_cp_forward, "PCP split (attn_rows, cp_active)", "layers/cp/utils.py:157"),
+           hooks.after_prepare_cp_forward, "PCP split (attn_rows, cp_active)", "layers/cp/utils.py:157",
+           inner=True),
     Target("sglang.srt.layers.cp.zigzag.ZigzagCPStrategy.shard_position_ids", "after",
-           hooks.after_zigzag_shard_positions, "zigzag rank positions", "layers/cp/zigzag.py:308"),
+           hooks.after_zigzag_shard_positions, "zigzag rank positions", "layers/cp/zigzag.py:308",
+           inner=True),
     Target("sglang.srt.layers.cp.interleave.InterleaveCPStrategy.shard_position_ids", "after",
            hooks.after_interleave_shard_positions, "interleave rank positions",
-           "layers/cp/interleave.py:103"),
+           "layers/cp/interleave.py:103", inner=True),
     Target("sglang.srt.layers.utils.cp_utils.cp_split_and_rebuild_position", "after",
            hooks.after_cp_v1_split_positions, "PCP split on a model's CP-v1 path (attn_rows, positions)",
-           "layers/utils/cp_utils.py:150"),
+           "layers/utils/cp_utils.py:150", inner=True),
     Target("sglang.srt.mem_cache.memory_pool.MHATokenToKVPool.set_kv_buffer", "after",
-           hooks.after_set_kv_buffer, "kv_written", "mem_cache/memory_pool.py:2305"),
+           hooks.after_set_kv_buffer, "kv_written", "mem_cache/memory_pool.py:2305", inner=True),
     Target("sglang.srt.mem_cache.memory_pool.MLATokenToKVPool.set_kv_buffer", "after",
-           hooks.after_mla_set_kv_buffer, "kv_written (MLA)", "mem_cache/memory_pool.py:4019"),
+           hooks.after_mla_set_kv_buffer, "kv_written (MLA)", "mem_cache/memory_pool.py:4019", inner=True),
     Target("sglang.srt.mem_cache.memory_pool.MLATokenToKVPool.set_mla_kv_buffer", "after",
-           hooks.after_set_mla_kv_buffer, "kv_written (MLA)", "mem_cache/memory_pool.py:4095"),
+           hooks.after_set_mla_kv_buffer, "kv_written (MLA)", "mem_cache/memory_pool.py:4095", inner=True),
     Target("sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run", "after",
            pool_hooks.after_get_next_batch_to_run, "pool samples", "managers/scheduler.py:2925"),
 )
@@ -95,4 +99,4 @@ def register() -> None:
         # the per-layer KV hook guards itself (a wrapper per layer per step is a measurable cost).
         own = t.kind == "around" or getattr(t.hook, "_cptest_guards_itself", False)
         fn = t.hook if own else probe.guarded(t.hook.__name__)(t.hook)
-        HookRegistry.register(t.path, fn, kinds[t.kind])
+        HookRegistry.register(t.path, probe.timed_inner(fn) if t.inner else fn, kinds[t.kind])

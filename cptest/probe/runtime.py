@@ -156,7 +156,7 @@ def enabled(environ: dict[str, str] | None = None) -> bool:
     return bool(env.get(ENV_DIR, "").strip())
 
 
-COST_FIELDS = 19
+COST_FIELDS = 20
 """The length of `Probe.cost` (and of a `cost` note: epoch, steps, probe_ns, span_ns, then cost[4:])."""
 
 
@@ -240,7 +240,8 @@ class Probe:
         watchdog thread's CPU ns in the rounds where it acted (`_watch_loop`), the pool hook's ns on
         the engine's thread in busy scheduler iterations (pool_hooks.after_get_next_batch_to_run),
         those iterations, the ns and number of those that read the pools (not too soon), and the
-        watchdog's CPU ns by phase: sends, finishing records, writing lines; the chores' ns."""
+        watchdog's CPU ns by phase: sends, finishing records, writing lines; the chores' ns; the
+        inner hooks' ns (`timed_inner`)."""
 
     # ------------------------------------------------------------ writing
     def now(self) -> float:
@@ -483,18 +484,23 @@ class Probe:
 
     def _write_cost(self) -> None:
         """Write what `cost` gathered as a note `cost [epoch, steps, probe_ns, span_ns, ready_ns,
-        begin_ns, end_ns, send_ns, slow_steps, slow_ns, watchdog_ns, pool_ns, pool_calls, pool_read_ns,
-        pool_reads, watchdog_send_ns, watchdog_finish_ns, watchdog_lines_ns, chores_ns]`: the probe's own time
-        in the per-step hooks' begin and end (deferred records, copies included) over `steps` steps
-        that took `span_ns` from the first one's start to the last one's end, then that time by part
-        (steps._timed_forward), the steps whose probe work took over steps.SLOW_NS, the CPU
-        time of the watchdog thread in the rounds where it acted (a stalled engine's work, off its
-        thread: 0 in a steady decode); and the pool hook's time on the engine's thread in busy
-        scheduler iterations, outside the forward (not in `probe_ns`; the chores it runs are in it).
-        The next six split the pool hook's and the watchdog's figures, to show where the time goes;
-        the last is the chores' time on the engine's thread (`chores`, outside both hooks' figures).
+        begin_ns, end_ns, send_ns, slow_steps, slow_ns, watchdog_ns, pool_ns, pool_calls,
+        pool_read_ns, pool_reads, watchdog_send_ns, watchdog_finish_ns, watchdog_lines_ns, chores_ns,
+        inner_ns]`:
+        - the probe's own time in the per-step hooks' begin and end (deferred records, copies
+          included) over `steps` steps that took `span_ns` from the first one's start to the last
+          one's end, then that time by part (steps._timed_forward), and the steps whose probe work
+          took over steps.SLOW_NS;
+        - the CPU time of the watchdog thread in the rounds where it acted (a stalled engine's work,
+          off its thread: 0 in a steady decode);
+        - the pool hook's time on the engine's thread in busy scheduler iterations, outside the
+          forward (not in `probe_ns`), and its split;
+        - the watchdog's time by phase;
+        - the chores' time on the engine's thread (`chores`, outside both hooks' figures);
+        - the inner hooks' own time inside the forwards (`timed_inner`: the KV write, the CP split
+          and the layers' row hooks, outside `probe_ns`).
         The fields keep their places from when a writer thread did the watchdog's work every round:
-        tools/device/probe_windows.py reads notes of both."""
+        tools/device/probe_windows.py reads notes of every layout."""
         cost, self.cost = self.cost, [0] * COST_FIELDS
         if cost[1] and self.rank is not None:
             seen = [round(time.time(), 4), cost[1], cost[0], cost[3] - cost[2], *cost[4:]]
@@ -571,6 +577,25 @@ class Probe:
             with contextlib.suppress(Exception):
                 self.error(name, e)
             return None
+
+    def timed_inner(self, fn: F) -> F:
+        """`fn`, a hook that fires inside a forward, timed into the `cost` notes' inner field while
+        the probe measures itself (`timing`, ENV_SWITCH); `fn` itself otherwise, so that evidence
+        runs pay nothing for it. What it cannot count: the call into it (torch's hook dispatch,
+        SGLang's hook registry), which benchmarks/probe_step.py bounds."""
+        if not self.timing:
+            return fn
+        clock, probe = time.perf_counter_ns, self
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                probe.cost[19] += clock() - t0
+
+        return timed  # type: ignore[return-value]
 
     def guarded(self, name: str) -> Callable[[F], F]:
         """Decorator: the wrapped function never raises; an exception becomes a ProbeNote."""

@@ -332,3 +332,25 @@ def test_the_runtime_reaches_the_copy_batches_only_through_their_recorder(tmp_pa
     p.close()
     assert [r.message for r in read_records(tmp_path / "rank0.jsonl")[0]] == [  # type: ignore[union-attr]
         "the batch's steps", "refused by the batch"]
+
+
+def test_an_inner_hook_is_timed_only_while_the_probe_measures_itself(tmp_path: Path) -> None:
+    p = Probe(tmp_path)
+
+    def hook(x: int) -> int:
+        time.sleep(0.002)
+        return x + 1
+
+    assert p.timed_inner(hook) is hook  # evidence runs pay nothing
+    p.timing = True
+    timed = p.timed_inner(hook)
+    assert timed(1) == 2 and p.cost[19] >= 2_000_000
+    before = p.cost[19]
+
+    def boom() -> None:
+        raise ValueError("inner")
+
+    with pytest.raises(ValueError):
+        p.timed_inner(boom)()  # its own errors are the hook's to contain; the time still counts
+    assert p.cost[19] >= before
+    p.close()

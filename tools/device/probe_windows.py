@@ -208,13 +208,17 @@ def engine_share(costs: list[list[float]], n: int = 10_000, seed: int = 1) -> di
     if with_pool:
         # The probe's whole time on the engine's thread: its forward hooks' parts and the pool hook
         # (outside the forward), over the same steps' span, with its own interval over the notes.
-        # D114: the chores (field 18) run on the engine's thread too, outside both.
-        parts = (2, 11, 18) if all(len(c) >= 19 for c in with_pool) else (2, 11)
+        # D114: the chores (field 18) and the inner hooks (19) run on the engine's thread too,
+        # outside both.
+        parts = next(p for p, n in (((2, 11, 18, 19), 20), ((2, 11, 18), 19), ((2, 11), 0))
+                     if all(len(c) >= n for c in with_pool))
         whole, whole_ci = _share_ci(with_pool, parts, rng, n)
         n_pool = sum(c[1] for c in with_pool)
         out["pool_us_per_step"] = sum(c[11] for c in with_pool) / n_pool / 1000
-        if len(parts) == 3:
+        if len(parts) >= 3:
             out["chores_us_per_step"] = sum(c[18] for c in with_pool) / n_pool / 1000
+        if len(parts) >= 4:
+            out["inner_us_per_step"] = sum(c[19] for c in with_pool) / n_pool / 1000
         out["engine_all"] = {"share": whole, "ci95": whole_ci,
                              "us_per_step": sum(c[i] for c in with_pool for i in parts) / n_pool / 1000}
     split = [c for c in costs if len(c) >= 18]  # D73: the pool hook's and the writer's figures split
@@ -377,8 +381,10 @@ def main() -> None:
                       flush=True)
             if "engine_all" in e:
                 a_ = e["engine_all"]
+                extra = "".join(f", {label} {e[key]:.1f}" for key, label in (
+                    ("chores_us_per_step", "chores"), ("inner_us_per_step", "inner hooks")) if key in e)
                 print(f"{name}: with the pool hook ({e['pool_us_per_step']:.1f} us per step, outside the "
-                      f"forward): {100 * a_['share']:.3f} % (95 % CI {100 * a_['ci95'][0]:.3f} .. "
+                      f"forward{extra}): {100 * a_['share']:.3f} % (95 % CI {100 * a_['ci95'][0]:.3f} .. "
                       f"{100 * a_['ci95'][1]:.3f}): {a_['us_per_step']:.1f} us per step", flush=True)
             if "pool_split" in e:
                 ps_, wp = e["pool_split"], e["writer_us_per_step_by_phase"]
