@@ -118,7 +118,13 @@ _GIL_FREE = bytes(16384)
 
 
 class _Pass(torch.nn.Module):
-    """A layer's attention or MLP as torch calls it: the probe's row hooks ride on the module call."""
+    """A layer's attention or MLP as torch calls it: the probe's row hooks ride on the module call.
+    Attention carries its layer's id, as SGLang's RadixAttention does (the hook reads it)."""
+
+    def __init__(self, layer_id: int | None = None) -> None:
+        super().__init__()
+        if layer_id is not None:
+            self.layer_id = layer_id
 
     def forward(self, x: Any) -> Any:
         return x
@@ -133,7 +139,7 @@ def make_modules(layers: int, hooked: bool, registered: bool) -> tuple[list[tupl
     """Each layer's attention and MLP modules and the logits processor, hooked as in SGLang: the
     first layer's and the logits' by `register_forward_hook` (`--forward-hooks`), the others' by
     `hooks.wrap_forward` (`hooks._hook_every_layer`), or every one registered with `registered`."""
-    mods = [(_Pass(), _Pass()) for _ in range(layers)]
+    mods = [(_Pass(i), _Pass()) for i in range(layers)]
     logits = _Logits()
     if hooked:
         for i, (attn, mlp) in enumerate(mods):
