@@ -200,10 +200,10 @@ WRAPPED = "_cptest_forward_hook"
 def wrap_forward(module: Any, hook: Any) -> None:
     """Call `hook(module, args, output)` after each forward of `module`, as `register_forward_hook`
     would, through an instance `forward` instead: a module with a registered hook leaves torch's
-    fast call path (1.04 us more a call on this repository's CPU, benchmarks/probe_step.py's
-    host), an instance `forward` costs one Python call (0.14 us). The layers after the first are
-    hooked this way; the first layer's hooks are SGLang's (`--forward-hooks`, registered). Keyword
-    arguments reach `forward` and not the hook, as with a registered hook."""
+    fast call path, where an instance `forward` costs one Python call (benchmarks/probe_step.py
+    --registered compares the two). The layers after the first are hooked this way; the first
+    layer's hooks are SGLang's (`--forward-hooks`, registered). Keyword arguments reach `forward`
+    and not the hook, as with a registered hook."""
     if getattr(module, WRAPPED, None) is not None:
         return
     inner = module.forward

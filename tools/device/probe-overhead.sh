@@ -135,7 +135,7 @@ result = {"tokens_per_s": rates, "median": med, "on_off_ratios": ratios, "off0_o
                     "physical cores.",
           "note": "eager decode, every CUDA-graph phase disabled in all four servers"}
 
-time.sleep(1.0)  # the probe's writer comes by every 20 ms
+time.sleep(1.0)  # an idle server: its scheduler loop runs the probe's chores every 20 ms
 evidence = {}
 for g in (0, 1):
     steps, eager = [], 0
