@@ -949,3 +949,42 @@ def test_replays_by_the_short_path_write_the_bytes_the_general_path_writes(
     if timing:  # [steps, probe ns, counted steps, ...]: each step that returned counted once
         assert general_cost[2] == short_cost[2] == steps - 1
         assert short_cost[1] == short_cost[5] + short_cost[6] + short_cost[7]
+
+
+def test_an_idle_schedulers_loop_sends_and_finishes_the_batch_its_last_steps_left(
+        tmp_path: Path, monkeypatch: MP) -> None:
+    """D114: no probe thread finishes a busy engine's records; when the engine goes idle, SGLang's
+    scheduler keeps calling the pool hook every loop iteration, whose chores send and finish the
+    batch being filled once it waited IDLE_S, on the engine's thread."""
+    from cptest.probe import pool_hooks
+    from cptest.probe.pool_hooks import PoolSampler
+
+    now = [50.0]
+    p = Probe(tmp_path, clock=lambda: now[0], graph_flush_s=1e9)
+    p._start_watchdog = lambda: None  # type: ignore[method-assign]  # the engine's thread alone
+    runtime.set_probe(p)
+    monkeypatch.setattr(pool_hooks, "_SAMPLER", PoolSampler(every=1_000))
+    try:
+        _fake_parallel_state(monkeypatch, 0)
+        hooks.after_initialize_model_parallel(None)
+        for i in range(3):  # fewer than a batch: it stays open when the requests end
+            fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([9 + i, 4 + i]), ["a", "b"], 2)
+            hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=False), Runner(), fb)
+            now[0] += 0.004
+        alloc = types.SimpleNamespace(size=64, available_size=lambda: 64)
+        idle = types.SimpleNamespace(running_batch=None, batch_to_run=None)
+        sched = types.SimpleNamespace(token_to_kv_pool_allocator=alloc, waiting_queue=[], forward_ct=3)
+        path = tmp_path / "rank0.jsonl"
+
+        def steps_on_disk() -> list[int]:
+            return [r.step for r in read_records(path)[0] if isinstance(r, Step)] if path.exists() else []
+
+        pool_hooks.after_get_next_batch_to_run(idle, sched)  # idle, but the batch is not old yet
+        assert steps_on_disk() == [] and p.copies is not None
+        for _ in range(10):  # the loop goes on idle, one iteration a millisecond here
+            now[0] += 0.02
+            pool_hooks.after_get_next_batch_to_run(idle, sched)
+        assert steps_on_disk() == [1, 2, 3] and not p._pending
+    finally:
+        runtime.set_probe(None)
+        p.close()
