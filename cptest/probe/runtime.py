@@ -13,8 +13,8 @@ Contracts:
 - The probe's work runs on the engine's thread, not on a thread of its own. SGLang's eager loop
   lets go of the GIL at every torch call; a probe thread with work to do takes it there, and the
   engine then waits for the GIL at its next call, twice a hand-over: that convoy cost the engine
-  several times the probe thread's own work (benchmarks/probe_step.py --engine-us models it;
-  docs/decisions.md D114). On the engine's thread the probe's whole cost is in its `cost` notes.
+  several times the probe thread's own work (benchmarks/probe_step.py --engine-us models it). On
+  the engine's thread the probe's whole cost is in its `cost` notes.
 - Records are written in the order they were made: while deferred work is pending, later records
   queue behind it; one made while a copy batch is being filled joins that batch, between the
   steps before and after it (copy_batches.attach_record), which stays open. One exception: a
