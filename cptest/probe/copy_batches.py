@@ -398,31 +398,19 @@ def send_copies(probe: Probe) -> None:
     """Send the batch being filled and every closed batch not sent yet: the probe must finish its
     pending work now (`BatchRecorder.send_all`)."""
     with probe.copy_lock:
-        batch, probe.copies = probe.copies, None
-    _send_closed(probe, batch, poll=False)
-
-
-def _send_closed(probe: Probe, detached: CopyBatch | None, *, poll: bool) -> None:
-    """Send `detached` and every batch not sent yet; poll the sent ones if asked. Under `send_lock`,
-    not `copy_lock`: the engine's thread takes copy_lock every step, and the watchdog, which may be
-    sending, must not hold it meanwhile."""
+        detached, probe.copies = probe.copies, None
+    # Under `send_lock`, not `copy_lock`: the engine's thread takes copy_lock every step, and the
+    # watchdog, which may be sending, must not hold it meanwhile.
     with probe.send_lock:
         if detached is not None:
             detached.send()
         for _, item in list(probe._pending):  # a C-level copy, whole under the GIL
-            if isinstance(item, CopyBatch):
-                if item.host is None and item is not probe.copies:
-                    item.send()
-                if poll:
-                    item.poll()
+            if isinstance(item, CopyBatch) and item.host is None and item is not probe.copies:
+                item.send()
 
 
 def close_locked(probe: Probe, on_engine_thread: bool = False) -> None:
-    """No further step joins the batch being filled: send it."""
-    _send_locked(probe, on_engine_thread)
-
-
-def _send_locked(probe: Probe, on_engine_thread: bool = False) -> None:
+    """No further step joins the batch being filled (copy_lock held): send it."""
     batch, probe.copies = probe.copies, None
     if batch is not None:
         if on_engine_thread and probe.timing:
@@ -464,7 +452,7 @@ def close_if_due(probe: Probe, batch: CopyBatch) -> None:
     """After a step joined `batch` (copy_lock held): send it when full, or once its first step is
     COPY_WITHIN_S old (slow steps: records stay timely)."""
     if batch.steps >= COPY_EVERY or probe.clock() - batch.born >= COPY_WITHIN_S:
-        _send_locked(probe, on_engine_thread=True)
+        close_locked(probe, on_engine_thread=True)
 
 
 def join_run(probe: Probe, draft: StepDraft, pos_t: Any) -> bool:

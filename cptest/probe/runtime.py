@@ -374,8 +374,9 @@ class Probe:
         if pending and pending[0][1].ready():
             self._run_pending(None)
 
-    def _finish_pending(self, deadline: float) -> bool:
-        """Finish all pending work, polling (never spinning on the device) until `deadline`."""
+    def _finish_pending(self, deadline: float | None) -> bool:
+        """Send what is left and finish all pending work, polling (never spinning on the device)
+        until `deadline`; without one (the engine's thread), what is ready now, waiting for nothing."""
         if self._pending and self.batches is not None:
             self.batches.send_all(self)
         return self._run_pending(deadline)
@@ -433,9 +434,7 @@ class Probe:
                     self._write_cost()
             pending = self._pending
             if pending and now - pending[0][0] > IDLE_S:
-                if self.batches is not None:
-                    self.batches.send_all(self)
-                self._run_pending(None)
+                self._finish_pending(None)
             self._write_graph_counts(force=False)
         except Exception as e:
             self.call("chores", self.error, "chores", e)

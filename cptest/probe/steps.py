@@ -106,7 +106,7 @@ def _timed_forward(probe: Probe, original: Any, runner: Any, forward_batch: Any,
     """`around_model_runner_forward` while measuring (`Probe.timing`, runtime.ENV_SWITCH): the same
     work, with the probe's own time on the engine's thread added up by part (`Probe.cost`):
     finishing earlier steps' records (ready), opening the step (begin), closing it (end, which
-    includes sending copies; `send` is also counted apart, in `copy_batches._send_locked`). The
+    includes sending copies; `send` is also counted apart, in `copy_batches.close_locked`). The
     inner hooks (KV write, forward hooks) are not in it; benchmarks/probe_step.py bounds them. A
     separate function, so that evidence runs do not pay for the clock reads."""
     clock = time.perf_counter_ns
