@@ -341,6 +341,11 @@ def main() -> None:
     ap.add_argument("--reads", type=int, default=0, metavar="CONTEXT",
                     help="DCP 2 with SGLang's block table: every step also hands over its KV slots, and "
                          "every CPTEST_PROBE_READ_EVERY-th step reads the rows of requests of CONTEXT tokens")
+    ap.add_argument("--scattered", action="store_true",
+                    help="with --reads, each request's rows one pool row in every BATCH, as requests "
+                         "decoded in turn leave them (one range per token); without it, one range each")
+    ap.add_argument("--read-share", type=float, default=None, metavar="FRACTION",
+                    help="the probe's read_share (default: runtime.READ_SHARE; 1: reads never skipped)")
     a = ap.parse_args()
     shape = {"device": a.device, "graphs": a.graphs, "engine_us": a.engine_us}
     forward, fb = make_step(a.layers, a.batch, registered=a.registered, **shape)
@@ -355,8 +360,10 @@ def main() -> None:
         fb.out_cache_loc = torch.arange(a.batch, device=a.device) * 2
         fb.req_pool_indices = torch.arange(a.batch, device=a.device)
         fb.seq_lens_cpu = torch.full((a.batch,), a.reads)
-        runner.req_to_token_pool = types.SimpleNamespace(req_to_token=torch.arange(
-            a.batch * a.reads, dtype=torch.int32, device=a.device).reshape(a.batch, a.reads))
+        table = torch.arange(a.batch * a.reads, dtype=torch.int32, device=a.device)
+        table = (table.reshape(a.reads, a.batch).T.contiguous() if a.scattered
+                 else table.reshape(a.batch, a.reads))
+        runner.req_to_token_pool = types.SimpleNamespace(req_to_token=table)
     sched_on, _ = make_scheduler(a.batch, hooked=a.pool)
     sched_off, _ = make_scheduler(a.batch, hooked=False)
     around = hooks.around_model_runner_forward
@@ -387,6 +394,8 @@ def main() -> None:
         probe.set_rank(RankId(world=0))
         if a.reads:
             probe.dcp_size = 2
+        if a.read_share is not None:
+            probe.read_share = a.read_share
         probe.cp_configured = False
         cpu0 = time.process_time()
         if gil is not None:
@@ -444,6 +453,10 @@ def main() -> None:
     print(f"  kept objects : {kept_on - kept_off:8.2f} per step moved to the collector's oldest generation "
           f"by the probe ({kept_on:.2f} hooked, {kept_off:.2f} unhooked)")
     print(parts)
+    if a.reads:
+        print(f"  reads        : {probe.read_ns / 1e6:.1f} ms finishing the steps that recorded them, "
+              f"{probe.read_ns / 1e7 / probe.now():.2f} % of the probe's {probe.now():.1f} s; "
+              f"{probe.reads_skipped} sampled step(s) skipped, over its share of {probe.read_share:.2%}")
 
 
 def timed_parts(probe: Probe, iteration: Any, step: Any, steps: int, off_cpu: float) -> str:

@@ -488,6 +488,18 @@ def join_run(probe: Probe, draft: StepDraft, pos_t: Any) -> bool:
 def _step_line(probe: Probe, batch: CopyBatch, draft: StepDraft) -> str:
     """The Step record's line of one step of `batch`, its host copies arrived."""
     assert probe.rank is not None and probe.rank_json is not None
+    if "reads" in draft.which:
+        t0 = time.perf_counter_ns()
+        line = _line_of(probe, batch, draft)
+        took = time.perf_counter_ns() - t0
+        probe.read_ns += took
+        probe.read_credit_ns -= took  # what `Probe.reads_due` holds within its share
+        return line
+    return _line_of(probe, batch, draft)
+
+
+def _line_of(probe: Probe, batch: CopyBatch, draft: StepDraft) -> str:
+    assert probe.rank is not None and probe.rank_json is not None
     positions = None
     for k, name in enumerate(draft.which):
         value = batch.part(draft.first + k)

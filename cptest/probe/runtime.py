@@ -78,6 +78,16 @@ the request's block-table row over its length, this rank's share) and where it w
 `0` never. Sampled: the block-table rows grow with the context, and the copy of every step's would
 cost the engine a gather and a transfer each step."""
 READ_EVERY_DEFAULT = 32
+READ_SHARE = 0.0025
+"""The most of the probe's running time that finishing the steps that recorded their reads may take
+(`Probe.reads_due`): a sampled step whose rows are long and scattered (a long context decoded
+beside many others leaves one pool row range per token) takes milliseconds to turn into ranges and a
+line, so the probe skips samples while the reads are over this share. Short contexts stay within it
+at every READ_EVERY_DEFAULT-th step."""
+READ_CREDIT_MAX_NS = 5_000_000
+"""The most reads' time a quiet spell saves up (idle, paused, graph replays): past it, the share's
+credit stops growing, so that the reads after a long spell come no faster than READ_EVERY_DEFAULT
+allows, nor in a burst that costs the engine this much more."""
 READ_CELLS_MAX = 1 << 14
 """The most block-table values (requests x their longest length) a sampled step reads: it takes
 as many consecutive requests as fit. Their ranges are made when the batch is finished, on the
@@ -179,6 +189,17 @@ class Probe:
         """The rank's index in its DCP group: it holds the K/V of positions p % dcp_size == dcp_rank."""
         self.read_every = read_every
         """Every how many steps an eager decode step records its reads (ENV_READ_EVERY; 0: never)."""
+        self.read_ns = 0
+        """The engine thread's time spent finishing the steps that recorded their reads (their
+        ranges and lines)."""
+        self.read_share = READ_SHARE
+        """The most of the probe's running time that finishing read steps may take (READ_SHARE)."""
+        self.read_credit_ns = 0.0
+        """What reads may still take: `read_share` of the time that passed, at most
+        READ_CREDIT_MAX_NS, less what finishing them took (`reads_due`)."""
+        self._read_credit_t = self.t0
+        self.reads_skipped = 0
+        """Sampled steps that recorded no reads because the reads were over READ_SHARE."""
         self.pid = os.getpid()
         self._fd: int | None = None
         self._held: list[BaseModel] = []
@@ -441,6 +462,25 @@ class Probe:
         if t0:
             self.cost[18] += time.perf_counter_ns() - t0
 
+    def reads_due(self, now: float) -> bool:
+        """Whether a sampled decode step (its clock `now`) may record its reads: while the reads'
+        credit is not spent. The credit grows by `read_share` of the time that passes, up to
+        READ_CREDIT_MAX_NS, and finishing a step that recorded its reads spends what it took
+        (`copy_batches._step_line`). A skip is noted once, with the figures; `close` notes how
+        many were skipped."""
+        credit = self.read_credit_ns + self.read_share * (now - self._read_credit_t) * 1e9
+        self.read_credit_ns = credit = min(credit, READ_CREDIT_MAX_NS)
+        self._read_credit_t = now
+        if credit >= 0:
+            return True
+        self.reads_skipped += 1
+        if self.reads_skipped == 1:
+            self.note(f"reads sampled less often from step {self.step_index}: finishing the steps that "
+                      f"recorded them took {self.read_ns / 1e6:.1f} ms in {now - self.t0:.1f} s, over "
+                      f"{self.read_share:.2%} of the time; a sampled step records its reads again once "
+                      "within it")
+        return False
+
     def poll_switch(self) -> None:
         """Pause or resume as the switch file says; a stat per call, a read only when it changed."""
         if self.switch is None:
@@ -547,6 +587,9 @@ class Probe:
         return finished
 
     def close(self) -> None:
+        if self.reads_skipped:
+            self.note(f"{self.reads_skipped} sampled step(s) recorded no reads: finishing the reads took "
+                      f"{self.read_ns / 1e6:.1f} ms of {self.now():.1f} s, held within {self.read_share:.2%}")
         self.flush()
         if self._watchdog is not None:
             self._stop.set()

@@ -275,7 +275,8 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
     decode = draft.mode == "decode"
     read_every = probe.read_every
     reads = (_block_rows(probe, runner, fb, draft) if decode and read_every and has_pos
-             and draft.graph_rows is None and draft.step % read_every == 0 else None)
+             and draft.graph_rows is None and draft.step % read_every == 0 and probe.reads_due(draft.t)
+             else None)
     seen_write = (has_pos and draft.kv_rows is not None
                   and (not decode or mask is not None or reads is not None))
     slots = getattr(fb, "out_cache_loc", None) if seen_write and not draft.kv_at_loc else None

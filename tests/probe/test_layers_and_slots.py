@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import types
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from cptest.evidence import Step, slot_pairs  # noqa: E402
+from cptest.evidence import ProbeNote, Step, slot_pairs  # noqa: E402
 from cptest.probe import forward_hooks, hooks, runtime  # noqa: E402
 from cptest.probe.runtime import Probe  # noqa: E402
 from tests.probe.test_hooks import (  # noqa: E402
@@ -366,6 +367,7 @@ def test_a_sampled_decode_step_records_the_rows_its_attention_reads_from_the_blo
     _fake_parallel_state(monkeypatch, 1)
     hooks.after_initialize_model_parallel(None)
     probe.read_every = 2  # steps 2, 4, ... record their reads
+    probe.read_share = 1.0  # never over: the reads' time is part of the time the probe ran
     table = torch.zeros(4, 16, dtype=torch.int32)
     table[3, :7] = torch.tensor([40, 41, 42, 43, 44, 45, 46], dtype=torch.int32)  # request a
     table[1, :4] = torch.tensor([90, 91, 92, 95], dtype=torch.int32)  # request b
@@ -390,6 +392,7 @@ def test_a_step_whose_block_table_is_too_large_notes_it_and_reads_nothing(
     _fake_parallel_state(monkeypatch, 0)
     hooks.after_initialize_model_parallel(None)
     probe.read_every = 1
+    probe.read_share = 1.0
     monkeypatch.setattr(runtime, "READ_CELLS_MAX", 4)
     runner = TableRunner(req_to_token_pool=TablePool(torch.zeros(2, 16, dtype=torch.int32)))
     fb = ReadBatch(Mode("DECODE"), torch.arange(1), torch.tensor([8]), ["a"], 1,
@@ -411,6 +414,7 @@ def test_sampled_steps_read_as_many_consecutive_requests_as_fit_moving_on_each_t
     hooks.after_initialize_model_parallel(None)
     probe.dcp_size = 1
     probe.read_every = 1
+    probe.read_share = 1.0
     monkeypatch.setattr(runtime, "READ_CELLS_MAX", 8)  # two requests of 4
     table = torch.arange(4 * 8, dtype=torch.int32).reshape(4, 8)
     runner = TableRunner(req_to_token_pool=TablePool(table))
@@ -424,6 +428,44 @@ def test_sampled_steps_read_as_many_consecutive_requests_as_fit_moving_on_each_t
     # steps 1..4 start at request step % 3: b+c, c (+ b before it: the end has room), a+b, b+c
     assert [sorted(r) for r in read] == [["b", "c"], ["b", "c"], ["a", "b"], ["b", "c"]]
     assert read[2] == {"a": [(0, 4)], "b": [(8, 12)]}  # each request's row of the table, its length
+
+
+def test_sampled_steps_skip_their_reads_while_finishing_reads_is_over_its_share(
+        tmp_path: Path, monkeypatch: MP) -> None:
+    """Reads of long, scattered rows take milliseconds per sampled step to finish: the probe
+    skips samples while they took more than `read_share` of the time that passed (a quiet spell
+    saving up no more than READ_CREDIT_MAX_NS), says so once, and counts the skips when it closes."""
+    now = [100.0]
+    probe = Probe(tmp_path, clock=lambda: now[0], graph_flush_s=0.0)
+    runtime.set_probe(probe)
+    try:
+        _fake_parallel_state(monkeypatch, 0)
+        hooks.after_initialize_model_parallel(None)
+        probe.dcp_size, probe.read_every = 1, 1
+        runner = TableRunner(req_to_token_pool=TablePool(torch.arange(16, dtype=torch.int32).reshape(2, 8)))
+
+        def step() -> None:
+            fb = ReadBatch(Mode("DECODE"), torch.arange(1), torch.tensor([3]), ["a"], 1,
+                           out_cache_loc=torch.tensor([3]), req_pool_indices=torch.tensor([0]),
+                           seq_lens_cpu=torch.tensor([4]))
+            hooks.around_model_runner_forward(_model([None]), runner, fb)
+
+        probe.read_credit_ns = -30_000_000  # reads that took 30 ms
+        now[0] = 110.0  # 10 s later: 25 ms of credit at 0.25 %
+        step()  # still 5 ms over: skipped
+        step()  # the same: skipped, not noted again
+        now[0] = 1110.0  # a long quiet spell saves up READ_CREDIT_MAX_NS, no more
+        step()
+        assert 0 <= probe.read_credit_ns <= runtime.READ_CREDIT_MAX_NS
+        probe.close()
+    finally:
+        runtime.set_probe(None)
+    reads = [s.kv_read for s in _steps(probe)]
+    assert reads == [{}, {}, {"a": [(0, 4)]}]
+    assert probe.reads_skipped == 2 and probe.read_ns > 0  # the third step's finishing counted
+    messages = [r.message for r in _records(probe) if isinstance(r, ProbeNote)]
+    assert sum("reads sampled less often" in m for m in messages) == 1
+    assert any(m.startswith("2 sampled step(s) recorded no reads") for m in messages)
 
 
 def _mla_forward(pool_method: str) -> Any:
