@@ -32,6 +32,16 @@ Requests (`op` and its fields):
   `tokens` as the DP ranks exchanged them; answers the four fields the probe reads, the rows the
   forward runs, its padded positions and `out_cache_loc`, and the positions once
   `post_forward_mlp_sync_batch` cut them back.
+- `dp_gather` {model_path, tp, dp, attn_cp, prefill_cp, cases}: the MLP's attention-DP gather on a real
+  gloo world of `tp` processes forked from this one. Each builds SGLang's own groups
+  (`init_distributed_environment`, `initialize_model_parallel`, `initialize_dp_attention`), sizes its DP
+  rank's batch of every case ({tokens, extend}: each DP rank's count as exchanged) through
+  `prepare_mlp_sync_batch`, and runs the gather `prepare_mlp` starts with,
+  `CommunicateWithAllReduceAndLayerNormFn._gather_hidden_states_and_residual` (`dp_gather_replicate` or
+  `dp_gather_partial`, `layers/dp_attention.py`). Answers per rank and case the padding mode, the
+  buffer, the slices, the rank's rows, and the gathered buffer's first column or the exception. A
+  rank's real rows hold `1000 * (dp_rank + 1) + row` on its attention-TP rank 0 and 0 on the others
+  (attention-TP partial sums add up to it); padding rows hold 0.
 
 What is not SGLang's own, and why:
 - torchvision's two op schemas (`_define_torchvision_ops`): PyPI's torchvision links libtorch_cuda,
@@ -45,6 +55,13 @@ What is not SGLang's own, and why:
 - `prepare_mlp_sync_batch` runs with `torch.tensor`'s `pin_memory` dropped (the CPU build has no
   pinned allocator), a model runner stub holding the ServerArgs, the attention DP size and this DP
   rank's attention ranks set as `initialize_dp_attention` would, and no CUDA-graph prefill.
+- In `dp_gather`'s processes: SGLang registers its collective ops (`reg_all_gather_into_tensor`,
+  `reg_reduce_scatter_tensor`) for the CUDA dispatch key only, so a CPU registration hands each call
+  to that same kernel, SGLang's Python body; `memcpy_triton`'s kernel runs in Triton's interpreter (no
+  GPU to compile for). The collectives are gloo's: where NCCL raises `ValueError("output tensor size
+  must be equal to world_size times input tensor size")`, gloo refuses the same sizes with a
+  `RuntimeError` of its own. The layernorm is the identity and the residual 0: what is compared is
+  where the rows go.
 """
 
 from __future__ import annotations
@@ -398,6 +415,150 @@ def _dp_buffer_sized(req: dict[str, Any]) -> dict[str, Any]:
             "padded_out_cache_loc": padded["out_cache_loc"], "positions_after": fb.positions.tolist()}
 
 
+def dp_gather(req: dict[str, Any]) -> dict[str, Any]:
+    """Fork a gloo world of `tp` ranks, run every case on each, and collect what each rank saw."""
+    import multiprocessing
+    import shutil
+    import tempfile
+
+    # Imported before the fork, so that no rank imports them again.
+    from sglang.srt.layers import communicator  # noqa: F401
+    from sglang.srt.model_executor import forward_batch_info  # noqa: F401
+    from sglang.srt.server_args import ServerArgs
+
+    tp, dp, cp = int(req["tp"]), int(req["dp"]), int(req["attn_cp"])
+    prefill_cp = bool(req.get("prefill_cp", cp > 1))
+    environ = dict(os.environ)
+    store = tempfile.mkdtemp(prefix="cptest-gloo-")
+    procs: list[Any] = []
+    try:
+        sa = ServerArgs(model_path=str(req["model_path"]), tp_size=tp, dp_size=dp, enable_dp_attention=True,
+                        attn_cp_size=cp, enable_prefill_cp=prefill_cp,
+                        cp_strategy="zigzag" if prefill_cp else None, device="cpu", skip_tokenizer_init=True)
+        fork = multiprocessing.get_context("fork")
+        pipes = []
+        for rank in range(tp):
+            receive, send = fork.Pipe(duplex=False)
+            proc = fork.Process(target=_gather_rank, args=(rank, sa, req["cases"], f"{store}/store", send),
+                                daemon=True)
+            proc.start()
+            procs.append(proc)
+            pipes.append(receive)
+        ranks = []
+        for rank, receive in enumerate(pipes):
+            if not receive.poll(float(req.get("timeout_s", 120))):
+                return {"ok": False, "type": "TimeoutError", "message": f"rank {rank} did not answer",
+                        "where": ""}
+            ranks.append(receive.recv())
+        failed = [r for r in ranks if not r["ok"]]
+        if failed:
+            return {"ok": False, "type": "RankError", "message": failed[0]["error"], "where": ""}
+        return {"ok": True, "ranks": ranks}
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+        shutil.rmtree(store, ignore_errors=True)
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+HIDDEN = 4
+"""The gathered rows' width: the buffers are sized in rows, so a narrow one shows the same."""
+
+
+def _gather_rank(rank: int, sa: Any, cases: list[dict[str, Any]], store: str, answer: Any) -> None:
+    try:
+        answer.send({"ok": True, "rank": rank, "cases": _gather_cases(rank, sa, cases, store)})
+    except BaseException:  # noqa: BLE001 - the parent hears of it instead of waiting
+        answer.send({"ok": False, "rank": rank, "error": traceback.format_exc()})
+
+
+def _gather_cases(rank: int, sa: Any, cases: list[dict[str, Any]], store: str) -> list[dict[str, Any]]:
+    import torch
+    from sglang.kernels.ops.memory import memcpy_triton
+    from sglang.srt.distributed import parallel_state as ps
+    from sglang.srt.layers import dp_attention
+    from sglang.srt.layers.communicator import (
+        CommunicateContext,
+        CommunicateWithAllReduceAndLayerNormFn,
+        ScatterMode,
+    )
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from sglang.srt.runtime_context import get_context, get_parallel
+    from triton.runtime.interpreter import InterpretedFunction
+
+    torch.set_num_threads(1)
+    memcpy_triton.memcpy_triton_kernel = InterpretedFunction(memcpy_triton.memcpy_triton_kernel.fn)
+    library = torch.library.Library("sglang", "IMPL")
+    cuda = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+    for name in ("reg_all_gather_into_tensor", "reg_reduce_scatter_tensor"):
+        op = getattr(torch.ops.sglang, name).default
+        library.impl(name, lambda *a, op=op: op.redispatch(cuda, *a), "CPU")
+
+    ps.init_distributed_environment(world_size=sa.tp_size, rank=rank, distributed_init_method=f"file://{store}",
+                                    local_rank=rank, backend="gloo", timeout=60)
+    ps.initialize_model_parallel(tensor_model_parallel_size=sa.tp_size,
+                                 attention_data_parallel_size=sa.dp_size,
+                                 attention_context_model_parallel_size=sa.attn_cp_size, backend="gloo")
+    get_context().set_server_args(sa)
+    dp_attention.initialize_dp_attention(sa, SimpleNamespace(hf_config=SimpleNamespace(), hidden_size=HIDDEN,
+                                                             dtype=torch.float32))
+    dp_rank = dp_attention.get_attention_dp_rank()
+    attn_tp_rank = ps.get_attn_tp_group().rank_in_group
+    runner = SimpleNamespace(
+        server_args=sa, is_draft_worker=False,
+        model_config=SimpleNamespace(hf_config=SimpleNamespace(get_text_config=SimpleNamespace),
+                                     linear_attn_registry_result=None),
+        attn_backend=SimpleNamespace(get_cuda_graph_seq_len_fill_value=lambda: 1))
+    tensor = torch.tensor
+
+    def unpinned(*a: Any, pin_memory: bool = False, **k: Any) -> Any:
+        return tensor(*a, **k)
+
+    torch.tensor = unpinned
+    where = {"tp_group": ps.get_tp_group().world_size, "attn_tp": ps.get_attn_tp_group().world_size,
+             "dp_rank": dp_rank, "attn_cp_rank": get_parallel().attn_cp_rank, "attn_tp_rank": attn_tp_rank}
+    out = []
+    for case in cases:
+        tokens, extend = [int(n) for n in case["tokens"]], bool(case["extend"])
+        n = tokens[dp_rank]
+        mode = ForwardMode.IDLE if n == 0 else ForwardMode.EXTEND if extend else ForwardMode.DECODE
+        bs = 0 if n == 0 else 1 if extend else n
+        fb = ForwardBatch(forward_mode=mode, batch_size=bs, input_ids=torch.arange(n),
+                          req_pool_indices=torch.zeros(bs, dtype=torch.int64), seq_lens=torch.full((bs,), n),
+                          out_cache_loc=torch.arange(n), seq_lens_sum=n * bs, positions=torch.arange(n),
+                          seq_lens_cpu=torch.full((bs,), n))
+        fb.original_global_num_tokens_cpu = list(tokens)
+        fb.global_num_tokens_cpu = list(tokens)
+        fb.global_num_tokens_gpu = tensor(tokens)
+        fb.global_num_tokens_for_logprob_cpu = list(tokens)
+        fb.is_extend_in_batch = extend
+        fb.prepare_mlp_sync_batch(runner)
+        rows = int(fb.input_ids.shape[0])
+        hidden = torch.zeros(rows, HIDDEN)
+        if attn_tp_rank == 0:
+            hidden[:n, 0] = 1000 * (dp_rank + 1) + torch.arange(n, dtype=torch.float32)
+        seen: dict[str, Any] = {**where, "mode": fb.dp_padding_mode.name,
+                                "buffer": int(fb.global_dp_buffer_len),
+                                "slices": [int(x) for x in fb.global_num_tokens_cpu], "rows": rows}
+        try:
+            gathered, _ = CommunicateWithAllReduceAndLayerNormFn._gather_hidden_states_and_residual(
+                hidden, torch.zeros_like(hidden), forward_batch=fb, layernorm=_identity,
+                context=CommunicateContext.init_new(), residual_input_mode=ScatterMode.TP_ATTN_FULL)
+            seen.update(ok=True, gathered=[float(x) for x in gathered[:, 0].tolist()])
+        except Exception as err:  # noqa: BLE001 - the answer is the exception
+            seen.update(_error(err))
+        out.append(seen)
+    return out
+
+
+def _identity(hidden: Any, residual: Any = None) -> Any:
+    """The layernorm: what is compared is where the rows go, not their values' scale."""
+    return hidden if residual is None else (hidden, residual)
+
+
 def version(_req: dict[str, Any]) -> dict[str, Any]:
     import sglang
 
@@ -406,7 +567,8 @@ def version(_req: dict[str, Any]) -> dict[str, Any]:
 
 OPS = {"version": version, "server_args": server_args, "groups": groups, "split": split, "split_v1": split_v1,
        "dcp_lens": dcp_lens,
-       "dcp_filter": dcp_filter, "alloc_extend": alloc_extend, "dp_buffer": dp_buffer}
+       "dcp_filter": dcp_filter, "alloc_extend": alloc_extend, "dp_buffer": dp_buffer,
+       "dp_gather": dp_gather}
 
 
 def main() -> None:

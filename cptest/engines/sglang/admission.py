@@ -178,6 +178,10 @@ CONDITIONS: tuple[tuple[str, Predicate], ...] = (
         lambda c: c.degrees.dcp > 1 and not c.is_mla and c.attention_backend != "triton",
     ),
     ("dcp_disables_prefill_graph", lambda c: c.degrees.dcp > 1),
+    # Last: it fires at the first decode padded to the longest DP rank, after every other rule's stage
+    # (llama_pcp's first prefill among them). Llama gathers no attention-DP buffer at all.
+    ("pcp_attention_dp_gather", lambda c: (c.degrees.attn_cp > 1 and c.degrees.attn_dp > 1
+                                           and c.architecture not in ATTENTION_OVER_FULL_TP)),
 )
 
 
@@ -210,6 +214,7 @@ SITUATIONS: dict[str, str] = {
     "llama_pcp": "prefill CP on {architecture}",
     "llama_attention_dp": "attention DP {attn_dp} on {architecture}",
     "llama_pcp_silent": "prefill CP on {architecture} with {kv_heads} KV head(s)",
+    "pcp_attention_dp_gather": "attention CP {attn_cp} inside attention DP {attn_dp} on {architecture}",
     "mha_dcp_kv_not_replicated": "{kv_heads} KV heads with tp {tp} and dcp {dcp}",
     "dcp_backend_without_dcp_path": "DCP with attention backend {attention_backend}",
 }

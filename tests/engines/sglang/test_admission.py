@@ -122,6 +122,26 @@ def test_attention_dp_on_llama_is_flagged_and_on_qwen3_is_not():
     assert "llama_attention_dp" not in codes(later)
 
 
+
+def test_attention_cp_inside_attention_dp_dies_at_the_first_padded_decode():
+    # Seen co-located (results/pcp2_zigzag_qwen3_moe_kv1_fa3_dp2): the warm-up decode's gather.
+    adm = predict(R17, launch(tp=4, attn_dp=2, attn_cp=2, prefill_cp=True, cp_strategy="zigzag",
+                              attention_backend="fa3", min_prompt_len=64, **QWEN3_MOE))
+    assert (adm.accepted, adm.stage, adm.exception, adm.rule) == (False, "runtime", "ValueError",
+                                                                  "pcp_attention_dp_gather")
+    assert adm.message is not None and adm.message.startswith(
+        "output tensor size must be equal to world_size times input tensor size")
+    # Attention CP builds its groups without prefill CP too; attention TP 2 reduce-scatters first.
+    for degrees in (dict(tp=4, attn_dp=2, attn_cp=2), dict(tp=8, attn_dp=2, attn_cp=2, prefill_cp=True,
+                                                          cp_strategy="zigzag")):
+        assert predict(R17, launch(**degrees, **QWEN3_MOE)).rule == "pcp_attention_dp_gather"
+    # Attention CP 1, attention DP 1, or Llama (which gathers no attention-DP buffer): not this rule.
+    for degrees, model in ((dict(tp=4, attn_dp=4), QWEN3_MOE), (dict(tp=4, attn_cp=2), QWEN3_MOE),
+                           (dict(tp=4, attn_dp=2, attn_cp=2), LLAMA)):
+        assert predict(R17, launch(**degrees, **model)).rule != "pcp_attention_dp_gather"
+    # Nobody has read 0.5.23 for it: the rule does not come over.
+    assert "pcp_attention_dp_gather" not in R23.rules
+
 def test_mha_dcp_warns_when_kv_heads_exceed_tp_over_dcp():
     llama = predict(R17, launch(tp=8, dcp=2, attention_backend="triton", **LLAMA))
     assert "mha_dcp_kv_not_replicated" in codes(llama)
