@@ -486,8 +486,8 @@ def join_run(probe: Probe, draft: StepDraft, pos_t: Any) -> bool:
 
 
 def _step_line(probe: Probe, batch: CopyBatch, draft: StepDraft) -> str:
-    """The Step record's line of one step of `batch`, its host copies arrived."""
-    assert probe.rank is not None and probe.rank_json is not None
+    """The Step record's line of one step of `batch`, its host copies arrived; a step that
+    recorded its reads has its time spent from the reads' credit."""
     if "reads" in draft.which:
         t0 = time.perf_counter_ns()
         line = _line_of(probe, batch, draft)
@@ -499,6 +499,7 @@ def _step_line(probe: Probe, batch: CopyBatch, draft: StepDraft) -> str:
 
 
 def _line_of(probe: Probe, batch: CopyBatch, draft: StepDraft) -> str:
+    """`_step_line`'s work: the step's host values onto its draft, then its line."""
     assert probe.rank is not None and probe.rank_json is not None
     positions = None
     for k, name in enumerate(draft.which):
