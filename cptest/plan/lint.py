@@ -39,6 +39,7 @@ CONTRADICTS: dict[str, tuple[str, ...]] = {
     "mha_dcp_kv_not_replicated": ("generation",),
     "dcp_backend_without_dcp_path": ("rows", "generation"),
     "pcp_with_dcp": ("generation",),
+    "pcp_attention_dp_gather_wide": ("serving", "generation"),
 }
 
 

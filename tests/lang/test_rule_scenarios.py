@@ -42,6 +42,9 @@ NOT_COVERED = {
     "cannot name a platform (LaunchConfig.platform is always cuda)",
     "interleave_no_attention": "needs an attention backend that runs interleave CP attention (fa3); the "
     "GPU machine's SGLang has fa3 stripped",
+    "pcp_attention_dp_gather_wide": "needs attention DP 3 or more with attention CP 2: tp 6 divides neither "
+    "the tiny models' heads nor their MLP, and tp 8 (attention DP 4) is eight co-located nodes; SGLang's "
+    "own gather runs on the CPU instead (tests/sglang_src/test_dp_gather_differential.py)",
     "pcp_cp_v1_unobserved": "what it predicts is that the probe's row evidence cannot judge the split, so "
     "no contract judges it; the CP-v2 switch it hangs on is compared with SGLang's on the CPU "
     "(tests/sglang_src/test_rules_differential.py)",

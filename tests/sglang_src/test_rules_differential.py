@@ -55,6 +55,8 @@ CPU_BLIND = {
     "llama_attention_dp": "the all-reduce of different batches: needs a forward",
     "pcp_attention_dp_gather": "the MLP's gather at the first padded decode: needs the collective, "
                                "which test_dp_gather_differential runs over gloo with SGLang's sizing",
+    "pcp_attention_dp_gather_wide": "a later decode's gather, or the all-reduce's sum: needs the "
+                                    "collective (test_dp_gather_differential, over gloo)",
     "mha_dcp_kv_not_replicated": "wrong output: needs a forward",
     "mla_dcp_triton_decode": "the first decode: needs a forward",
     "mla_dcp_flashmla_lse_unpacked": "the first decode: needs a forward (and FlashMLA)",

@@ -179,10 +179,16 @@ CONDITIONS: tuple[tuple[str, Predicate], ...] = (
     ),
     ("dcp_disables_prefill_graph", lambda c: c.degrees.dcp > 1),
     # Last: it fires at the first decode padded to the longest DP rank, after every other rule's stage
-    # (llama_pcp's first prefill among them). Llama gathers no attention-DP buffer at all.
-    ("pcp_attention_dp_gather", lambda c: (c.degrees.attn_cp > 1 and c.degrees.attn_dp > 1
-                                           and c.architecture not in ATTENTION_OVER_FULL_TP)),
+    # (llama_pcp's first prefill among them); at attention DP 2 that is the launch's warm-up, at 3 or
+    # more a later decode (the warm-up all-reduces instead). Llama gathers no attention-DP buffer.
+    ("pcp_attention_dp_gather", lambda c: _cp_in_dp_gather(c) and c.degrees.attn_dp == 2),
+    ("pcp_attention_dp_gather_wide", lambda c: _cp_in_dp_gather(c) and c.degrees.attn_dp > 2),
 )
+
+
+def _cp_in_dp_gather(c: LaunchConfig) -> bool:
+    """Attention CP inside attention DP on a model whose MLP gathers the attention-DP buffer."""
+    return c.degrees.attn_cp > 1 and c.degrees.attn_dp > 1 and c.architecture not in ATTENTION_OVER_FULL_TP
 
 
 def _shorter(c: LaunchConfig, tokens: int) -> bool:
@@ -215,6 +221,7 @@ SITUATIONS: dict[str, str] = {
     "llama_attention_dp": "attention DP {attn_dp} on {architecture}",
     "llama_pcp_silent": "prefill CP on {architecture} with {kv_heads} KV head(s)",
     "pcp_attention_dp_gather": "attention CP {attn_cp} inside attention DP {attn_dp} on {architecture}",
+    "pcp_attention_dp_gather_wide": "attention CP {attn_cp} inside attention DP {attn_dp} on {architecture}",
     "mha_dcp_kv_not_replicated": "{kv_heads} KV heads with tp {tp} and dcp {dcp}",
     "dcp_backend_without_dcp_path": "DCP with attention backend {attention_backend}",
 }

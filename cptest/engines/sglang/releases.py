@@ -317,7 +317,7 @@ RELEASE_0_5_17 = Release(
 
 _NOT_LOOKED_UP_IN_0_5_23 = frozenset({"tp_divisible_by_attn_dp", "pcp_cp_v1_unobserved",
                                       "pcp_cp_v1_interleave_zigzag", "llama_attention_dp",
-                                      "pcp_attention_dp_gather"})
+                                      "pcp_attention_dp_gather", "pcp_attention_dp_gather_wide"})
 """0.5.17 rules nobody has looked for in 0.5.23's source yet: they do not come over (their citation
 would name a 0.5.17 line)."""
 _FROM_0_5_17 = {code: dataclasses.replace(rule, provenance="inferred", evidence="")

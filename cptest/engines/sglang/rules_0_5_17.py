@@ -221,21 +221,35 @@ RULES_0_5_17: dict[str, Rule] = {
         "holds attn_dp slices. A forward that pads every DP rank to the longest (MAX_LEN: 2 * sum >= "
         "attn_dp * max, so every decode at attention DP 2) all-gathers each rank's slice, after the "
         "attention-TP reduce-scatter, into a buffer attn_cp times too small, and the scheduler dies: at "
-        "attention DP 2 on the launch's warm-up request. At attention DP 3 or more an eager decode with "
-        "the DP ranks' loads far apart (the warm-up's one request) takes the all-reduce (SUM_LEN) "
-        "instead, which raises nothing but adds up every CP rank's copy of each row; the first decode "
-        "with even loads fails, and so would a CUDA-graph decode's capture, which sizes every DP rank "
-        "alike (model_executor/runner/decode_cuda_graph_runner.py:735-743; inferred). Attention CP "
-        "builds its groups with or without --enable-prefill-cp; DCP changes neither the group nor the "
-        "buffer (read, not run); Llama gathers no attention-DP buffer (llama_attention_dp). SGLang's "
-        "own sizing and gather ran on the CPU over gloo for every layout of attention DP 2-4, attention "
-        "CP 1-4 and attention TP 1-2 on at most 8 ranks: refused exactly where attention CP > 1 and the "
-        "mode is MAX_LEN. Observed on one H100 with co-located ranks (Qwen3-MoE, tp 4, attn_cp 2, "
-        "attn_dp 2, fa3): the launch's warm-up decode raised it.",
+        "attention DP 2 on the launch's warm-up request (attention DP 3 or more: "
+        "pcp_attention_dp_gather_wide). Attention CP builds its groups with or without "
+        "--enable-prefill-cp; DCP changes neither the group nor the buffer (read, not run); Llama "
+        "gathers no attention-DP buffer (llama_attention_dp). SGLang's own sizing and gather ran on the "
+        "CPU over gloo for every layout of attention DP 2-4, attention CP 1-4 and attention TP 1-2 on at "
+        "most 8 ranks: refused exactly where attention CP > 1 and the mode is MAX_LEN. Observed on one "
+        "H100 with co-located ranks (Qwen3-MoE, tp 4, attn_cp 2, attn_dp 2, fa3): the launch's warm-up "
+        "decode raised it.",
         provenance="observed",
         evidence="results/pcp2_zigzag_qwen3_moe_kv1_fa3_dp2/20261205T101404Z-1321b4d3; "
         "tests/sglang_src/test_dp_gather_differential.py (the release's own DP sizing and gather over "
         "gloo, every layout up to 8 ranks, in CI)",
+    ),
+    "pcp_attention_dp_gather_wide": Rule(
+        "pcp_attention_dp_gather_wide",
+        "silent",
+        None,
+        None,
+        "layers/dp_attention.py:86-118, 490-523, 776-786; model_executor/forward_batch_info.py:1291-1298; "
+        "layers/communicator.py:1110-1134; model_executor/runner/decode_cuda_graph_runner.py:735-743",
+        note="at attention DP 3 or more, pcp_attention_dp_gather's gather may let the launch through: "
+        "the warm-up's one decode request leaves the DP ranks' loads far apart, and SGLang then pads "
+        "to their sum (SUM_LEN) and all-reduces, which raises nothing but adds up every CP rank's copy "
+        "of each row (attn_cp times the rows: wrong output). The first decode with even loads pads to "
+        "the longest (MAX_LEN) and dies as at attention DP 2, and so would a CUDA-graph decode's "
+        "capture, which sizes every DP rank alike (inferred from its sizing code). The gather's "
+        "refusal and the all-reduce's sum ran on the CPU (tests/sglang_src/test_dp_gather_differential.py); "
+        "a served run at attention DP 3 or more has not (inferred: the server crashes, or its output is "
+        "wrong)",
     ),
     "mha_dcp_kv_not_replicated": Rule(
         "mha_dcp_kv_not_replicated",

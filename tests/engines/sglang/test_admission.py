@@ -142,6 +142,19 @@ def test_attention_cp_inside_attention_dp_dies_at_the_first_padded_decode():
     # Nobody has read 0.5.23 for it: the rule does not come over.
     assert "pcp_attention_dp_gather" not in R23.rules
 
+
+def test_attention_cp_inside_wider_attention_dp_is_flagged_not_rejected():
+    """At attention DP 3 or more the warm-up decode all-reduces: the launch may come up, so the table
+    warns (judged by serving and generation) instead of predicting a failed launch."""
+    adm = predict(R17, launch(tp=6, attn_dp=3, attn_cp=2, prefill_cp=True, cp_strategy="zigzag", **QWEN3_MOE))
+    assert adm.accepted and adm.rule is None
+    assert "pcp_attention_dp_gather_wide" in codes(adm)
+    assert "pcp_attention_dp_gather_wide" not in codes(predict(R17, launch(tp=8, attn_dp=4, attn_cp=2,
+                                                                          **LLAMA)))
+    assert "pcp_attention_dp_gather_wide" not in codes(predict(R17, launch(tp=4, attn_dp=2, attn_cp=2,
+                                                                          **QWEN3_MOE)))
+    assert "pcp_attention_dp_gather_wide" not in R23.rules
+
 def test_mha_dcp_warns_when_kv_heads_exceed_tp_over_dcp():
     llama = predict(R17, launch(tp=8, dcp=2, attention_backend="triton", **LLAMA))
     assert "mha_dcp_kv_not_replicated" in codes(llama)
