@@ -69,6 +69,7 @@ import tempfile
 import threading
 import time
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,31 +131,39 @@ class _Pass(torch.nn.Module):
         return x
 
 
+def _same(hook: Any) -> Any:
+    return hook
+
+
 class _Logits(torch.nn.Module):
     def forward(self, _ids: Any, hidden: Any) -> Any:
         return hidden
 
 
-def make_modules(layers: int, hooked: bool, registered: bool) -> tuple[list[tuple[Any, Any]], Any]:
+def make_modules(layers: int, hooked: bool, registered: bool,
+                 wrap: Callable[[Any], Any] = _same) -> tuple[list[tuple[Any, Any]], Any]:
     """Each layer's attention and MLP modules and the logits processor, hooked as in SGLang: the
     first layer's and the logits' by `register_forward_hook` (`--forward-hooks`), the others' by
-    `hooks.wrap_forward` (`hooks._hook_every_layer`), or every one registered with `registered`."""
+    `hooks.wrap_forward` (`hooks._hook_every_layer`), or every one registered with `registered`.
+    `wrap` is what the probe does to each inner hook when it is installed (`Probe.timed_inner`)."""
     mods = [(_Pass(i), _Pass()) for i in range(layers)]
     logits = _Logits()
     if hooked:
+        attn_hook, mlp_hook = wrap(hooks.on_attn_input), wrap(hooks.on_mlp_input)
         for i, (attn, mlp) in enumerate(mods):
             if i == 0 or registered:
-                attn.register_forward_hook(hooks.on_attn_input)
-                mlp.register_forward_hook(hooks.on_mlp_input)
+                attn.register_forward_hook(attn_hook)
+                mlp.register_forward_hook(mlp_hook)
             else:
-                hooks.wrap_forward(attn, hooks.on_attn_input)
-                hooks.wrap_forward(mlp, hooks.on_mlp_input)
-        logits.register_forward_hook(hooks.on_logits_input)
+                hooks.wrap_forward(attn, attn_hook)
+                hooks.wrap_forward(mlp, mlp_hook)
+        logits.register_forward_hook(wrap(hooks.on_logits_input))
     return mods, logits
 
 
 def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
-              graphs: bool = False, engine_us: float = 0.0, registered: bool = False) -> tuple[Any, Any]:
+              graphs: bool = False, engine_us: float = 0.0, registered: bool = False,
+              wrap: Callable[[Any], Any] = _same) -> tuple[Any, Any]:
     """A forward function and a decode batch shaped like SGLang 0.5.17's, for `batch` requests.
 
     Unhooked, the forward does the same loop without calling the probe, as an SGLang without the
@@ -180,13 +189,14 @@ def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
     if graphs:
         return replay, fb
 
-    mods, logits = make_modules(layers, hooked, registered)
+    mods, logits = make_modules(layers, hooked, registered, wrap)
+    kv_hook = wrap(hooks.after_set_kv_buffer)
 
     def forward(_runner: Any, _fb: Any) -> Any:
         if engine_us:
             engine_work(engine_us)
         for attn, mlp in mods:  # each layer's KV write, attention and MLP, as SGLang calls them
-            hooks.after_set_kv_buffer(None, None, None, None, k, k, dcp_kv_mask=mask)
+            kv_hook(None, None, None, None, k, k, dcp_kv_mask=mask)
             attn(hidden)
             mlp(hidden)
         logits(None, hidden)
@@ -415,7 +425,13 @@ def main() -> None:
                   if a.blocks else None)
         control = (paired_blocks(bare_step, bare_step, a.blocks, max(a.steps // a.blocks, 1), probe, None)
                    if a.blocks and a.control else None)
-        parts = timed_parts(probe, sched_on, forward_step, a.steps, off_cpu)
+        # The inner hooks timed as a measuring server times them (`Probe.timed_inner`, installed
+        # while `timing` is on): the same model built again with its hooks so wrapped.
+        probe.timing = True
+        timed_forward, _ = make_step(a.layers, a.batch, registered=a.registered, wrap=probe.timed_inner,
+                                     **shape)
+        probe.timing = False
+        parts = timed_parts(probe, sched_on, lambda: around(timed_forward, runner, fb), a.steps, off_cpu)
         # Paused (CPTEST_PROBE_SWITCH): what the run-time windows leave in both states, the hooks'
         # early returns; SGLang's own hook dispatch is not simulated here.
         if a.profile:
@@ -483,14 +499,16 @@ def timed_parts(probe: Probe, iteration: Any, step: Any, steps: int, off_cpu: fl
     n = c[1] or 1
     us = [v / n / 1e3 for v in (c[0], c[4], c[5], c[6], c[7])]
     chores = c[18] if len(c) > 18 else 0  # (a probe before D114 has no chores)
-    whole = (c[0] + c[11] + chores) / n / 1e3
+    inner = c[19] if len(c) > 19 else 0
+    whole = (c[0] + c[11] + chores + inner) / n / 1e3
     return (f"  parts (timed): {us[0]:.1f} us/step = ready {us[1]:.1f} / begin {us[2]:.1f} / end {us[3]:.1f} "
             f"(send {us[4]:.1f}); slow steps (> {SLOW_NS / 1e3:.0f} us) {c[8]} of {c[1]}, "
             f"{c[9] / max(c[8], 1) / 1e3:.0f} us each, {c[9] / n / 1e3:.1f} us per step of all\n"
             f"  pool hook    : {pool_ns / steps / 1e3:8.1f} us/step on the engine thread (with the "
             f"scheduler's own figures and the chores; outside the parts), {c[11] / n / 1e3:.1f} of it the "
             f"hook's own (the cost notes' pool_ns)\n"
-            f"  chores       : {chores / n / 1e3:8.1f} us/step; the probe's whole time on the engine thread "
+            f"  chores       : {chores / n / 1e3:8.1f} us/step; inner hooks {inner / n / 1e3:.1f} us/step "
+            f"(timed as a measuring server times them); the probe's whole time on the engine thread "
             f"(the cost notes' engine share): {whole:.1f} us/step\n"
             f"  CPU by thread: engine {thread / steps * 1e6 - off_cpu:.1f} us/step over unhooked, "
             f"other threads {(cpu - thread) / steps * 1e6:.1f} us/step, of which the watchdog's rounds "
