@@ -199,7 +199,7 @@ class Probe:
         READ_CREDIT_MAX_NS, less what finishing them took (`reads_due`)."""
         self._read_credit_t = self.t0
         self.reads_skipped = 0
-        """Sampled steps that recorded no reads because the reads were over READ_SHARE."""
+        """Sampled steps that recorded no reads because their credit was spent (`reads_due`)."""
         self.pid = os.getpid()
         self._fd: int | None = None
         self._held: list[BaseModel] = []

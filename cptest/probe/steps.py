@@ -107,7 +107,7 @@ def _timed_forward(probe: Probe, original: Any, runner: Any, forward_batch: Any,
     work, with the probe's own time on the engine's thread added up by part (`Probe.cost`):
     finishing earlier steps' records (ready), opening the step (begin), closing it (end, which
     includes sending copies; `send` is also counted apart, in `copy_batches.close_locked`). The
-    inner hooks (KV write, forward hooks) are not in it; benchmarks/probe_step.py bounds them. A
+    inner hooks (KV write, forward hooks) are not in it: `Probe.timed_inner` counts them apart. A
     separate function, so that evidence runs do not pay for the clock reads."""
     clock = time.perf_counter_ns
     t0 = t1 = clock()
