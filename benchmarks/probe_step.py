@@ -140,12 +140,13 @@ class _Logits(torch.nn.Module):
         return hidden
 
 
-def make_modules(layers: int, hooked: bool, registered: bool,
-                 wrap: Callable[[Any], Any] = _same) -> tuple[list[tuple[Any, Any]], Any]:
+def make_modules(layers: int, hooked: bool, registered: bool, wrap: Callable[[Any], Any] = _same,
+                 later: list[tuple[Any, Any]] | None = None) -> tuple[list[tuple[Any, Any]], Any]:
     """Each layer's attention and MLP modules and the logits processor, hooked as in SGLang: the
     first layer's and the logits' by `register_forward_hook` (`--forward-hooks`), the others' by
     `hooks.wrap_forward` (`hooks._hook_every_layer`), or every one registered with `registered`.
-    `wrap` is what the probe does to each inner hook when it is installed (`Probe.timed_inner`)."""
+    `wrap` is what the probe does to each inner hook when it is installed (`Probe.timed_inner`).
+    `later`, when given, gets each wrapped module and its forward, as `Probe.layer_forwards` does."""
     mods = [(_Pass(i), _Pass()) for i in range(layers)]
     logits = _Logits()
     if hooked:
@@ -155,8 +156,10 @@ def make_modules(layers: int, hooked: bool, registered: bool,
                 attn.register_forward_hook(attn_hook)
                 mlp.register_forward_hook(mlp_hook)
             else:
-                hooks.wrap_forward(attn, attn_hook)
-                hooks.wrap_forward(mlp, mlp_hook)
+                for module, hook in ((attn, attn_hook), (mlp, mlp_hook)):
+                    forward = hooks.wrap_forward(module, hook)
+                    if later is not None:
+                        later.append((module, forward))
         logits.register_forward_hook(wrap(hooks.on_logits_input))
     return mods, logits
 
@@ -189,7 +192,8 @@ def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
     if graphs:
         return replay, fb
 
-    mods, logits = make_modules(layers, hooked, registered, wrap)
+    later: list[tuple[Any, Any]] = []
+    mods, logits = make_modules(layers, hooked, registered, wrap, later)
     kv_hook = wrap(hooks.after_set_kv_buffer)
 
     def forward(_runner: Any, _fb: Any) -> Any:
@@ -201,6 +205,8 @@ def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
             mlp(hidden)
         logits(None, hidden)
         return out
+
+    forward.layer_forwards = later  # type: ignore[attr-defined]  # the probe's to take away (`hook_layers`)
 
     def bare(_runner: Any, _fb: Any) -> Any:
         if engine_us:
@@ -356,6 +362,9 @@ def main() -> None:
                          "decoded in turn leave them (one range per token); without it, one range each")
     ap.add_argument("--read-share", type=float, default=None, metavar="FRACTION",
                     help="the probe's read_share (default: runtime.READ_SHARE; 1: reads never skipped)")
+    ap.add_argument("--every-layer", action="store_true",
+                    help="every decode step hooks every layer (CPTEST_PROBE_LAYER_STEPS=all), "
+                         "not the first step of each copy batch alone")
     a = ap.parse_args()
     shape = {"device": a.device, "graphs": a.graphs, "engine_us": a.engine_us}
     forward, fb = make_step(a.layers, a.batch, registered=a.registered, **shape)
@@ -407,6 +416,9 @@ def main() -> None:
         if a.read_share is not None:
             probe.read_share = a.read_share
         probe.cp_configured = False
+        probe.layers_sampled = not a.every_layer
+        first_forwards = list(getattr(forward, "layer_forwards", ()))
+        probe.layer_forwards = first_forwards
         cpu0 = time.process_time()
         if gil is not None:
             gil.on = True
@@ -430,8 +442,12 @@ def main() -> None:
         probe.timing = True
         timed_forward, _ = make_step(a.layers, a.batch, registered=a.registered, wrap=probe.timed_inner,
                                      **shape)
+        probe.hook_layers(True)  # the first model's modules keep their hooks for the paused steps
+        probe.layer_forwards, probe.layers_on = list(getattr(timed_forward, "layer_forwards", ())), True
         probe.timing = False
         parts = timed_parts(probe, sched_on, lambda: around(timed_forward, runner, fb), a.steps, off_cpu)
+        probe.hook_layers(True)
+        probe.layer_forwards = first_forwards
         # Paused (CPTEST_PROBE_SWITCH): what the run-time windows leave in both states, the hooks'
         # early returns; SGLang's own hook dispatch is not simulated here.
         if a.profile:

@@ -127,7 +127,9 @@ class Step(_Record):
     `graph_rows - rows_in` rows are padding); None for an eager forward."""
     layers: int | None = None
     """Layers whose attention ran in this step on this rank (each one observed); None: not observed
-    (a replay, an archive from before the field, or a probe without its per-layer hooks)."""
+    (a replay, an archive from before the field, or a probe without its per-layer hooks). 1 on a
+    decode step between the probe's samples, which hooks the first layer alone (`layer_rows` then
+    speaks of that layer only)."""
     layer_rows: dict[LayerPart, list[int]] | None = None
     """The row counts of every layer, in the order the layers ran, for each part whose count was
     not the same in all of them: `attn` (rows entering attention as its hook saw them: under PCP the
@@ -250,8 +252,9 @@ class StepBlock(_Record):
     """The rows every step of the block ran as a CUDA-graph replay (see `Step.graph_rows`)."""
     ffn_out_rows: list[int | None] | None = None
     """One entry per step (see `Step.ffn_out_rows`); None in blocks from before the field."""
-    layers: int | None = None
-    """The layers of every step of the block (see `Step.layers`)."""
+    layers: int | list[int | None] | None = None
+    """The layers of every step of the block (see `Step.layers`), or one entry per step where they
+    differ (the probe's sampled decode steps hook every layer, the others the first alone)."""
     slots: str | None = None
     """The pool row of every row of every step (packed as `pos`), where the rank wrote it: each step's
     rows with a 1 in `kv` are its `kv_slots`; None when the slots were not recorded."""
@@ -263,6 +266,8 @@ class StepBlock(_Record):
                                      self.step if self.ffn_out_rows is None else self.ffn_out_rows)):
             raise ValueError("steps: t, step, rows_in, attn_rows, ffn_rows, ffn_out_rows and logits_rows "
                              "differ in length")
+        if isinstance(self.layers, list) and len(self.layers) != n:
+            raise ValueError("steps: layers must be one count, or one entry per step")
         if len(set(self.rids)) != b:
             raise ValueError("steps: rids must be distinct")
         if len(_unpack_positions(self.pos)) != n * b:
@@ -288,7 +293,8 @@ class StepBlock(_Record):
                 "batch_size": b, "rows_in": self.rows_in[k], "attn_rows": self.attn_rows[k],
                 "ffn_rows": self.ffn_rows[k], "logits_rows": self.logits_rows[k], "cp_active": self.cp_active,
                 "rows": {"rids": self.rids, "pos": pos[k * b:(k + 1) * b], "kv": kv},
-                "graph_rows": self.graph_rows, "layers": self.layers,
+                "graph_rows": self.graph_rows,
+                "layers": self.layers[k] if isinstance(self.layers, list) else self.layers,
                 "ffn_out_rows": self.ffn_out_rows[k] if self.ffn_out_rows is not None else None,
                 "kv_slots": kv_slots,
             }))

@@ -10,8 +10,10 @@ from collections.abc import Iterable, Iterator
 
 from pydantic import BaseModel, ConfigDict
 
-SCHEMA_VERSION = 7
-"""v7: an extend step's attention-DP buffer as SGLang sized it (`Step.dp_buffer`), optional; every
+SCHEMA_VERSION = 8
+"""v8: a `steps` line's `layers` may hold one entry per step (`StepBlock.layers`: a decode step
+that hooks every layer beside those that hook the first alone); every v1-v7 record reads unchanged.
+v7: an extend step's attention-DP buffer as SGLang sized it (`Step.dp_buffer`), optional; every
 v1-v6 record reads unchanged.
 v6: a step's every layer (`layers`, `layer_rows`), its MLP's output rows, which rows the MLP
 saw (`ffn_seq_positions`), the pool rows its KV writes went to and its attention read

@@ -49,12 +49,12 @@ NO_RIDS: list[str] = []
 
 class Run:
     """Consecutive decode steps of one copy batch that one `steps` line can carry: the same
-    requests (the same list, `Probe.same_rids`), tensors, graph size, layers, CP and KV-write shape. Each
+    requests (the same list, `Probe.same_rids`), tensors, graph size, CP and KV-write shape. Each
     step is kept as a row of its plain values, so the step's draft goes straight back to the probe
     for the next step instead of waiting for the copies, and the batch's `run()` builds the line
     from columns. `rows`: (step, t, rows_in, batch_size, attn_rows, ffn_rows, logits_rows,
-    kv_rows, ffn_out_rows) per step; `first`: the index of the first step's first tensor in the batch, the
-    steps' tensors following one another (`len(which)` each). Runs are reused, as drafts are
+    kv_rows, ffn_out_rows, layers) per step; `first`: the index of the first step's first tensor in
+    the batch, the steps' tensors following one another (`len(which)` each). Runs are reused, as drafts are
     (`open`, `Probe.runs`): a fresh one per run would live until its batch is finished, long
     enough for Python's collector to move it to its oldest generation (see StepDraft); the rows,
     tuples of plain values, the collector stops tracking at its first look."""
@@ -70,7 +70,9 @@ class Run:
         self.cp_configured: bool | None = None
         self.graph_rows: int | None = None
         self.layers = 0
-        """The layers each step ran (`StepDraft.attn_layers`; 0: not observed, a replay)."""
+        """The layers its first step ran (`StepDraft.attn_layers`; 0: not observed, a replay). Its
+        steps all observed layers or none; how many, each step's row says (a decode step that
+        hooks every layer goes on the run of those that hook the first alone, `Probe.hook_layers`)."""
         self.kv_none = self.kv_full = False
         self.first = 0
         self.rows: list[tuple[Any, ...]] = []
@@ -104,7 +106,7 @@ class Run:
 
     def draft(self, probe: Probe, k: int) -> StepDraft:
         """Step `k` as the draft it was made from (a spare one, filled again)."""
-        step, t, rows_in, batch_size, attn, ffn, logits, kv_rows, ffn_out = self.rows[k]
+        step, t, rows_in, batch_size, attn, ffn, logits, kv_rows, ffn_out, layers = self.rows[k]
         rids = self.rids
         try:  # the watchdog may finish batches while the engine's thread takes drafts too
             d = probe.drafts.pop()
@@ -114,7 +116,7 @@ class Run:
                            cp_configured=self.cp_configured, attn_rows_seen=attn, ffn_rows=ffn,
                            logits_rows=logits, kv_rows=kv_rows, graph_rows=self.graph_rows, t=t,
                            first=self.first + k * len(self.which), which=self.which, ffn_out_rows=ffn_out,
-                           attn_layers=self.layers)
+                           attn_layers=layers)
         return d
 
 
@@ -197,14 +199,15 @@ class CopyBatch:
             run = self.run_
             if (run is None or run.rids is not rids or run.which is not which
                     or run.cp_configured is not draft.cp_configured or run.graph_rows != draft.graph_rows
-                    or run.layers != draft.attn_layers
+                    or (not run.layers) is not (not draft.attn_layers)
                     or run.kv_none is not (kv_rows is None) or run.kv_full is not (kv_rows == len(rids))):
                 if self.later:
                     self.end_run()
                 run = self.run_ = Run.open(self.probe, draft, first)
                 self.items.append(run)
             run.rows.append((draft.step, draft.t, draft.rows_in, draft.batch_size, draft.attn_rows_seen,
-                             draft.ffn_rows, draft.logits_rows, kv_rows, draft.ffn_out_rows))
+                             draft.ffn_rows, draft.logits_rows, kv_rows, draft.ffn_out_rows,
+                             draft.attn_layers))
             return True
         draft.first = first
         self.end_run()
@@ -385,13 +388,13 @@ def _run_block_line(probe: Probe, batch: CopyBatch, run: Run, k: int, quoted: st
     slots = None
     if width == 3 and kv == "mask":
         slots = _pool_rows(probe, batch.rows(range(first + 2, end, width), b))
-    step, clock, rows_in, _, attn, ffn, logits, _, ffn_out = zip(*rows, strict=True)
+    step, clock, rows_in, _, attn, ffn, logits, _, ffn_out, layers = zip(*rows, strict=True)
     t0 = probe.t0
     t = [round(c - t0, 6) for c in clock]  # _record_t
     return records.steps_block_line(
         t=t, step=step, rows_in=rows_in, attn_rows=attn, ffn_rows=ffn, logits_rows=logits,
         cp_configured=run.cp_configured, graph_rows=run.graph_rows, rank_json=probe.rank_json, quoted=quoted,
-        positions=positions, kv=kv, mask=mask, ffn_out_rows=ffn_out, layers=run.layers or None, slots=slots)
+        positions=positions, kv=kv, mask=mask, ffn_out_rows=ffn_out, layers=layers, slots=slots)
 
 
 def send_copies(probe: Probe) -> None:
@@ -471,7 +474,7 @@ def join_run(probe: Probe, draft: StepDraft, pos_t: Any) -> bool:
         if (run is None or run.rids is not rids or run.which is not WHICH_POS or draft.mode != "decode"
                 or draft.cp_active or draft.extend_lens is not None or draft.notes is not None
                 or run.cp_configured is not draft.cp_configured or run.graph_rows != draft.graph_rows
-                or run.layers != draft.attn_layers or draft.layer_rows is not None):
+                or (not run.layers) is not (not draft.attn_layers) or draft.layer_rows is not None):
             return False
         kv_rows = draft.kv_rows
         if run.kv_none is not (kv_rows is None) or run.kv_full is not (kv_rows == len(rids)):
@@ -479,7 +482,7 @@ def join_run(probe: Probe, draft: StepDraft, pos_t: Any) -> bool:
         batch.parts.append(pos_t[0] if run.pos_2d else pos_t)
         batch.steps += 1
         run.rows.append((draft.step, draft.t, draft.rows_in, draft.batch_size, draft.attn_rows_seen,
-                         draft.ffn_rows, draft.logits_rows, kv_rows, draft.ffn_out_rows))
+                         draft.ffn_rows, draft.logits_rows, kv_rows, draft.ffn_out_rows, draft.attn_layers))
         probe.spare = draft  # its run keeps its values: the draft serves the next step
         close_if_due(probe, batch)
     return True

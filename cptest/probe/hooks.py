@@ -176,7 +176,9 @@ def _hook_every_layer(runner: Any, probe: Probe) -> None:
     the `--forward-hooks` at the end of `capture_cuda_graphs` (cuda_graph_setup.py:157-164), so
     these too fire on eager forwards only. A layer whose spec the server was not given stays
     unhooked, as the first would be. With `runtime.ENV_LAYERS` set to `first` only the first layer's
-    modules are hooked here: MLA's attention modules, which the argv's names do not match."""
+    modules are hooked here: MLA's attention modules, which the argv's names do not match. The
+    modules past the first layer go on `Probe.layer_forwards`, which decode steps between samples
+    run without (`Probe.hook_layers`, `runtime.ENV_LAYER_STEPS`)."""
     first_only = os.environ.get(_runtime.ENV_LAYERS, "all") == "first"
     specs = getattr(getattr(runner, "server_args", None), "forward_hooks", None) or ()
     if isinstance(specs, str):
@@ -190,22 +192,25 @@ def _hook_every_layer(runner: Any, probe: Probe) -> None:
             continue
         spec, hook = hooks["mlp" if m.group(2) == "mlp" else "self_attn.attn"]
         if spec in given:
-            wrap_forward(module, probe.timed_inner(hook))
+            forward = wrap_forward(module, probe.timed_inner(hook))
+            if forward is not None and m.group(1) != "0":
+                probe.layer_forwards.append((module, forward))
 
 
 WRAPPED = "_cptest_forward_hook"
 """The attribute `wrap_forward` leaves on a module it wrapped: the hook."""
 
 
-def wrap_forward(module: Any, hook: Any) -> None:
+def wrap_forward(module: Any, hook: Any) -> Any:
     """Call `hook(module, args, output)` after each forward of `module`, as `register_forward_hook`
     would, through an instance `forward` instead: a module with a registered hook leaves torch's
     fast call path, where an instance `forward` costs one Python call (benchmarks/probe_step.py
     --registered compares the two). The layers after the first are hooked this way; the first
     layer's hooks are SGLang's (`--forward-hooks`, registered). Keyword arguments reach `forward`
-    and not the hook, as with a registered hook."""
+    and not the hook, as with a registered hook. Returns the instance `forward` it set, None when
+    `module` was wrapped already."""
     if getattr(module, WRAPPED, None) is not None:
-        return
+        return None
     inner = module.forward
 
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -215,6 +220,7 @@ def wrap_forward(module: Any, hook: Any) -> None:
 
     module.forward = forward
     setattr(module, WRAPPED, hook)
+    return forward
 
 
 # ---------------------------------------------------------------- inner hooks of a forward

@@ -681,13 +681,22 @@ def steps_block_line(*, t: Sequence[float], step: Sequence[int], rows_in: Sequen
                      logits_rows: Sequence[int | None], cp_configured: bool | None, graph_rows: int | None,
                      rank_json: str, quoted: str, positions: Any, kv: Literal["mask", "all"] | None,
                      mask: Any = None, ffn_out_rows: Sequence[int | None] | None = None,
-                     layers: int | None = None, slots: Any = None) -> str:
+                     layers: Sequence[int] | None = None, slots: Any = None) -> str:
     """The JSON line of a `StepBlock`: decode steps over the same requests (`quoted`, from
     `RidText.of`), their values as columns of one entry per step (ints, and None for a row count
     not seen: what the probe keeps of a run of decode steps, `copy_batches.Run`), `positions` and `mask`
     numpy arrays of one row per step, and `slots` (under DCP, eager) each row's pool row, packed as
-    positions are. One line and two C-level encodings for a run of steps, instead of a line per step."""
+    positions are. `layers`: each step's observed layers (0: none), written once when they agree.
+    One line and two C-level encodings for a run of steps, instead of a line per step."""
     cp = "null" if cp_configured is None else "false"  # blocks hold no PCP-split step
+    if layers is not None:
+        first = layers[0]
+        if layers.count(first) == len(layers):
+            layers_text = "" if not first else f',"layers":{int(first)}'
+        else:
+            layers_text = f',"layers":[{_json_ints([n or None for n in layers])}]'
+    else:
+        layers_text = ""
     kv_text = _digits(mask) if kv == "mask" else ('"all"' if kv == "all" else "null")
     return (
         f'{{"v":{SCHEMA_VERSION},"t":[{",".join(map(repr, map(float, t)))}],"kind":"steps",'
@@ -698,9 +707,9 @@ def steps_block_line(*, t: Sequence[float], step: Sequence[int], rows_in: Sequen
         f'"pos":{_packed_pos(positions)},"kv":{kv_text}'
         + ("" if slots is None else f',"slots":{_packed_pos(slots)}')
         + ("" if graph_rows is None else f',"graph_rows":{int(graph_rows)}')
-        + ("" if layers is None or ffn_out_rows is None or ffn_out_rows.count(None) == len(ffn_out_rows)
+        + ("" if not layers_text or ffn_out_rows is None or ffn_out_rows.count(None) == len(ffn_out_rows)
            else f',"ffn_out_rows":[{_json_ints(ffn_out_rows)}]')
-        + ("}" if layers is None else f',"layers":{int(layers)}}}')
+        + layers_text + "}"
     )
 
 

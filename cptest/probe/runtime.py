@@ -72,6 +72,12 @@ ENV_LAYERS = "CPTEST_PROBE_LAYERS"
 """`first` hooks the first layer's attention and MLP alone (what `--forward-hooks` names): steps
 then carry no `layers` and no per-layer rows, and an eager forward pays two hook calls instead of
 two per layer."""
+ENV_LAYER_STEPS = "CPTEST_PROBE_LAYER_STEPS"
+"""Which eager steps hook the layers after the first (`Probe.hook_layers`): `sampled` (the default)
+every step that is not a decode and the first decode step of each copy batch; `all` every step. A
+decode step between samples counts the first layer's rows alone (its `layers` is 1): the later
+layers' hooks cost the engine a Python call each, and a decode's rows do not change from one step
+to the next the way a prefill's split does."""
 ENV_READ_EVERY = "CPTEST_PROBE_READ_EVERY"
 """Every how many steps an eager decode step also records what its attention reads (`Step.kv_read`,
 the request's block-table row over its length, this rank's share) and where it wrote (`kv_slots`);
@@ -174,7 +180,8 @@ class Probe:
 
     def __init__(self, out_dir: Path, *, clock: Callable[[], float] = time.monotonic,
                  observe_positions: bool = True, graph_flush_s: float = 1.0,
-                 switch: Path | None = None, read_every: int = READ_EVERY_DEFAULT) -> None:
+                 switch: Path | None = None, read_every: int = READ_EVERY_DEFAULT,
+                 layers_sampled: bool = True) -> None:
         self.out_dir = out_dir
         self.clock = clock
         self.t0 = clock()
@@ -192,6 +199,13 @@ class Probe:
         self.read_ns = 0
         """The engine thread's time spent finishing the steps that recorded their reads (their
         ranges and lines)."""
+        self.layers_sampled = layers_sampled
+        """Whether decode steps between samples run without the later layers' hooks (ENV_LAYER_STEPS)."""
+        self.layer_forwards: list[tuple[Any, Any]] = []
+        """(module, hooked forward) of every hooked module past the first layer (`hooks.wrap_forward`):
+        `hook_layers` takes their forwards away and gives them back."""
+        self.layers_on = True
+        """Whether `layer_forwards` are in place."""
         self.read_share = READ_SHARE
         """The most of the probe's running time that finishing read steps may take (READ_SHARE)."""
         self.read_credit_ns = 0.0
@@ -462,6 +476,17 @@ class Probe:
         if t0:
             self.cost[18] += time.perf_counter_ns() - t0
 
+    def hook_layers(self, on: bool) -> None:
+        """Put the later layers' hooked forwards in place (`on`) or take them away, so that their
+        modules run their class's `forward` with no call into the probe (ENV_LAYER_STEPS). The
+        engine's thread calls it between forwards, the only time the modules are not running."""
+        self.layers_on = on
+        for module, forward in self.layer_forwards:
+            if on:
+                module.__dict__["forward"] = forward
+            else:
+                module.__dict__.pop("forward", None)
+
     def reads_due(self, now: float) -> bool:
         """Whether a sampled decode step (its clock `now`) may record its reads: while the reads'
         credit is not spent. The credit grows by `read_share` of the time that passes, up to
@@ -676,6 +701,7 @@ def get_probe() -> Probe | None:
             graph_flush_s=float(os.environ.get(ENV_GRAPH_FLUSH_S, "1.0")),
             switch=Path(os.environ[ENV_SWITCH]) if os.environ.get(ENV_SWITCH) else None,
             read_every=max(int(os.environ.get(ENV_READ_EVERY, READ_EVERY_DEFAULT)), 0),
+            layers_sampled=os.environ.get(ENV_LAYER_STEPS, "sampled") != "all",
         )
         _PROBE.poll_switch()
         if _PROBE.switch is not None:

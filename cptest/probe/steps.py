@@ -173,6 +173,10 @@ def _begin_step_body(probe: Probe, runner: Any, fb: Any) -> None:
     fm = fb.forward_mode
     last = _LAST_MODE
     mode = last[1] if fm is last[0] else _step_mode(fm)
+    if probe.layers_sampled:  # a decode step hooks every layer when it opens a copy batch
+        every = mode != "decode" or probe.copies is None
+        if every is not probe.layers_on and probe.layer_forwards:
+            probe.hook_layers(every)
     ids = getattr(fb, "input_ids", None)
     rows_in = int(ids.shape[0]) if ids is not None else 0
     rids = getattr(fb, "rids", None)  # str in SGLang; records.finish_step_line makes sure
@@ -468,7 +472,7 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
                     done = True
                     batch.parts.append(pos[0] if run.pos_2d else pos)
                     batch.steps += 1
-                    run.rows.append((step, t, rows_in, st.bs, None, None, None, None, None))
+                    run.rows.append((step, t, rows_in, st.bs, None, None, None, None, None, 0))
                     st.totals[_REPLAY_DECODE] += 1  # Probe.count_graph, inline (one writer: this thread)
                     close_if_due(probe, batch)  # sent: the next step opens a batch by the general end
         except Exception as e:

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cptest.evidence import ProbeNote, Step, slot_pairs  # noqa: E402
-from cptest.probe import forward_hooks, hooks, runtime  # noqa: E402
+from cptest.probe import copy_batches, forward_hooks, hooks, runtime  # noqa: E402
 from cptest.probe.runtime import Probe  # noqa: E402
 from tests.probe.test_hooks import (  # noqa: E402
     MP,
@@ -309,6 +309,63 @@ def test_with_the_first_layer_alone_asked_for_no_other_layer_is_hooked(probe: Pr
     monkeypatch.setenv(runtime.ENV_LAYERS, "first")
     model = _graph_setup(probe, monkeypatch, ["cptest_attn_rows", "cptest_mlp_rows"])
     assert [_hooks(layer.mlp) for layer in model.model.layers] == [1, 0, 0]
+
+
+def _decode_after_setup(model: _Model) -> Any:
+    def forward(runner: Runner, fb: Batch) -> Output:
+        k = torch.zeros(2, 1, 4)
+        hooks.after_set_kv_buffer(None, object(), object(), None, k, k)
+        model(torch.zeros(2, 8))
+        return Output(can_run_graph=False)
+
+    return forward
+
+
+def _decode(step: int) -> SlotBatch:
+    return SlotBatch(Mode("DECODE"), torch.arange(2), torch.tensor([5 + step, 9 + step]), ["a", "b"], 2)
+
+
+def test_decode_steps_hook_every_layer_when_they_open_a_copy_batch_and_the_first_layer_between(
+        probe: Probe, monkeypatch: MP) -> None:
+    """Sampled per-layer rows (runtime.ENV_LAYER_STEPS): an extend, and the decode step that opens
+    each copy batch, see all three layers; the decode steps between see the first alone, whose
+    modules run their class's forward."""
+    model = _graph_setup(probe, monkeypatch, ["cptest_attn_rows", "cptest_mlp_rows"])
+    hooks.around_model_runner_forward(_model([None] * 3), Runner(), _extend(2))
+    n = copy_batches.COPY_EVERY + 3
+    for k in range(n):
+        hooks.around_model_runner_forward(_decode_after_setup(model), Runner(), _decode(k))
+        later = [m for layer in model.model.layers[1:] for m in (layer.self_attn.attn, layer.mlp)]
+        assert all(("forward" in m.__dict__) is probe.layers_on for m in later)
+        assert all(_hooks(m) == 1 for m in (model.model.layers[0].self_attn.attn, model.model.layers[0].mlp))
+    steps = _steps(probe)
+    assert [s.mode for s in steps] == ["extend"] + ["decode"] * n
+    layers = [s.layers for s in steps[1:]]
+    # the extend's batch takes the first decode steps; the one after the batch is sent opens the next
+    first_open = copy_batches.COPY_EVERY - 1
+    assert layers == [1] * first_open + [3] + [1] * (n - first_open - 1)
+    assert all(s.ffn_rows == 2 and s.ffn_out_rows == 2 and s.layer_rows is None for s in steps[1:])
+    assert [s.seq_positions["b"] for s in steps[1:]] == [[(9 + k, 10 + k)] for k in range(n)]
+    # the sampled step stays on its batch's run: one `steps` line a batch, its layers one per step
+    text = (probe.out_dir / "rank0.jsonl").read_text()
+    assert text.count('"kind":"steps"') == 2
+    assert '"layers":1}' in text and '"layers":[3,1,1,1]}' in text
+
+
+def test_with_every_layer_asked_for_each_decode_step_hooks_them_all(tmp_path: Path, monkeypatch: MP) -> None:
+    monkeypatch.setenv(runtime.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv(runtime.ENV_LAYER_STEPS, "all")
+    monkeypatch.setattr(runtime, "_PROBE", None)
+    probe = runtime.get_probe()
+    assert probe is not None and not probe.layers_sampled
+    try:
+        model = _graph_setup(probe, monkeypatch, ["cptest_attn_rows", "cptest_mlp_rows"])
+        for k in range(copy_batches.COPY_EVERY + 2):
+            hooks.around_model_runner_forward(_decode_after_setup(model), Runner(), _decode(k))
+        assert {s.layers for s in _steps(probe)} == {3}
+    finally:
+        runtime.set_probe(None)
+        probe.close()
 
 
 @dataclass

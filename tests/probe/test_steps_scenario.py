@@ -15,8 +15,10 @@ bytes the probe wrote then; both files must keep reading as the same evidence.
 Schema v6 added each eager step's layers (here one: the scenario's forwards run one layer).
 `data/steps_scenario_v6.jsonl` pins the bytes the probe wrote then: without the fields of v6 it
 reads as the D72 file does. Schema v7 added the attention-DP buffer of an extend step, which the
-scenario (no attention DP) never sizes: `data/steps_scenario_v7.jsonl`, the bytes the probe writes
-now, is the v6 file with each line's version alone changed. A change to how steps are gathered,
+scenario (no attention DP) never sizes: `data/steps_scenario_v7.jsonl` is the v6 file with each
+line's version alone changed. Schema v8 lets a run's steps differ in their layers, which the
+scenario's one-layer forwards never do: `data/steps_scenario_v8.jsonl`, the bytes the probe writes
+now, is the v7 file with each line's version alone changed. A change to how steps are gathered,
 copied or formatted must leave it byte for byte the same.
 """
 
@@ -42,7 +44,9 @@ GOLDEN_D72 = Path(__file__).parent / "data" / "steps_scenario_d72.jsonl"
 """The bytes the probe wrote since D72 (pool samples after their run's steps), before schema v6."""
 GOLDEN_V6 = Path(__file__).parent / "data" / "steps_scenario_v6.jsonl"
 """The bytes the probe wrote with schema v6."""
-GOLDEN = Path(__file__).parent / "data" / "steps_scenario_v7.jsonl"
+GOLDEN_V7 = Path(__file__).parent / "data" / "steps_scenario_v7.jsonl"
+"""The bytes the probe wrote with schema v7."""
+GOLDEN = Path(__file__).parent / "data" / "steps_scenario_v8.jsonl"
 """The bytes the probe writes now."""
 
 
@@ -54,8 +58,8 @@ def test_the_watchdog_leaves_a_busy_engines_records_byte_for_byte_alone(tmp_path
     assert steps_scenario.run(tmp_path, watchdog=True) == GOLDEN.read_bytes()
 
 
-@pytest.mark.parametrize("path", [REFERENCE, GOLDEN_D72, GOLDEN_V6, GOLDEN],
-                         ids=["reference", "d72", "v6", "golden"])
+@pytest.mark.parametrize("path", [REFERENCE, GOLDEN_D72, GOLDEN_V6, GOLDEN_V7, GOLDEN],
+                         ids=["reference", "d72", "v6", "v7", "golden"])
 def test_the_scenario_file_holds_every_kind_of_step_line(path: Path) -> None:
     text = path.read_text()
     recs, dropped = read_records(path)
@@ -110,11 +114,14 @@ def test_the_d72_file_reads_as_the_same_evidence_as_the_reference() -> None:
     assert GOLDEN_D72.read_text().count("\n") < REFERENCE.read_text().count("\n")
 
 
-def test_the_golden_file_is_the_v6_one_with_its_version_alone_changed() -> None:
-    v6, v7 = GOLDEN_V6.read_text().splitlines(), GOLDEN.read_text().splitlines()
-    assert len(v7) == len(v6) > 50
-    for old, new in zip(v6, v7, strict=True):
-        assert old.startswith('{"v":6,') and new == '{"v":7,' + old[len('{"v":6,'):]
+@pytest.mark.parametrize(("before", "after", "v"), [(GOLDEN_V6, GOLDEN_V7, 6), (GOLDEN_V7, GOLDEN, 7)],
+                         ids=["v7", "golden"])
+def test_each_later_file_is_the_one_before_with_its_version_alone_changed(before: Path, after: Path,
+                                                                          v: int) -> None:
+    old_lines, new_lines = before.read_text().splitlines(), after.read_text().splitlines()
+    assert len(new_lines) == len(old_lines) > 50
+    for old, new in zip(old_lines, new_lines, strict=True):
+        assert old.startswith(f'{{"v":{v},') and new == f'{{"v":{v + 1},' + old[len(f'{{"v":{v},'):]
 
 
 def test_the_v6_file_is_the_d72_one_with_each_eager_steps_layers() -> None:
