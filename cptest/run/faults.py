@@ -8,8 +8,8 @@ Two layers (Jepsen `Nemesis`): a `Fault` does one injection now (`inject`, `heal
 - `after_decode_steps`: when rank 0's probe file (`<probe_dir>/rank0.jsonl`) holds N Step records of
   mode `decode` as `evidence.read_records` reads them (polled; a `steps` line counts each of its
   steps; CUDA-graph replays are recorded as steps too). The probe writes a step's record up
-  to 16 steps or ~0.1 s after the step (its copy batches), so the fault lands that much later in
-  the run than the Nth decode step itself.
+  to `probe.copy_batches.COPY_EVERY` steps or about COPY_WITHIN_S after the step (its copy
+  batches), so the fault lands that much later in the run than the Nth decode step itself.
 A `stop` with `heal_after_s` is healed by SIGCONT that long after it fired, or when the injector
 stops, whichever comes first. A `stop` without `heal_after_s` stays frozen through the shutdown (that
 is what such a scenario measures); teardown still works, since SIGKILL ends a stopped process.

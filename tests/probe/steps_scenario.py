@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from cptest.evidence import RankId
-from cptest.probe import hooks, pool_hooks, runtime
+from cptest.probe import copy_batches, hooks, pool_hooks, runtime
 from cptest.probe.pool_hooks import PoolSampler
 from cptest.probe.runtime import Probe
 
@@ -200,9 +200,19 @@ def _zigzag(probe: Probe) -> None:
                                       _batch("EXTEND", ["z"], torch.arange(10), [10], [0]))
 
 
-def run(out_dir: Path, *, watchdog: bool) -> bytes:
-    """The rank file the probe writes for the scenario (with or without its watchdog thread)."""
+GOLDEN_COPY_EVERY, GOLDEN_COPY_WITHIN_S = 16, 0.1
+"""The copy batches' bounds the golden files were written with (`copy_batches.COPY_EVERY`,
+`COPY_WITHIN_S` then): they decide which steps share a `steps` line, not what the records say."""
+
+
+def run(out_dir: Path, *, watchdog: bool, copy_every: int = GOLDEN_COPY_EVERY) -> bytes:
+    """The rank file the probe writes for the scenario (with or without its watchdog thread), its
+    steps in copy batches of `copy_every`."""
     clock = Clock()
+    bounds_now = copy_batches.COPY_EVERY, copy_batches.COPY_WITHIN_S
+    copy_batches.COPY_EVERY = copy_every
+    if copy_every == GOLDEN_COPY_EVERY:
+        copy_batches.COPY_WITHIN_S = GOLDEN_COPY_WITHIN_S
     probe = Probe(out_dir, clock=clock, graph_flush_s=1e9)
     if not watchdog:
         probe._start_watchdog = lambda: None  # type: ignore[method-assign]
@@ -221,6 +231,7 @@ def run(out_dir: Path, *, watchdog: bool) -> bytes:
     finally:
         runtime.set_probe(None)
         pool_hooks._SAMPLER = sampler
+        copy_batches.COPY_EVERY, copy_batches.COPY_WITHIN_S = bounds_now
     return (out_dir / f"rank{RANK.world}.jsonl").read_bytes()
 
 

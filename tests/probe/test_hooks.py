@@ -733,14 +733,14 @@ def test_a_record_written_while_a_batch_fills_joins_it_in_order_and_the_batch_go
     assert all(b is batches[n] for b in batches[n:-1]) and batches[-1] is None
     assert sent_on_engine == [n, n]
     recs = [r for r in _records(probe) if isinstance(r, (Step, PoolSample, ProbeNote))]
-    # Samples made while no batch fills (0, before the first step; 16, between the batches) come
+    # Samples made while no batch fills (0, before the first step; n, between the batches) come
     # in order; the others after their run's steps; the note splits the second batch's run, and the
-    # sample made before it in that run (20) comes before it.
+    # sample made before it in that run (n + 4) comes before it.
     steps = [("Step", j + 1) for j in range(2 * n)]
     assert [(type(r).__name__, getattr(r, "step", None)) for r in recs] == [
-        ("PoolSample", 0), *steps[:n], ("PoolSample", 4), ("PoolSample", 8), ("PoolSample", 12),
-        ("PoolSample", 16), *steps[n:n + 6], ("PoolSample", 20), ("ProbeNote", None),
-        *steps[n + 6:], ("PoolSample", 24), ("PoolSample", 28)]
+        ("PoolSample", 0), *steps[:n], *[("PoolSample", k) for k in range(4, n, 4)],
+        ("PoolSample", n), *steps[n:n + 6], ("PoolSample", n + 4), ("ProbeNote", None),
+        *steps[n + 6:], *[("PoolSample", k) for k in range(n + 8, 2 * n, 4)]]
     steps_read = [r for r in recs if isinstance(r, Step)]
     assert [s.seq_positions for s in steps_read] == [{"a": [(100 + j, 101 + j)], "b": [(200 + j, 201 + j)]}
                                                       for j in range(2 * n)]

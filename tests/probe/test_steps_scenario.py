@@ -35,6 +35,7 @@ import json  # noqa: E402
 from collections import Counter  # noqa: E402
 
 from cptest.evidence import PoolSample, ProbeNote, RankEvidence, Step, read_records  # noqa: E402
+from cptest.probe import copy_batches  # noqa: E402
 from cptest.run.faults import DecodeStepCounter  # noqa: E402
 from tests.probe import steps_scenario  # noqa: E402
 
@@ -56,6 +57,30 @@ def test_the_engines_thread_alone_writes_the_golden_bytes(tmp_path: Path) -> Non
 
 def test_the_watchdog_leaves_a_busy_engines_records_byte_for_byte_alone(tmp_path: Path) -> None:
     assert steps_scenario.run(tmp_path, watchdog=True) == GOLDEN.read_bytes()
+
+
+def test_todays_copy_batches_group_the_lines_otherwise_and_write_the_same_evidence(tmp_path: Path) -> None:
+    """The golden bytes are the scenario's in batches of the golden's size (D117 made them larger):
+    in today's, fewer `steps` lines carry the same Step records, and every other record is the
+    same, in the same order per kind as every reader of rank files sees them (`RankEvidence`).
+    A step's own notes are written when its batch is finished, so they fall elsewhere among the
+    notes written at once, with that time: the same notes, in another order."""
+    got_path = tmp_path / "today.jsonl"
+    got_path.write_bytes(steps_scenario.run(tmp_path / "run", watchdog=False,
+                                            copy_every=copy_batches.COPY_EVERY))
+    assert copy_batches.COPY_EVERY > steps_scenario.GOLDEN_COPY_EVERY
+    got, got_dropped = read_records(got_path)
+    ref, ref_dropped = read_records(GOLDEN)
+    assert got_dropped == ref_dropped == 0
+    ev_got, ev_ref = RankEvidence.of(1, got), RankEvidence.of(1, ref)
+    for f in dataclasses.fields(RankEvidence):
+        if f.name != "notes":
+            assert getattr(ev_got, f.name) == getattr(ev_ref, f.name), f.name
+    assert Counter((n.level, n.message) for n in ev_got.notes) == Counter(
+        (n.level, n.message) for n in ev_ref.notes)
+    assert ev_got.steps and ev_got.pool_samples and ev_got.notes
+    lines = got_path.read_text().count('"kind":"steps"')
+    assert 0 < lines < GOLDEN.read_text().count('"kind":"steps"')
 
 
 @pytest.mark.parametrize("path", [REFERENCE, GOLDEN_D72, GOLDEN_V6, GOLDEN_V7, GOLDEN],
