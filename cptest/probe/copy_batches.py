@@ -493,13 +493,14 @@ def join_run(probe: Probe, draft: StepDraft, pos_t: Any) -> bool:
 
 def _step_line(probe: Probe, batch: CopyBatch, draft: StepDraft) -> str:
     """The Step record's line of one step of `batch`, its host copies arrived; a step that
-    recorded its reads has its time spent from the reads' credit."""
+    recorded its reads has its time spent from the reads' credit and its line's bytes counted."""
     if "reads" in draft.which:
         t0 = time.perf_counter_ns()
         line = _line_of(probe, batch, draft)
         took = time.perf_counter_ns() - t0
         probe.read_ns += took
         probe.read_credit_ns -= took  # what `Probe.reads_due` holds within its share
+        probe.read_bytes += len(line)  # characters: bytes, for the ids SGLang makes
         return line
     return _line_of(probe, batch, draft)
 

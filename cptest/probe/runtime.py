@@ -94,6 +94,11 @@ READ_CREDIT_MAX_NS = 5_000_000
 """The most reads' time a quiet spell saves up (idle, paused, graph replays): past it, the share's
 credit stops growing, so that the reads after a long spell come no faster than READ_EVERY_DEFAULT
 allows, nor in a burst that costs the engine this much more."""
+READ_BYTES_MAX = 4 << 20
+"""The most bytes of reads' lines one rank file takes (`Probe.reads_due`): past it, sampled steps
+record no reads. cptest reads at most 16 MiB of an evidence file (cptest/bounds.py); a long
+context decoded beside many others leaves a read line of hundreds of KB, and the time credit alone
+let a rank file grow past that bound in minutes."""
 READ_CELLS_MAX = 1 << 14
 """The most block-table values (requests x their longest length) a sampled step reads: it takes
 as many consecutive requests as fit. Their ranges are made when the batch is finished, on the
@@ -213,6 +218,8 @@ class Probe:
         READ_CREDIT_MAX_NS, less what finishing them took (`reads_due`)."""
         self._read_credit_t = self.t0
         self.reads_skipped = 0
+        self.read_bytes = 0
+        """Bytes of the lines of the steps that recorded their reads (READ_BYTES_MAX)."""
         """Sampled steps that recorded no reads because their credit was spent (`reads_due`)."""
         self.pid = os.getpid()
         self._fd: int | None = None
@@ -491,11 +498,20 @@ class Probe:
         """Whether a sampled decode step (its clock `now`) may record its reads: while the reads'
         credit is not spent. The credit grows by `read_share` of the time that passes, up to
         READ_CREDIT_MAX_NS, and finishing a step that recorded its reads spends what it took
-        (`copy_batches._step_line`). A skip is noted once, with the figures; `close` notes how
-        many were skipped."""
+        (`copy_batches._step_line`). Once the lines of those steps reach READ_BYTES_MAX, none
+        is due. Each kind of skip is noted once, with the figures; `close` notes how many were
+        skipped."""
         credit = self.read_credit_ns + self.read_share * (now - self._read_credit_t) * 1e9
         self.read_credit_ns = credit = min(credit, READ_CREDIT_MAX_NS)
         self._read_credit_t = now
+        if self.read_bytes >= READ_BYTES_MAX:
+            self.reads_skipped += 1
+            if "read_bytes" not in self.warned:
+                self.warned.add("read_bytes")
+                self.note(f"reads no longer recorded from step {self.step_index}: the steps that recorded "
+                          f"them wrote {self.read_bytes:,} bytes, the most a rank file gives them "
+                          f"({READ_BYTES_MAX:,}), so that it stays readable")
+            return False
         if credit >= 0:
             return True
         self.reads_skipped += 1
@@ -614,7 +630,9 @@ class Probe:
     def close(self) -> None:
         if self.reads_skipped:
             self.note(f"{self.reads_skipped} sampled step(s) recorded no reads: finishing the reads took "
-                      f"{self.read_ns / 1e6:.1f} ms of {self.now():.1f} s, held within {self.read_share:.2%}")
+                      f"{self.read_ns / 1e6:.1f} ms of {self.now():.1f} s, held within "
+                      f"{self.read_share:.2%}, and their lines {self.read_bytes:,} bytes of at most "
+                      f"{READ_BYTES_MAX:,}")
         self.flush()
         if self._watchdog is not None:
             self._stop.set()

@@ -525,6 +525,37 @@ def test_sampled_steps_skip_their_reads_while_finishing_reads_is_over_its_share(
     assert any(m.startswith("2 sampled step(s) recorded no reads") for m in messages)
 
 
+def test_sampled_steps_stop_recording_reads_once_their_lines_reach_the_files_share(
+        tmp_path: Path, monkeypatch: MP) -> None:
+    """A rank file must stay within what cptest reads of an evidence file: once the lines of the
+    steps that recorded their reads hold READ_BYTES_MAX, no sampled step records them, whatever
+    the time credit; said once, with the bytes, and counted at close."""
+    monkeypatch.setattr(runtime, "READ_BYTES_MAX", 1)  # the first read line fills it
+    probe = Probe(tmp_path, graph_flush_s=0.0)
+    runtime.set_probe(probe)
+    try:
+        _fake_parallel_state(monkeypatch, 0)
+        hooks.after_initialize_model_parallel(None)
+        probe.dcp_size, probe.read_every = 1, 1
+        runner = TableRunner(req_to_token_pool=TablePool(torch.arange(16, dtype=torch.int32).reshape(2, 8)))
+        for _ in range(3):
+            fb = ReadBatch(Mode("DECODE"), torch.arange(1), torch.tensor([3]), ["a"], 1,
+                           out_cache_loc=torch.tensor([3]), req_pool_indices=torch.tensor([0]),
+                           seq_lens_cpu=torch.tensor([4]))
+            hooks.around_model_runner_forward(_model([None]), runner, fb)
+            assert probe.flush(timeout=10.0)  # the step's line made: its bytes counted
+        probe.close()
+    finally:
+        runtime.set_probe(None)
+    assert [s.kv_read for s in _steps(probe)] == [{"a": [(0, 4)]}, {}, {}]
+    assert probe.reads_skipped == 2 and probe.read_bytes > 100
+    messages = [r.message for r in _records(probe) if isinstance(r, ProbeNote)]
+    assert sum("reads no longer recorded" in m for m in messages) == 1
+    assert not any("reads sampled less often" in m for m in messages)  # the credit was not what stopped them
+    assert any(m.startswith("2 sampled step(s) recorded no reads") and f"{probe.read_bytes:,} bytes" in m
+               for m in messages)
+
+
 def _mla_forward(pool_method: str) -> Any:
     """One layer's latent K/V write through the MLA pool's `pool_method`, which takes no owner mask:
     the pool (or its kernel) keeps the rows with loc % dcp == dcp_rank."""
