@@ -31,9 +31,10 @@ COPY_EVERY = 64
 """Steps whose device tensors travel to the host together (see `CopyBatch`)... A batch's send and
 finishing cost the engine's thread about as much for 64 steps as for 16: its CUDA calls, event
 and lines are per batch, and each burst leaves the caches cold for the steps after it."""
-COPY_WITHIN_S = 0.25
+COPY_WITHIN_S = _runtime.IDLE_S
 """...unless the first of them is older than this (slow steps: records stay timely). It bounds how
-late a record reaches the file, and what a rank killed while busy loses."""
+late a record reaches the file, and what a rank killed while busy loses. The chores send a batch
+whose work has waited IDLE_S anyway (`Probe.chores`), so a longer bound would not hold."""
 
 _NAMES = ("positions", "kv_mask", "split", "slots", "reads")
 WHICH: dict[tuple[bool, bool, bool, bool, bool], tuple[str, ...]] = {
