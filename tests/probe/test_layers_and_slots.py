@@ -487,6 +487,23 @@ def test_sampled_steps_read_as_many_consecutive_requests_as_fit_moving_on_each_t
     assert read[2] == {"a": [(0, 4)], "b": [(8, 12)]}  # each request's row of the table, its length
 
 
+def _reading_every_step(probe: Probe, monkeypatch: MP) -> Any:
+    """Rank 0 of a world without DCP whose every decode step samples its reads; returns a step of
+    one request, 4 tokens long, whose block-table row is 0..3."""
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    probe.dcp_size, probe.read_every = 1, 1
+    runner = TableRunner(req_to_token_pool=TablePool(torch.arange(16, dtype=torch.int32).reshape(2, 8)))
+
+    def step() -> None:
+        fb = ReadBatch(Mode("DECODE"), torch.arange(1), torch.tensor([3]), ["a"], 1,
+                       out_cache_loc=torch.tensor([3]), req_pool_indices=torch.tensor([0]),
+                       seq_lens_cpu=torch.tensor([4]))
+        hooks.around_model_runner_forward(_model([None]), runner, fb)
+
+    return step
+
+
 def test_sampled_steps_skip_their_reads_while_finishing_reads_is_over_its_share(
         tmp_path: Path, monkeypatch: MP) -> None:
     """Reads of long, scattered rows take milliseconds per sampled step to finish: the probe
@@ -496,17 +513,7 @@ def test_sampled_steps_skip_their_reads_while_finishing_reads_is_over_its_share(
     probe = Probe(tmp_path, clock=lambda: now[0], graph_flush_s=0.0)
     runtime.set_probe(probe)
     try:
-        _fake_parallel_state(monkeypatch, 0)
-        hooks.after_initialize_model_parallel(None)
-        probe.dcp_size, probe.read_every = 1, 1
-        runner = TableRunner(req_to_token_pool=TablePool(torch.arange(16, dtype=torch.int32).reshape(2, 8)))
-
-        def step() -> None:
-            fb = ReadBatch(Mode("DECODE"), torch.arange(1), torch.tensor([3]), ["a"], 1,
-                           out_cache_loc=torch.tensor([3]), req_pool_indices=torch.tensor([0]),
-                           seq_lens_cpu=torch.tensor([4]))
-            hooks.around_model_runner_forward(_model([None]), runner, fb)
-
+        step = _reading_every_step(probe, monkeypatch)
         probe.read_credit_ns = -30_000_000  # reads that took 30 ms
         now[0] = 110.0  # 10 s later: 25 ms of credit at 0.25 %
         step()  # still 5 ms over: skipped
@@ -534,15 +541,9 @@ def test_sampled_steps_stop_recording_reads_once_their_lines_reach_the_files_sha
     probe = Probe(tmp_path, graph_flush_s=0.0)
     runtime.set_probe(probe)
     try:
-        _fake_parallel_state(monkeypatch, 0)
-        hooks.after_initialize_model_parallel(None)
-        probe.dcp_size, probe.read_every = 1, 1
-        runner = TableRunner(req_to_token_pool=TablePool(torch.arange(16, dtype=torch.int32).reshape(2, 8)))
+        step = _reading_every_step(probe, monkeypatch)
         for _ in range(3):
-            fb = ReadBatch(Mode("DECODE"), torch.arange(1), torch.tensor([3]), ["a"], 1,
-                           out_cache_loc=torch.tensor([3]), req_pool_indices=torch.tensor([0]),
-                           seq_lens_cpu=torch.tensor([4]))
-            hooks.around_model_runner_forward(_model([None]), runner, fb)
+            step()
             assert probe.flush(timeout=10.0)  # the step's line made: its bytes counted
         probe.close()
     finally:
