@@ -218,9 +218,10 @@ class Probe:
         READ_CREDIT_MAX_NS, less what finishing them took (`reads_due`)."""
         self._read_credit_t = self.t0
         self.reads_skipped = 0
+        """Sampled steps that recorded no reads because their credit or their bytes were spent
+        (`reads_due`)."""
         self.read_bytes = 0
         """Bytes of the lines of the steps that recorded their reads (READ_BYTES_MAX)."""
-        """Sampled steps that recorded no reads because their credit was spent (`reads_due`)."""
         self.pid = os.getpid()
         self._fd: int | None = None
         self._held: list[BaseModel] = []
