@@ -164,6 +164,13 @@ def make_modules(layers: int, hooked: bool, registered: bool, wrap: Callable[[An
     return mods, logits
 
 
+def sample_layers_of(probe: Probe, forward: Any) -> None:
+    """Make the later layers of `forward`'s model (`make_step`) the ones the probe takes away and
+    gives back between samples (`Probe.hook_layers`); the model sampled until now keeps its hooks."""
+    probe.hook_layers(True)
+    probe.layer_forwards = list(getattr(forward, "layer_forwards", ()))
+
+
 def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
               graphs: bool = False, engine_us: float = 0.0, registered: bool = False,
               wrap: Callable[[Any], Any] = _same) -> tuple[Any, Any]:
@@ -417,8 +424,7 @@ def main() -> None:
             probe.read_share = a.read_share
         probe.cp_configured = False
         probe.layers_sampled = not a.every_layer
-        first_forwards = list(getattr(forward, "layer_forwards", ()))
-        probe.layer_forwards = first_forwards
+        sample_layers_of(probe, forward)
         cpu0 = time.process_time()
         if gil is not None:
             gil.on = True
@@ -442,12 +448,10 @@ def main() -> None:
         probe.timing = True
         timed_forward, _ = make_step(a.layers, a.batch, registered=a.registered, wrap=probe.timed_inner,
                                      **shape)
-        probe.hook_layers(True)  # the first model's modules keep their hooks for the paused steps
-        probe.layer_forwards, probe.layers_on = list(getattr(timed_forward, "layer_forwards", ())), True
+        sample_layers_of(probe, timed_forward)
         probe.timing = False
         parts = timed_parts(probe, sched_on, lambda: around(timed_forward, runner, fb), a.steps, off_cpu)
-        probe.hook_layers(True)
-        probe.layer_forwards = first_forwards
+        sample_layers_of(probe, forward)  # the profile and the paused steps run the first model again
         # Paused (CPTEST_PROBE_SWITCH): what the run-time windows leave in both states, the hooks'
         # early returns; SGLang's own hook dispatch is not simulated here.
         if a.profile:

@@ -200,19 +200,17 @@ def _zigzag(probe: Probe) -> None:
                                       _batch("EXTEND", ["z"], torch.arange(10), [10], [0]))
 
 
-GOLDEN_COPY_EVERY, GOLDEN_COPY_WITHIN_S = 16, 0.1
+GOLDEN_BOUNDS = (16, 0.1)
 """The copy batches' bounds the golden files were written with (`copy_batches.COPY_EVERY`,
 `COPY_WITHIN_S` then): they decide which steps share a `steps` line, not what the records say."""
 
 
-def run(out_dir: Path, *, watchdog: bool, copy_every: int = GOLDEN_COPY_EVERY) -> bytes:
+def run(out_dir: Path, *, watchdog: bool, bounds: tuple[int, float] = GOLDEN_BOUNDS) -> bytes:
     """The rank file the probe writes for the scenario (with or without its watchdog thread), its
-    steps in copy batches of `copy_every`."""
+    steps in copy batches of the given bounds (steps, seconds)."""
     clock = Clock()
     bounds_now = copy_batches.COPY_EVERY, copy_batches.COPY_WITHIN_S
-    copy_batches.COPY_EVERY = copy_every
-    if copy_every == GOLDEN_COPY_EVERY:
-        copy_batches.COPY_WITHIN_S = GOLDEN_COPY_WITHIN_S
+    copy_batches.COPY_EVERY, copy_batches.COPY_WITHIN_S = bounds
     probe = Probe(out_dir, clock=clock, graph_flush_s=1e9)
     if not watchdog:
         probe._start_watchdog = lambda: None  # type: ignore[method-assign]

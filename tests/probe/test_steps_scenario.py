@@ -67,8 +67,8 @@ def test_todays_copy_batches_group_the_lines_otherwise_and_write_the_same_eviden
     notes written at once, with that time: the same notes, in another order."""
     got_path = tmp_path / "today.jsonl"
     got_path.write_bytes(steps_scenario.run(tmp_path / "run", watchdog=False,
-                                            copy_every=copy_batches.COPY_EVERY))
-    assert copy_batches.COPY_EVERY > steps_scenario.GOLDEN_COPY_EVERY
+                                            bounds=(copy_batches.COPY_EVERY, copy_batches.COPY_WITHIN_S)))
+    assert steps_scenario.GOLDEN_BOUNDS[0] < copy_batches.COPY_EVERY
     got, got_dropped = read_records(got_path)
     ref, ref_dropped = read_records(GOLDEN)
     assert got_dropped == ref_dropped == 0
