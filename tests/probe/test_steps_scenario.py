@@ -60,7 +60,7 @@ def test_the_watchdog_leaves_a_busy_engines_records_byte_for_byte_alone(tmp_path
 
 
 def test_todays_copy_batches_group_the_lines_otherwise_and_write_the_same_evidence(tmp_path: Path) -> None:
-    """The golden bytes are the scenario's in batches of the golden's size (D117 made them larger):
+    """The golden bytes are the scenario's in batches of the golden's size, smaller than today's:
     in today's, fewer `steps` lines carry the same Step records, and every other record is the
     same, in the same order per kind as every reader of rank files sees them (`RankEvidence`).
     A step's own notes are written when its batch is finished, so they fall elsewhere among the
