@@ -432,19 +432,40 @@ def attach_record(probe: Probe, record: Any) -> bool:
     """Put `record` into the batch being filled, after its steps so far (`Probe.write`): the
     batch stays open, and is sent when full; the next step starts a new run.
     A pool sample (a tuple, `records.pool_sample_late`) is the exception: the run goes on, and the
-    sample is written after the run's steps (`CopyBatch.later`). False when no batch is being
-    filled. The batch being filled is the last of the pending work: a record written after it
-    opened went into it, and it is detached before it is sent."""
+    sample is written after the run's steps (`CopyBatch.later`). With no batch being filled, a
+    pool sample joins the last closed batch still waiting to be written (`_after_closed`). False
+    when it joined neither. The batch being filled is the last of the pending work: a record
+    written after it opened went into it, and it is detached before it is sent."""
     with probe.copy_lock:
         batch = probe.copies
         if batch is None or batch.host is not None:
-            return False
+            return record.__class__ is tuple and _after_closed(probe, record)
         if record.__class__ is tuple:
             batch.later.append(record)
             return True
         batch.end_run()
         batch.items.append(record)
         return True
+
+
+def _after_closed(probe: Probe, record: tuple[Any, ...]) -> bool:
+    """Put a pool sample made between two batches after the lines of the last closed batch, when
+    that batch is the last of the pending work: it is written in the batch's one write, where
+    alone it cost a deferred item and a write of its own. Once a batch is sent, the next step
+    opens the next batch, so the pool hook's sample every few steps fell between two batches as
+    often as not. Under the pending work's lock, taken without waiting: no other thread is
+    writing that batch meanwhile; when the lock is busy the sample is written as any record."""
+    if not probe._pending_lock.acquire(blocking=False):
+        return False
+    try:
+        pending = probe._pending
+        last = pending[-1][1] if pending else None
+        if last.__class__ is not CopyBatch or last is probe.copies:
+            return False
+        last.later.append(record)  # CopyBatch.run takes `later` after its items, as end_run does
+        return True
+    finally:
+        probe._pending_lock.release()
 
 
 def open_batch(probe: Probe) -> CopyBatch:

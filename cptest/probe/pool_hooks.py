@@ -156,12 +156,12 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
             # The record's figures and the clock; its JSON line is made without pydantic (as a step's
             # is, records.py) when it is written, with the copy batch it joins: it reads back as the
             # PoolSample that `PoolSampler.offer` would have made. Into the batch being
-            # filled directly when there is one (what `Probe.write` does on this thread, two calls
-            # fewer); otherwise `Probe.write` decides.
+            # filled directly when there is one, or after the last closed batch not yet written
+            # (`copy_batches.attach_record`); otherwise `Probe.write` decides.
             record = pool_sample_late(probe.rank_json, probe.clock(), step, total, free, evictable,
                                       protected, running, waiting, sched_total, idle)
             batches = probe.batches
-            if probe.copies is None or batches is None or not batches.attach(probe, record):
+            if batches is None or not batches.attach(probe, record):
                 probe.write(record)
     finally:
         if busy and t0:

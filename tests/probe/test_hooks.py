@@ -747,6 +747,55 @@ def test_a_record_written_while_a_batch_fills_joins_it_in_order_and_the_batch_go
     assert text.count('"kind":"steps"') == 3  # a block of steps stops at a record, not at a pool sample
 
 
+def test_a_pool_sample_made_between_two_batches_goes_out_in_the_closed_batchs_one_write(
+        probe: Probe, monkeypatch: MP) -> None:
+    """Once a batch is sent, the next step opens the next one; a pool sample made in between (the
+    scheduler's hook runs before the forward) joins the closed batch still waiting to be written,
+    after its lines, instead of a write of its own: every write of a busy decode is a batch's."""
+    from cptest.probe import pool_hooks
+    from cptest.probe.pool_hooks import PoolSampler
+
+    _fake_parallel_state(monkeypatch, 1)
+    hooks.after_initialize_model_parallel(None)
+    monkeypatch.setattr(pool_hooks, "_SAMPLER", PoolSampler(every=4))
+    chunks: list[bytes] = []
+    real_write = runtime.os.write
+
+    def write(fd: int, data: bytes) -> int:
+        chunks.append(bytes(data))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(runtime.os, "write", write)
+    alloc = types.SimpleNamespace(size=1024, free=1024, available_size=lambda: alloc.free)
+    running = types.SimpleNamespace(reqs=[object(), object()])
+    plan = types.SimpleNamespace(running_batch=running, batch_to_run=running)
+    sched = types.SimpleNamespace(token_to_kv_pool_allocator=alloc, waiting_queue=[], forward_ct=0)
+    n = copy_batches.COPY_EVERY
+    for _ in range(2 * n + 1):
+        alloc.free -= 2
+        pool_hooks.after_get_next_batch_to_run(plan, sched)
+        j = sched.forward_ct
+        fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([100 + j, 200 + j]), ["a", "b"], 2)
+        hooks.around_model_runner_forward(_dcp_forward(1, Layer()), Runner(), fb)
+        sched.forward_ct += 1
+    probe.flush()
+    busy = [c for c in chunks if b'"kind":"step' in c or b'"kind":"pool_sample"' in c]
+    # the first sample (before any step) alone; then one write per batch: two full ones (a `steps`
+    # line each) and the last step's (a `step` line), at flush
+    assert [(c.count(b'"kind":"steps"'), c.count(b'"kind":"step"')) for c in busy] == [
+        (0, 0), (1, 0), (1, 0), (0, 1)]
+    first, second = (c.decode().splitlines() for c in busy[1:3])
+    def kinds(lines: list[str]) -> list[tuple[str, Any]]:
+        return [(json.loads(line)["kind"], json.loads(line).get("step")) for line in lines]
+
+    samples = [("pool_sample", k) for k in range(4, n + 1, 4)]  # n: made after the batch was sent
+    assert kinds(first) == [("steps", list(range(1, n + 1))), *samples]
+    assert kinds(second)[0] == ("steps", list(range(n + 1, 2 * n + 1)))
+    assert kinds(second)[-1] == ("pool_sample", 2 * n)  # made between the second batch and the last step
+    got = [r for r in _records(probe) if isinstance(r, Step)]
+    assert [s.step for s in got] == list(range(1, 2 * n + 2))
+
+
 def test_a_decode_steps_reused_draft_starts_as_a_new_one(probe: Probe, monkeypatch: MP) -> None:
     """A step that joined a run leaves its draft to the next decode step, which resets only what a
     decode step's hooks set (D69): every field the hooks read starts as in a draft made afresh
