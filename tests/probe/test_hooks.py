@@ -796,6 +796,39 @@ def test_a_pool_sample_made_between_two_batches_goes_out_in_the_closed_batchs_on
     assert [s.step for s in got] == list(range(1, 2 * n + 2))
 
 
+def test_a_pool_sample_joins_a_closed_batch_only_when_it_is_the_last_pending_work_and_free(
+        probe: Probe) -> None:
+    """`attach_record` without a batch being filled: the sample goes after the closed batch's
+    lines only while that batch is the last pending item and no other thread holds the pending
+    work (which may be writing that batch); otherwise it is refused and written as any record."""
+    sample = ("pool_sample",)
+    assert not copy_batches.attach_record(probe, sample)  # nothing pending
+    closed = copy_batches.open_batch(probe)
+    probe.copies = None  # closed, not written yet
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with probe._pending_lock:
+            held.set()
+            release.wait(5)
+
+    other = threading.Thread(target=hold)
+    other.start()
+    held.wait(5)
+    try:
+        assert not copy_batches.attach_record(probe, sample)  # busy: never waited for
+    finally:
+        release.set()
+        other.join()
+    assert closed.later == []
+    assert not copy_batches.attach_record(probe, ProbeNote(t=0.0, level="info", message="m"))  # samples only
+    assert copy_batches.attach_record(probe, sample) and closed.later == [sample]
+    probe.write("a record after the batch")  # queued behind it: the batch is no longer the last
+    assert not copy_batches.attach_record(probe, sample) and closed.later == [sample]
+    probe._pending.clear()
+
+
 def test_a_decode_steps_reused_draft_starts_as_a_new_one(probe: Probe, monkeypatch: MP) -> None:
     """A step that joined a run leaves its draft to the next decode step, which resets only what a
     decode step's hooks set (D69): every field the hooks read starts as in a draft made afresh
