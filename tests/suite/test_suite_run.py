@@ -27,9 +27,11 @@ from tests.reference.conftest import ensure_tiny_models
 
 pytest.importorskip("torch")
 REPO = Path(__file__).resolve().parents[2]
-PORT_BASE = 41000
+PORT_BASE = 23000
 """Far from a lone run's 30000/30100, which another run on this machine may hold (its preflight
-would then refuse the suite's children: port_in_use)."""
+would then refuse the suite's children: port_in_use), and below Linux's ephemeral range
+(32768-60999), where any process's outgoing connection may take a port as its source port at any
+moment: a rendezvous port taken so made a scenario unknown."""
 
 SCENARIO = """cptest 1
 scenario {name} {{
