@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -29,6 +32,27 @@ def no_gpu() -> GpuReading:
     raise GpuQueryUnavailable("no GPU in tests")
 
 
+def settled_tree(list_pids: Callable[[], list[int]], deadline: float) -> dict[int, float]:
+    """The whole tree with create times, once two listings 0.2 s apart agree.
+
+    The orphan's double fork passes through a short-lived middle process: a listing taken while it
+    lives already counts EXPECTED pids, and that pid is gone before its create time is read.
+    """
+    last: dict[int, float] = {}
+    while time.monotonic() < deadline:
+        now: dict[int, float] = {}
+        for pid in list_pids():
+            try:
+                now[pid] = psutil.Process(pid).create_time()
+            except psutil.NoSuchProcess:
+                continue
+        if len(now) >= EXPECTED and now == last:
+            return now
+        last = now
+        time.sleep(0.2)
+    raise SystemExit("tree never complete")
+
+
 def main() -> None:
     mode, port, pids_file = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
     install_signal_handlers()
@@ -37,14 +61,7 @@ def main() -> None:
     with Supervisor(ProcessLauncher(), log=null_logger(), gpu_query=no_gpu, sample_interval_s=0.1,
                     teardown_grace_s=1.0) as sup:
         owned = sup.start(fake_node(port, "--orphan"), out / "engine.log", {"test": out.name}, "main", writer)
-        deadline = time.monotonic() + 20
-        while len(owned.handle.pids()) < EXPECTED:
-            if time.monotonic() > deadline:
-                raise SystemExit("tree never complete")
-            time.sleep(0.05)
-        import psutil
-
-        pids = {p: psutil.Process(p).create_time() for p in owned.handle.pids()}
+        pids = settled_tree(owned.handle.pids, time.monotonic() + 20)
         tmp = pids_file.with_suffix(".tmp")  # whole or absent: the test reads it once it exists
         tmp.write_text(json.dumps(pids))
         tmp.replace(pids_file)

@@ -136,7 +136,16 @@ def run_parent(tmp_path: Path, mode: str, port: int) -> tuple[subprocess.Popen[b
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
-    wait_until(pids_file.exists, 30, "the parent's tree")
+    try:
+        wait_until(lambda: pids_file.exists() or parent.poll() is not None, 30, "the parent's tree")
+    finally:
+        if not pids_file.exists():  # say why: the parent's own words and its engine's log
+            parent.kill()
+            out = parent.communicate()[0].decode(errors="replace")
+            log = tmp_path / "engine.log"
+            engine = log.read_text(errors="replace") if log.exists() else "(no engine log)"
+            pytest.fail(f"the parent wrote no tree; it printed:\n{out[-3000:]}\n"
+                        f"engine log:\n{engine[-3000:]}")
     pids = {int(k): v for k, v in json.loads(pids_file.read_text()).items()}
     assert len(pids) >= FULL_TREE
     assert alive(list(pids), pids)
