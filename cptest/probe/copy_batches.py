@@ -6,7 +6,7 @@ positions, the DCP owner mask, the CP-sharded positions; off with CPTEST_PROBE_P
 The step recording (`cptest.probe.steps`) hands each step's draft and tensors to the batch
 being filled (`CopyBatch.add`, or `join_run` for a decode step of positions alone). A batch is
 the probe's deferred work (`Probe.defer`): its copies are sent without waiting, every COPY_EVERY
-steps (or COPY_WITHIN_S), from the engine's thread, and its lines are made once the copies are on
+steps (or `Probe.copy_within_s`), from the engine's thread, and its lines are made once the copies are on
 the host (`CopyBatch.run`, at a later step's start), so SGLang never waits on the device for the
 probe. The runtime drives the batches only through `BATCHES` (`runtime.BatchRecorder`).
 
@@ -27,14 +27,17 @@ from cptest.probe import runtime as _runtime
 from cptest.probe.records import StepDraft
 from cptest.probe.runtime import BatchRecorder, Probe
 
-COPY_EVERY = 64
-"""Steps whose device tensors travel to the host together (see `CopyBatch`)... A batch's send and
-finishing cost the engine's thread about as much for 64 steps as for 16: its CUDA calls, event
-and lines are per batch, and each burst leaves the caches cold for the steps after it."""
-COPY_WITHIN_S = _runtime.IDLE_S
-"""...unless the first of them is older than this (slow steps: records stay timely). It bounds how
-late a record reaches the file, and what a rank killed while busy loses. The chores send a batch
-whose work has waited IDLE_S anyway (`Probe.chores`), so a longer bound would not hold."""
+COPY_EVERY = 256
+"""Steps whose device tensors travel to the host together (see `CopyBatch`), unless the batch's
+first step turns `Probe.copy_within_s` old before (runtime.COPY_WITHIN_S, which is what decides at
+the speed of a decode step; this bounds the size of one host copy and of one finishing). A batch's send
+and finishing cost the engine's thread about as much for many steps as for few: its CUDA calls,
+event and write are per batch, and each burst leaves the caches cold for the steps after it."""
+COPY_ROWS = 1 << 16
+"""...or unless its runs of decode steps hold this many rows (positions): a run's `steps` line
+carries about 12 bytes a row (positions and pool slots packed, the owner mask as digits), and
+this keeps it near 0.8 MB, well inside the longest line cptest reads of an evidence file
+(`bounds.EVIDENCE`), at any batch size. At 64 requests it is 1,024 steps and never decides."""
 
 _NAMES = ("positions", "kv_mask", "split", "slots", "reads")
 WHICH: dict[tuple[bool, bool, bool, bool, bool], tuple[str, ...]] = {
@@ -64,12 +67,14 @@ class Run:
     tuples of plain values, the collector stops tracking at its first look."""
 
     __slots__ = ("rids", "which", "cp_configured", "graph_rows", "kv_none", "kv_full", "first", "rows",
-                 "pos_2d", "layers")
+                 "pos_2d", "layers", "b")
 
     def __init__(self) -> None:
         self.pos_2d = False
         """The run's positions are M-RoPE's [3, n] (its first step said so): each step's first row is kept."""
         self.rids: list[str] = []
+        self.b = 0
+        """len(rids): the rows each of its steps adds to its batch's `held_rows` (COPY_ROWS)."""
         self.which: tuple[str, ...] = ()
         self.cp_configured: bool | None = None
         self.graph_rows: int | None = None
@@ -89,6 +94,7 @@ class Run:
         except IndexError:
             run = Run()
         run.rids = draft.rids
+        run.b = len(draft.rids)
         run.which = draft.which
         run.cp_configured = draft.cp_configured
         run.graph_rows = draft.graph_rows
@@ -151,13 +157,15 @@ class CopyBatch:
     """
 
     __slots__ = ("probe", "born", "parts", "steps", "device", "stream", "sizes", "where", "host",
-                 "done", "values_", "items", "run_", "arrived", "later")
+                 "done", "values_", "items", "run_", "arrived", "later", "held_rows")
 
     def __init__(self, probe: Probe, born: float) -> None:
         self.probe = probe
         self.born = born
         self.parts: list[Any] = []
         self.steps = 0
+        self.held_rows = 0
+        """Rows its runs' steps hold (a row per request a step): it closes at COPY_ROWS."""
         self.device: Any = None
         self.stream: Any = None
         self.sizes: list[int] = []
@@ -212,6 +220,7 @@ class CopyBatch:
             run.rows.append((draft.step, draft.t, draft.rows_in, draft.batch_size, draft.attn_rows_seen,
                              draft.ffn_rows, draft.logits_rows, kv_rows, draft.ffn_out_rows,
                              draft.attn_layers))
+            self.held_rows += run.b
             return True
         draft.first = first
         self.end_run()
@@ -477,10 +486,37 @@ def open_batch(probe: Probe) -> CopyBatch:
 
 
 def close_if_due(probe: Probe, batch: CopyBatch) -> None:
-    """After a step joined `batch` (copy_lock held): send it when full, or once its first step is
-    COPY_WITHIN_S old (slow steps: records stay timely)."""
-    if batch.steps >= COPY_EVERY or probe.clock() - batch.born >= COPY_WITHIN_S:
+    """After a step joined `batch` (copy_lock held): send it when full (COPY_EVERY steps or
+    COPY_ROWS rows), or once its first step is `probe.copy_within_s` old (slow steps: records stay
+    timely)."""
+    if (batch.steps >= COPY_EVERY or batch.held_rows >= COPY_ROWS
+            or probe.clock() - batch.born >= probe.copy_within_s):
         close_locked(probe, on_engine_thread=True)
+
+
+def still_filling(probe: Probe, now: float) -> bool:
+    """Whether the oldest pending work is the batch being filled and steps still join it: its last
+    step is under IDLE_S old at `now` and the batch under `probe.copy_within_s` (the chores ask,
+    `BatchRecorder.filling`). Then its own steps send it at its bound; the chores send it only once
+    the engine stops stepping (idle, paused, or between workloads). The last step's clock is read
+    from the batch's items, so the steps pay nothing for it."""
+    with probe.copy_lock:
+        batch = probe.copies
+        if batch is None or batch.host is not None or now - batch.born >= probe.copy_within_s:
+            return False
+        pending = probe._pending
+        if not pending or pending[0][1] is not batch:
+            return False
+        last = batch.born
+        for item in reversed(batch.items):
+            cls = item.__class__
+            if cls is Run:
+                last = item.rows[-1][1] if item.rows else last
+                break
+            if cls is StepDraft:
+                last = item.t
+                break
+        return now - last < _runtime.IDLE_S
 
 
 def join_run(probe: Probe, draft: StepDraft, pos_t: Any) -> bool:
@@ -506,6 +542,7 @@ def join_run(probe: Probe, draft: StepDraft, pos_t: Any) -> bool:
             return False
         batch.parts.append(pos_t[0] if run.pos_2d else pos_t)
         batch.steps += 1
+        batch.held_rows += run.b
         run.rows.append((draft.step, draft.t, draft.rows_in, draft.batch_size, draft.attn_rows_seen,
                          draft.ffn_rows, draft.logits_rows, kv_rows, draft.ffn_out_rows, draft.attn_layers))
         probe.spare = draft  # its run keeps its values: the draft serves the next step
@@ -568,5 +605,5 @@ def _resolve_split(draft: StepDraft, sharded: list[int]) -> None:
     draft.cp_local_positions = split
 
 
-BATCHES = BatchRecorder(attach=attach_record, send_all=send_copies)
+BATCHES = BatchRecorder(attach=attach_record, send_all=send_copies, filling=still_filling)
 """The copy batches as the runtime drives them (`Probe.batches`, installed by `open_batch`)."""

@@ -28,8 +28,9 @@ Contracts:
   thread has not come by for IDLE_S (a rank blocked in a collective, a process that stopped
   calling): rarely enough that its hand-overs of the GIL cost nothing measurable. `flush()` finishes
   everything and runs at exit. So records reach the disk within about IDLE_S + CHORES_S of an idle
-  SGLang scheduler, IDLE_S + WATCH_S of a stalled engine; a rank SIGKILLed while busy loses its
-  last steps (at most copy_batches.COPY_EVERY, or COPY_WITHIN_S of them).
+  SGLang scheduler, IDLE_S + WATCH_S of a stalled engine, and within COPY_WITHIN_S of a busy one;
+  a rank SIGKILLed while busy loses its last steps (at most copy_batches.COPY_EVERY, or
+  COPY_WITHIN_S of them).
 - Records go to `$CPTEST_PROBE_DIR/rank<world_rank>.jsonl` once the rank is known (Geometry is the
   first rank-local event). Records made earlier are held in memory and written there first; if a
   process never learns its rank (the HTTP/launcher process) and holds a warning or error, it is
@@ -123,7 +124,19 @@ WATCH_S = 0.5
 """How often the watchdog thread wakes (`Probe._watch_loop`)."""
 IDLE_S = 0.15
 """Deferred work older than this is finished without waiting for further steps (by the chores, or
-by the watchdog when the engine's thread has not come by for this long)."""
+by the watchdog when the engine's thread has not come by for this long). The batch being filled
+counts from its last step (`BatchRecorder.filling`): while steps keep joining it, it waits for
+its own bound (COPY_WITHIN_S)."""
+COPY_WITHIN_S = 0.5
+"""The longest a copy batch stays open from its first step (`copy_batches.close_if_due`,
+`Probe.copy_within_s`). A batch's send and finishing cost the engine's thread nearly as much for
+many steps as for few (its CUDA calls, its event and its one write are per batch, and each burst
+leaves the caches cold for the steps after it), so the bound is what spreads that cost: at 2 ms a
+decode step, 0.5 s holds about 240 steps. It is also how late a busy rank's step records reach
+the file, and what a rank killed while busy loses."""
+ENV_COPY_WITHIN_S = "CPTEST_PROBE_COPY_WITHIN_S"
+"""Seconds that replace COPY_WITHIN_S: the runner sets IDLE_S where a fault fires after a number
+of decode steps, which it counts in the file, so that the fault lands close to its step."""
 
 
 class Deferred(Protocol):
@@ -146,7 +159,7 @@ Record = BaseModel | str | tuple[Any, ...]
 class BatchRecorder:
     """What the runtime asks of the copy batches that gather the steps' device tensors
     (`cptest.probe.copy_batches`, whose `open_batch` installs them as `Probe.batches`). The runtime
-    knows the batches only through these three calls, and knows nothing of them until the first
+    knows the batches only through these calls, and knows nothing of them until the first
     one opens."""
 
     attach: Callable[[Probe, Record], bool]
@@ -155,6 +168,10 @@ class BatchRecorder:
     send_all: Callable[[Probe], None]
     """Send the batch being filled and every closed one not sent yet: before deferred work is
     finished without further steps, and before a record that could not join the batch."""
+    filling: Callable[[Probe, float], bool]
+    """Whether the oldest pending work is the batch being filled, still taking steps at this clock
+    (its last step under IDLE_S old, itself under `Probe.copy_within_s`): the chores leave it to
+    its steps, which close it at its bound."""
 
 
 class _Write:
@@ -189,8 +206,10 @@ class Probe:
     def __init__(self, out_dir: Path, *, clock: Callable[[], float] = time.monotonic,
                  observe_positions: bool = True, graph_flush_s: float = 1.0,
                  switch: Path | None = None, read_every: int = READ_EVERY_DEFAULT,
-                 layers_sampled: bool = True) -> None:
+                 layers_sampled: bool = True, copy_within_s: float = COPY_WITHIN_S) -> None:
         self.out_dir = out_dir
+        self.copy_within_s = copy_within_s
+        """How long a copy batch stays open from its first step (COPY_WITHIN_S, ENV_COPY_WITHIN_S)."""
         self.clock = clock
         self.t0 = clock()
         self.observe_positions = observe_positions
@@ -465,7 +484,8 @@ class Probe:
         """The probe's periodic work, on the engine's thread once `now` reaches `next_chores` (the step
         hook and the pool hook ask): the run-time switch, the graph counts when due, the measuring
         notes once a second, and deferred work that waited IDLE_S: an idle engine runs no step, so
-        the batch being filled is sent then, and finished by a later call once its copies are on the
+        the batch being filled is sent IDLE_S after its last step (not while steps still join it:
+        they send it at its own bound), and finished by a later call once its copies are on the
         host. Never waits for the device. Timed into the `cost` notes while measuring."""
         self.next_chores = now + CHORES_S
         self.engine_seen = now
@@ -480,7 +500,9 @@ class Probe:
                     self._write_cost()
             pending = self._pending
             if pending and now - pending[0][0] > IDLE_S:
-                self._finish_pending(None)
+                batches = self.batches
+                if batches is None or not batches.filling(self, now):
+                    self._finish_pending(None)
             self._write_graph_counts(force=False)
         except Exception as e:
             self.call("chores", self.error, "chores", e)
@@ -724,6 +746,7 @@ def get_probe() -> Probe | None:
             switch=Path(os.environ[ENV_SWITCH]) if os.environ.get(ENV_SWITCH) else None,
             read_every=max(int(os.environ.get(ENV_READ_EVERY, READ_EVERY_DEFAULT)), 0),
             layers_sampled=os.environ.get(ENV_LAYER_STEPS, "sampled") != "all",
+            copy_within_s=_seconds(os.environ.get(ENV_COPY_WITHIN_S), COPY_WITHIN_S),
         )
         _PROBE.poll_switch()
         if _PROBE.switch is not None:
@@ -732,6 +755,16 @@ def get_probe() -> Probe | None:
         atexit.register(_PROBE.flush_held_at_exit)
         atexit.register(_PROBE.flush)
     return _PROBE
+
+
+def _seconds(text: str | None, default: float) -> float:
+    """A positive number of seconds from the environment, or `default` when absent or not one:
+    the probe never fails its rank over its own settings."""
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        return default
+    return value if 0 < value < float("inf") else default
 
 
 def set_probe(probe: Probe | None) -> None:

@@ -472,6 +472,7 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
                     done = True
                     batch.parts.append(pos[0] if run.pos_2d else pos)
                     batch.steps += 1
+                    batch.held_rows += run.b
                     run.rows.append((step, t, rows_in, st.bs, None, None, None, None, None, 0))
                     st.totals[_REPLAY_DECODE] += 1  # Probe.count_graph, inline (one writer: this thread)
                     close_if_due(probe, batch)  # sent: the next step opens a batch by the general end

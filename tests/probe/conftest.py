@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cptest.probe import copy_batches, runtime
+from cptest.probe import runtime
 from cptest.probe.runtime import Probe
 
 
@@ -17,9 +17,8 @@ def probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Probe]:
     graph counts flushed at every chance. It runs on the real clock, so its time bounds are far off:
     a slow test machine neither closes a copy batch early nor looks like a stalled engine (the tests
     of those bounds move a clock of their own)."""
-    monkeypatch.setattr(copy_batches, "COPY_WITHIN_S", 60.0)
     monkeypatch.setattr(runtime, "IDLE_S", 60.0)
-    p = Probe(tmp_path, graph_flush_s=0.0)
+    p = Probe(tmp_path, graph_flush_s=0.0, copy_within_s=60.0)
     runtime.set_probe(p)
     yield p
     runtime.set_probe(None)

@@ -202,16 +202,16 @@ def _zigzag(probe: Probe) -> None:
 
 GOLDEN_BOUNDS = (16, 0.1)
 """The copy batches' bounds the golden files were written with (`copy_batches.COPY_EVERY`,
-`COPY_WITHIN_S` then): they decide which steps share a `steps` line, not what the records say."""
+`Probe.copy_within_s`): they decide which steps share a `steps` line, not what the records say."""
 
 
 def run(out_dir: Path, *, watchdog: bool, bounds: tuple[int, float] = GOLDEN_BOUNDS) -> bytes:
     """The rank file the probe writes for the scenario (with or without its watchdog thread), its
     steps in copy batches of the given bounds (steps, seconds)."""
     clock = Clock()
-    bounds_now = copy_batches.COPY_EVERY, copy_batches.COPY_WITHIN_S
-    copy_batches.COPY_EVERY, copy_batches.COPY_WITHIN_S = bounds
-    probe = Probe(out_dir, clock=clock, graph_flush_s=1e9)
+    every_now = copy_batches.COPY_EVERY
+    copy_batches.COPY_EVERY = bounds[0]
+    probe = Probe(out_dir, clock=clock, graph_flush_s=1e9, copy_within_s=bounds[1])
     if not watchdog:
         probe._start_watchdog = lambda: None  # type: ignore[method-assign]
     sampler, pool_hooks._SAMPLER = pool_hooks._SAMPLER, PoolSampler(every=4)
@@ -229,7 +229,7 @@ def run(out_dir: Path, *, watchdog: bool, bounds: tuple[int, float] = GOLDEN_BOU
     finally:
         runtime.set_probe(None)
         pool_hooks._SAMPLER = sampler
-        copy_batches.COPY_EVERY, copy_batches.COPY_WITHIN_S = bounds_now
+        copy_batches.COPY_EVERY = every_now
     return (out_dir / f"rank{RANK.world}.jsonl").read_bytes()
 
 

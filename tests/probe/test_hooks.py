@@ -1068,3 +1068,98 @@ def test_an_idle_schedulers_loop_sends_and_finishes_the_batch_its_last_steps_lef
     finally:
         runtime.set_probe(None)
         p.close()
+
+
+def _busy_then_idle(tmp_path: Path, monkeypatch: MP,
+                    busy_s: float) -> tuple[list[int], list[int], float, float]:
+    """Decode steps every 10 ms for `busy_s`, the pool hook (and so the chores) between them, then
+    the idle loop for 0.5 s. Returns the steps on disk when the steps stopped, the steps on disk at
+    the end, the clock of the last step, and the clock at which the steps reached the disk."""
+    from cptest.probe import pool_hooks
+    from cptest.probe.pool_hooks import PoolSampler
+
+    now = [50.0]
+    p = Probe(tmp_path, clock=lambda: now[0], graph_flush_s=1e9)
+    p._start_watchdog = lambda: None  # type: ignore[method-assign]  # the engine's thread alone
+    runtime.set_probe(p)
+    monkeypatch.setattr(pool_hooks, "_SAMPLER", PoolSampler(every=1_000))
+    path = tmp_path / "rank0.jsonl"
+
+    def steps_on_disk() -> list[int]:
+        return [r.step for r in read_records(path)[0] if isinstance(r, Step)] if path.exists() else []
+
+    try:
+        _fake_parallel_state(monkeypatch, 0)
+        hooks.after_initialize_model_parallel(None)
+        alloc = types.SimpleNamespace(size=64, available_size=lambda: 64)
+        loop = types.SimpleNamespace(running_batch=None, batch_to_run=None)
+        sched = types.SimpleNamespace(token_to_kv_pool_allocator=alloc, waiting_queue=[], forward_ct=0)
+        for i in range(round(busy_s / 0.01)):
+            fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([9 + i, 4 + i]), ["a", "b"], 2)
+            hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=False), Runner(), fb)
+            last = now[0]
+            now[0] += 0.005
+            pool_hooks.after_get_next_batch_to_run(loop, sched)
+            now[0] += 0.005
+            pool_hooks.after_get_next_batch_to_run(loop, sched)
+        busy = steps_on_disk()
+        landed = None
+        for _ in range(100):
+            now[0] += 0.005
+            pool_hooks.after_get_next_batch_to_run(loop, sched)
+            if landed is None and len(steps_on_disk()) == round(busy_s / 0.01):
+                landed = now[0]
+        assert landed is not None and not p._pending
+        return busy, steps_on_disk(), last, landed
+    finally:
+        runtime.set_probe(None)
+        p.close()
+
+
+def test_a_busy_engines_chores_leave_the_batch_being_filled_to_its_steps(tmp_path: Path,
+                                                                         monkeypatch: MP) -> None:
+    """D120: while steps keep joining the batch being filled, the chores leave it open past IDLE_S
+    (its steps close it at `Probe.copy_within_s`); once they stop, it is sent IDLE_S after the last
+    step, not after the first, and finished on a later iteration of the idle loop."""
+    busy_s = 0.3  # over IDLE_S, under the copy bound
+    assert runtime.IDLE_S < busy_s < runtime.COPY_WITHIN_S - runtime.IDLE_S
+    busy, done, last, landed = _busy_then_idle(tmp_path, monkeypatch, busy_s)
+    assert busy == []
+    assert done == list(range(1, 31))
+    assert last + runtime.IDLE_S <= landed <= last + runtime.IDLE_S + 2 * runtime.CHORES_S
+
+
+def test_a_busy_engines_batch_closes_at_its_copy_bound(tmp_path: Path, monkeypatch: MP) -> None:
+    """Steps that keep coming send their batch once its first step is `Probe.copy_within_s` old: a
+    busy rank's records reach the file within that bound, however long the decode lasts."""
+    busy, done, _, _ = _busy_then_idle(tmp_path, monkeypatch, 1.2)
+    assert busy and busy == list(range(1, len(busy) + 1))
+    first_batch = round(runtime.COPY_WITHIN_S / 0.01)
+    assert first_batch <= len(busy) < 120 and done == list(range(1, 121))
+
+
+@pytest.mark.parametrize("replay", [True, False])
+def test_a_batch_of_many_requests_closes_at_its_rows_so_its_line_stays_short(
+        probe: Probe, monkeypatch: MP, replay: bool) -> None:
+    """A run's `steps` line grows with its steps times its requests: a batch closes once its runs
+    hold COPY_ROWS rows, before COPY_EVERY steps, so the line stays far inside the longest that
+    cptest reads (`bounds.EVIDENCE.line`), whichever path the steps took (the short path of
+    replays, `join_run`, `CopyBatch.add`)."""
+    from cptest.bounds import EVIDENCE
+
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    n = 1024
+    per_batch = copy_batches.COPY_ROWS // n
+    assert per_batch < copy_batches.COPY_EVERY
+    runner = GraphedRunner(decode_cuda_graph_runner=GraphRunner(bs=n))
+    rids = [f"r{i}" for i in range(n)]
+    for i in range(per_batch + 5):
+        fb = Batch(Mode("DECODE"), torch.arange(n), torch.arange(n) + 9 + i, rids, n)
+        hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=replay), runner, fb)
+    probe.flush()
+    lines = [json.loads(x) for x in (probe.out_dir / "rank0.jsonl").read_text().splitlines()]
+    blocks = [len(x["step"]) for x in lines if x["kind"] == "steps"]
+    assert blocks[0] == per_batch and sum(blocks) == per_batch + 5
+    longest = max(len(x) for x in (probe.out_dir / "rank0.jsonl").read_bytes().splitlines())
+    assert EVIDENCE.line is not None and longest < EVIDENCE.line / 4

@@ -32,6 +32,20 @@ def test_probe_is_on_with_the_directory_variable(monkeypatch: pytest.MonkeyPatch
         runtime.set_probe(None)
 
 
+def test_the_probe_takes_its_copy_bound_from_the_environment_and_ignores_a_bad_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(runtime.ENV_DIR, str(tmp_path))
+    for text, bound in (("0.15", 0.15), ("soon", runtime.COPY_WITHIN_S), ("-1", runtime.COPY_WITHIN_S),
+                        ("inf", runtime.COPY_WITHIN_S), ("", runtime.COPY_WITHIN_S)):
+        monkeypatch.setenv(runtime.ENV_COPY_WITHIN_S, text)
+        runtime.set_probe(None)
+        try:
+            p = runtime.get_probe()
+            assert p is not None and p.copy_within_s == bound, text
+        finally:
+            runtime.set_probe(None)
+
+
 def test_records_before_the_rank_is_known_go_to_the_rank_file_once_it_is(tmp_path: Path) -> None:
     p = Probe(tmp_path, clock=lambda: 10.0)
     p.note("early")
@@ -255,8 +269,10 @@ def test_the_chores_finish_what_waited_idle_s_and_nothing_sooner(tmp_path: Path)
     p._start_watchdog = lambda: None  # type: ignore[method-assign]
     p.set_rank(RankId(world=0))
     sent: list[float] = []
+    filling = {"now": False}
     p.batches = BatchRecorder(attach=lambda probe, record: False,
-                              send_all=lambda probe: sent.append(clock.now))
+                              send_all=lambda probe: sent.append(clock.now),
+                              filling=lambda probe, now: filling["now"])
     ran_on: list[int] = []
 
     class Watched(Job):
@@ -271,6 +287,11 @@ def test_the_chores_finish_what_waited_idle_s_and_nothing_sooner(tmp_path: Path)
     p.chores(clock.now)
     assert (sent, ran_on) == ([], [])
     clock.now += runtime.IDLE_S
+    filling["now"] = True  # the batch being filled, steps still joining it: left to its steps
+    p.chores(clock.now)
+    assert (sent, ran_on) == ([], [])
+    filling["now"] = False
+    clock.now += runtime.CHORES_S
     p.chores(clock.now)
     assert sent == [clock.now] and ran_on == [threading.get_ident()]
     assert p.engine_seen == clock.now and p.next_chores == clock.now + runtime.CHORES_S
@@ -323,7 +344,7 @@ def test_the_runtime_reaches_the_copy_batches_only_through_their_recorder(tmp_pa
 
     p.defer(batch)
     p.copies = batch  # type: ignore[assignment]
-    p.batches = BatchRecorder(attach=attach, send_all=send_all)
+    p.batches = BatchRecorder(attach=attach, send_all=send_all, filling=lambda probe, now: False)
     p.note("taken by the batch")
     p.note("refused by the batch")
     assert calls == ["attach taken by the batch", "attach refused by the batch", "send_all"]

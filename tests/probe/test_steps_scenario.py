@@ -35,7 +35,7 @@ import json  # noqa: E402
 from collections import Counter  # noqa: E402
 
 from cptest.evidence import PoolSample, ProbeNote, RankEvidence, Step, read_records  # noqa: E402
-from cptest.probe import copy_batches  # noqa: E402
+from cptest.probe import copy_batches, runtime  # noqa: E402
 from cptest.run.faults import DecodeStepCounter  # noqa: E402
 from tests.probe import steps_scenario  # noqa: E402
 
@@ -67,7 +67,7 @@ def test_todays_copy_batches_group_the_lines_otherwise_and_write_the_same_eviden
     notes written at once, with that time: the same notes, in another order."""
     got_path = tmp_path / "today.jsonl"
     got_path.write_bytes(steps_scenario.run(tmp_path / "run", watchdog=False,
-                                            bounds=(copy_batches.COPY_EVERY, copy_batches.COPY_WITHIN_S)))
+                                            bounds=(copy_batches.COPY_EVERY, runtime.COPY_WITHIN_S)))
     assert steps_scenario.GOLDEN_BOUNDS[0] < copy_batches.COPY_EVERY
     got, got_dropped = read_records(got_path)
     ref, ref_dropped = read_records(GOLDEN)
