@@ -8,8 +8,10 @@ Two layers (Jepsen `Nemesis`): a `Fault` does one injection now (`inject`, `heal
 - `after_decode_steps`: when rank 0's probe file (`<probe_dir>/rank0.jsonl`) holds N Step records of
   mode `decode` as `evidence.read_records` reads them (polled; a `steps` line counts each of its
   steps; CUDA-graph replays are recorded as steps too). The probe writes a step's record up
-  to `probe.copy_batches.COPY_EVERY` steps or about COPY_WITHIN_S after the step (its copy
-  batches), so the fault lands that much later in the run than the Nth decode step itself.
+  to `probe.copy_batches.COPY_EVERY` steps or its copy bound after the step (its copy batches), so
+  the fault lands that much later in the run than the Nth decode step itself. For such a server
+  the runner sets that bound to `probe.runtime.IDLE_S` (`probe_env`), against its default of
+  `runtime.COPY_WITHIN_S`.
 A `stop` with `heal_after_s` is healed by SIGCONT that long after it fired, or when the injector
 stops, whichever comes first. A `stop` without `heal_after_s` stays frozen through the shutdown (that
 is what such a scenario measures); teardown still works, since SIGKILL ends a stopped process.
@@ -33,6 +35,7 @@ from cptest.errors import RunError
 from cptest.evidence import Lifecycle, RequestResult, RunRole
 from cptest.outline import Logger, null_logger
 from cptest.plan.model import FaultPlan
+from cptest.probe.runtime import ENV_COPY_WITHIN_S, IDLE_S
 from cptest.run.evidence_writer import RecordWriter
 from cptest.run.launcher import Handle
 from cptest.store import rank_file_name
@@ -67,6 +70,15 @@ KILLED_GONE_S = 5.0
 """How long the injector's `stop` waits for the processes its kills signalled to end. The kernel ends
 a SIGKILLed process at its next scheduling, which on a loaded host can come after the workload's
 last request has failed: the shutdown must not take it for a live server and signal it."""
+
+
+def probe_env(faults: list[FaultPlan]) -> dict[str, str]:
+    """What the probe of a server facing `faults` must be told: where one fires after a number of
+    decode steps, which the injector counts in rank 0's file, the steps' records must reach it
+    within IDLE_S of the step rather than the probe's usual copy bound."""
+    if any(f.after_decode_steps is not None for f in faults):
+        return {ENV_COPY_WITHIN_S: repr(IDLE_S)}
+    return {}
 
 
 def process_title(pid: int) -> str | None:

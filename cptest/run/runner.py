@@ -57,7 +57,7 @@ from cptest.retry import Abort, retry
 from cptest.run.baseline_cache import BaselineCache
 from cptest.run.driver import WorkloadDriver, WorkloadSummary
 from cptest.run.evidence_writer import RecordWriter
-from cptest.run.faults import FaultInjector
+from cptest.run.faults import FaultInjector, probe_env
 from cptest.run.gpu import GpuReading, read_gpus
 from cptest.run.launcher import ExitInfo, Launcher
 from cptest.run.process import Interrupted
@@ -328,6 +328,8 @@ def _run_server(sup: Supervisor, plan: Plan, server: ServerPlan, writer: RecordW
                 env = dict(node.env)
                 if server.probe:
                     env["CPTEST_PROBE_DIR"] = str(probe_dir)
+                    if faults:
+                        env.update(probe_env(plan.faults))
                 launch = node.model_copy(update={"env": env})
                 labels = {"cptest.scenario": plan.scenario, "cptest.role": role,
                           "cptest.run": layout.root.name, **opts.labels}

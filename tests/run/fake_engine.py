@@ -174,6 +174,8 @@ def main() -> None:
     global ENGINE
     ENGINE = e = Engine(args)
     print(f"fake engine pid {os.getpid()} port {args.port}", flush=True)
+    if os.environ.get("CPTEST_PROBE_COPY_WITHIN_S"):  # what the runner told the probe, for its tests
+        print(f"probe copy bound {os.environ['CPTEST_PROBE_COPY_WITHIN_S']} s", flush=True)
     if args.reject:
         time.sleep(0.2)
         print(f"ValueError: {args.reject}", file=sys.stderr, flush=True)

@@ -13,8 +13,9 @@ import pytest
 from cptest.errors import RunError
 from cptest.evidence import Lifecycle, RequestResult, read_records
 from cptest.plan.model import FaultPlan
+from cptest.probe.runtime import COPY_WITHIN_S, ENV_COPY_WITHIN_S, IDLE_S
 from cptest.run.evidence_writer import RecordWriter
-from cptest.run.faults import DecodeStepCounter, FaultInjector, SignalFault, find_titled
+from cptest.run.faults import DecodeStepCounter, FaultInjector, SignalFault, find_titled, probe_env
 from cptest.run.process import ProcessLauncher
 
 from conftest import fake_node, wait_until  # isort: skip
@@ -111,6 +112,13 @@ def test_a_decode_step_fault_fires_when_rank0_has_written_n_decode_steps(tmp_pat
         f.write('{"kind": "step", "mode": "decode"}\n')
     wait_until(lambda: rec.calls, 3, "the decode-step fault")
     inj.stop()
+
+
+def test_only_a_fault_counted_in_decode_steps_asks_the_probe_for_a_tighter_copy_bound() -> None:
+    assert probe_env([kill_rank(after_decode_steps=3)]) == {ENV_COPY_WITHIN_S: repr(IDLE_S)}
+    assert probe_env([kill_rank(after_requests=2), kill_rank(1, at_s=1.0)]) == {}
+    assert probe_env([]) == {}
+    assert IDLE_S < COPY_WITHIN_S
 
 
 def test_decode_step_counter_waits_for_a_complete_line(tmp_path: Path) -> None:

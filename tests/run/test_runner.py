@@ -15,6 +15,7 @@ from cptest.errors import RunError
 from cptest.evidence import Lifecycle, ProbeNote, ProcessSample, RequestResult, ServerInfo, read_records
 from cptest.outline import Logger, TerminalSink
 from cptest.plan.model import Colocation, FaultPlan, Plan, ServerPlan
+from cptest.probe import runtime
 from cptest.run import runner
 from cptest.run.process import Interrupted, ProcessLauncher
 from cptest.run.runner import RunOptions, run_plan
@@ -152,6 +153,17 @@ def test_killing_a_rank_mid_workload_fails_the_rest_and_leaves_nothing(tmp_path:
     assert (exited.detail["after_s_since_signal"] is None) == (not signalled)
     assert outcome.main.all_exited is True
     assert alive(every_pid(archive)) == []
+
+
+def test_a_fault_counted_in_decode_steps_tightens_the_main_probes_copy_bound_alone(tmp_path: Path) -> None:
+    """The injector counts decode steps in rank 0's file: the main server's probe is told to write
+    them within IDLE_S (`faults.probe_env`); the baseline, which faces no fault, keeps its default."""
+    fault = FaultPlan(index=0, action="sigterm", target="server", after_decode_steps=100_000)
+    plan = make_plan(fake_server("main", free_port()), baseline=fake_server("baseline", free_port()),
+                     n=2, faults=[fault])
+    _, archive, _ = run(plan, tmp_path)
+    assert f"probe copy bound {runtime.IDLE_S!r} s" in (archive / "logs" / "main-node0.log").read_text()
+    assert "probe copy bound" not in (archive / "logs" / "baseline-node0.log").read_text()
 
 
 def test_a_server_ignoring_sigterm_is_recorded_as_a_shutdown_timeout_and_killed(tmp_path: Path) -> None:
