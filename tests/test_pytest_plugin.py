@@ -21,6 +21,7 @@ from cptest.errors import RunError
 from cptest.lang import parse_file, parse_text
 from cptest.plan import plan
 from cptest.testing import pytest_plugin
+from cptest.testing.ports import free_port
 from cptest.verdict import Verdict, scenario_verdict
 
 pytest_plugins = ["pytester"]
@@ -143,12 +144,6 @@ def tiny(extra: str = "") -> str:
 def listed(result: pytest.RunResult) -> list[str]:
     """The node ids `--collect-only -q` printed."""
     return [line for line in result.outlines if "::" in line]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_the_entry_point_registers_the_plugin(pytester: pytest.Pytester) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from cptest.testing.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / ".cptest" / "test-models"
@@ -34,12 +35,6 @@ def tiny_models() -> Path:
     pytest.importorskip("torch")
     pytest.importorskip("safetensors")
     return ensure_tiny_models()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
 from pathlib import Path
@@ -21,16 +20,11 @@ from cptest.plan.model import (
     ServerPlan,
     WorkloadPlan,
 )
+from cptest.testing.ports import free_port
 
 HERE = Path(__file__).parent
 FAKE_ENGINE = HERE / "fake_engine.py"
 PARENT = HERE / "parent_script.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fake_node(port: int, *args: str, node_rank: int = 0, env: dict[str, str] | None = None) -> NodeLaunch:

@@ -1,0 +1,39 @@
+"""cptest/testing/ports.py: test servers' ports come from below the kernel's ephemeral range."""
+
+from __future__ import annotations
+
+import random
+import socket
+
+import pytest
+
+from cptest.testing import ports
+
+
+def test_a_free_port_lies_below_the_ephemeral_range_and_can_be_bound() -> None:
+    low = ports.ephemeral_low()
+    if low is None or low <= ports.FLOOR + 1000:
+        pytest.skip("no ephemeral range above the floor on this host")
+    for _ in range(20):
+        port = ports.free_port()
+        assert ports.FLOOR <= port < low
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+def test_a_port_in_use_is_never_picked(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        assert not ports.bindable(busy)
+        monkeypatch.setattr(ports, "FLOOR", busy)
+        monkeypatch.setattr(ports, "ephemeral_low", lambda: busy + 1002)
+        picks = {ports.free_port(random.Random(seed)) for seed in range(30)}
+        assert busy not in picks and all(busy < p < busy + 1002 for p in picks)
+
+
+def test_without_a_readable_range_the_kernel_picks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ports, "ephemeral_low", lambda: None)
+    port = ports.free_port()
+    assert ports.bindable(port)
