@@ -10,8 +10,6 @@ re-checked with the placement it ran under. SGLang's co-located runs are the GPU
 from __future__ import annotations
 
 import json
-import random
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any
 import pytest
 
 from cptest.testing.archives import archived_text
+from cptest.testing.ports import free_block
 from tests.reference.conftest import ensure_tiny_models
 
 pytest.importorskip("torch")
@@ -30,16 +29,7 @@ SCENARIOS = REPO / "scenarios"
 
 def free_port_block() -> int:
     """A main port whose node ports (+0, +1), rendezvous (+50) and baseline block (+100..) are free."""
-    for _ in range(50):
-        base = random.randrange(40000, 60000, 200)
-        try:
-            for offset in (0, 1, 50, 100, 101, 150):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", base + offset))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port block")
+    return free_block((0, 1, 50, 100, 101, 150))
 
 
 def run_colocated(name: str, tmp_path: Path) -> tuple[dict[str, Any], Path]:

@@ -9,7 +9,6 @@ co-located server listens on the server's port + k, and node 0 hosts the rendezv
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -18,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from cptest.engines.protocol import RENDEZVOUS_PORT_OFFSET
-from tests.reference.conftest import ensure_tiny_models, free_port
+from cptest.testing.ports import free_block, free_port
+from tests.reference.conftest import ensure_tiny_models
 
 pytest.importorskip("torch")
 
@@ -32,32 +32,13 @@ def _cptest(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProc
                           text=True, timeout=timeout)
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _colocated_port() -> int:
-    """A free port whose node ports (port + k) and rendezvous port are free too."""
-    for _ in range(50):
-        port = free_port()
-        wanted = [port + k for k in range(1, RANKS)] + [port + RENDEZVOUS_PORT_OFFSET]
-        if port + RENDEZVOUS_PORT_OFFSET < 65536 and all(map(_bindable, wanted)):
-            return port
-    raise AssertionError("no free block of ports for a co-located server")
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
     """The co-located run: its output and its archive."""
     ensure_tiny_models()
     results = tmp_path_factory.mktemp("colocated")
     done = _cptest("run", "--placement", "colocated", SCENARIO, "--results", results,
-                   "--ports", f"{_colocated_port()},{free_port()}")
+                   "--ports", f"{free_block([*range(RANKS), RENDEZVOUS_PORT_OFFSET])},{free_port()}")
     assert done.returncode == 0, done.stdout + done.stderr
     archive = next((results / "reference_stop_rank_dcp2").iterdir())
     return done, archive

@@ -37,3 +37,23 @@ def test_without_a_readable_range_the_kernel_picks(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(ports, "ephemeral_low", lambda: None)
     port = ports.free_port()
     assert ports.bindable(port)
+
+
+def test_a_free_block_has_every_offset_free_and_below_the_ephemeral_range() -> None:
+    offsets = (0, 1, 50, 100, 101, 150)
+    base = ports.free_block(offsets)
+    assert all(ports.bindable(base + k) for k in offsets)
+    low = ports.ephemeral_low()
+    if low is not None and low > ports.FLOOR + 1150:
+        assert base >= ports.FLOOR and base + 150 < low
+
+
+def test_a_block_whose_offset_is_taken_is_never_picked(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        monkeypatch.setattr(ports, "FLOOR", busy - 60)
+        monkeypatch.setattr(ports, "ephemeral_low", lambda: busy + 1200)
+        picks = {ports.free_block((0, 50), random.Random(seed)) for seed in range(40)}
+        assert picks and all(busy not in (p, p + 50) for p in picks)

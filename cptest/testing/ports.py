@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import socket
+from collections.abc import Iterable
 from pathlib import Path
 
 FLOOR = 20_000
@@ -49,3 +50,19 @@ def free_port(rng: random.Random | None = None) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_block(offsets: Iterable[int], rng: random.Random | None = None) -> int:
+    """A base port such that base + each offset is free now (a co-located server's node ports,
+    its rendezvous, a second server's block), all below the ephemeral range where the kernel's
+    range starts above FLOOR plus the widest offset."""
+    wanted = sorted(set(offsets))
+    low = ephemeral_low()
+    top = (low if low is not None and low > FLOOR + wanted[-1] + 1000 else 65536) - wanted[-1]
+    floor = FLOOR if top > FLOOR else 1024
+    pick = rng or random.SystemRandom()
+    for _ in range(200):
+        base = pick.randrange(floor, top)
+        if all(bindable(base + k) for k in wanted):
+            return base
+    raise RuntimeError(f"no free block of ports at offsets {wanted} below {top + wanted[-1]}")
