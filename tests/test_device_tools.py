@@ -214,3 +214,37 @@ def test_phase_summary_reads_each_phase_from_its_two_marks() -> None:
     assert s["server_headers"]["p50"] == pytest.approx(8.0)
     assert s["to_first_chunk"] == {"p50": pytest.approx(40.0), "p90": pytest.approx(40.0)}
     assert s["start_to_first_chunk"]["p50"] == pytest.approx(49.3)
+
+
+def _empty_wheel(folder: Path) -> None:
+    """A valid wheel with nothing in it: what probe-bench.sh installs beside the machine's torch
+    (pydantic and its kin there; here the test's environment has them already)."""
+    import zipfile
+
+    folder.mkdir()
+    info = "nothing-1.0.dist-info"
+    with zipfile.ZipFile(folder / "nothing-1.0-py3-none-any.whl", "w") as z:
+        z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: nothing\nVersion: 1.0\n")
+        z.writestr(f"{info}/WHEEL",
+                   "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", f"{info}/METADATA,,\n{info}/WHEEL,,\n{info}/RECORD,,\n")
+
+
+def test_probe_bench_runs_every_configuration_with_every_bound_and_says_which(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    _empty_wheel(tmp_path / "wheels")
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(tmp_path / "site"), "DEVICE": "cpu",
+           "BENCH_WHEELS": str(tmp_path / "wheels"), "COMMIT": "abc1234",
+           "CONFIGS": "--graphs --steps 150\n--steps 100", "BOUNDS": "16 0.15\n64 0.5"}
+    done = subprocess.run(["bash", str(ROOT / "tools" / "device" / "probe-bench.sh")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = (tmp_path / "out" / "bench.txt").read_text()
+    heads = [line for line in text.splitlines() if line.startswith("== ")]
+    configs, bounds = ("--graphs --steps 150", "--steps 100"), (("16", "0.15"), ("64", "0.5"))
+    assert heads == [f"== --layers 4 --batch 64 --device cpu --pool {c} --copy-every {n} --copy-within-s {s}"
+                     for c in configs for n, s in bounds]
+    assert text.count("the probe's whole time on the engine thread") == 4
+    assert "commit abc1234" in (tmp_path / "out" / "manifest.txt").read_text()
