@@ -30,7 +30,7 @@ SPIN_CYCLES = 600_000_000  # torch.cuda._sleep: about 0.3 s at H200 clocks
 def test_a_step_that_sends_a_batch_of_copies_returns_before_they_exist_and_all_are_recorded(
     tmp_path: Path,
 ) -> None:
-    probe = Probe(tmp_path)
+    probe = Probe(tmp_path, copy_within_s=60.0)  # the batch closes at its steps, not at its time bound
     runtime.set_probe(probe)
     try:
         probe.set_rank(RankId(world=0))
