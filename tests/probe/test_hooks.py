@@ -1118,7 +1118,7 @@ def _busy_then_idle(tmp_path: Path, monkeypatch: MP,
 
 def test_a_busy_engines_chores_leave_the_batch_being_filled_to_its_steps(tmp_path: Path,
                                                                          monkeypatch: MP) -> None:
-    """D120: while steps keep joining the batch being filled, the chores leave it open past IDLE_S
+    """While steps keep joining the batch being filled, the chores leave it open past IDLE_S
     (its steps close it at `Probe.copy_within_s`); once they stop, it is sent IDLE_S after the last
     step, not after the first, and finished on a later iteration of the idle loop."""
     busy_s = 0.3  # over IDLE_S, under the copy bound
