@@ -53,7 +53,7 @@ Printed, per step of a `--batch`-request decode batch over `--layers` layers:
         [--pool] [--graphs] [--engine-us US] [--gil-thread US] [--blocks K [--control]] [--reads CONTEXT]
         [--copy-every N] [--copy-within-s S] [--profile TOP]
 
-`--copy-every` and `--copy-within-s` set the copy batches' bounds (`copy_batches.COPY_EVERY`,
+`--copy-every` and `--copy-within-s` set the copy batches' bounds (`Probe.copy_every`,
 `Probe.copy_within_s`), to compare batch sizes on one machine.
 
 `--profile TOP` also prints the TOP functions by their own time in a profiled run of the hooked
@@ -79,7 +79,7 @@ from typing import Any
 import torch
 
 from cptest.evidence import PoolSample, RankId, Step, read_records
-from cptest.probe import copy_batches, hooks, pool_hooks, runtime
+from cptest.probe import hooks, pool_hooks, runtime
 from cptest.probe.runtime import COST_FIELDS, Probe
 from cptest.probe.steps import SLOW_NS
 
@@ -375,12 +375,11 @@ def main() -> None:
     ap.add_argument("--every-layer", action="store_true",
                     help="every decode step hooks every layer (CPTEST_PROBE_LAYER_STEPS=all), "
                          "not the first step of each copy batch alone")
-    ap.add_argument("--copy-every", type=int, default=copy_batches.COPY_EVERY, metavar="N",
-                    help="steps a copy batch holds at most (default: copy_batches.COPY_EVERY)")
+    ap.add_argument("--copy-every", type=int, default=runtime.COPY_EVERY, metavar="N",
+                    help="steps a copy batch holds at most (default: runtime.COPY_EVERY)")
     ap.add_argument("--copy-within-s", type=float, default=runtime.COPY_WITHIN_S, metavar="S",
                     help="seconds a copy batch stays open at most (default: runtime.COPY_WITHIN_S)")
     a = ap.parse_args()
-    copy_batches.COPY_EVERY = a.copy_every
     shape = {"device": a.device, "graphs": a.graphs, "engine_us": a.engine_us}
     forward, fb = make_step(a.layers, a.batch, registered=a.registered, **shape)
     bare, _ = make_step(a.layers, a.batch, hooked=False, **shape)
@@ -423,7 +422,7 @@ def main() -> None:
     gil = GilThread(a.gil_thread) if a.gil_thread else None
 
     with tempfile.TemporaryDirectory() as d:
-        probe = Probe(Path(d), graph_flush_s=1.0, copy_within_s=a.copy_within_s)
+        probe = Probe(Path(d), graph_flush_s=1.0, copy_within_s=a.copy_within_s, copy_every=a.copy_every)
         runtime.set_probe(probe)
         probe.set_rank(RankId(world=0))
         if a.reads:

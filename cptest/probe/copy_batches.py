@@ -27,12 +27,11 @@ from cptest.probe import runtime as _runtime
 from cptest.probe.records import StepDraft
 from cptest.probe.runtime import BatchRecorder, Probe
 
-COPY_EVERY = 256
-"""Steps whose device tensors travel to the host together (see `CopyBatch`), unless the batch's
-first step turns `Probe.copy_within_s` old before (runtime.COPY_WITHIN_S, which is what decides at
-the speed of a decode step; this bounds the size of one host copy and of one finishing). A batch's send
-and finishing cost the engine's thread about as much for many steps as for few: its CUDA calls,
-event and write are per batch, and each burst leaves the caches cold for the steps after it."""
+COPY_EVERY = _runtime.COPY_EVERY
+"""The default of `Probe.copy_every`: steps whose device tensors travel to the host together (see
+`CopyBatch`). A batch's send and finishing cost the engine's thread about as much for many steps as
+for few: its CUDA calls, event and write are per batch, and each burst leaves the caches cold for
+the steps after it."""
 COPY_ROWS = 1 << 16
 """...or unless its runs of decode steps hold this many rows (positions): a run's `steps` line
 carries about 12 bytes a row (positions and pool slots packed, the owner mask as digits), and
@@ -486,10 +485,10 @@ def open_batch(probe: Probe) -> CopyBatch:
 
 
 def close_if_due(probe: Probe, batch: CopyBatch) -> None:
-    """After a step joined `batch` (copy_lock held): send it when full (COPY_EVERY steps or
+    """After a step joined `batch` (copy_lock held): send it when full (`probe.copy_every` steps or
     COPY_ROWS rows), or once its first step is `probe.copy_within_s` old (slow steps: records stay
     timely)."""
-    if (batch.steps >= COPY_EVERY or batch.held_rows >= COPY_ROWS
+    if (batch.steps >= probe.copy_every or batch.held_rows >= COPY_ROWS
             or probe.clock() - batch.born >= probe.copy_within_s):
         close_locked(probe, on_engine_thread=True)
 

@@ -29,7 +29,7 @@ Contracts:
   calling): rarely enough that its hand-overs of the GIL cost nothing measurable. `flush()` finishes
   everything and runs at exit. So records reach the disk within about IDLE_S + CHORES_S of an idle
   SGLang scheduler, IDLE_S + WATCH_S of a stalled engine, and within COPY_WITHIN_S of a busy one;
-  a rank SIGKILLed while busy loses its last steps (at most copy_batches.COPY_EVERY, or
+  a rank SIGKILLed while busy loses its last steps (at most COPY_EVERY, or
   COPY_WITHIN_S of them).
 - Records go to `$CPTEST_PROBE_DIR/rank<world_rank>.jsonl` once the rank is known (Geometry is the
   first rank-local event). Records made earlier are held in memory and written there first; if a
@@ -134,6 +134,13 @@ many steps as for few (its CUDA calls, its event and its one write are per batch
 leaves the caches cold for the steps after it), so the bound is what spreads that cost: at 2 ms a
 decode step, 0.5 s holds about 240 steps. It is also how late a busy rank's step records reach
 the file, and what a rank killed while busy loses."""
+COPY_EVERY = 256
+"""The most steps a copy batch holds (`copy_batches.close_if_due`, `Probe.copy_every`), unless
+COPY_WITHIN_S closes it first, which is what decides at the speed of a decode step; it bounds the
+size of one host copy and of one finishing."""
+ENV_COPY_EVERY = "CPTEST_PROBE_COPY_EVERY"
+"""Steps that replace COPY_EVERY: `tools/device/measure.sh` gives one probed server other bounds
+than the other (P1_ENV), so that one call measures both."""
 ENV_COPY_WITHIN_S = "CPTEST_PROBE_COPY_WITHIN_S"
 """Seconds that replace COPY_WITHIN_S: the runner sets IDLE_S where a fault fires after a number
 of decode steps, which it counts in the file, so that the fault lands close to its step."""
@@ -206,8 +213,11 @@ class Probe:
     def __init__(self, out_dir: Path, *, clock: Callable[[], float] = time.monotonic,
                  observe_positions: bool = True, graph_flush_s: float = 1.0,
                  switch: Path | None = None, read_every: int = READ_EVERY_DEFAULT,
-                 layers_sampled: bool = True, copy_within_s: float = COPY_WITHIN_S) -> None:
+                 layers_sampled: bool = True, copy_within_s: float = COPY_WITHIN_S,
+                 copy_every: int = COPY_EVERY) -> None:
         self.out_dir = out_dir
+        self.copy_every = copy_every
+        """The most steps a copy batch holds (COPY_EVERY, ENV_COPY_EVERY)."""
         self.copy_within_s = copy_within_s
         """How long a copy batch stays open from its first step (COPY_WITHIN_S, ENV_COPY_WITHIN_S)."""
         self.clock = clock
@@ -747,6 +757,7 @@ def get_probe() -> Probe | None:
             read_every=max(int(os.environ.get(ENV_READ_EVERY, READ_EVERY_DEFAULT)), 0),
             layers_sampled=os.environ.get(ENV_LAYER_STEPS, "sampled") != "all",
             copy_within_s=_seconds(os.environ.get(ENV_COPY_WITHIN_S), COPY_WITHIN_S),
+            copy_every=_steps(os.environ.get(ENV_COPY_EVERY), COPY_EVERY),
         )
         _PROBE.poll_switch()
         if _PROBE.switch is not None:
@@ -765,6 +776,15 @@ def _seconds(text: str | None, default: float) -> float:
     except ValueError:
         return default
     return value if 0 < value < float("inf") else default
+
+
+def _steps(text: str | None, default: int) -> int:
+    """A positive whole number of steps from the environment, or `default` when absent or not one."""
+    try:
+        value = int(text) if text else default
+    except ValueError:
+        return default
+    return value if value > 0 else default
 
 
 def set_probe(probe: Probe | None) -> None:

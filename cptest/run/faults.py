@@ -8,7 +8,7 @@ Two layers (Jepsen `Nemesis`): a `Fault` does one injection now (`inject`, `heal
 - `after_decode_steps`: when rank 0's probe file (`<probe_dir>/rank0.jsonl`) holds N Step records of
   mode `decode` as `evidence.read_records` reads them (polled; a `steps` line counts each of its
   steps; CUDA-graph replays are recorded as steps too). The probe writes a step's record up
-  to `probe.copy_batches.COPY_EVERY` steps or its copy bound after the step (its copy batches), so
+  to `probe.runtime.COPY_EVERY` steps or its copy bound after the step (its copy batches), so
   the fault lands that much later in the run than the Nth decode step itself. For such a server
   the runner sets that bound to `probe.runtime.IDLE_S` (`probe_env`), against its default of
   `runtime.COPY_WITHIN_S`.

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from cptest.evidence import RankId
-from cptest.probe import copy_batches, hooks, pool_hooks, runtime
+from cptest.probe import hooks, pool_hooks, runtime
 from cptest.probe.pool_hooks import PoolSampler
 from cptest.probe.runtime import Probe
 
@@ -201,7 +201,7 @@ def _zigzag(probe: Probe) -> None:
 
 
 GOLDEN_BOUNDS = (16, 0.1)
-"""The copy batches' bounds the golden files were written with (`copy_batches.COPY_EVERY`,
+"""The copy batches' bounds the golden files were written with (`Probe.copy_every`,
 `Probe.copy_within_s`): they decide which steps share a `steps` line, not what the records say."""
 
 
@@ -209,9 +209,7 @@ def run(out_dir: Path, *, watchdog: bool, bounds: tuple[int, float] = GOLDEN_BOU
     """The rank file the probe writes for the scenario (with or without its watchdog thread), its
     steps in copy batches of the given bounds (steps, seconds)."""
     clock = Clock()
-    every_now = copy_batches.COPY_EVERY
-    copy_batches.COPY_EVERY = bounds[0]
-    probe = Probe(out_dir, clock=clock, graph_flush_s=1e9, copy_within_s=bounds[1])
+    probe = Probe(out_dir, clock=clock, graph_flush_s=1e9, copy_within_s=bounds[1], copy_every=bounds[0])
     if not watchdog:
         probe._start_watchdog = lambda: None  # type: ignore[method-assign]
     sampler, pool_hooks._SAMPLER = pool_hooks._SAMPLER, PoolSampler(every=4)
@@ -229,7 +227,6 @@ def run(out_dir: Path, *, watchdog: bool, bounds: tuple[int, float] = GOLDEN_BOU
     finally:
         runtime.set_probe(None)
         pool_hooks._SAMPLER = sampler
-        copy_batches.COPY_EVERY = every_now
     return (out_dir / f"rank{RANK.world}.jsonl").read_bytes()
 
 

@@ -1139,6 +1139,23 @@ def test_a_busy_engines_batch_closes_at_its_copy_bound(tmp_path: Path, monkeypat
 
 
 @pytest.mark.parametrize("replay", [True, False])
+def test_a_batch_closes_at_its_probes_own_step_bound(probe: Probe, monkeypatch: MP, replay: bool) -> None:
+    """`Probe.copy_every` (CPTEST_PROBE_COPY_EVERY) decides how many steps a batch holds, on the
+    short path of replays and on the general one alike."""
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    probe.copy_every = 8
+    runner = GraphedRunner(decode_cuda_graph_runner=GraphRunner(bs=4))
+    rids = ["a", "b", "c", "d"]
+    for i in range(3 * 8 + 2):
+        fb = Batch(Mode("DECODE"), torch.arange(4), torch.arange(4) + 9 + i, rids, 4)
+        hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=replay), runner, fb)
+    probe.flush()
+    lines = [json.loads(x) for x in (probe.out_dir / "rank0.jsonl").read_text().splitlines()]
+    assert [len(x["step"]) for x in lines if x["kind"] == "steps"] == [8, 8, 8, 2]
+
+
+@pytest.mark.parametrize("replay", [True, False])
 def test_a_batch_of_many_requests_closes_at_its_rows_so_its_line_stays_short(
         probe: Probe, monkeypatch: MP, replay: bool) -> None:
     """A run's `steps` line grows with its steps times its requests: a batch closes once its runs

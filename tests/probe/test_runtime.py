@@ -46,6 +46,20 @@ def test_the_probe_takes_its_copy_bound_from_the_environment_and_ignores_a_bad_o
             runtime.set_probe(None)
 
 
+def test_the_probe_takes_its_copy_batch_steps_from_the_environment_and_ignores_a_bad_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(runtime.ENV_DIR, str(tmp_path))
+    for text, steps in (("1024", 1024), ("many", runtime.COPY_EVERY), ("0", runtime.COPY_EVERY),
+                        ("-4", runtime.COPY_EVERY), ("2.5", runtime.COPY_EVERY), ("", runtime.COPY_EVERY)):
+        monkeypatch.setenv(runtime.ENV_COPY_EVERY, text)
+        runtime.set_probe(None)
+        try:
+            p = runtime.get_probe()
+            assert p is not None and p.copy_every == steps, text
+        finally:
+            runtime.set_probe(None)
+
+
 def test_records_before_the_rank_is_known_go_to_the_rank_file_once_it_is(tmp_path: Path) -> None:
     p = Probe(tmp_path, clock=lambda: 10.0)
     p.note("early")
