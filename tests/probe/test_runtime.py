@@ -32,30 +32,24 @@ def test_probe_is_on_with_the_directory_variable(monkeypatch: pytest.MonkeyPatch
         runtime.set_probe(None)
 
 
-def test_the_probe_takes_its_copy_bound_from_the_environment_and_ignores_a_bad_one(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("env", "attribute", "cases"), [
+    (runtime.ENV_COPY_WITHIN_S, "copy_within_s",
+     (("0.15", 0.15), ("soon", runtime.COPY_WITHIN_S), ("-1", runtime.COPY_WITHIN_S),
+      ("inf", runtime.COPY_WITHIN_S), ("", runtime.COPY_WITHIN_S))),
+    (runtime.ENV_COPY_EVERY, "copy_every",
+     (("1024", 1024), ("many", runtime.COPY_EVERY), ("0", runtime.COPY_EVERY),
+      ("-4", runtime.COPY_EVERY), ("2.5", runtime.COPY_EVERY), ("", runtime.COPY_EVERY))),
+])
+def test_the_probe_takes_its_copy_bounds_from_the_environment_and_ignores_a_bad_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: str, attribute: str,
+        cases: tuple[tuple[str, float], ...]) -> None:
     monkeypatch.setenv(runtime.ENV_DIR, str(tmp_path))
-    for text, bound in (("0.15", 0.15), ("soon", runtime.COPY_WITHIN_S), ("-1", runtime.COPY_WITHIN_S),
-                        ("inf", runtime.COPY_WITHIN_S), ("", runtime.COPY_WITHIN_S)):
-        monkeypatch.setenv(runtime.ENV_COPY_WITHIN_S, text)
+    for text, bound in cases:
+        monkeypatch.setenv(env, text)
         runtime.set_probe(None)
         try:
             p = runtime.get_probe()
-            assert p is not None and p.copy_within_s == bound, text
-        finally:
-            runtime.set_probe(None)
-
-
-def test_the_probe_takes_its_copy_batch_steps_from_the_environment_and_ignores_a_bad_one(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(runtime.ENV_DIR, str(tmp_path))
-    for text, steps in (("1024", 1024), ("many", runtime.COPY_EVERY), ("0", runtime.COPY_EVERY),
-                        ("-4", runtime.COPY_EVERY), ("2.5", runtime.COPY_EVERY), ("", runtime.COPY_EVERY)):
-        monkeypatch.setenv(runtime.ENV_COPY_EVERY, text)
-        runtime.set_probe(None)
-        try:
-            p = runtime.get_probe()
-            assert p is not None and p.copy_every == steps, text
+            assert p is not None and getattr(p, attribute) == bound, text
         finally:
             runtime.set_probe(None)
 
