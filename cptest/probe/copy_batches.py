@@ -29,9 +29,9 @@ from cptest.probe.runtime import BatchRecorder, Probe
 
 COPY_EVERY = _runtime.COPY_EVERY
 """The default of `Probe.copy_every`: steps whose device tensors travel to the host together (see
-`CopyBatch`). A batch's send and finishing cost the engine's thread about as much for many steps as
-for few: its CUDA calls, event and write are per batch, and each burst leaves the caches cold for
-the steps after it."""
+`CopyBatch`). A batch's CUDA calls, event and write are per batch, and each burst leaves the caches
+cold for the steps after it; its finishing grows with its steps, so past a few hundred steps a
+larger batch saves nothing (benchmarks/probe_step.py --copy-every)."""
 COPY_ROWS = 1 << 16
 """...or unless its runs of decode steps hold this many rows (positions): a run's `steps` line
 carries about 12 bytes a row (positions and pool slots packed, the owner mask as digits), and
