@@ -24,13 +24,16 @@ from cptest.suite.port_claims import (
     try_claim,
 )
 from cptest.suite.schedule import Pool
+from cptest.testing.ports import free_block
 
 
 def _base(slots: int = 3) -> int:
-    for base in range(41000, 61000, 1000):
-        if all(ports_free(base + SLOT_STRIDE * k, base + SLOT_STRIDE * k + PORT_BLOCK) for k in range(slots)):
-            return base
-    raise AssertionError("no free range of port slots on this host")
+    """A first slot whose `slots` slots are bindable now, below the kernel's ephemeral range: a
+    test binds ports of them itself, which a client connection's local port or a TIME_WAIT there
+    would refuse (ports_free looks for listeners only)."""
+    base = free_block(range(SLOT_STRIDE * slots))
+    assert all(ports_free(base + SLOT_STRIDE * k, base + SLOT_STRIDE * k + PORT_BLOCK) for k in range(slots))
+    return base
 
 
 @pytest.fixture
