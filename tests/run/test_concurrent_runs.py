@@ -24,6 +24,7 @@ from cptest.evidence import Lifecycle, ProcessSample, read_records
 from cptest.run.models import make_named
 from cptest.suite.machine import PORT_BLOCK, SLOT_STRIDE
 from cptest.suite.port_claims import BASE_ENV, CLAIMS_ENV, ports_free
+from cptest.testing.ports import free_block
 
 from conftest import free_port  # isort: skip
 
@@ -69,11 +70,11 @@ scenario concurrent_tiny {
 
 
 def _free_base(slots: int) -> int:
-    """A first port from which `slots` slots have nothing listening (far from a lone run's 30000)."""
-    for base in range(40000, 60000, 1000):
-        if all(ports_free(base + SLOT_STRIDE * k, base + SLOT_STRIDE * k + PORT_BLOCK) for k in range(slots)):
-            return base
-    raise AssertionError("no free range of port slots on this host")
+    """A first port from which `slots` slots are bindable now, below the kernel's ephemeral range,
+    where no client connection of the test run takes a local port before the runs' servers bind."""
+    base = free_block(range(SLOT_STRIDE * slots))
+    assert all(ports_free(base + SLOT_STRIDE * k, base + SLOT_STRIDE * k + PORT_BLOCK) for k in range(slots))
+    return base
 
 
 @pytest.mark.parametrize("ports", ["given", "claimed"])
