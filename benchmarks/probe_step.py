@@ -50,7 +50,7 @@ Printed, per step of a `--batch`-request decode batch over `--layers` layers:
   the unhooked step against itself in as many pairs, the floor of the method on this host.
 
     python benchmarks/probe_step.py [--steps N] [--batch B] [--layers L] [--device cpu|cuda]
-        [--pool] [--graphs] [--engine-us US] [--gil-thread US] [--blocks K [--control]] [--reads CONTEXT]
+        [--pool] [--graphs] [--engine-us US [--engine-touch MIB]] [--gil-thread US] [--blocks K [--control]] [--reads CONTEXT]
         [--copy-every N] [--copy-within-s S] [--profile TOP]
 
 `--copy-every` and `--copy-within-s` set the copy batches' bounds (`Probe.copy_every`,
@@ -96,7 +96,11 @@ def engine_work(us: float) -> None:
     """About `us` microseconds of the engine's own work, as SGLang's thread does it: Python holding
     the GIL in stretches of about 40 us, each followed by a C call that lets go of it for about
     10 us (hashlib over 16 KiB here; a CUDA call or a torch op in SGLang). A fixed amount of work,
-    not a time: a stretch spent waiting for the GIL makes the step longer, as in the engine."""
+    not a time: a stretch spent waiting for the GIL makes the step longer, as in the engine.
+    With `--engine-touch`, the work first reads an attribute of each of `_TOUCHED`'s objects."""
+    total = 0
+    for o in _TOUCHED:
+        total += o.a
     n = _STRETCH[0] or _calibrate()
     for _ in range(max(round(us / 50), 1)):
         for _ in range(n):
@@ -118,6 +122,17 @@ def _calibrate() -> int:
 
 
 _STRETCH = [0]
+_TOUCHED: list[Any] = []
+"""Objects the engine's work reads every step (`--engine-touch`): SGLang's scheduler and model
+runner touch megabytes of their own Python objects between two forwards, which leaves the
+probe's objects and code out of the CPU's nearest caches when its hooks run. A spin alone keeps
+them in, and its figures come out about half of a server's."""
+
+
+def touch_objects(mib: float) -> None:
+    """Fill `_TOUCHED` with objects of about `mib` MiB in all (an object with its dict and two
+    values is about 200 bytes here)."""
+    _TOUCHED[:] = [types.SimpleNamespace(a=i, b=str(i)) for i in range(int(mib * 2**20 / 200))]
 _GIL_FREE = bytes(16384)
 
 
@@ -356,6 +371,9 @@ def main() -> None:
                     help="each step is a decode CUDA-graph replay (`cuda_graph_decode full`): no inner hook")
     ap.add_argument("--engine-us", type=float, default=0.0, metavar="US",
                     help="each step also does US us of the engine's own work (GIL held, let go now and then)")
+    ap.add_argument("--engine-touch", type=float, default=0.0, metavar="MIB",
+                    help="with --engine-us, the engine's work also reads MIB MiB of its own objects each step "
+                         "(caches as cold as a server leaves them; 2 matched an H100's figures)")
     ap.add_argument("--gil-thread", type=float, default=0.0, metavar="US",
                     help="while hooked, a thread beside the engine's does US us of Python every 20 ms")
     ap.add_argument("--blocks", type=int, default=0, metavar="K",
@@ -380,6 +398,9 @@ def main() -> None:
     ap.add_argument("--copy-within-s", type=float, default=runtime.COPY_WITHIN_S, metavar="S",
                     help="seconds a copy batch stays open at most (default: runtime.COPY_WITHIN_S)")
     a = ap.parse_args()
+    if a.engine_touch and not a.engine_us:
+        ap.error("--engine-touch needs --engine-us (the touch is part of the engine's work)")
+    touch_objects(a.engine_touch)
     shape = {"device": a.device, "graphs": a.graphs, "engine_us": a.engine_us}
     forward, fb = make_step(a.layers, a.batch, registered=a.registered, **shape)
     bare, _ = make_step(a.layers, a.batch, hooked=False, **shape)
@@ -478,7 +499,9 @@ def main() -> None:
     what = "decode-graph replays" if a.graphs else f"eager decode steps, {a.layers} layers"
     print(f"probe step cost on {a.device}, {what} of {a.batch} requests, {a.steps} steps "
           f"(+{gc_steps} for kept objects; {steps_read} steps read back from {lines} lines, "
-          f"{samples} pool samples)" + (f"; a thread of {a.gil_thread:.0f} us every 20 ms beside the "
+          f"{samples} pool samples)"
+          + (f"; engine work {a.engine_us:.0f} us a step" if a.engine_us else "")
+          + (f", reading {a.engine_touch:g} MiB of objects" if a.engine_touch else "") + (f"; a thread of {a.gil_thread:.0f} us every 20 ms beside the "
                                         "engine's while hooked" if gil is not None else ""))
     print(f"  engine thread: {on - off:8.1f} us/step  (hooked {on:.1f}, unhooked {off:.1f})")
     if blocks is not None:
