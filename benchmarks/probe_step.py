@@ -50,8 +50,8 @@ Printed, per step of a `--batch`-request decode batch over `--layers` layers:
   the unhooked step against itself in as many pairs, the floor of the method on this host.
 
     python benchmarks/probe_step.py [--steps N] [--batch B] [--layers L] [--device cpu|cuda]
-        [--pool] [--graphs] [--engine-us US [--engine-touch MIB]] [--gil-thread US] [--blocks K [--control]] [--reads CONTEXT]
-        [--copy-every N] [--copy-within-s S] [--profile TOP]
+        [--pool] [--graphs] [--engine-us US [--engine-touch MIB]] [--gil-thread US]
+        [--blocks K [--control]] [--reads CONTEXT] [--copy-every N] [--copy-within-s S] [--profile TOP]
 
 `--copy-every` and `--copy-within-s` set the copy batches' bounds (`Probe.copy_every`,
 `Probe.copy_within_s`), to compare batch sizes on one machine.
@@ -372,8 +372,8 @@ def main() -> None:
     ap.add_argument("--engine-us", type=float, default=0.0, metavar="US",
                     help="each step also does US us of the engine's own work (GIL held, let go now and then)")
     ap.add_argument("--engine-touch", type=float, default=0.0, metavar="MIB",
-                    help="with --engine-us, the engine's work also reads MIB MiB of its own objects each step "
-                         "(caches as cold as a server leaves them; 2 matched an H100's figures)")
+                    help="with --engine-us, the engine's work also reads MIB MiB of its own objects each "
+                         "step (caches as cold as a server leaves them; 2 matched an H100's figures)")
     ap.add_argument("--gil-thread", type=float, default=0.0, metavar="US",
                     help="while hooked, a thread beside the engine's does US us of Python every 20 ms")
     ap.add_argument("--blocks", type=int, default=0, metavar="K",
@@ -501,8 +501,9 @@ def main() -> None:
           f"(+{gc_steps} for kept objects; {steps_read} steps read back from {lines} lines, "
           f"{samples} pool samples)"
           + (f"; engine work {a.engine_us:.0f} us a step" if a.engine_us else "")
-          + (f", reading {a.engine_touch:g} MiB of objects" if a.engine_touch else "") + (f"; a thread of {a.gil_thread:.0f} us every 20 ms beside the "
-                                        "engine's while hooked" if gil is not None else ""))
+          + (f", reading {a.engine_touch:g} MiB of objects" if a.engine_touch else "")
+          + (f"; a thread of {a.gil_thread:.0f} us every 20 ms beside the engine's while hooked"
+             if gil is not None else ""))
     print(f"  engine thread: {on - off:8.1f} us/step  (hooked {on:.1f}, unhooked {off:.1f})")
     if blocks is not None:
         mean, (lo, hi), base = blocks

@@ -62,6 +62,9 @@ from cptest.evidence import ProbeNote, RankId, dump_record
 from cptest.probe.records import GraphCounter, RidText, StepDraft, late_line
 from cptest.store import rank_file_name
 
+_REPLAY_DECODE = ("replay", "decode")
+"""The graph counter's key of decode-graph replays (`records.GraphCounter`)."""
+
 if TYPE_CHECKING:
     from cptest.probe.copy_batches import CopyBatch, Run
     from cptest.probe.steps import Steady
@@ -339,11 +342,18 @@ class Probe:
         No lock: the engine's thread is the counter's only writer (GraphCounter)."""
         self.graph.add(event, phase)
 
-    def _write_graph_counts(self, force: bool) -> None:
+    def _write_graph_counts(self, force: bool, settle: bool = True) -> None:
+        """The graph counts since the last written, once `graph_flush_s` has passed (`force`: now).
+        `settle`: the engine's thread (its chores, or the probe's close once it stopped) first adds
+        the replays that the short path of the step hook holds (`settle_steady`); the watchdog
+        does not, as the engine's thread may be counting them (a record of each is written with its
+        step, and the graph contract takes the larger of the two counts)."""
         if self.rank is None:
             return
         if not force and self.clock() - self.graph.last_flush < self.graph_flush_s:
             return  # not due: every chores round but one a second ends here, before the lock and `pending`
+        if settle:
+            self.settle_steady()
         with self._graph_lock:
             now = self.clock()
             if not (self.graph.pending and (force or self.graph.due(now, self.graph_flush_s))):
@@ -367,6 +377,25 @@ class Probe:
             self._pending.append((self.clock(), _Write(self, record)))
             return
         self._write_now(record)
+
+    def settle_steady(self, disarm: bool = False) -> None:
+        """Add the steps that the step hook's short path put on its run since it was armed or last
+        settled (`steps.Steady.n`) to its copy batch's counts and to the graph counter's decode
+        replays; `disarm`: the next step takes the general path. On the engine's thread only: it
+        is the one that counts them."""
+        st = self.steady
+        if st is None:
+            return
+        if disarm:
+            self.steady = None
+        n = st.n
+        if n:
+            st.n = 0
+            st.full -= n
+            batch = st.batch
+            batch.steps += n
+            batch.held_rows += n * st.b
+            self.graph.totals[_REPLAY_DECODE] += n
 
     # ------------------------------------------------------------ per-step objects, kept few
     def recycle(self, draft: StepDraft) -> None:
@@ -575,6 +604,7 @@ class Probe:
             with contextlib.suppress(Exception):
                 self._write_cost()  # a cost note never spans a pause
             self.paused = paused
+            self.settle_steady(disarm=True)  # the step hook's short path does not ask whether it is paused
             self.note(f"probe {'paused' if paused else 'resumed'} by {self.switch}", "info")
 
     # ------------------------------------------------------------ the collector, when measuring
@@ -635,7 +665,7 @@ class Probe:
                         self.batches.send_all(self)
                     cpu1 = time.thread_time_ns() if cpu0 else 0
                     self._run_pending(time.monotonic() + 10 * IDLE_S)
-                self._write_graph_counts(force=False)
+                self._write_graph_counts(force=False, settle=False)
             except Exception:
                 pass
             cpu2 = time.thread_time_ns() if cpu0 else 0

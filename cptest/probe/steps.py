@@ -6,7 +6,8 @@ batch being filled (`copy_batches`), which writes its line once the step's devic
 the host. A decode-graph replay that goes on the run of replays the last step went on takes a
 short path (`_steady_forward`) that writes the same bytes with fewer reads of SGLang's objects;
 every other step takes the general one (`_begin_step_body`, `_end_step_body`). `_timed_forward` is
-the same work measuring the probe's own time on the engine's thread (`Probe.timing`).
+the general path measuring the probe's own time on the engine's thread (`Probe.timing`); the
+short path measures its own.
 
 The probe's errors are contained here (the hook is registered without `Probe.guarded`'s wrapper);
 SGLang's own exceptions pass through unchanged. The SGLang line cited at each function is the
@@ -22,6 +23,7 @@ from typing import Any
 from cptest.probe import records
 from cptest.probe import runtime as _runtime
 from cptest.probe.copy_batches import (
+    COPY_ROWS,
     NO_RIDS,
     WHICH,
     WHICH_NONE,
@@ -66,15 +68,18 @@ def around_model_runner_forward(original: Any, runner: Any, forward_batch: Any, 
     now = probe.clock()
     if now >= probe.next_chores:
         probe.chores(now)
+    steady = probe.steady
+    if steady is not None:
+        if runner is steady.runner:  # the last step was a replay that went on its run: this one may too
+            result = _steady_forward(probe, steady, original, runner, forward_batch, args, kwargs)
+            if result is not _NOT_STEADY:
+                return result
+        else:
+            probe.settle_steady(disarm=True)
     if probe.paused or getattr(runner, "is_draft_worker", False):
         return original(runner, forward_batch, *args, **kwargs)
     if probe.timing:
         return _timed_forward(probe, original, runner, forward_batch, args, kwargs)
-    steady = probe.steady
-    if steady is not None:  # the last step was a replay that went on its run: this one may too
-        result = _steady_forward(probe, steady, original, runner, forward_batch, args, kwargs, False, 0)
-        if result is not _NOT_STEADY:
-            return result
     # Begin and end are guarded inline (not through Probe.call): two calls fewer every step.
     try:
         pending = probe._pending  # Probe.run_ready, inline: earlier steps whose copies have arrived
@@ -111,12 +116,6 @@ def _timed_forward(probe: Probe, original: Any, runner: Any, forward_batch: Any,
     separate function, so that evidence runs do not pay for the clock reads."""
     clock = time.perf_counter_ns
     t0 = t1 = clock()
-    steady = probe.steady
-    if steady is not None:
-        result = _steady_forward(probe, steady, original, runner, forward_batch, args, kwargs, True, t0)
-        if result is not _NOT_STEADY:
-            return result
-        # its checks, which sent the step on to the general path, fall in `ready` (t0 .. t1)
     try:
         probe.run_ready()
         t1 = clock()
@@ -368,15 +367,18 @@ def _block_rows(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> Any:
 
 class Steady:
     """What the short path (`_steady_forward`) needs to put a decode-graph replay on the run
-    the last step went on, read once when that step armed it (`_arm_steady`): the forward mode,
-    requests and batch size a step must have to go on the run, the graph runner with the padded
-    size and width it replayed, the copy batch and run, the draft the inner hooks fill if the step
-    turns out eager, and the graph counter's totals. One per probe (`Probe.steady_spare`), armed
-    again and again."""
+    the last step went on, read once when that step armed it (`_arm_steady`): the model runner,
+    forward mode, requests and batch size a step must have to go on the run, the graph runner with
+    the padded size and width it replayed, the copy batch and run with the bound methods that
+    append to them, the draft the inner hooks fill if the step turns out eager, and the
+    steps it counts until they are settled. One per probe
+    (`Probe.steady_spare`), armed again and again."""
 
-    __slots__ = ("mode", "rids", "bs", "graph_runner", "graph_bs", "width", "batch", "run", "draft", "totals")
+    __slots__ = ("runner", "mode", "rids", "bs", "graph_runner", "graph_bs", "width", "batch", "run", "draft",
+                 "add_part", "add_row", "b", "pos_2d", "n", "full", "born", "within")
 
     def __init__(self) -> None:
+        self.runner: Any = None
         self.mode: Any = None
         self.rids: list[str] = NO_RIDS
         self.bs = 0
@@ -386,19 +388,36 @@ class Steady:
         self.batch: CopyBatch | None = None
         self.run: Run | None = None
         self.draft: StepDraft | None = None
-        self.totals: dict[Any, int] = {}
+        self.add_part: Any = None
+        """`batch.parts.append`."""
+        self.add_row: Any = None
+        """`run.rows.append`."""
+        self.b = 0
+        """`run.b`: the rows each step adds to the batch's `held_rows`."""
+        self.pos_2d = False
+        """`run.pos_2d`: each step's positions are M-RoPE's, whose first row is kept."""
+        self.n = 0
+        """Steps put on the run since it was armed or last settled, not yet in the batch's counts
+        and the graph counter's (`Probe.settle_steady` adds them): one int a step instead of three
+        counts, each a few hundred ns once a step on a server."""
+        self.full = 0
+        """Steps more that fill the batch (`copy_batches.close_if_due`): to `Probe.copy_every`
+        steps, or to COPY_ROWS rows of its runs, from what it held when armed."""
+        self.born = 0.0
+        self.within = 0.0
+        """The batch's first step's clock and `Probe.copy_within_s`: it is sent once that old."""
 
 
 _NOT_STEADY = object()
 """What `_steady_forward` returns when the step is not for it (it called no forward)."""
-_REPLAY_DECODE = _GRAPH_KEYS[True, "decode"]
 
 
 def _arm_steady(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> None:
     """After a decode-graph replay went on a run by the general path (`draft`, now `probe.spare`):
     let the next step try the short path. Not armed while the CP configuration is not known (the
-    general begin looks it up again each step until it is)."""
-    if probe.cp_configured is None:
+    general begin looks it up again each step until it is), nor while the probe is paused."""
+    probe.settle_steady(disarm=True)  # its steps counted before it is armed again
+    if probe.cp_configured is None or probe.paused:
         return
     gr = getattr(runner, "decode_cuda_graph_runner", None)
     bs = getattr(gr, "bs", None)
@@ -410,38 +429,51 @@ def _arm_steady(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> None:
         st = probe.steady_spare
         if st is None:
             st = probe.steady_spare = Steady()
-        st.mode, st.rids, st.bs = fb.forward_mode, run.rids, draft.batch_size
+        st.runner, st.mode, st.rids, st.bs = runner, fb.forward_mode, run.rids, draft.batch_size
         st.graph_runner, st.graph_bs, st.width = gr, bs, getattr(gr, "captured_req_width", 1)
-        st.batch, st.run, st.draft, st.totals = batch, run, draft, probe.graph.totals
+        st.batch, st.run, st.draft = batch, run, draft
+        st.add_part, st.add_row, st.b, st.pos_2d = batch.parts.append, run.rows.append, run.b, run.pos_2d
+        st.n = 0
+        st.full = min(probe.copy_every - batch.steps, -(-(COPY_ROWS - batch.held_rows) // max(run.b, 1)))
+        st.born, st.within = batch.born, probe.copy_within_s
     probe.steady = st
 
 
 def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: Any, args: tuple[Any, ...],
-                    kwargs: dict[str, Any], timed: bool, t0: int) -> Any:
+                    kwargs: dict[str, Any]) -> Any:
     """The short path of a decode step that goes on the run of replays the last step went on:
     the record the general path makes (`_begin_step_body`, `_end_step_body`, `join_run`), without
-    the reads and writes that cannot change along such a run. Each is a few us on the engine's
-    thread once a step after the engine's work (the cost is the work done cold): the draft's
-    fields are not set (the row is made from locals), the forward mode is compared by identity, the
-    graph runner, its padded size and width are compared with the run's, the graph counter's key is
-    made once. Returns `_NOT_STEADY` (no forward called) when the step is not the run's before the
-    forward. After it, a step that does not go on the run (eager, another graph size or runner, the
-    batch closed or sent, anything read differently) gets the draft filled as the general begin
-    fills it and the general end, which says what it finds. `timed`, `t0`: the timing probe's
-    (`_timed_forward`); the time is added to `Probe.cost` as it is at the step's end, as there, so
-    that a cost note written meanwhile by the chores does not take it."""
+    the reads and writes that cannot change along such a run. On a server each is a few hundred
+    ns, once a step after the engine's work has left the caches cold, so the path reads as few of
+    SGLang's and the probe's objects as it can: the draft's fields are not set (the row is made
+    from locals), the model runner and the forward mode are compared by identity, the graph
+    runner, its padded size and width are compared with the run's, the batch's lists are appended
+    to by methods bound when it was armed, the clock is read once after the forward (the row's time
+    and the batch's age). Returns `_NOT_STEADY` (no forward called) when the step is not the
+    run's before the forward. After it, a step that does not go on the run (eager, another graph
+    size or runner, the batch closed or sent, anything read differently) gets the draft filled
+    as the general begin fills it and the general end, which says what it finds. While the probe
+    measures itself (`Probe.timing`) the time is added to `Probe.cost` as `_timed_forward` adds
+    it, the checks of a step sent on to the general path counting as its `ready` time."""
+    timed = probe.timing
+    t0 = time.perf_counter_ns() if timed else 0
     try:
         pending = probe._pending  # Probe.run_ready, inline: finishing due goes by the general path
         fm = fb.forward_mode
         rids = fb.rids
-        if ((pending and pending[0][1].ready())
+        # (the batch being filled is never ready: its copies are not sent yet)
+        if ((pending and pending[0][1] is not probe.copies and pending[0][1].ready())
                 or (fm is not st.mode and _step_mode(fm) != "decode") or fb.batch_size != st.bs
                 or (rids is not st.rids and rids != st.rids)):  # the same requests: equal item by item
-            probe.steady = None
+            probe.settle_steady(disarm=True)
+            if timed:
+                _count_checks(probe.cost, t0)
             return _NOT_STEADY
-        rows_in = int(fb.input_ids.shape[0])
+        rows_in = fb.input_ids.shape[0]  # an int (Tensor.__len__ is Python, and slower)
     except Exception:  # something the general path reads otherwise, and says why
-        probe.steady = None
+        probe.settle_steady(disarm=True)
+        if timed:
+            _count_checks(probe.cost, t0)
         return _NOT_STEADY
     probe.step_index = step = probe.step_index + 1
     draft = probe.current = st.draft  # for the inner hooks, if the forward runs eager after all
@@ -449,42 +481,46 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
     try:
         result = original(runner, fb, *args, **kwargs)
     except BaseException as e:
-        probe.steady = probe.spare = None
+        probe.settle_steady(disarm=True)
+        probe.spare = None
         if draft is not None:
             draft.step = step
         probe.guarded("forward_raised")(_forward_raised)(probe, e)
         raise
     t3 = time.perf_counter_ns() if timed else 0
     probe.current = None
+    t = probe.clock()
     try:
         gr = runner.decode_cuda_graph_runner if getattr(result, "can_run_graph", False) else None
-        pos = (fb.positions if gr is not None and gr is st.graph_runner and gr.bs == st.graph_bs
+        pos = (fb.positions if gr is st.graph_runner and gr.bs == st.graph_bs
                and getattr(gr, "captured_req_width", 1) == st.width else None)
     except Exception:
         pos = None
     done = False  # the step went on the run (or failed there, said): the general end must not record it
     if pos is not None:
-        t = probe.clock()
         try:
             with probe.copy_lock:
-                batch, run = probe.copies, st.run
-                if batch is st.batch and batch.run_ is run:
+                batch = probe.copies
+                if batch is st.batch and batch.run_ is st.run:
                     done = True
-                    batch.parts.append(pos[0] if run.pos_2d else pos)
-                    batch.steps += 1
-                    batch.held_rows += run.b
-                    run.rows.append((step, t, rows_in, st.bs, None, None, None, None, None, 0))
-                    st.totals[_REPLAY_DECODE] += 1  # Probe.count_graph, inline (one writer: this thread)
-                    close_if_due(probe, batch)  # sent: the next step opens a batch by the general end
+                    st.add_part(pos[0] if st.pos_2d else pos)
+                    st.add_row((step, t, rows_in, st.bs, None, None, None, None, None, 0))
+                    st.n = n = st.n + 1  # the batch's counts and the graph counter's, settled later
+                    # copy_batches.close_if_due, inline, on this step's clock: sent, the next step
+                    # opens a batch by the general end
+                    if n >= st.full or t - st.born >= st.within:
+                        probe.settle_steady(disarm=True)
+                        close_locked(probe, on_engine_thread=True)
         except Exception as e:
             done = True
-            probe.steady = None
+            probe.settle_steady(disarm=True)
             probe.call("step_end", probe.error, "step_end", e)
     if not done:
         # Not on the run: the step as the general begin would have opened it, and the general end
         # (which arms the short path again when the step goes on a run of replays).
         try:
-            probe.steady = probe.spare = None
+            probe.settle_steady(disarm=True)
+            probe.spare = None
             draft.step, draft.mode, draft.batch_size, draft.rows_in = step, "decode", st.bs, rows_in
             draft.rids, draft.cp_configured, draft.graph_rows = st.rids, probe.cp_configured, None
             probe.current = draft
@@ -494,6 +530,14 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
     if timed:
         _count_cost(probe.cost, t0, t0, t2, t3, time.perf_counter_ns())
     return result
+
+
+def _count_checks(cost: list[Any], t0: int) -> None:
+    """The short path's checks of a step that they sent on to the general path: its `ready` time
+    (the general path counts the step itself)."""
+    spent = time.perf_counter_ns() - t0
+    cost[0] += spent
+    cost[4] += spent
 
 
 def _graph_rows(runner: Any) -> int | None:

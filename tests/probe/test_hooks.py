@@ -638,6 +638,62 @@ def test_a_switched_off_probe_records_no_step_until_switched_on(tmp_path: Path, 
         p.close()
 
 
+def test_replays_on_the_short_path_stop_being_recorded_when_switched_off_and_are_all_counted(
+        tmp_path: Path, monkeypatch: MP) -> None:
+    """The short path of a run of replays asks neither whether the probe is paused nor counts each
+    replay into the graph counter: the switch takes it away, and the replays it carried are added
+    to the counts before they are written. Every replay recorded as a step is counted once, none
+    while paused, and the short path carried most of them (or this proves nothing)."""
+    switch = tmp_path / "switch"
+    p = Probe(tmp_path / "probe", graph_flush_s=1e9, switch=switch)
+    runtime.set_probe(p)
+    general: list[int] = []
+    end = probe_steps._end_step_body
+
+    def counted_end(*a: Any) -> None:
+        general.append(1)
+        end(*a)
+
+    monkeypatch.setattr(probe_steps, "_end_step_body", counted_end)
+    try:
+        _fake_parallel_state(monkeypatch, 0)
+        hooks.after_initialize_model_parallel(None)
+        p.cp_configured = False
+        runner = GraphedRunner(decode_cuda_graph_runner=GraphRunner(bs=2))
+        decode = Mode("DECODE")
+        calls: list[int] = []
+
+        def replay(r: Any, fb: Batch) -> Output:
+            calls.append(1)
+            return Output(can_run_graph=True)
+
+        def steps(first: int, n: int) -> None:
+            for pos in range(first, first + n):
+                fb = Batch(decode, torch.arange(2), torch.tensor([pos, pos + 1000]), ["a", "b"], 2)
+                hooks.around_model_runner_forward(replay, runner, fb)
+
+        steps(0, 20)
+        assert p.steady is not None  # armed: the next replays take the short path
+        switch.write_text("off\n")
+        p.poll_switch()
+        assert p.steady is None
+        steps(100, 10)
+        switch.write_text("on\n")
+        p.poll_switch()
+        steps(200, 15)
+        assert p.flush(timeout=10.0)
+        assert len(calls) == 45  # the engine's forward ran every time
+        recs = _records(p)
+        recorded = [s.seq_positions["a"][0][0] for s in recs if isinstance(s, Step)]
+        assert recorded == [*range(20), *range(200, 215)]
+        replays = sum(g.count for g in recs if isinstance(g, Graph) and g.event == "replay")
+        assert replays == 35
+        assert len(general) < 35 / 2  # most replays went by the short path
+    finally:
+        runtime.set_probe(None)
+        p.close()
+
+
 def test_a_timing_probe_notes_its_own_time_per_step_never_more_than_the_steps_took(
         probe: Probe, monkeypatch: MP) -> None:
     _fake_parallel_state(monkeypatch, 1)
@@ -886,14 +942,15 @@ def test_batches_finished_at_later_steps_keep_the_records_in_the_order_they_were
     assert order == want
 
 
-def _replays_and_turns(probe: Probe) -> int:
+def _replays_and_turns(probe: Probe, tick: Any = None) -> int:
     """Decode steps of one rank as SGLang 0.5.17 runs them with decode graphs (one ForwardMode
     object), with every turn that ends a run of replays: a batch of copies filling up, eager steps
     in between, the padded size, the captured width and the graph runner changing, other requests,
     a replay without positions, as many other requests, a batch size that is not the run's, a
     prefill over the same requests, M-RoPE positions, a forward that raised, a padded size that
     cannot be read. After every step no draft is both the spare and among those free for reuse.
-    Returns the number of steps."""
+    `tick`, when given, is called before each step (a clock the scenario moves). Returns the number
+    of steps."""
     decode = Mode("DECODE")
     gr = GraphRunner(bs=4)
     runner = GraphedRunner(decode_cuda_graph_runner=gr)
@@ -903,6 +960,8 @@ def _replays_and_turns(probe: Probe) -> int:
     def step(rids: list[str], kind: str = "replay", positions: Any = "1d", bs: int | None = None) -> None:
         nonlocal n
         n += 1
+        if tick is not None:
+            tick()
         if positions == "1d":
             positions = torch.tensor([10 * n + k for k in range(len(rids))])
         elif positions == "mrope":
@@ -992,10 +1051,14 @@ def test_replays_by_the_short_path_write_the_bytes_the_general_path_writes(
     monkeypatch.setattr(probe_steps, "_end_step_body", counted_end)
 
     def rank_file(short: bool) -> tuple[bytes, int, list[int]]:
-        clock = iter(range(10**6))
-        # 10 us a reading: no batch grows old enough for the engine to send it before it is full
-        p = Probe(tmp_path / ("short" if short else "general"), clock=lambda: next(clock) / 100_000,
-                  graph_flush_s=1e9)
+        # 10 us a step, moved by the scenario: the two paths read the clock a different number of
+        # times, and no batch grows old enough for the engine to send it before it is full
+        now = [0.0]
+
+        def tick() -> None:
+            now[0] += 1e-5
+
+        p = Probe(tmp_path / ("short" if short else "general"), clock=lambda: now[0], graph_flush_s=1e9)
         p._start_watchdog = lambda: None  # type: ignore[method-assign]  # it would read the clock too
         runtime.set_probe(p)
         try:
@@ -1006,7 +1069,7 @@ def test_replays_by_the_short_path_write_the_bytes_the_general_path_writes(
                 p.cp_configured = False  # SGLang's CP module is loaded: the configuration is known
                 p.timing = timing
                 general_ends.clear()
-                steps = _replays_and_turns(p)
+                steps = _replays_and_turns(p, tick)
                 cost = list(p.cost)
                 assert p.flush(timeout=10.0)
         finally:
