@@ -304,8 +304,9 @@ class StepBlock(_Record):
 class PoolSample(_Record):
     """The KV pool and the scheduler's token accounting of this rank at one scheduler iteration
     (docs/language.md "Capacity transitions"). Written when the figures changed, at most every
-    `probe.pool_hooks.STEP_EVERY` forward batches while busy, and once more when the scheduler goes
-    idle, so the drained state is always the last sample. Every figure is in the allocator's token
+    `probe.pool_hooks.STEP_EVERY` forward batches while a request waits (`QUIET_EVERY` while busy
+    with none waiting), and once more when the scheduler goes idle, so the drained state is always
+    the last sample. Every figure is in the allocator's token
     space: *logical* tokens under DCP (`total` = rows x dcp), while `KvPool.rows` is the rank's
     physical pool."""
 

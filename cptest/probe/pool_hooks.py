@@ -6,8 +6,9 @@ both feed it, so one rule says when a sample is written:
 
 - only when a figure changed since the last sample written (an idle scheduler loops without end
   and writes nothing);
-- while busy, at most once every `STEP_EVERY` forward batches: a few records per second of decode,
-  not one per step;
+- while busy, at most once every `STEP_EVERY` forward batches while a request waits (the pool is
+  at its limit, or filling towards it), and once every `QUIET_EVERY` while none does: a few records
+  per second of decode, not one per step;
 - always when the scheduler has just drained (nothing running or waiting), so the last sample of
   every rank is its drained state.
 
@@ -32,16 +33,23 @@ from cptest.probe.records import pool_sample_late
 from cptest.probe.runtime import get_probe
 
 STEP_EVERY = 4
-"""While busy, forward batches between two samples at least (the drained sample is never held back)."""
+"""While busy with a request waiting, forward batches between two samples at least (the drained
+sample is never held back)."""
+QUIET_EVERY = 16
+"""While busy with no request waiting, forward batches between two samples at least. Reading the
+pools is the hook's cost (about 16 us on a server, against 1 us for an iteration too soon); what
+the capacity contracts judge at the pool's limit comes with requests waiting, sampled at
+STEP_EVERY."""
 
 
 class PoolSampler:
     """Which iterations become records; one per scheduler process."""
 
-    __slots__ = ("every", "last", "last_step", "off")
+    __slots__ = ("every", "quiet_every", "last", "last_step", "off")
 
-    def __init__(self, every: int = STEP_EVERY) -> None:
+    def __init__(self, every: int = STEP_EVERY, quiet_every: int = QUIET_EVERY) -> None:
         self.every = every
+        self.quiet_every = max(quiet_every, every)
         self.last: tuple[Any, ...] | None = None
         self.last_step: int | None = None
         self.off = False
@@ -50,15 +58,20 @@ class PoolSampler:
     def due(self, step: int, figures: tuple[Any, ...], idle: bool) -> bool:
         """Whether this iteration's `figures` (total, free, evictable, protected, running, waiting,
         scheduler_total) become a record; if so they are the last written from now on."""
-        if figures == self.last or self.too_soon(step, idle):
+        if figures == self.last or self.too_soon(step, idle, figures[5]):
             return False
         self.last, self.last_step = figures, step
         return True
 
-    def too_soon(self, step: int, idle: bool) -> bool:
-        """Busy, and fewer than `every` forward batches since the last sample: no record, whatever
-        the figures (the SGLang hook asks this first, before it reads the pools)."""
-        return not idle and self.last_step is not None and step - self.last_step < self.every
+    def too_soon(self, step: int, idle: bool, waiting: int) -> bool:
+        """Busy, and fewer than `every` forward batches since the last sample (`quiet_every` while
+        no request waits): no record, whatever the figures (the SGLang hook asks this first, before
+        it reads the pools). Every rank of a server runs the same scheduler on the same requests,
+        so the ranks of a group sample the same iterations."""
+        if idle or self.last_step is None:
+            return False
+        gap = step - self.last_step
+        return gap < self.every or (gap < self.quiet_every and not waiting)
 
     def offer(self, *, rank: RankId, t: float, step: int, total: int, free: int, evictable: int | None,
               protected: int | None, running: int, waiting: int,
@@ -119,10 +132,11 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
             # The same rule as below (PoolSampler.too_soon), with fewer reads of SGLang's objects.
             new = plan.batch_to_run
             last = sampler.last_step
-            if (new is not None and last is not None and new.reqs
-                    and scheduler.forward_ct - last < sampler.every):
-                busy = True
-                return
+            if new is not None and last is not None and new.reqs:
+                gap = scheduler.forward_ct - last
+                if gap < sampler.every or (gap < sampler.quiet_every and not scheduler.waiting_queue):
+                    busy = True
+                    return
             running_batch = plan.running_batch
             running = len(running_batch.reqs) if running_batch is not None else 0
             if new is not None and new is not running_batch:
@@ -131,7 +145,8 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
             step = int(scheduler.forward_ct)
             idle = running == 0 and waiting == 0
             busy = not idle
-            if not idle and last is not None and step - last < sampler.every:  # PoolSampler.too_soon, inline
+            if (not idle and last is not None  # PoolSampler.too_soon, inline
+                    and (step - last < sampler.every or (step - last < sampler.quiet_every and not waiting))):
                 return  # too soon, whatever the pools say
             read = True
             alloc = scheduler.token_to_kv_pool_allocator

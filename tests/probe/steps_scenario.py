@@ -212,7 +212,8 @@ def run(out_dir: Path, *, watchdog: bool, bounds: tuple[int, float] = GOLDEN_BOU
     probe = Probe(out_dir, clock=clock, graph_flush_s=1e9, copy_within_s=bounds[1], copy_every=bounds[0])
     if not watchdog:
         probe._start_watchdog = lambda: None  # type: ignore[method-assign]
-    sampler, pool_hooks._SAMPLER = pool_hooks._SAMPLER, PoolSampler(every=4)
+    # every busy iteration at 4 forward batches, waiting or not: the rule the golden files were written with
+    sampler, pool_hooks._SAMPLER = pool_hooks._SAMPLER, PoolSampler(every=4, quiet_every=4)
     runtime.set_probe(probe)
     try:
         probe.note("before the rank is known")

@@ -756,7 +756,7 @@ def test_a_record_written_while_a_batch_fills_joins_it_in_order_and_the_batch_go
 
     _fake_parallel_state(monkeypatch, 1)
     hooks.after_initialize_model_parallel(None)
-    monkeypatch.setattr(pool_hooks, "_SAMPLER", PoolSampler(every=4))
+    monkeypatch.setattr(pool_hooks, "_SAMPLER", PoolSampler(every=4, quiet_every=4))
     engine = threading.get_ident()
     sent_on_engine: list[int] = []
 
@@ -813,7 +813,7 @@ def test_a_pool_sample_made_between_two_batches_goes_out_in_the_closed_batchs_on
 
     _fake_parallel_state(monkeypatch, 1)
     hooks.after_initialize_model_parallel(None)
-    monkeypatch.setattr(pool_hooks, "_SAMPLER", PoolSampler(every=4))
+    monkeypatch.setattr(pool_hooks, "_SAMPLER", PoolSampler(every=4, quiet_every=4))
     chunks: list[bytes] = []
     real_write = runtime.os.write
 

@@ -25,19 +25,29 @@ def _offer(s: PoolSampler, step: int, free: int, running: int, waiting: int = 0)
 
 
 def test_unchanged_figures_are_not_written_again() -> None:
-    s = PoolSampler(every=1)
+    s = PoolSampler(every=1, quiet_every=1)
     assert _offer(s, 0, 100, 0) is not None
     assert _offer(s, 0, 100, 0) is None  # an idle loop spinning writes nothing
 
 
 def test_busy_samples_are_at_least_every_steps_apart() -> None:
-    s = PoolSampler(every=4)
+    s = PoolSampler(every=4, quiet_every=4)
     written = [step for step in range(12) if _offer(s, step, 100 - step, 1) is not None]
     assert written == [0, 4, 8]
 
 
+def test_busy_samples_are_quiet_every_apart_and_every_apart_while_a_request_waits() -> None:
+    """A request waiting is the pool at (or filling towards) its limit: sampled every `every`
+    forward batches; a busy scheduler with none waiting every `quiet_every`."""
+    s = PoolSampler(every=4, quiet_every=16)
+    written = [step for step in range(41)
+               if _offer(s, step, 1000 - step, 3, waiting=2 if 20 <= step < 30 else 0) is not None]
+    assert written == [0, 16, 20, 24, 28]
+    assert PoolSampler(every=8, quiet_every=2).quiet_every == 8  # never sooner than `every`
+
+
 def test_the_drained_sample_is_never_held_back() -> None:
-    s = PoolSampler(every=4)
+    s = PoolSampler(every=4, quiet_every=4)
     assert _offer(s, 0, 50, 2) is not None
     rec = _offer(s, 1, 100, 0)  # one step later, but the scheduler drained
     assert rec is not None and rec.idle and rec.used == 0
@@ -53,7 +63,7 @@ def probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Probe]:
     p = Probe(tmp_path)
     runtime.set_probe(p)
     p.set_rank(R)
-    monkeypatch.setattr(pool_hooks, "_SAMPLER", PoolSampler(every=1))
+    monkeypatch.setattr(pool_hooks, "_SAMPLER", PoolSampler(every=1, quiet_every=1))
     yield p
     p.close()
     runtime.set_probe(None)
@@ -158,19 +168,21 @@ def test_the_hook_writes_the_samples_offer_makes_over_a_decode(probe: Probe,
     tree = SimpleNamespace(evictable_size=lambda: 0, protected_size=lambda: 0)
     reference = PoolSampler()
     want = []
-    for step in range(23):
-        running = 4 if step < 20 else 0
-        plan, sched = _scheduler(free=1024 - 4 * running * (step + 1), running=running, waiting=0, tree=tree)
+    for step in range(47):
+        running = 4 if step < 44 else 0
+        waiting = 2 if 20 <= step < 30 else 0  # the pool at its limit for a while
+        plan, sched = _scheduler(free=1024 - 4 * running * (step + 1), running=running, waiting=waiting,
+                                 tree=tree)
         sched.forward_ct = step
         pool_hooks.after_get_next_batch_to_run(plan, sched)
         free = sched.token_to_kv_pool_allocator.free
         rec = reference.offer(rank=R, t=0.0, step=step, total=1024, free=free, evictable=0, protected=0,
-                              running=running, waiting=0, scheduler_total=1024)
+                              running=running, waiting=waiting, scheduler_total=1024)
         if rec is not None:
             want.append(rec)
     got = [s for s in _samples(probe) if isinstance(s, PoolSample)]
     assert [s.model_copy(update={"t": 0.0}) for s in got] == want
-    assert [s.step for s in got] == [0, 4, 8, 12, 16, 20] and got[-1].idle
+    assert [s.step for s in got] == [0, 16, 20, 24, 28, 44] and got[-1].idle
 
 
 @pytest.mark.parametrize("clock", [1000.0, 1000.000123, 1001.5, 13345.678901])
