@@ -137,6 +137,55 @@ def test_probe_windows_adds_the_chores_and_the_inner_hooks_to_the_whole_share(tm
     assert whole["us_per_step"] == pytest.approx(25.0)
 
 
+def test_probe_windows_gives_the_share_an_evidence_run_pays_without_the_measurings_own_work(
+        tmp_path: Path) -> None:
+    """The chores' time (19th field) holds the measuring's own work (21st: the switch's stat, the
+    collector's and the cost notes), which an evidence run does not do: the evidence share takes it
+    out of the whole one, with its own interval; notes without the field give none."""
+    pw = _load("probe_windows")
+    probe_dir = tmp_path / "probe-p0"
+    p = Probe(probe_dir, switch=tmp_path / "switch")
+    p.set_rank(RankId(world=0))
+    for steps, probe_ns, measuring_ns in ((100, 2_000_000, 60_000), (100, 1_000_000, 40_000)):
+        p.cost = [probe_ns, steps, 1_000, 1_000 + 100_000_000, 0, 0, 0, 0, 0, 0, 0, 400_000, 100,
+                  0, 0, 0, 0, 0, 100_000, 500_000, measuring_ns]
+        p._write_cost()
+    p.close()
+    share = pw.engine_share(pw.probe_notes(probe_dir, "cost"))
+    assert share is not None
+    assert share["measuring_us_per_step"] == pytest.approx(0.5)
+    whole, evidence = share["engine_all"], share["engine_evidence"]
+    assert whole["share"] == pytest.approx(5_000_000 / 200_000_000)
+    assert evidence["share"] == pytest.approx(4_900_000 / 200_000_000)
+    assert evidence["us_per_step"] == pytest.approx(24.5)
+    assert evidence["ci95"][0] <= evidence["share"] <= evidence["ci95"][1]
+    older = tmp_path / "probe-p1"
+    q = Probe(older, switch=tmp_path / "switch")
+    q.set_rank(RankId(world=0))
+    for _ in range(2):
+        q.cost = [2_000_000, 100, 1_000, 1_000 + 100_000_000, 0, 0, 0, 0, 0, 0, 0, 400_000, 100,
+                  0, 0, 0, 0, 0, 100_000, 500_000]
+        q._write_cost()
+    q.close()
+    older_share = pw.engine_share(pw.probe_notes(older, "cost"))
+    assert older_share is not None and "engine_evidence" not in older_share
+
+
+def test_the_chores_time_the_measurings_own_work_apart(tmp_path: Path) -> None:
+    """A measuring probe's chores put the switch's stat and the notes into the 21st field as well as
+    the 19th; a probe that does not measure times neither."""
+    p = Probe(tmp_path / "probe", switch=tmp_path / "switch")
+    p.set_rank(RankId(world=0))
+    p.timing = True
+    p.chores(p.clock())
+    assert 0 < p.cost[20] <= p.cost[18]
+    p.timing = False
+    p.cost = [0] * len(p.cost)
+    p.chores(p.clock())
+    assert p.cost[18] == p.cost[20] == 0
+    p.close()
+
+
 def test_fidelity_compares_the_clients_round_by_round() -> None:
     fid = _load("fidelity")
     runs = [{"client": "bench_serving", "x": 100.0}, {"client": "cptest", "x": 102.0},

@@ -206,7 +206,7 @@ def enabled(environ: dict[str, str] | None = None) -> bool:
     return bool(env.get(ENV_DIR, "").strip())
 
 
-COST_FIELDS = 20
+COST_FIELDS = 21
 """The length of `Probe.cost` (and of a `cost` note: epoch, steps, probe_ns, span_ns, then cost[4:])."""
 
 
@@ -318,7 +318,7 @@ class Probe:
         the engine's thread in busy scheduler iterations (pool_hooks.after_get_next_batch_to_run),
         those iterations, the ns and number of those that read the pools (not too soon), and the
         watchdog's CPU ns by phase: sends, finishing records, writing lines; the chores' ns; the
-        inner hooks' ns (`timed_inner`)."""
+        inner hooks' ns (`timed_inner`); the measuring's own ns within the chores (`chores`)."""
 
     # ------------------------------------------------------------ writing
     def now(self) -> float:
@@ -530,6 +530,8 @@ class Probe:
         self.engine_seen = now
         t0 = time.perf_counter_ns() if self.timing else 0
         try:
+            # The measuring's own work (the switch, the collector's and the cost notes) first, timed
+            # apart: an evidence run does none of it (`cost` field 20).
             if self.switch is not None:
                 self.poll_switch()
             if now - self._last_notes >= 1.0:
@@ -537,6 +539,8 @@ class Probe:
                 self._write_gc()
                 if self.timing:
                     self._write_cost()
+            if t0:
+                self.cost[20] += time.perf_counter_ns() - t0
             pending = self._pending
             if pending and now - pending[0][0] > IDLE_S:
                 batches = self.batches
@@ -631,7 +635,7 @@ class Probe:
         """Write what `cost` gathered as a note `cost [epoch, steps, probe_ns, span_ns, ready_ns,
         begin_ns, end_ns, send_ns, slow_steps, slow_ns, watchdog_ns, pool_ns, pool_calls,
         pool_read_ns, pool_reads, watchdog_send_ns, watchdog_finish_ns, watchdog_lines_ns, chores_ns,
-        inner_ns]`:
+        inner_ns, measuring_ns]`:
         - the probe's own time in the per-step hooks' begin and end (deferred records, copies
           included) over `steps` steps that took `span_ns` from the first one's start to the last
           one's end, then that time by part (steps._timed_forward), and the steps whose probe work
@@ -643,7 +647,9 @@ class Probe:
         - the watchdog's time by phase;
         - the chores' time on the engine's thread (`chores`, outside both hooks' figures);
         - the inner hooks' own time inside the forwards (`timed_inner`: the KV write, the CP split
-          and the layers' row hooks, outside `probe_ns`).
+          and the layers' row hooks, outside `probe_ns`);
+        - the part of the chores' time that is the measuring's own (the run-time switch's stat, the
+          collector's and these notes), which an evidence run does not spend.
         The fields keep their places from when a writer thread did the watchdog's work every round:
         tools/device/probe_windows.py reads notes of every layout."""
         cost, self.cost = self.cost, [0] * COST_FIELDS

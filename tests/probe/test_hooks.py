@@ -707,7 +707,7 @@ def test_a_timing_probe_notes_its_own_time_per_step_never_more_than_the_steps_to
     cost = json.loads(note.message[5:])
     (_epoch, steps, probe_ns, span_ns, ready_ns, begin_ns, end_ns, send_ns, slow, slow_ns, watchdog_ns,
      pool_ns, pool_calls, pool_read_ns, pool_reads, w_send_ns, w_finish_ns, w_lines_ns, chores_ns,
-     inner_ns) = cost
+     inner_ns, measuring_ns) = cost
     assert steps == copy_batches.COPY_EVERY + 4 and 0 < probe_ns <= span_ns
     assert ready_ns + begin_ns + end_ns == probe_ns  # the parts are the whole
     assert 0 < send_ns <= end_ns  # the engine's thread sends the full batch as its step ends
@@ -716,6 +716,7 @@ def test_a_timing_probe_notes_its_own_time_per_step_never_more_than_the_steps_to
     assert pool_ns == pool_calls == pool_read_ns == pool_reads == 0  # no scheduler iteration here
     assert w_send_ns + w_finish_ns + w_lines_ns == watchdog_ns  # the watchdog's phases are its whole round
     assert chores_ns > 0  # the first step's chores, outside the step's parts
+    assert 0 <= measuring_ns <= chores_ns  # the measuring's own work is part of the chores'
     assert inner_ns == 0  # this test calls the inner hooks as they are, not as registered (timed_inner)
     assert len([r for r in _records(probe) if isinstance(r, Step)]) == steps  # timing changes no record
 
