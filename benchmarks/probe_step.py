@@ -51,7 +51,8 @@ Printed, per step of a `--batch`-request decode batch over `--layers` layers:
 
     python benchmarks/probe_step.py [--steps N] [--batch B] [--layers L] [--device cpu|cuda]
         [--pool] [--graphs] [--engine-us US [--engine-touch MIB]] [--gil-thread US]
-        [--blocks K [--control]] [--reads CONTEXT] [--copy-every N] [--copy-within-s S] [--profile TOP]
+        [--blocks K [--control]] [--reads CONTEXT] [--copy-every N] [--copy-within-s S]
+        [--writer process|inline] [--profile TOP]
 
 `--copy-every` and `--copy-within-s` set the copy batches' bounds (`Probe.copy_every`,
 `Probe.copy_within_s`), to compare batch sizes on one machine.
@@ -393,6 +394,9 @@ def main() -> None:
     ap.add_argument("--every-layer", action="store_true",
                     help="every decode step hooks every layer (CPTEST_PROBE_LAYER_STEPS=all), "
                          "not the first step of each copy batch alone")
+    ap.add_argument("--writer", choices=("process", "inline"), default="process",
+                    help="who makes and writes the rank file's lines: the probe's writer process (as on a "
+                         "server, CPTEST_PROBE_WRITER) or the probe itself on the engine's thread")
     ap.add_argument("--copy-every", type=int, default=runtime.COPY_EVERY, metavar="N",
                     help="steps a copy batch holds at most (default: runtime.COPY_EVERY)")
     ap.add_argument("--copy-within-s", type=float, default=runtime.COPY_WITHIN_S, metavar="S",
@@ -443,7 +447,8 @@ def main() -> None:
     gil = GilThread(a.gil_thread) if a.gil_thread else None
 
     with tempfile.TemporaryDirectory() as d:
-        probe = Probe(Path(d), graph_flush_s=1.0, copy_within_s=a.copy_within_s, copy_every=a.copy_every)
+        probe = Probe(Path(d), graph_flush_s=1.0, copy_within_s=a.copy_within_s, copy_every=a.copy_every,
+                      writer=a.writer)
         runtime.set_probe(probe)
         probe.set_rank(RankId(world=0))
         if a.reads:
@@ -502,6 +507,7 @@ def main() -> None:
           f"{samples} pool samples)"
           + (f"; engine work {a.engine_us:.0f} us a step" if a.engine_us else "")
           + (f", reading {a.engine_touch:g} MiB of objects" if a.engine_touch else "")
+          + f"; lines made by {'a writer process' if a.writer == 'process' else 'the probe'}"
           + (f"; a thread of {a.gil_thread:.0f} us every 20 ms beside the engine's while hooked"
              if gil is not None else ""))
     print(f"  engine thread: {on - off:8.1f} us/step  (hooked {on:.1f}, unhooked {off:.1f})")

@@ -323,7 +323,9 @@ class CopyBatch:
         (`records.steps_block_line`) where it can; any other step gets its own line. The steps'
         notes (a KV write not seen, ...) follow the lines, in the order of the steps."""
         probe = self.probe
-        lines: list[str] = []
+        lines: list[Any] = []
+        """Lines made here, and the `steps` lines and pool samples made by whoever writes them
+        (`Probe.write_items`, `records.item_line`)."""
         noted: list[Any] = []
         """Drafts (whose notes are written after the lines, in order, then given back) and notes."""
         runs: list[Run] = []
@@ -337,6 +339,8 @@ class CopyBatch:
             if cls is StepDraft:
                 line = probe.call("step_end", _step_line, probe, self, item)
                 noted.append(item)
+            elif cls is tuple:  # a pool sample (records.pool_sample_late): made into its line when written
+                line = item
             else:
                 line = probe.call("write", probe.text, item)
             if line is not None:
@@ -344,7 +348,7 @@ class CopyBatch:
         self.items = []
         self.run_ = None
         if lines:
-            probe.write("\n".join(lines))
+            probe.write_items(lines)  # before the host copies, which its `steps` lines view, are given back
         for draft in noted:
             if draft.__class__ is str:
                 probe.warn_once(re.sub(r"\d+", "N", draft), draft)
@@ -359,7 +363,7 @@ class CopyBatch:
         self.host = ()  # done with, and not None: a send that finds it still in line skips it
 
 
-def _run_lines(probe: Probe, batch: CopyBatch, run: Run, lines: list[str], noted: list[Any]) -> None:
+def _run_lines(probe: Probe, batch: CopyBatch, run: Run, lines: list[Any], noted: list[Any]) -> None:
     """The lines of `run`'s steps: one `steps` line from the first step whose tensors to the end
     are one value per request each; a line of its own for each step before it, and for a step
     left alone (a `steps` line holds two or more). Ids that JSON would escape or that repeat make
@@ -382,8 +386,11 @@ def _run_lines(probe: Probe, batch: CopyBatch, run: Run, lines: list[str], noted
             lines.append(line)
 
 
-def _run_block_line(probe: Probe, batch: CopyBatch, run: Run, k: int, quoted: str, noted: list[Any]) -> str:
-    """The `steps` line of `run`'s steps from `k` (`_run_lines` said they fit one)."""
+def _run_block_line(probe: Probe, batch: CopyBatch, run: Run, k: int, quoted: str,
+                    noted: list[Any]) -> tuple[Any, ...]:
+    """The `steps` line of `run`'s steps from `k` (`_run_lines` said they fit one), as its fields
+    (`records.steps_block_late`): its arrays are views of the batch's host copies, made into the
+    line or copied out before the batch is given back (`CopyBatch.run`)."""
     assert probe.rank_json is not None
     rows = run.rows[k:] if k else run.rows
     b, width = len(run.rids), len(run.which)
@@ -401,10 +408,10 @@ def _run_block_line(probe: Probe, batch: CopyBatch, run: Run, k: int, quoted: st
     if width == 3 and kv == "mask":
         slots = _pool_rows(probe, batch.rows(range(first + 2, end, width), b))
     step, clock, rows_in, _, attn, ffn, logits, _, ffn_out, layers = zip(*rows, strict=True)
-    t0 = probe.t0
-    t = [round(c - t0, 6) for c in clock]  # _record_t
-    return records.steps_block_line(
-        t=t, step=step, rows_in=rows_in, attn_rows=attn, ffn_rows=ffn, logits_rows=logits,
+    # Made into its line by whoever writes it (records.item_line: the probe's writer process, or
+    # `Probe.write_items` here): its `t` is each step's _record_t.
+    return records.steps_block_late(
+        clock, step=step, rows_in=rows_in, attn_rows=attn, ffn_rows=ffn, logits_rows=logits,
         cp_configured=run.cp_configured, graph_rows=run.graph_rows, rank_json=probe.rank_json, quoted=quoted,
         positions=positions, kv=kv, mask=mask, ffn_out_rows=ffn_out, layers=layers, slots=slots)
 

@@ -757,6 +757,25 @@ def late_line(record: tuple[Any, ...], t0: float) -> str:
                             scheduler_total=sched, idle=idle)
 
 
+def steps_block_late(clock: Sequence[float], **fields: Any) -> tuple[Any, ...]:
+    """A `steps` line as its copy batch is finished: the steps' clock readings and every other field
+    of `steps_block_line`, its numpy arrays owned by the caller until the line is made
+    (`item_line`, by the probe or by its writer process, `cptest.probe.line_writer`)."""
+    return ("steps", tuple(clock), fields)
+
+
+def item_line(item: Any, t0: float) -> str:
+    """The line of one item of a finished copy batch, `t0` being the probe's clock at its start:
+    a line made already (str), a pool sample (`pool_sample_late`) or a `steps` line
+    (`steps_block_late`), whose `t` is what `Probe.now` said at each step (round(clock - t0, 6))."""
+    if item.__class__ is str:
+        return item
+    if item[0] == "steps":
+        _, clock, fields = item
+        return steps_block_line(t=[round(c - t0, 6) for c in clock], **fields)
+    return late_line(item, t0)
+
+
 _PLAIN = re.compile(r'[^"\\\x00-\x1f\x7f-\uffff]*')
 """Request ids that need no escaping in JSON (SGLang's are hex); others go the general way."""
 

@@ -59,7 +59,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 from pydantic import BaseModel
 
 from cptest.evidence import ProbeNote, RankId, dump_record
-from cptest.probe.records import GraphCounter, RidText, StepDraft, late_line
+from cptest.probe.line_writer import LineWriter
+from cptest.probe.records import GraphCounter, RidText, StepDraft, item_line, late_line
 from cptest.store import rank_file_name
 
 _REPLAY_DECODE = ("replay", "decode")
@@ -147,6 +148,9 @@ than the other (P1_ENV), so that one call measures both."""
 ENV_COPY_WITHIN_S = "CPTEST_PROBE_COPY_WITHIN_S"
 """Seconds that replace COPY_WITHIN_S: the runner sets IDLE_S where a fault fires after a number
 of decode steps, which it counts in the file, so that the fault lands close to its step."""
+ENV_WRITER = "CPTEST_PROBE_WRITER"
+"""`inline` has the probe write its rank file itself, on the thread that finishes its records;
+by default a writer process makes and writes the lines (`line_writer`)."""
 
 
 class Deferred(Protocol):
@@ -217,8 +221,13 @@ class Probe:
                  observe_positions: bool = True, graph_flush_s: float = 1.0,
                  switch: Path | None = None, read_every: int = READ_EVERY_DEFAULT,
                  layers_sampled: bool = True, copy_within_s: float = COPY_WITHIN_S,
-                 copy_every: int = COPY_EVERY) -> None:
+                 copy_every: int = COPY_EVERY, writer: Literal["process", "inline"] = "inline") -> None:
         self.out_dir = out_dir
+        self.writer_mode = writer
+        """`process`: the rank file is written by a writer process started with the rank
+        (`line_writer`, ENV_WRITER); `inline`: by the probe itself."""
+        self.writer: LineWriter | None = None
+        """The writer process while it runs; None: the probe writes the file itself."""
         self.copy_every = copy_every
         """The most steps a copy batch holds (COPY_EVERY, ENV_COPY_EVERY)."""
         self.copy_within_s = copy_within_s
@@ -330,6 +339,8 @@ class Probe:
             self.rank = rank
             self.rank_json = rank.model_dump_json()
             self.graph.last_flush = self.clock()
+        if self.writer_mode == "process":
+            self._start_writer()
         held, self._held = self._held, []
         for rec in held:
             if isinstance(rec, ProbeNote) and rec.rank is None:
@@ -441,11 +452,66 @@ class Probe:
                 lines, self._lines = self._lines, []
             if not lines or self.rank is None:
                 return
-            if self._fd is None:
-                self.out_dir.mkdir(parents=True, exist_ok=True)
-                path = self.out_dir / rank_file_name(self.rank.world)
-                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            os.write(self._fd, b"".join(lines))
+            self._emit([b"".join(lines)])
+
+    def write_items(self, items: list[Any]) -> None:
+        """The lines of a finished copy batch (`CopyBatch.run`, on the thread running the pending
+        work): lines made already, `steps` lines and pool samples to be made by whoever writes
+        them (`records.item_line`), after every line buffered before. With a writer process they
+        go to it as they are, without making a line on this thread."""
+        with self._io_lock:
+            with self._lock:
+                lines, self._lines = self._lines, []
+            if self.rank is None:
+                return
+            self._emit([b"".join(lines), *items] if lines else items)
+
+    def _emit(self, items: list[Any]) -> None:
+        """Write `items` (encoded lines, or items of `records.item_line`) after everything written
+        before: through the writer process while it runs, or here. `_io_lock` is held."""
+        writer = self.writer
+        if writer is not None:
+            if writer.send(items):
+                return
+            self.writer = None
+            writer.kill()
+            lost = ProbeNote(t=self.now(), rank=self.rank, level="warning",
+                             message="the rank file's writer process ended; lines sent to it and not "
+                                     "written are lost, and the probe writes the file itself from here")
+            items = [(dump_record(lost) + "\n").encode(), *items]
+        data = b"".join(self._line_bytes(i) for i in items)
+        if self._fd is None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self._rank_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(self._fd, data)
+
+    def _line_bytes(self, item: Any) -> bytes:
+        """One item's line, encoded; an item whose line cannot be made becomes a note saying so
+        (written here, where `note` would take the lock held)."""
+        if item.__class__ is bytes:
+            return item
+        try:
+            return (item_line(item, self.t0) + "\n").encode()
+        except Exception as e:
+            self.errors["write"] = self.errors.get("write", 0) + 1
+            note = ProbeNote(t=self.now(), rank=self.rank, level="error",
+                             message=f"write: {type(e).__name__}: {e}"[:2000])
+            return (dump_record(note) + "\n").encode()
+
+    def _rank_path(self) -> Path:
+        assert self.rank is not None
+        return self.out_dir / rank_file_name(self.rank.world)
+
+    def _start_writer(self) -> None:
+        """Start the rank file's writer process (`line_writer`); when it cannot start, the probe
+        writes the file itself and says why."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        assert self.rank_json is not None
+        writer, why = LineWriter.start(self._rank_path(), self.t0, self.rank_json)
+        self.writer = writer
+        if writer is None:
+            self.note(f"the rank file's writer process did not start ({why}); the probe writes the file "
+                      "itself", "warning")
 
     def note(self, message: str, level: Literal["info", "warning", "error"] = "info") -> None:
         self.write(ProbeNote(t=self.now(), rank=self.rank, level=level, message=message[:2000]))
@@ -689,14 +755,19 @@ class Probe:
                 cost[17] += cpu3 - cpu2
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Write everything observed so far (graph counts too); False if that took over `timeout`."""
-        finished = self._finish_pending(time.monotonic() + timeout)
+        """Write everything observed so far (graph counts too) into the rank file; False if that took
+        over `timeout`."""
+        end = time.monotonic() + timeout
+        finished = self._finish_pending(end)
         if finished:
             self._write_graph_counts(force=True)
             with contextlib.suppress(Exception):
                 self._write_gc()
                 self._write_cost()
         self._write_lines()
+        writer = self.writer
+        if writer is not None:  # in the file, not only sent
+            finished = writer.sync(max(end - time.monotonic(), 1.0)) and finished
         return finished
 
     def close(self) -> None:
@@ -712,6 +783,9 @@ class Probe:
             self._watchdog = None
         self._write_lines()
         with self._io_lock:
+            writer, self.writer = self.writer, None
+            if writer is not None:
+                writer.close(timeout=10.0)
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
@@ -794,6 +868,7 @@ def get_probe() -> Probe | None:
             layers_sampled=os.environ.get(ENV_LAYER_STEPS, "sampled") != "all",
             copy_within_s=_seconds(os.environ.get(ENV_COPY_WITHIN_S), COPY_WITHIN_S),
             copy_every=_steps(os.environ.get(ENV_COPY_EVERY), COPY_EVERY),
+            writer="inline" if os.environ.get(ENV_WRITER) == "inline" else "process",
         )
         _PROBE.poll_switch()
         if _PROBE.switch is not None:

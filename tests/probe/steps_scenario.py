@@ -24,7 +24,7 @@ import tempfile
 import time
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -205,11 +205,14 @@ GOLDEN_BOUNDS = (16, 0.1)
 `Probe.copy_within_s`): they decide which steps share a `steps` line, not what the records say."""
 
 
-def run(out_dir: Path, *, watchdog: bool, bounds: tuple[int, float] = GOLDEN_BOUNDS) -> bytes:
+def run(out_dir: Path, *, watchdog: bool, bounds: tuple[int, float] = GOLDEN_BOUNDS,
+        writer: Literal["process", "inline"] = "inline") -> bytes:
     """The rank file the probe writes for the scenario (with or without its watchdog thread), its
-    steps in copy batches of the given bounds (steps, seconds)."""
+    steps in copy batches of the given bounds (steps, seconds), written by the probe itself or by
+    its writer process."""
     clock = Clock()
-    probe = Probe(out_dir, clock=clock, graph_flush_s=1e9, copy_within_s=bounds[1], copy_every=bounds[0])
+    probe = Probe(out_dir, clock=clock, graph_flush_s=1e9, copy_within_s=bounds[1], copy_every=bounds[0],
+                  writer=writer)
     if not watchdog:
         probe._start_watchdog = lambda: None  # type: ignore[method-assign]
     # every busy iteration at 4 forward batches, waiting or not: the rule the golden files were written with

@@ -59,6 +59,13 @@ def test_the_watchdog_leaves_a_busy_engines_records_byte_for_byte_alone(tmp_path
     assert steps_scenario.run(tmp_path, watchdog=True) == GOLDEN.read_bytes()
 
 
+@pytest.mark.parametrize("watchdog", [False, True], ids=["engine", "watchdog"])
+def test_the_writer_process_writes_the_golden_bytes(tmp_path: Path, watchdog: bool) -> None:
+    """The rank file's writer process makes the `steps` lines and pool samples the probe hands it
+    with the probe's own functions, after every line the probe made itself: the same bytes."""
+    assert steps_scenario.run(tmp_path, watchdog=watchdog, writer="process") == GOLDEN.read_bytes()
+
+
 def test_todays_copy_batches_group_the_lines_otherwise_and_write_the_same_evidence(tmp_path: Path) -> None:
     """The golden bytes are the scenario's in batches of the golden's size, smaller than today's:
     in today's, fewer `steps` lines carry the same Step records, and every other record is the
