@@ -309,6 +309,10 @@ class Probe:
         self.steady: Steady | None = None
         """A run of decode-graph replays that the next step may go on by the short path
         (`steps.Steady`, `steps._steady_forward`); None when the next step takes the general one."""
+        self.in_steady = False
+        """True while the engine's thread puts a replay on its run by the step hook's short path,
+        which takes no lock: a thread that takes the batch being filled (`copy_batches.send_copies`)
+        sends it only once this is False again, with the step in it."""
         self.steady_spare: Steady | None = None
         """The probe's one `steps.Steady`, armed again after each general step that can be its first."""
         self._rids: list[str] | None = None

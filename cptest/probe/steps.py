@@ -498,23 +498,28 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
         pos = None
     done = False  # the step went on the run (or failed there, said): the general end must not record it
     if pos is not None:
+        # Without copy_lock: only the watchdog may take the batch meanwhile (`send_copies`), and
+        # it sends what it took only once the engine's thread is out of here (`Probe.in_steady`).
+        probe.in_steady = True
         try:
-            with probe.copy_lock:
-                batch = probe.copies
-                if batch is st.batch and batch.run_ is st.run:
-                    done = True
-                    st.add_part(pos[0] if st.pos_2d else pos)
-                    st.add_row((step, t, rows_in, st.bs, None, None, None, None, None, 0))
-                    st.n = n = st.n + 1  # the batch's counts and the graph counter's, settled later
-                    # copy_batches.close_if_due, inline, on this step's clock: sent, the next step
-                    # opens a batch by the general end
-                    if n >= st.full or t - st.born >= st.within:
-                        probe.settle_steady(disarm=True)
+            batch = probe.copies
+            if batch is st.batch and batch.run_ is st.run:
+                done = True
+                st.add_part(pos[0] if st.pos_2d else pos)
+                st.add_row((step, t, rows_in, st.bs, None, None, None, None, None, 0))
+                st.n = n = st.n + 1  # the batch's counts and the graph counter's, settled later
+                # copy_batches.close_if_due, inline, on this step's clock: sent, the next step opens
+                # a batch by the general end
+                if n >= st.full or t - st.born >= st.within:
+                    probe.settle_steady(disarm=True)
+                    with probe.copy_lock:
                         close_locked(probe, on_engine_thread=True)
         except Exception as e:
             done = True
             probe.settle_steady(disarm=True)
             probe.call("step_end", probe.error, "step_end", e)
+        finally:
+            probe.in_steady = False
     if not done:
         # Not on the run: the step as the general begin would have opened it, and the general end
         # (which arms the short path again when the step goes on a run of replays).

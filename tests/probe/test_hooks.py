@@ -694,6 +694,67 @@ def test_replays_on_the_short_path_stop_being_recorded_when_switched_off_and_are
         p.close()
 
 
+def test_a_batch_taken_by_another_thread_while_a_replay_goes_on_it_is_sent_with_that_replay(
+        tmp_path: Path, monkeypatch: MP) -> None:
+    """The short path appends a replay to the batch being filled without the lock. The watchdog may
+    take that batch to send it (`send_copies`) just after the engine's thread read it: it then
+    waits for the replay to be on it, and the replay is recorded with its positions."""
+    p = Probe(tmp_path / "probe", graph_flush_s=1e9)
+    p._start_watchdog = lambda: None  # type: ignore[method-assign]  # this test plays the watchdog
+    runtime.set_probe(p)
+    try:
+        _fake_parallel_state(monkeypatch, 0)
+        hooks.after_initialize_model_parallel(None)
+        p.cp_configured = False
+        runner = GraphedRunner(decode_cuda_graph_runner=GraphRunner(bs=2))
+        decode = Mode("DECODE")
+
+        def replay(r: Any, fb: Batch) -> Output:
+            return Output(can_run_graph=True)
+
+        def step(pos: int) -> None:
+            fb = Batch(decode, torch.arange(2), torch.tensor([pos, pos + 1000]), ["a", "b"], 2)
+            hooks.around_model_runner_forward(replay, runner, fb)
+
+        for pos in range(5):
+            step(pos)
+        st = p.steady
+        assert st is not None
+        appending, sent = threading.Event(), threading.Event()
+        add_part = st.add_part
+        taken_first: list[bool] = []
+
+        def slow_add_part(t: Any) -> None:  # the engine's thread, between reading the batch and appending
+            appending.set()
+            sent.wait(0.5)  # the watchdog takes the batch meanwhile; it must not send it yet
+            taken_first.append(p.copies is None and not sent.is_set())
+            add_part(t)
+
+        st.add_part = slow_add_part
+        batch = p.copies
+
+        def take() -> None:
+            assert appending.wait(10.0)
+            copy_batches.send_copies(p)
+            sent.set()
+
+        watchdog = threading.Thread(target=take)
+        watchdog.start()
+        step(5)
+        watchdog.join(10.0)
+        assert taken_first == [True] and sent.is_set()
+        assert p.copies is None and batch is not None and batch.host is not None
+        step(6)  # on a batch of its own, by the general path
+        assert p.flush(timeout=10.0)
+        recs = _records(p)
+        steps = [s for s in recs if isinstance(s, Step)]
+        assert [s.seq_positions["a"][0][0] for s in steps] == list(range(7))
+        assert [s.seq_positions["b"][0][0] for s in steps] == [1000 + k for k in range(7)]
+    finally:
+        runtime.set_probe(None)
+        p.close()
+
+
 def test_a_timing_probe_notes_its_own_time_per_step_never_more_than_the_steps_took(
         probe: Probe, monkeypatch: MP) -> None:
     _fake_parallel_state(monkeypatch, 1)
