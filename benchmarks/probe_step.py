@@ -52,7 +52,7 @@ Printed, per step of a `--batch`-request decode batch over `--layers` layers:
     python benchmarks/probe_step.py [--steps N] [--batch B] [--layers L] [--device cpu|cuda]
         [--pool] [--graphs] [--engine-us US [--engine-touch MIB]] [--gil-thread US]
         [--blocks K [--control]] [--reads CONTEXT] [--copy-every N] [--copy-within-s S]
-        [--writer process|inline] [--profile TOP]
+        [--writer process|inline] [--no-mask] [--profile TOP]
 
 `--copy-every` and `--copy-within-s` set the copy batches' bounds (`Probe.copy_every`,
 `Probe.copy_within_s`), to compare batch sizes on one machine.
@@ -192,8 +192,10 @@ def sample_layers_of(probe: Probe, forward: Any) -> None:
 
 def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
               graphs: bool = False, engine_us: float = 0.0, registered: bool = False,
-              wrap: Callable[[Any], Any] = _same) -> tuple[Any, Any]:
+              wrap: Callable[[Any], Any] = _same, dcp_mask: bool = True) -> tuple[Any, Any]:
     """A forward function and a decode batch shaped like SGLang 0.5.17's, for `batch` requests.
+    Each layer's K/V write carries a DCP owner mask unless `dcp_mask` is False (TP1, as the eager
+    server of `tools/device/measure.sh`).
 
     Unhooked, the forward does the same loop without calling the probe, as an SGLang without the
     probe's hooks registered does. With `graphs` the forward is a decode CUDA-graph replay: no
@@ -206,7 +208,7 @@ def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
         extend_seq_lens_cpu=None, extend_prefix_lens_cpu=None,
     )
     k = torch.zeros(batch, 1, 4, device=device)
-    mask = positions % 2 == 0
+    mask = positions % 2 == 0 if dcp_mask else None
     hidden = torch.zeros(batch, 8, device=device)
     out = types.SimpleNamespace(can_run_graph=graphs)
 
@@ -394,6 +396,8 @@ def main() -> None:
     ap.add_argument("--every-layer", action="store_true",
                     help="every decode step hooks every layer (CPTEST_PROBE_LAYER_STEPS=all), "
                          "not the first step of each copy batch alone")
+    ap.add_argument("--no-mask", action="store_true",
+                    help="eager steps write K/V without a DCP owner mask (TP1, as measure.sh's eager server)")
     ap.add_argument("--writer", choices=("process", "inline"), default="process",
                     help="who makes and writes the rank file's lines: the probe's writer process (as on a "
                          "server, CPTEST_PROBE_WRITER) or the probe itself on the engine's thread")
@@ -405,7 +409,7 @@ def main() -> None:
     if a.engine_touch and not a.engine_us:
         ap.error("--engine-touch needs --engine-us (the touch is part of the engine's work)")
     touch_objects(a.engine_touch)
-    shape = {"device": a.device, "graphs": a.graphs, "engine_us": a.engine_us}
+    shape = {"device": a.device, "graphs": a.graphs, "engine_us": a.engine_us, "dcp_mask": not a.no_mask}
     forward, fb = make_step(a.layers, a.batch, registered=a.registered, **shape)
     bare, _ = make_step(a.layers, a.batch, hooked=False, **shape)
     # What DecodeCudaGraphRunner.load_batch leaves for the probe to read after a replay: the batch

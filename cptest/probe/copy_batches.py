@@ -546,7 +546,8 @@ def join_run(probe: Probe, draft: StepDraft, pos_t: Any) -> bool:
         if (run is None or run.rids is not rids or run.which is not WHICH_POS or draft.mode != "decode"
                 or draft.cp_active or draft.extend_lens is not None or draft.notes is not None
                 or run.cp_configured is not draft.cp_configured or run.graph_rows != draft.graph_rows
-                or (not run.layers) is not (not draft.attn_layers) or draft.layer_rows is not None):
+                or (not run.layers) is not (not draft.attn_layers) or draft.layer_rows is not None
+                or draft.dp_buffer is not None):  # a buffer is said on the step's own line (CopyBatch.add)
             return False
         kv_rows = draft.kv_rows
         if run.kv_none is not (kv_rows is None) or run.kv_full is not (kv_rows == len(rids)):

@@ -63,9 +63,6 @@ from cptest.probe.line_writer import LineWriter
 from cptest.probe.records import GraphCounter, RidText, StepDraft, item_line, late_line
 from cptest.store import rank_file_name
 
-_REPLAY_DECODE = ("replay", "decode")
-"""The graph counter's key of decode-graph replays (`records.GraphCounter`)."""
-
 if TYPE_CHECKING:
     from cptest.probe.copy_batches import CopyBatch, Run
     from cptest.probe.steps import Steady
@@ -410,7 +407,7 @@ class Probe:
             batch = st.batch
             batch.steps += n
             batch.held_rows += n * st.b
-            self.graph.totals[_REPLAY_DECODE] += n
+            self.graph.totals[st.key] += n
 
     # ------------------------------------------------------------ per-step objects, kept few
     def recycle(self, draft: StepDraft) -> None:

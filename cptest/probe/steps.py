@@ -3,8 +3,9 @@
 `around_model_runner_forward` opens a StepDraft before the forward (the inner hooks in `hooks` fill
 it), then counts the forward as a CUDA-graph replay or an eager one and hands the step to the copy
 batch being filled (`copy_batches`), which writes its line once the step's device tensors are on
-the host. A decode-graph replay that goes on the run of replays the last step went on takes a
-short path (`_steady_forward`) that writes the same bytes with fewer reads of SGLang's objects;
+the host. A decode step of positions alone that goes on the run the last step went on (of
+decode-graph replays, or of eager steps) takes a short path (`_steady_forward`) that writes the
+same bytes with fewer reads of SGLang's objects;
 every other step takes the general one (`_begin_step_body`, `_end_step_body`). `_timed_forward` is
 the general path measuring the probe's own time on the engine's thread (`Probe.timing`); the
 short path measures its own.
@@ -287,8 +288,7 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
         if has_pos:
             draft.which = WHICH_POS
             if join_run(probe, draft, pos_t):
-                if draft.graph_rows is not None:
-                    _arm_steady(probe, runner, fb, draft)
+                _arm_steady(probe, runner, fb, draft)
                 return
             tensors = [pos_t[0] if getattr(pos_t, "ndim", 1) == 2 else pos_t]  # text_positions
         else:
@@ -320,7 +320,7 @@ def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
             if run is not None and draft.which is WHICH_POS and tensors[0] is not pos_t:
                 run.pos_2d = True  # text_positions took the first row: later steps of the run do too
         close_if_due(probe, batch)
-    if probe.spare is draft and draft.graph_rows is not None and draft.which is WHICH_POS:
+    if probe.spare is draft and draft.which is WHICH_POS and draft.mode == "decode":
         _arm_steady(probe, runner, fb, draft)
 
 
@@ -375,7 +375,8 @@ class Steady:
     (`Probe.steady_spare`), armed again and again."""
 
     __slots__ = ("runner", "mode", "rids", "bs", "graph_runner", "graph_bs", "width", "batch", "run", "draft",
-                 "add_part", "add_row", "b", "pos_2d", "n", "full", "born", "within")
+                 "add_part", "add_row", "b", "pos_2d", "n", "full", "born", "within", "eager", "key",
+                 "kv_none", "kv_full", "no_layers")
 
     def __init__(self) -> None:
         self.runner: Any = None
@@ -406,21 +407,39 @@ class Steady:
         self.born = 0.0
         self.within = 0.0
         """The batch's first step's clock and `Probe.copy_within_s`: it is sent once that old."""
+        self.eager = False
+        """A run of eager decode steps (whose inner hooks fill the draft), not of replays."""
+        self.key: Any = _REPLAY_DECODE
+        """The graph counter's key of the run's steps."""
+        self.kv_none = self.kv_full = self.no_layers = False
+        """An eager run's KV write and layers (`Run.kv_none`, `Run.kv_full`, `not Run.layers`): what
+        the inner hooks must have seen for a step to go on it (`copy_batches.join_run`)."""
 
 
 _NOT_STEADY = object()
 """What `_steady_forward` returns when the step is not for it (it called no forward)."""
+_REPLAY_DECODE = _GRAPH_KEYS[True, "decode"]
+_EAGER_DECODE = _GRAPH_KEYS[False, "decode"]
 
 
 def _arm_steady(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> None:
-    """After a decode-graph replay went on a run by the general path (`draft`, now `probe.spare`):
-    let the next step try the short path. Not armed while the CP configuration is not known (the
-    general begin looks it up again each step until it is), nor while the probe is paused."""
+    """After a decode step of positions alone went on a run by the general path (`draft`, now
+    `probe.spare`), a decode-graph replay or an eager step: let the next step try the short path.
+    Not armed while the CP configuration is not known (the general begin looks it up again each
+    step until it is), nor while the probe is paused, nor after an eager step that hooked every
+    layer while the next one would not (the general begin takes the later layers' hooks away,
+    `Probe.hook_layers`)."""
     probe.settle_steady(disarm=True)  # its steps counted before it is armed again
     if probe.cp_configured is None or probe.paused:
         return
-    gr = getattr(runner, "decode_cuda_graph_runner", None)
-    bs = getattr(gr, "bs", None)
+    eager = draft.graph_rows is None
+    if eager:
+        if probe.layers_sampled and probe.layer_forwards and probe.layers_on:
+            return
+        gr, bs = None, 0
+    else:
+        gr = getattr(runner, "decode_cuda_graph_runner", None)
+        bs = getattr(gr, "bs", None)
     with probe.copy_lock:
         batch = probe.copies
         run = batch.run_ if batch is not None else None
@@ -431,6 +450,8 @@ def _arm_steady(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> None:
             st = probe.steady_spare = Steady()
         st.runner, st.mode, st.rids, st.bs = runner, fb.forward_mode, run.rids, draft.batch_size
         st.graph_runner, st.graph_bs, st.width = gr, bs, getattr(gr, "captured_req_width", 1)
+        st.eager, st.key = eager, _EAGER_DECODE if eager else _REPLAY_DECODE
+        st.kv_none, st.kv_full, st.no_layers = run.kv_none, run.kv_full, not run.layers
         st.batch, st.run, st.draft = batch, run, draft
         st.add_part, st.add_row, st.b, st.pos_2d = batch.parts.append, run.rows.append, run.b, run.pos_2d
         st.n = 0
@@ -441,9 +462,11 @@ def _arm_steady(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> None:
 
 def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: Any, args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
-    """The short path of a decode step that goes on the run of replays the last step went on:
-    the record the general path makes (`_begin_step_body`, `_end_step_body`, `join_run`), without
-    the reads and writes that cannot change along such a run. On a server each is a few hundred
+    """The short path of a decode step that goes on the run the last step went on, of replays or
+    of eager steps (`Steady.eager`, whose inner hooks fill the draft and whose every
+    `Probe.read_every`-th step takes the general path to record its reads): the record the
+    general path makes (`_begin_step_body`, `_end_step_body`, `join_run`), without the reads and
+    writes that cannot change along such a run. On a server each is a few hundred
     ns, once a step after the engine's work has left the caches cold, so the path reads as few of
     SGLang's and the probe's objects as it can: the draft's fields are not set (the row is made
     from locals), the model runner and the forward mode are compared by identity, the graph
@@ -470,13 +493,25 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
                 _count_checks(probe.cost, t0)
             return _NOT_STEADY
         rows_in = fb.input_ids.shape[0]  # an int (Tensor.__len__ is Python, and slower)
+        step = probe.step_index + 1
+        read_every = probe.read_every
+        if st.eager and read_every and step % read_every == 0:  # it records its reads: the general end
+            probe.settle_steady(disarm=True)
+            if timed:
+                _count_checks(probe.cost, t0)
+            return _NOT_STEADY
     except Exception:  # something the general path reads otherwise, and says why
         probe.settle_steady(disarm=True)
         if timed:
             _count_checks(probe.cost, t0)
         return _NOT_STEADY
-    probe.step_index = step = probe.step_index + 1
-    draft = probe.current = st.draft  # for the inner hooks, if the forward runs eager after all
+    probe.step_index = step
+    draft = probe.current = st.draft  # for the inner hooks (of an eager step, or a replay that runs eager)
+    if st.eager and draft is not None:  # what the inner hooks set, as the general begin resets it
+        draft.step = step
+        draft.attn_rows_seen = draft.ffn_rows = draft.logits_rows = draft.kv_rows = None
+        draft.ffn_out_rows = draft.layer_rows = None
+        draft.attn_layers = draft.ffn_layers = 0
     t2 = time.perf_counter_ns() if timed else 0
     try:
         result = original(runner, fb, *args, **kwargs)
@@ -490,10 +525,27 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
     t3 = time.perf_counter_ns() if timed else 0
     probe.current = None
     t = probe.clock()
+    row: tuple[Any, ...] = ()
     try:
-        gr = runner.decode_cuda_graph_runner if getattr(result, "can_run_graph", False) else None
-        pos = (fb.positions if gr is st.graph_runner and gr.bs == st.graph_bs
-               and getattr(gr, "captured_req_width", 1) == st.width else None)
+        replayed = getattr(result, "can_run_graph", False)
+        if st.eager:
+            # `_end_step_body` and `join_run`'s tests of an eager decode step of positions alone
+            # that fits its run: no DCP mask or CP split pending, nothing noted, the KV write and
+            # layers the run's steps saw, no attention-DP buffer
+            d = draft
+            kv_rows = d.kv_rows
+            pos = (fb.positions if not replayed and d.kv_mask_pending is None and d.split_pending is None
+                   and d.notes is None and d.layer_rows is None and not d.cp_active
+                   and (kv_rows is None) is st.kv_none and (kv_rows == st.b) is st.kv_full
+                   and (not d.attn_layers) is st.no_layers and records.dp_buffer(fb) is None else None)
+            if pos is not None:
+                row = (step, t, rows_in, st.bs, d.attn_rows_seen, d.ffn_rows, d.logits_rows, kv_rows,
+                       d.ffn_out_rows, d.attn_layers)
+        else:
+            gr = runner.decode_cuda_graph_runner if replayed else None
+            pos = (fb.positions if gr is not None and gr is st.graph_runner and gr.bs == st.graph_bs
+                   and getattr(gr, "captured_req_width", 1) == st.width else None)
+            row = (step, t, rows_in, st.bs, None, None, None, None, None, 0)
     except Exception:
         pos = None
     done = False  # the step went on the run (or failed there, said): the general end must not record it
@@ -506,7 +558,7 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
             if batch is st.batch and batch.run_ is st.run:
                 done = True
                 st.add_part(pos[0] if st.pos_2d else pos)
-                st.add_row((step, t, rows_in, st.bs, None, None, None, None, None, 0))
+                st.add_row(row)
                 st.n = n = st.n + 1  # the batch's counts and the graph counter's, settled later
                 # copy_batches.close_if_due, inline, on this step's clock: sent, the next step opens
                 # a batch by the general end

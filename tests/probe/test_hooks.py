@@ -1156,6 +1156,135 @@ def test_replays_by_the_short_path_write_the_bytes_the_general_path_writes(
         assert short_cost[1] == short_cost[5] + short_cost[6] + short_cost[7]
 
 
+def _eager_decodes_and_turns(probe: Probe, tick: Any) -> int:
+    """Eager decode steps of one rank without DCP (a KV write of one row a request, the first MLP's
+    rows), with every turn that ends their run: a batch of copies filling up, a step that records
+    its reads (every `read_every`-th), a KV write of another size, a write not seen, other
+    requests, a replay, a DCP owner mask, a forward that raised, M-RoPE positions. Returns the
+    number of steps."""
+    decode = Mode("DECODE")
+    runner = GraphedRunner(decode_cuda_graph_runner=GraphRunner(bs=4))
+    # SGLang's block table, which a step that records its reads reads (steps._block_rows)
+    runner.req_to_token_pool = types.SimpleNamespace(  # type: ignore[attr-defined]
+        req_to_token=torch.arange(4 * 16, dtype=torch.int32).reshape(4, 16))
+    mlp = Layer()
+    mlp.register_forward_hook(hooks.on_mlp_input)
+    n = 0
+
+    def step(rids: list[str], kind: str = "eager", write: int | None = None, positions: str = "1d") -> None:
+        nonlocal n
+        n += 1
+        tick()
+        text = [10 * n + k for k in range(len(rids))]
+        pos = (torch.tensor(text) if positions == "1d"
+               else torch.tensor([text, [7] * len(rids), [8] * len(rids)]))  # M-RoPE: text, height, width
+        fb = Batch(decode, torch.arange(len(rids)), pos, list(rids), len(rids))
+        fb.req_pool_indices = torch.arange(len(rids))  # type: ignore[attr-defined]
+        fb.seq_lens_cpu = torch.full((len(rids),), 5)  # type: ignore[attr-defined]
+
+        def forward(r: Any, b: Batch) -> Output:
+            if kind == "raise":
+                raise RuntimeError("boom")
+            if kind == "replay":
+                return Output(can_run_graph=True)
+            rows = len(rids) if write is None else write
+            if rows:
+                k_rows = torch.zeros(rows, 1, 4)
+                loc = torch.arange(rows)
+                mask = loc % 2 == 0 if kind == "mask" else None
+                hooks.after_set_kv_buffer(None, object(), object(), loc, k_rows, k_rows, dcp_kv_mask=mask)
+            return Output(can_run_graph=False, logits=mlp(torch.ones(len(rids), 8)))
+
+        if kind == "raise":
+            with pytest.raises(RuntimeError):
+                hooks.around_model_runner_forward(forward, runner, fb)
+        else:
+            hooks.around_model_runner_forward(forward, runner, fb)
+        assert all(d is not probe.spare for d in probe.drafts)
+
+    ab, abc = ["a", "b"], ["a", "b", "c"]
+    for _ in range(copy_batches.COPY_EVERY + 40):  # a batch fills; steps 32, 64, ... record reads
+        step(ab)
+    step(ab, write=3)  # a KV write of another size
+    for _ in range(3):
+        step(ab)
+    step(ab, write=0)  # no write seen
+    for _ in range(3):
+        step(ab)
+    for _ in range(3):
+        step(abc)
+    step(abc, "replay")
+    for _ in range(3):
+        step(abc)
+    step(abc, "mask")
+    for _ in range(3):
+        step(abc)
+    step(abc, "raise")
+    for _ in range(3):
+        step(abc)
+    for _ in range(3):
+        step(abc, positions="mrope")
+    return n
+
+
+@pytest.mark.parametrize("timing", [False, True], ids=["untimed", "timed"])
+def test_eager_decode_steps_by_the_short_path_write_the_bytes_the_general_path_writes(
+        tmp_path: Path, monkeypatch: MP, timing: bool) -> None:
+    """An eager decode step of positions alone that goes on the run the last step went on takes the
+    short path too (its inner hooks fill the draft as under the general begin); the rank file is
+    the same, byte for byte, and the short path carries most of the steps."""
+    _fake_parallel_state(monkeypatch, 0)
+    general_ends: list[int] = []
+    end = probe_steps._end_step_body
+
+    def counted_end(*a: Any) -> None:
+        general_ends.append(1)
+        end(*a)
+
+    monkeypatch.setattr(probe_steps, "_end_step_body", counted_end)
+
+    def rank_file(short: bool) -> tuple[bytes, int, int, list[int]]:
+        now = [0.0]
+
+        def tick() -> None:
+            now[0] += 1e-5
+
+        p = Probe(tmp_path / ("short" if short else "general"), clock=lambda: now[0], graph_flush_s=1e9)
+        p._start_watchdog = lambda: None  # type: ignore[method-assign]
+        runtime.set_probe(p)
+        try:
+            with monkeypatch.context() as m:
+                if not short:
+                    m.setattr(probe_steps, "_arm_steady", lambda *a: None)
+                hooks.after_initialize_model_parallel(None)
+                p.cp_configured = False
+                p.timing = timing
+                p.read_share = 1e9  # no credit runs out: it spends real time, not the scenario's
+                general_ends.clear()
+                steps = _eager_decodes_and_turns(p, tick)
+                cost = list(p.cost)
+                assert p.flush(timeout=10.0)
+        finally:
+            runtime.set_probe(None)
+            p.close()
+        text = b"".join(line for line in (p.out_dir / "rank0.jsonl").read_bytes().splitlines(keepends=True)
+                        if b'"message":"cost [' not in line)
+        return text, len(general_ends), steps, cost
+
+    general, general_count, steps, general_cost = rank_file(short=False)
+    short, short_count, _, short_cost = rank_file(short=True)
+    assert general_count == steps - 1  # every step but the one that raised ends by the general path
+    assert short_count < steps / 4
+    assert short == general
+    recs = read_records(tmp_path / "short" / "rank0.jsonl")[0]
+    assert len([r for r in recs if isinstance(r, Step)]) == steps - 1
+    assert len([r for r in recs if isinstance(r, Step) and r.kv_read]) >= 8  # every 32nd step's reads
+    counts = {(g.event, g.phase): g.count for g in recs if isinstance(g, Graph)}
+    assert counts == {("eager", "decode"): steps - 2, ("replay", "decode"): 1}
+    if timing:  # each step that returned counted once, whichever path it took
+        assert general_cost[1] == short_cost[1] == steps - 1
+
+
 def test_an_idle_schedulers_loop_sends_and_finishes_the_batch_its_last_steps_left(
         tmp_path: Path, monkeypatch: MP) -> None:
     """D114: no probe thread finishes a busy engine's records; when the engine goes idle, SGLang's
