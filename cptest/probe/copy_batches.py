@@ -402,11 +402,13 @@ def _run_block_line(probe: Probe, batch: CopyBatch, run: Run, k: int, quoted: st
     if note is not None:
         noted.append(note)
     end = first + len(rows) * width
-    positions = batch.rows(range(first, end, width), b)
+    # Positions and slots as the line packs them (int32, records._packed_pos): half the bytes to
+    # hand to the writer process, and a copy of the batch's host memory, which is reused.
+    positions = batch.rows(range(first, end, width), b).astype("<i4")
     mask = batch.rows(range(first + 1, end, width), b) if kv == "mask" else None
     slots = None
     if width == 3 and kv == "mask":
-        slots = _pool_rows(probe, batch.rows(range(first + 2, end, width), b))
+        slots = _pool_rows(probe, batch.rows(range(first + 2, end, width), b)).astype("<i4")
     step, clock, rows_in, _, attn, ffn, logits, _, ffn_out, layers = zip(*rows, strict=True)
     # Made into its line by whoever writes it (records.item_line: the probe's writer process, or
     # `Probe.write_items` here): its `t` is each step's _record_t.
