@@ -116,11 +116,11 @@ can be read against the collector's pauses, and times its own work on the engine
 (`timing`, `cost` notes)."""
 MAX_ERRORS_PER_HOOK = 5
 MAX_SPARE_DRAFTS = 256
-CHORES_S = 0.05
+CHORES_S = 0.1
 """How often the engine's thread does the probe's chores (`Probe.chores`). Each round costs the
-engine tens of microseconds cold (a stat of the switch while measuring, the graph counts, the
-pending work's age); every 50 ms that is under 0.1 % of the engine's time, and no deadline it
-serves is shorter (IDLE_S, the windows' settle time)."""
+engine 30-60 us cold (the pending work's age, the graph counts; while measuring, a stat of the
+switch): every 100 ms that is under 0.06 % of the engine's time, and no deadline it serves is
+shorter (IDLE_S, the measuring windows' settle time)."""
 WATCH_S = 0.5
 """How often the watchdog thread wakes (`Probe._watch_loop`)."""
 IDLE_S = 0.15

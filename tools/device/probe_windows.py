@@ -6,8 +6,8 @@
 
 Each server is an eager SGLang server with the probe on (`CPTEST_PROBE_DIR`, `--forward-hooks`),
 `CPTEST_PROBE_SWITCH=SWITCH` (cptest/probe/runtime.py: the engine's thread reads the file every
-50 ms, in the probe's chores; `off` pauses every per-step hook; the file is replaced whole, never seen half
-written) and `SGLANG_LOG_MS=1` (its log stamps carry milliseconds). The load is a cohort: `conc`
+CHORES_S, in the probe's chores; `off` pauses every per-step hook; the file is replaced whole, never
+seen half written) and `SGLANG_LOG_MS=1` (its log stamps carry milliseconds). The load is a cohort: `conc`
 requests of `prompt` ids sent together, `new` tokens each (ignore_eos), so the decode batch stays
 whole for the cohort's life and its step time changes only with the context, smoothly. (A closed
 loop of independent requests fell into step and refilled with a prefill burst every ~3.5 s, so a
