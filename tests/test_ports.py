@@ -57,3 +57,13 @@ def test_a_block_whose_offset_is_taken_is_never_picked(monkeypatch: pytest.Monke
         monkeypatch.setattr(ports, "ephemeral_low", lambda: busy + 1200)
         picks = {ports.free_block((0, 50), random.Random(seed)) for seed in range(40)}
         assert picks and all(busy not in (p, p + 50) for p in picks)
+
+
+def test_free_slots_are_whole_suite_slots_of_bindable_ports() -> None:
+    from cptest.suite.machine import SLOT_STRIDE
+
+    base = ports.free_slots(3)
+    assert all(ports.bindable(base + k) for k in range(3 * SLOT_STRIDE))
+    low = ports.ephemeral_low()
+    if low is not None and low > ports.FLOOR + 3 * SLOT_STRIDE + 1000:
+        assert base >= ports.FLOOR and base + 3 * SLOT_STRIDE <= low

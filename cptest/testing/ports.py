@@ -66,3 +66,13 @@ def free_block(offsets: Iterable[int], rng: random.Random | None = None) -> int:
         if all(bindable(base + k) for k in wanted):
             return base
     raise RuntimeError(f"no free block of ports at offsets {wanted} below {top + wanted[-1]}")
+
+
+def free_slots(slots: int, rng: random.Random | None = None) -> int:
+    """A first port from which `slots` of a suite's port slots (`suite.machine.SLOT_STRIDE` ports
+    each) are bindable now, below the ephemeral range: a claimed slot's server, or a test itself,
+    binds its ports a moment later, which a client connection's local port or a TIME_WAIT there
+    would refuse (`suite.port_claims.ports_free` looks for listeners only)."""
+    from cptest.suite.machine import SLOT_STRIDE
+
+    return free_block(range(SLOT_STRIDE * slots), rng)

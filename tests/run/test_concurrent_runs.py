@@ -22,9 +22,9 @@ import pytest
 
 from cptest.evidence import Lifecycle, ProcessSample, read_records
 from cptest.run.models import make_named
-from cptest.suite.machine import PORT_BLOCK, SLOT_STRIDE
-from cptest.suite.port_claims import BASE_ENV, CLAIMS_ENV, ports_free
-from cptest.testing.ports import free_block
+from cptest.suite.machine import SLOT_STRIDE
+from cptest.suite.port_claims import BASE_ENV, CLAIMS_ENV
+from cptest.testing.ports import free_slots
 
 from conftest import free_port  # isort: skip
 
@@ -69,12 +69,6 @@ scenario concurrent_tiny {
 """
 
 
-def _free_base(slots: int) -> int:
-    """A first port from which `slots` slots are bindable now, below the kernel's ephemeral range,
-    where no client connection of the test run takes a local port before the runs' servers bind."""
-    base = free_block(range(SLOT_STRIDE * slots))
-    assert all(ports_free(base + SLOT_STRIDE * k, base + SLOT_STRIDE * k + PORT_BLOCK) for k in range(slots))
-    return base
 
 
 @pytest.mark.parametrize("ports", ["given", "claimed"])
@@ -92,7 +86,7 @@ def test_four_concurrent_runs_of_one_scenario_each_pass_on_their_own_server(tmp_
             if p not in chosen:
                 chosen.append(p)
     else:  # no --ports: each run claims a slot in a claims folder of this test's own
-        base = _free_base(RUNS)
+        base = free_slots(RUNS)
         env.update({CLAIMS_ENV: str(tmp_path / "claims"), BASE_ENV: str(base)})
     runs = []
     t0 = time.monotonic()

@@ -20,20 +20,10 @@ from cptest.suite.port_claims import (
     CLAIMS_ENV,
     claim_slot,
     port_base,
-    ports_free,
     try_claim,
 )
 from cptest.suite.schedule import Pool
-from cptest.testing.ports import free_block
-
-
-def _base(slots: int = 3) -> int:
-    """A first slot whose `slots` slots are bindable now, below the kernel's ephemeral range: a
-    test binds ports of them itself, which a client connection's local port or a TIME_WAIT there
-    would refuse (ports_free looks for listeners only)."""
-    base = free_block(range(SLOT_STRIDE * slots))
-    assert all(ports_free(base + SLOT_STRIDE * k, base + SLOT_STRIDE * k + PORT_BLOCK) for k in range(slots))
-    return base
+from cptest.testing.ports import free_slots
 
 
 @pytest.fixture
@@ -44,7 +34,7 @@ def claims(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_two_claims_get_two_slots_and_a_released_slot_is_taken_again(claims: Path) -> None:
-    base = _base()
+    base = free_slots(3)
     first, second = claim_slot(base), claim_slot(base)
     assert (first.main, first.baseline) == (base, base + PORT_BLOCK)
     assert second.main == base + SLOT_STRIDE  # the first slot is held, even by this very process
@@ -56,7 +46,7 @@ def test_two_claims_get_two_slots_and_a_released_slot_is_taken_again(claims: Pat
 
 
 def test_a_slot_something_listens_on_is_passed_over(claims: Path) -> None:
-    base = _base()
+    base = free_slots(3)
     with socket.socket() as s:
         s.bind(("127.0.0.1", base + PORT_BLOCK + 7))  # inside the first slot's baseline block
         s.listen()
@@ -71,7 +61,7 @@ def test_a_slot_something_listens_on_is_passed_over(claims: Path) -> None:
 
 
 def test_a_claim_ends_with_its_holder_even_when_it_is_killed(claims: Path, tmp_path: Path) -> None:
-    base = _base()
+    base = free_slots(3)
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
         from cptest.suite.port_claims import claim_slot
@@ -93,7 +83,7 @@ def test_a_claim_ends_with_its_holder_even_when_it_is_killed(claims: Path, tmp_p
 
 
 def test_every_slot_taken_is_an_infrastructure_error_naming_the_way_out(claims: Path) -> None:
-    base = _base(2)
+    base = free_slots(2)
     held = [claim_slot(base) for _ in range(2)]
     try:
         with pytest.raises(RunError) as e:
@@ -120,7 +110,7 @@ def test_the_suites_pool_takes_only_slots_it_could_claim(claims: Path) -> None:
     from cptest.suite.demand import Demand
     from cptest.suite.machine import Machine
 
-    base = _base()
+    base = free_slots(3)
     outside = claim_slot(base)  # another cptest process's run, as far as the suite can tell
     try:
         pool = Pool(Machine({0: 80_000}, tuple(range(8)), port_base=base), claim=try_claim)
