@@ -2,12 +2,13 @@
 
 Making a batch's `steps` lines and pool-sample lines is most of finishing it (`CopyBatch.run`), and
 the probe finishes batches on the engine's thread: a writer thread would take the GIL from the
-engine instead (D114). A process of its own takes nothing from it. The probe sends each batch's
-items as they are (`records.item_line`: lines made already, `steps` fields with their arrays, pool
-samples) in one pickled message down a pipe, and every other line it writes down the same pipe, so
-the file's lines keep their order. The process makes the lines with the same functions the probe
-would use and appends them to the rank file: the file is byte for byte what the probe writes
-itself (`Probe.write_items`, which it does when no writer process runs).
+engine instead (docs/architecture.md, "Evidence"). A process of its own takes nothing from it.
+The probe sends each batch's items as they are (`records.item_line`: lines made already, `steps`
+fields with their arrays, pool samples) in one pickled message down a pipe, and every other line
+it writes down the same pipe, so the file's lines keep their order. The process makes the lines
+with the same functions the probe would use and appends them to the rank file: the file is byte
+for byte what the probe writes itself (`Probe.write_items`, which it does when no writer process
+runs).
 
 The process stays in the engine's process group, so that a kill of the group ends it with the
 engine: nothing reaches the rank file after the runner has stopped the server and sealed its
