@@ -9,7 +9,7 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -1095,13 +1095,25 @@ def _replays_and_turns(probe: Probe, tick: Any = None) -> int:
     return n
 
 
-@pytest.mark.parametrize("timing", [False, True], ids=["untimed", "timed"])
-def test_replays_by_the_short_path_write_the_bytes_the_general_path_writes(
-        tmp_path: Path, monkeypatch: MP, timing: bool) -> None:
-    """D74: a replay that goes on the run of replays the last step went on takes the short path
-    (`steps._steady_forward`); the rank file is the same, byte for byte, as when every step takes
-    the general one. The short path must actually carry most of the steps (or the test proves
-    nothing), and the timing probe counts every step once, whichever path it took."""
+class PathRun(NamedTuple):
+    """What one path's run of a scenario wrote and did (`_by_each_path`)."""
+
+    text: bytes
+    """The rank file, without the timing probe's cost notes (they hold clock readings)."""
+    general_ends: int
+    """Steps that ended by the general path (`steps._end_step_body`)."""
+    steps: int
+    cost: list[int]
+    """`Probe.cost` before the flush."""
+
+
+def _by_each_path(tmp_path: Path, monkeypatch: MP, scenario: Callable[[Probe, Any], int],
+                  timing: bool) -> tuple[PathRun, PathRun]:
+    """The same scenario with the short path taken where it can be (`steps._arm_steady`) and
+    with every step taken by the general one: what each wrote and how many steps ended by the
+    general path. The clock moves 10 us a step, moved by the scenario: the two paths read it a
+    different number of times, and no batch grows old enough for the engine to send it before it
+    is full. The reads' credit never runs out: it spends real time, not the scenario's."""
     _fake_parallel_state(monkeypatch, 0)
     general_ends: list[int] = []
     end = probe_steps._end_step_body
@@ -1112,9 +1124,7 @@ def test_replays_by_the_short_path_write_the_bytes_the_general_path_writes(
 
     monkeypatch.setattr(probe_steps, "_end_step_body", counted_end)
 
-    def rank_file(short: bool) -> tuple[bytes, int, list[int]]:
-        # 10 us a step, moved by the scenario: the two paths read the clock a different number of
-        # times, and no batch grows old enough for the engine to send it before it is full
+    def run(short: bool) -> PathRun:
         now = [0.0]
 
         def tick() -> None:
@@ -1130,30 +1140,39 @@ def test_replays_by_the_short_path_write_the_bytes_the_general_path_writes(
                 hooks.after_initialize_model_parallel(None)
                 p.cp_configured = False  # SGLang's CP module is loaded: the configuration is known
                 p.timing = timing
+                p.read_share = 1e9
                 general_ends.clear()
-                steps = _replays_and_turns(p, tick)
+                steps = scenario(p, tick)
                 cost = list(p.cost)
                 assert p.flush(timeout=10.0)
         finally:
             runtime.set_probe(None)
             p.close()
-        # a timing probe's cost notes hold clock readings: the rest must be the same bytes
         text = b"".join(line for line in (p.out_dir / "rank0.jsonl").read_bytes().splitlines(keepends=True)
                         if b'"message":"cost [' not in line)
-        return text, len(general_ends), [steps, *cost]
+        return PathRun(text, len(general_ends), steps, cost)
 
-    general, general_count, general_cost = rank_file(short=False)
-    short, short_count, short_cost = rank_file(short=True)
-    steps = general_cost[0]
-    assert general_count == steps - 1  # every step but the one that raised ends by the general path
-    assert short_count < steps / 2  # most end by the short one
-    assert short == general
+    return run(short=False), run(short=True)
+
+
+@pytest.mark.parametrize("timing", [False, True], ids=["untimed", "timed"])
+def test_replays_by_the_short_path_write_the_bytes_the_general_path_writes(
+        tmp_path: Path, monkeypatch: MP, timing: bool) -> None:
+    """D74: a replay that goes on the run of replays the last step went on takes the short path
+    (`steps._steady_forward`); the rank file is the same, byte for byte, as when every step takes
+    the general one. The short path must actually carry most of the steps (or the test proves
+    nothing), and the timing probe counts every step once, whichever path it took."""
+    general, short = _by_each_path(tmp_path, monkeypatch, _replays_and_turns, timing)
+    steps = general.steps
+    assert general.general_ends == steps - 1  # every step but the one that raised ends by the general path
+    assert short.general_ends < steps / 2  # most end by the short one
+    assert short.text == general.text
     recs = read_records(tmp_path / "short" / "rank0.jsonl")[0]
     # every step but the one that raised and the replay without a readable padded size
     assert len([r for r in recs if isinstance(r, Step)]) == steps - 2
-    if timing:  # [steps, probe ns, counted steps, ...]: each step that returned counted once
-        assert general_cost[2] == short_cost[2] == steps - 1
-        assert short_cost[1] == short_cost[5] + short_cost[6] + short_cost[7]
+    if timing:  # [probe ns, counted steps, ...]: each step that returned counted once
+        assert general.cost[1] == short.cost[1] == steps - 1
+        assert short.cost[0] == short.cost[4] + short.cost[5] + short.cost[6]
 
 
 def _eager_decodes_and_turns(probe: Probe, tick: Any) -> int:
@@ -1233,56 +1252,18 @@ def test_eager_decode_steps_by_the_short_path_write_the_bytes_the_general_path_w
     """An eager decode step of positions alone that goes on the run the last step went on takes the
     short path too (its inner hooks fill the draft as under the general begin); the rank file is
     the same, byte for byte, and the short path carries most of the steps."""
-    _fake_parallel_state(monkeypatch, 0)
-    general_ends: list[int] = []
-    end = probe_steps._end_step_body
-
-    def counted_end(*a: Any) -> None:
-        general_ends.append(1)
-        end(*a)
-
-    monkeypatch.setattr(probe_steps, "_end_step_body", counted_end)
-
-    def rank_file(short: bool) -> tuple[bytes, int, int, list[int]]:
-        now = [0.0]
-
-        def tick() -> None:
-            now[0] += 1e-5
-
-        p = Probe(tmp_path / ("short" if short else "general"), clock=lambda: now[0], graph_flush_s=1e9)
-        p._start_watchdog = lambda: None  # type: ignore[method-assign]
-        runtime.set_probe(p)
-        try:
-            with monkeypatch.context() as m:
-                if not short:
-                    m.setattr(probe_steps, "_arm_steady", lambda *a: None)
-                hooks.after_initialize_model_parallel(None)
-                p.cp_configured = False
-                p.timing = timing
-                p.read_share = 1e9  # no credit runs out: it spends real time, not the scenario's
-                general_ends.clear()
-                steps = _eager_decodes_and_turns(p, tick)
-                cost = list(p.cost)
-                assert p.flush(timeout=10.0)
-        finally:
-            runtime.set_probe(None)
-            p.close()
-        text = b"".join(line for line in (p.out_dir / "rank0.jsonl").read_bytes().splitlines(keepends=True)
-                        if b'"message":"cost [' not in line)
-        return text, len(general_ends), steps, cost
-
-    general, general_count, steps, general_cost = rank_file(short=False)
-    short, short_count, _, short_cost = rank_file(short=True)
-    assert general_count == steps - 1  # every step but the one that raised ends by the general path
-    assert short_count < steps / 4
-    assert short == general
+    general, short = _by_each_path(tmp_path, monkeypatch, _eager_decodes_and_turns, timing)
+    steps = general.steps
+    assert general.general_ends == steps - 1  # every step but the one that raised ends by the general path
+    assert short.general_ends < steps / 4
+    assert short.text == general.text
     recs = read_records(tmp_path / "short" / "rank0.jsonl")[0]
     assert len([r for r in recs if isinstance(r, Step)]) == steps - 1
     assert len([r for r in recs if isinstance(r, Step) and r.kv_read]) >= 8  # every 32nd step's reads
     counts = {(g.event, g.phase): g.count for g in recs if isinstance(g, Graph)}
     assert counts == {("eager", "decode"): steps - 2, ("replay", "decode"): 1}
     if timing:  # each step that returned counted once, whichever path it took
-        assert general_cost[1] == short_cost[1] == steps - 1
+        assert general.cost[1] == short.cost[1] == steps - 1
 
 
 def test_an_idle_schedulers_loop_sends_and_finishes_the_batch_its_last_steps_left(
