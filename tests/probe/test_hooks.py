@@ -638,6 +638,19 @@ def test_a_switched_off_probe_records_no_step_until_switched_on(tmp_path: Path, 
         p.close()
 
 
+def _count_general_ends(monkeypatch: MP) -> list[int]:
+    """A list that grows by one for each step that ends by the general path (`steps._end_step_body`)."""
+    ends: list[int] = []
+    end = probe_steps._end_step_body
+
+    def counted_end(*a: Any) -> None:
+        ends.append(1)
+        end(*a)
+
+    monkeypatch.setattr(probe_steps, "_end_step_body", counted_end)
+    return ends
+
+
 def test_replays_on_the_short_path_stop_being_recorded_when_switched_off_and_are_all_counted(
         tmp_path: Path, monkeypatch: MP) -> None:
     """The short path of a run of replays asks neither whether the probe is paused nor counts each
@@ -647,14 +660,7 @@ def test_replays_on_the_short_path_stop_being_recorded_when_switched_off_and_are
     switch = tmp_path / "switch"
     p = Probe(tmp_path / "probe", graph_flush_s=1e9, switch=switch)
     runtime.set_probe(p)
-    general: list[int] = []
-    end = probe_steps._end_step_body
-
-    def counted_end(*a: Any) -> None:
-        general.append(1)
-        end(*a)
-
-    monkeypatch.setattr(probe_steps, "_end_step_body", counted_end)
+    general = _count_general_ends(monkeypatch)
     try:
         _fake_parallel_state(monkeypatch, 0)
         hooks.after_initialize_model_parallel(None)
@@ -1115,14 +1121,7 @@ def _by_each_path(tmp_path: Path, monkeypatch: MP, scenario: Callable[[Probe, An
     different number of times, and no batch grows old enough for the engine to send it before it
     is full. The reads' credit never runs out: it spends real time, not the scenario's."""
     _fake_parallel_state(monkeypatch, 0)
-    general_ends: list[int] = []
-    end = probe_steps._end_step_body
-
-    def counted_end(*a: Any) -> None:
-        general_ends.append(1)
-        end(*a)
-
-    monkeypatch.setattr(probe_steps, "_end_step_body", counted_end)
+    general_ends = _count_general_ends(monkeypatch)
 
     def run(short: bool) -> PathRun:
         now = [0.0]
