@@ -651,6 +651,26 @@ def _count_general_ends(monkeypatch: MP) -> list[int]:
     return ends
 
 
+def _two_request_replays(monkeypatch: MP, p: Probe, calls: list[int]) -> Callable[[int], None]:
+    """`p` bound to a rank whose CP configuration is known, and a step that replays a decode graph
+    of requests a and b at positions `pos` and `pos + 1000` (each forward appends to `calls`)."""
+    _fake_parallel_state(monkeypatch, 0)
+    hooks.after_initialize_model_parallel(None)
+    p.cp_configured = False
+    runner = GraphedRunner(decode_cuda_graph_runner=GraphRunner(bs=2))
+    decode = Mode("DECODE")
+
+    def replay(r: Any, fb: Batch) -> Output:
+        calls.append(1)
+        return Output(can_run_graph=True)
+
+    def step(pos: int) -> None:
+        fb = Batch(decode, torch.arange(2), torch.tensor([pos, pos + 1000]), ["a", "b"], 2)
+        hooks.around_model_runner_forward(replay, runner, fb)
+
+    return step
+
+
 def test_replays_on_the_short_path_stop_being_recorded_when_switched_off_and_are_all_counted(
         tmp_path: Path, monkeypatch: MP) -> None:
     """The short path of a run of replays asks neither whether the probe is paused nor counts each
@@ -662,21 +682,12 @@ def test_replays_on_the_short_path_stop_being_recorded_when_switched_off_and_are
     runtime.set_probe(p)
     general = _count_general_ends(monkeypatch)
     try:
-        _fake_parallel_state(monkeypatch, 0)
-        hooks.after_initialize_model_parallel(None)
-        p.cp_configured = False
-        runner = GraphedRunner(decode_cuda_graph_runner=GraphRunner(bs=2))
-        decode = Mode("DECODE")
         calls: list[int] = []
-
-        def replay(r: Any, fb: Batch) -> Output:
-            calls.append(1)
-            return Output(can_run_graph=True)
+        replay = _two_request_replays(monkeypatch, p, calls)
 
         def steps(first: int, n: int) -> None:
             for pos in range(first, first + n):
-                fb = Batch(decode, torch.arange(2), torch.tensor([pos, pos + 1000]), ["a", "b"], 2)
-                hooks.around_model_runner_forward(replay, runner, fb)
+                replay(pos)
 
         steps(0, 20)
         assert p.steady is not None  # armed: the next replays take the short path
@@ -709,19 +720,7 @@ def test_a_batch_taken_by_another_thread_while_a_replay_goes_on_it_is_sent_with_
     p._start_watchdog = lambda: None  # type: ignore[method-assign]  # this test plays the watchdog
     runtime.set_probe(p)
     try:
-        _fake_parallel_state(monkeypatch, 0)
-        hooks.after_initialize_model_parallel(None)
-        p.cp_configured = False
-        runner = GraphedRunner(decode_cuda_graph_runner=GraphRunner(bs=2))
-        decode = Mode("DECODE")
-
-        def replay(r: Any, fb: Batch) -> Output:
-            return Output(can_run_graph=True)
-
-        def step(pos: int) -> None:
-            fb = Batch(decode, torch.arange(2), torch.tensor([pos, pos + 1000]), ["a", "b"], 2)
-            hooks.around_model_runner_forward(replay, runner, fb)
-
+        step = _two_request_replays(monkeypatch, p, [])
         for pos in range(5):
             step(pos)
         st = p.steady
