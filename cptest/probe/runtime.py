@@ -287,7 +287,8 @@ class Probe:
         self._lines: list[bytes] = []
         self.rid_text = RidText()
         self.copies: CopyBatch | None = None
-        """The copy batch being filled with steps' device tensors for deferred work, under copy_lock."""
+        """The copy batch being filled with steps' device tensors for deferred work, under copy_lock
+        (the step hook's short path appends to it without the lock: `in_steady`)."""
         self.copy_lock = threading.RLock()
         self.batches: BatchRecorder | None = None
         """The copy batches as the runtime drives them; None until the first batch opens."""
