@@ -145,8 +145,7 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
             step = int(scheduler.forward_ct)
             idle = running == 0 and waiting == 0
             busy = not idle
-            if (not idle and last is not None  # PoolSampler.too_soon, inline
-                    and (step - last < sampler.every or (step - last < sampler.quiet_every and not waiting))):
+            if sampler.too_soon(step, idle, waiting):
                 return  # too soon, whatever the pools say
             read = True
             alloc = scheduler.token_to_kv_pool_allocator

@@ -60,7 +60,7 @@ from pydantic import BaseModel
 
 from cptest.evidence import ProbeNote, RankId, dump_record
 from cptest.probe.line_writer import LineWriter
-from cptest.probe.records import GraphCounter, RidText, StepDraft, item_line, late_line
+from cptest.probe.records import GraphCounter, RidText, StepDraft, item_line
 from cptest.store import rank_file_name
 
 if TYPE_CHECKING:
@@ -428,13 +428,11 @@ class Probe:
         return rids
 
     def text(self, record: Record) -> str:
-        """A record's JSON line: as given (a str), made now from what was taken when the record
-        was made (a tuple, `records.late_line`), or pydantic's."""
-        if isinstance(record, str):
-            return record
-        if record.__class__ is tuple:
-            return late_line(record, self.t0)  # type: ignore[arg-type]
-        return dump_record(record)  # type: ignore[arg-type]
+        """A record's JSON line: pydantic's, or that of a line or a record made late
+        (`records.item_line`)."""
+        if isinstance(record, BaseModel):
+            return dump_record(record)
+        return item_line(record, self.t0)
 
     def _write_now(self, record: Record) -> None:
         line = (self.text(record) + "\n").encode()

@@ -484,23 +484,17 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
         pending = probe._pending  # Probe.run_ready, inline: finishing due goes by the general path
         fm = fb.forward_mode
         rids = fb.rids
-        # (the batch being filled is never ready: its copies are not sent yet)
-        if ((pending and pending[0][1] is not probe.copies and pending[0][1].ready())
-                or (fm is not st.mode and _step_mode(fm) != "decode") or fb.batch_size != st.bs
-                or (rids is not st.rids and rids != st.rids)):  # the same requests: equal item by item
-            probe.settle_steady(disarm=True)
-            if timed:
-                _count_checks(probe.cost, t0)
-            return _NOT_STEADY
-        rows_in = fb.input_ids.shape[0]  # an int (Tensor.__len__ is Python, and slower)
         step = probe.step_index + 1
         read_every = probe.read_every
-        if st.eager and read_every and step % read_every == 0:  # it records its reads: the general end
-            probe.settle_steady(disarm=True)
-            if timed:
-                _count_checks(probe.cost, t0)
-            return _NOT_STEADY
+        # (the batch being filled is never ready: its copies are not sent yet)
+        fits = not ((pending and pending[0][1] is not probe.copies and pending[0][1].ready())
+                    or (fm is not st.mode and _step_mode(fm) != "decode") or fb.batch_size != st.bs
+                    or (rids is not st.rids and rids != st.rids)  # the same requests: equal item by item
+                    or (st.eager and read_every and step % read_every == 0))  # its reads: the general end
+        rows_in = fb.input_ids.shape[0] if fits else 0  # an int (Tensor.__len__ is Python, and slower)
     except Exception:  # something the general path reads otherwise, and says why
+        fits = False
+    if not fits:
         probe.settle_steady(disarm=True)
         if timed:
             _count_checks(probe.cost, t0)
