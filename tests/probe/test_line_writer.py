@@ -3,6 +3,7 @@ does when it is gone or never starts."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -112,15 +113,29 @@ def test_a_writer_that_cannot_start_leaves_the_probe_writing_the_file_itself(
     assert any("writer process did not start" in m and "no-python" in m for m in messages)
 
 
-def test_the_writer_starts_with_a_python_that_finds_cptest_only_through_the_probe(
+def test_the_writer_is_told_where_cptest_lies_before_any_path_of_the_engine(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """SGLang's processes import the probe from wherever cptest lies: the writer is told where."""
-    monkeypatch.delenv("PYTHONPATH", raising=False)
+    """SGLang's processes import the probe from wherever cptest lies (a copied tree on the GPU
+    machine, not an installed package): the writer gets that directory first on its PYTHONPATH,
+    then the engine's own, and runs on the engine's interpreter."""
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     monkeypatch.chdir(tmp_path)
+    seen: list[tuple[list[str], dict[str, str]]] = []
+    popen = line_writer.subprocess.Popen
+
+    def recording(args: list[str], **kw: object) -> object:
+        seen.append((args, dict(kw["env"])))  # type: ignore[call-overload]
+        return popen(args, **kw)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(line_writer.subprocess, "Popen", recording)
     writer, why = LineWriter.start(tmp_path / "rank2.jsonl", 0.0, RANK_JSON)
     assert writer is not None, why
-    assert writer.proc.args[0] == sys.executable  # type: ignore[index]
     assert writer.close(10.0)
+    ((args, env),) = seen
+    root = str(Path(line_writer.__file__).resolve().parents[2])
+    assert args[:3] == [sys.executable, "-m", "cptest.probe.line_writer"]
+    assert env["PYTHONPATH"].split(os.pathsep) == [root, "/elsewhere"]
+    assert (Path(root) / "cptest" / "probe" / "line_writer.py").is_file()
 
 
 def test_a_terminated_writer_still_writes_what_it_received_once_the_engine_ends_the_pipe(
