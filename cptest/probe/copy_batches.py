@@ -20,6 +20,7 @@ import re
 import sys
 import time
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any
 
 from cptest.probe import records
@@ -49,6 +50,8 @@ step recording compares them by identity."""
 WHICH_POS, _WHICH_POS_MASK = WHICH[True, False, False, False, False], WHICH[True, True, False, False, False]
 _WHICH_POS_MASK_SLOTS = WHICH[True, True, False, True, False]
 WHICH_NONE = WHICH[False, False, False, False, False]
+_MIXED = object()
+"""`CopyBatch.dtype` of a batch whose parts have several dtypes."""
 NO_RIDS: list[str] = []
 """What a run given back holds instead of its requests' ids (it keeps no list of SGLang's alive)."""
 
@@ -58,14 +61,14 @@ class Run:
     requests (the same list, `Probe.same_rids`), tensors, graph size, CP and KV-write shape. Each
     step is kept as a row of its plain values, so the step's draft goes straight back to the probe
     for the next step instead of waiting for the copies, and the batch's `run()` builds the line
-    from columns. `rows`: (step, t, rows_in, batch_size, attn_rows, ffn_rows, logits_rows,
+    from columns. `rows`: (step, t, rows_in (None: see `ids`), batch_size, attn_rows, ffn_rows, logits_rows,
     kv_rows, ffn_out_rows, layers) per step; `first`: the index of the first step's first tensor in
     the batch, the steps' tensors following one another (`len(which)` each). Runs are reused, as drafts are
     (`open`, `Probe.runs`): a fresh one per run would live until its batch is finished, long
     enough for Python's collector to move it to its oldest generation (see StepDraft); the rows,
     tuples of plain values, the collector stops tracking at its first look."""
 
-    __slots__ = ("rids", "which", "cp_configured", "graph_rows", "kv_none", "kv_full", "first", "rows",
+    __slots__ = ("rids", "which", "cp_configured", "graph_rows", "kv_none", "kv_full", "first", "rows", "ids",
                  "pos_2d", "layers", "b")
 
     def __init__(self) -> None:
@@ -84,6 +87,10 @@ class Run:
         self.kv_none = self.kv_full = False
         self.first = 0
         self.rows: list[tuple[Any, ...]] = []
+        self.ids: list[Any] = []
+        """Beside each row: None, or the input ids of a step whose row holds None for its rows_in
+        (the step hook's short path), counted when the batch is finished (`rows_in_of`). A row
+        holds plain values alone, which Python's collector stops tracking."""
 
     @staticmethod
     def open(probe: Probe, draft: StepDraft, first: int) -> Run:
@@ -108,6 +115,7 @@ class Run:
     def close(self, probe: Probe) -> None:
         """Give the run back for reuse, its lines made."""
         self.rows.clear()
+        self.ids.clear()
         self.rids = NO_RIDS
         runs = probe.runs
         if len(runs) < _runtime.MAX_SPARE_DRAFTS:
@@ -116,6 +124,8 @@ class Run:
     def draft(self, probe: Probe, k: int) -> StepDraft:
         """Step `k` as the draft it was made from (a spare one, filled again)."""
         step, t, rows_in, batch_size, attn, ffn, logits, kv_rows, ffn_out, layers = self.rows[k]
+        if rows_in is None:
+            rows_in = rows_in_of(self.ids[k])
         rids = self.rids
         try:  # the watchdog may finish batches while the engine's thread takes drafts too
             d = probe.drafts.pop()
@@ -156,7 +166,7 @@ class CopyBatch:
     """
 
     __slots__ = ("probe", "born", "parts", "steps", "device", "stream", "sizes", "where", "host",
-                 "done", "values_", "items", "run_", "arrived", "later", "held_rows")
+                 "done", "values_", "items", "run_", "arrived", "later", "held_rows", "dtype", "ends")
 
     def __init__(self, probe: Probe, born: float) -> None:
         self.probe = probe
@@ -168,9 +178,18 @@ class CopyBatch:
         self.device: Any = None
         self.stream: Any = None
         self.sizes: list[int] = []
-        """Values of each part (known once sent)."""
+        """Values of each part, 1-D (see `dtype`). A run's steps appended after the general path's
+        (`join_run`, the step hook's short path) are one request's position each, the run's `b`
+        values: they get their sizes together, when the batch next adds a step, ends the run or is
+        sent (`_size_run_parts`)."""
+        self.dtype: Any = None
+        """The dtype of every part added by `add`, or _MIXED. A run's later parts are its positions
+        too, of its first step's dtype: `send` checks that the concatenation says so."""
         self.where: list[tuple[int, int, int]] = []
-        """Part -> (its dtype's group, start, end) in that group's host copy."""
+        """Part -> (its dtype's group, start, end) in that group's host copy, made by `_cat` for
+        a batch of several dtypes (`span`)."""
+        self.ends: list[int] = []
+        """Each part's end in the one host copy of a batch of one dtype (`span`)."""
         self.host: Any = None
         self.done: Any = None
         self.values_: Any = None
@@ -191,7 +210,9 @@ class CopyBatch:
         """Hold one step and its tensors. True when the step joined a run: its draft is free again
         (the run keeps its values); False when the batch keeps the draft (`draft.first` is the
         index of its first tensor)."""
-        first = len(self.parts)
+        self._size_run_parts()
+        parts = self.parts
+        first = len(parts)
         if tensors:
             if self.device is None:
                 self.device = tensors[0].device
@@ -199,7 +220,18 @@ class CopyBatch:
                     self.stream = sys.modules["torch"].cuda.current_stream(self.device)
             if self.stream is None:
                 tensors = [t.clone() for t in tensors]  # host tensors: the caller may change them
-            self.parts.extend(tensors)
+            dtype, sizes = self.dtype, self.sizes
+            for t in tensors:
+                if t.dim() != 1:
+                    t = t.reshape(-1)
+                d = t.dtype
+                if dtype is None:
+                    dtype = d
+                elif d is not dtype:
+                    dtype = _MIXED
+                parts.append(t)
+                sizes.append(t.numel())
+            self.dtype = dtype
         self.steps += 1
         which, rids = draft.which, draft.rids
         if ((which is WHICH_POS or which is _WHICH_POS_MASK or which is _WHICH_POS_MASK_SLOTS)
@@ -216,6 +248,7 @@ class CopyBatch:
                     self.end_run()
                 run = self.run_ = Run.open(self.probe, draft, first)
                 self.items.append(run)
+            run.ids.append(None)
             run.rows.append((draft.step, draft.t, draft.rows_in, draft.batch_size, draft.attn_rows_seen,
                              draft.ffn_rows, draft.logits_rows, kv_rows, draft.ffn_out_rows,
                              draft.attn_layers))
@@ -226,8 +259,16 @@ class CopyBatch:
         self.items.append(draft)
         return False
 
+    def _size_run_parts(self) -> None:
+        """The sizes of the parts appended to the run being filled since the batch last added a
+        step (`sizes`): `b` each, one position per request."""
+        missing = len(self.parts) - len(self.sizes)
+        if missing > 0 and self.run_ is not None:
+            self.sizes.extend([self.run_.b] * missing)
+
     def end_run(self) -> None:
         """No further step joins the run being filled: the pool samples made during it follow it."""
+        self._size_run_parts()
         self.run_ = None
         later = self.later
         if later:
@@ -244,16 +285,41 @@ class CopyBatch:
         if self.host is not None:
             return
         torch = sys.modules["torch"]
+        self._size_run_parts()
+        parts = self.parts
+        if not parts:
+            self.host = ()  # steps without tensors: nothing to wait for
+        elif self.stream is None:
+            self.host = self._cat(torch)
+        elif on_engine_thread and torch.cuda.current_stream(self.device) == self.stream:
+            self._copy(torch)  # already on the steps' stream (2.9 us to ask, 8.8 to enter)
+        else:
+            with torch.cuda.stream(self.stream):
+                self._copy(torch)
+        self.parts = []
+
+    def _cat(self, torch: Any) -> list[Any]:
+        """The parts concatenated, one tensor per dtype. Parts of one dtype (a run of positions,
+        the usual batch) go into one `torch.cat` as they are: asking each part its size and dtype
+        cost more than the concatenation once the engine's work left the caches cold. The result
+        must then hold every value `sizes` says, in that dtype (a run's later parts are not asked
+        one by one); otherwise, and for parts of several dtypes, each part is asked."""
+        parts, dtype = self.parts, self.dtype
+        if dtype is not None and dtype is not _MIXED and len(self.sizes) == len(parts):
+            whole = torch.cat(parts)
+            if whole.dtype == dtype and whole.numel() == sum(self.sizes):
+                return [whole]
         index: dict[Any, int] = {}
         groups: list[list[Any]] = []
         totals: list[int] = []
-        where, sizes = self.where, self.sizes
-        for t in self.parts:
+        where: list[tuple[int, int, int]] = []
+        sizes: list[int] = []
+        for t in parts:
             n = t.numel()
-            dtype = t.dtype
-            g = index.get(dtype)
+            d = t.dtype
+            g = index.get(d)
             if g is None:
-                g = index[dtype] = len(groups)
+                g = index[d] = len(groups)
                 groups.append([])
                 totals.append(0)
             start = totals[g]
@@ -261,20 +327,12 @@ class CopyBatch:
             where.append((g, start, start + n))
             sizes.append(n)
             groups[g].append(t if t.dim() == 1 else t.reshape(-1))
-        if not groups:
-            self.host = ()  # steps without tensors: nothing to wait for
-        elif self.stream is None:
-            self.host = [torch.cat(g) for g in groups]
-        elif on_engine_thread and torch.cuda.current_stream(self.device) == self.stream:
-            self._copy(torch, groups)  # already on the steps' stream (2.9 us to ask, 8.8 to enter)
-        else:
-            with torch.cuda.stream(self.stream):
-                self._copy(torch, groups)
-        self.parts = []
+        self.where, self.sizes = where, sizes
+        return [torch.cat(g) for g in groups]
 
-    def _copy(self, torch: Any, groups: list[list[Any]]) -> None:
+    def _copy(self, torch: Any) -> None:
         """The copies, on the steps' stream (the current one: `send` made sure)."""
-        self.host = [torch.cat(g).to("cpu", non_blocking=True) for g in groups]
+        self.host = [whole.to("cpu", non_blocking=True) for whole in self._cat(torch)]
         self.done = torch.cuda.Event()
         self.done.record(self.stream)  # the current stream, named: Event.record would look it up
 
@@ -303,16 +361,28 @@ class CopyBatch:
             if done is not None and not self.arrived:
                 done.synchronize()
             self.values_ = [h.numpy() for h in self.host]
-        g, start, end = self.where[i]
+        g, start, end = self.span(i)
         return self.values_[g][start:end]
+
+    def span(self, i: int) -> tuple[int, int, int]:
+        """Part `i`'s (dtype group, start, end) in its group's host copy. A batch of one dtype, sent
+        as one concatenation (`_cat`), has one group, in which each part follows the one before:
+        its ends are summed once, where a tuple per part cost the finishing of every batch."""
+        if self.where:
+            return self.where[i]
+        ends = self.ends
+        if not ends:
+            ends = self.ends = list(accumulate(self.sizes))
+        end = ends[i]
+        return 0, end - self.sizes[i], end
 
     def rows(self, parts: Sequence[int], width: int) -> Any:
         """Parts `parts` (each `width` values) as one 2-D numpy array, a row per part. Parts of one
         dtype are laid out one after another in their host copy, so consecutive steps' positions
         are already a block there: a view, where stacking them cost 30 us a batch."""
         self.part(parts[0])  # the host values, once
-        g, start, _ = self.where[parts[0]]
-        g_last, _, end = self.where[parts[-1]]
+        g, start, _ = self.span(parts[0])
+        g_last, _, end = self.span(parts[-1])
         if g_last == g and end - start == len(parts) * width:
             return self.values_[g][start:end].reshape(len(parts), width)
         return sys.modules["numpy"].stack([self.part(i) for i in parts])
@@ -410,6 +480,9 @@ def _run_block_line(probe: Probe, batch: CopyBatch, run: Run, k: int, quoted: st
     if width == 3 and kv == "mask":
         slots = _pool_rows(probe, batch.rows(range(first + 2, end, width), b)).astype("<i4")
     step, clock, rows_in, _, attn, ffn, logits, _, ffn_out, layers = zip(*rows, strict=True)
+    if None in rows_in:
+        rows_in = [n if n is not None else rows_in_of(i)
+                   for n, i in zip(rows_in, run.ids[k:] if k else run.ids, strict=True)]
     # Made into its line by whoever writes it (records.item_line: the probe's writer process, or
     # `Probe.write_items` here): its `t` is each step's _record_t.
     return records.steps_block_late(
@@ -532,6 +605,13 @@ def still_filling(probe: Probe, now: float) -> bool:
         return now - last < _runtime.IDLE_S
 
 
+def rows_in_of(ids: Any) -> int:
+    """A step's `rows_in` from the input ids the step hook's short path kept (`Run.ids`), as the
+    general path counts them (`steps._begin_step_body`): in a loop over the batch's steps, where
+    the short path would have called into torch once a step, cold."""
+    return int(ids.shape[0])
+
+
 def join_run(probe: Probe, draft: StepDraft, pos_t: Any) -> bool:
     """A decode step of positions alone that goes on the run being filled (`CopyBatch.add`'s test,
     inline): its row and positions join the run without the general path's reads of the tensor
@@ -557,6 +637,7 @@ def join_run(probe: Probe, draft: StepDraft, pos_t: Any) -> bool:
         batch.parts.append(pos_t[0] if run.pos_2d else pos_t)
         batch.steps += 1
         batch.held_rows += run.b
+        run.ids.append(None)
         run.rows.append((draft.step, draft.t, draft.rows_in, draft.batch_size, draft.attn_rows_seen,
                          draft.ffn_rows, draft.logits_rows, kv_rows, draft.ffn_out_rows, draft.attn_layers))
         probe.spare = draft  # its run keeps its values: the draft serves the next step

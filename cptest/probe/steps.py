@@ -66,17 +66,18 @@ def around_model_runner_forward(original: Any, runner: Any, forward_batch: Any, 
     probe = _runtime._PROBE or get_probe()
     if probe is None:
         return original(runner, forward_batch, *args, **kwargs)
-    now = probe.clock()
-    if now >= probe.next_chores:
-        probe.chores(now)
     steady = probe.steady
     if steady is not None:
-        if runner is steady.runner:  # the last step was a replay that went on its run: this one may too
+        if runner is steady.runner:  # the last step went on a run by either path: this one may too
+            # (the short path does the chores itself, after the step, on the clock it reads then)
             result = _steady_forward(probe, steady, original, runner, forward_batch, args, kwargs)
             if result is not _NOT_STEADY:
                 return result
         else:
             probe.settle_steady(disarm=True)
+    now = probe.clock()
+    if now >= probe.next_chores:
+        probe.chores(now)
     if probe.paused or getattr(runner, "is_draft_worker", False):
         return original(runner, forward_batch, *args, **kwargs)
     if probe.timing:
@@ -375,8 +376,8 @@ class Steady:
     (`Probe.steady_spare`), armed again and again."""
 
     __slots__ = ("runner", "mode", "rids", "bs", "graph_runner", "graph_bs", "width", "batch", "run", "draft",
-                 "add_part", "add_row", "b", "pos_2d", "n", "full", "born", "within", "eager", "key",
-                 "kv_none", "kv_full", "no_layers")
+                 "add_part", "add_row", "add_ids", "b", "pos_2d", "n", "full", "born", "within", "eager",
+                 "key", "kv_none", "kv_full", "no_layers")
 
     def __init__(self) -> None:
         self.runner: Any = None
@@ -393,6 +394,8 @@ class Steady:
         """`batch.parts.append`."""
         self.add_row: Any = None
         """`run.rows.append`."""
+        self.add_ids: Any = None
+        """`run.ids.append`: the step's input ids, beside its row (`Run.ids`)."""
         self.b = 0
         """`run.b`: the rows each step adds to the batch's `held_rows`."""
         self.pos_2d = False
@@ -453,7 +456,8 @@ def _arm_steady(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> None:
         st.eager, st.key = eager, _EAGER_DECODE if eager else _REPLAY_DECODE
         st.kv_none, st.kv_full, st.no_layers = run.kv_none, run.kv_full, not run.layers
         st.batch, st.run, st.draft = batch, run, draft
-        st.add_part, st.add_row, st.b, st.pos_2d = batch.parts.append, run.rows.append, run.b, run.pos_2d
+        st.add_part, st.add_row, st.add_ids = batch.parts.append, run.rows.append, run.ids.append
+        st.b, st.pos_2d = run.b, run.pos_2d
         st.n = 0
         st.full = min(probe.copy_every - batch.steps, -(-(COPY_ROWS - batch.held_rows) // max(run.b, 1)))
         st.born, st.within = batch.born, probe.copy_within_s
@@ -491,7 +495,9 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
                     or (fm is not st.mode and _step_mode(fm) != "decode") or fb.batch_size != st.bs
                     or (rids is not st.rids and rids != st.rids)  # the same requests: equal item by item
                     or (st.eager and read_every and step % read_every == 0))  # its reads: the general end
-        rows_in = fb.input_ids.shape[0] if fits else 0  # an int (Tensor.__len__ is Python, and slower)
+        # The tensor itself, counted when its batch is finished (`copy_batches.rows_in_of`): asking it
+        # here is a call into torch, about 2 us once a step after the engine's work
+        ids = fb.input_ids if fits else None
     except Exception:  # something the general path reads otherwise, and says why
         fits = False
     if not fits:
@@ -533,13 +539,13 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
                    and (kv_rows is None) is st.kv_none and (kv_rows == st.b) is st.kv_full
                    and (not d.attn_layers) is st.no_layers and records.dp_buffer(fb) is None else None)
             if pos is not None:
-                row = (step, t, rows_in, st.bs, d.attn_rows_seen, d.ffn_rows, d.logits_rows, kv_rows,
+                row = (step, t, None, st.bs, d.attn_rows_seen, d.ffn_rows, d.logits_rows, kv_rows,
                        d.ffn_out_rows, d.attn_layers)
         else:
             gr = runner.decode_cuda_graph_runner if replayed else None
             pos = (fb.positions if gr is not None and gr is st.graph_runner and gr.bs == st.graph_bs
                    and getattr(gr, "captured_req_width", 1) == st.width else None)
-            row = (step, t, rows_in, st.bs, None, None, None, None, None, 0)
+            row = (step, t, None, st.bs, None, None, None, None, None, 0)
     except Exception:
         pos = None
     done = False  # the step went on the run (or failed there, said): the general end must not record it
@@ -553,6 +559,7 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
                 done = True
                 st.add_part(pos[0] if st.pos_2d else pos)
                 st.add_row(row)
+                st.add_ids(ids)
                 st.n = n = st.n + 1  # the batch's counts and the graph counter's, settled later
                 # copy_batches.close_if_due, inline, on this step's clock: sent, the next step opens
                 # a batch by the general end
@@ -572,7 +579,7 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
         try:
             probe.settle_steady(disarm=True)
             probe.spare = None
-            draft.step, draft.mode, draft.batch_size, draft.rows_in = step, "decode", st.bs, rows_in
+            draft.step, draft.mode, draft.batch_size, draft.rows_in = step, "decode", st.bs, int(ids.shape[0])
             draft.rids, draft.cp_configured, draft.graph_rows = st.rids, probe.cp_configured, None
             probe.current = draft
             _end_step_body(probe, runner, fb, result)
@@ -580,6 +587,8 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
             probe.call("step_end", probe.error, "step_end", e)
     if timed:
         _count_cost(probe.cost, t0, t0, t2, t3, time.perf_counter_ns())
+    if t >= probe.next_chores:  # after the step's own time is counted: the chores time themselves
+        probe.chores(t)
     return result
 
 

@@ -1173,6 +1173,51 @@ def test_replays_by_the_short_path_write_the_bytes_the_general_path_writes(
         assert short.cost[0] == short.cost[4] + short.cost[5] + short.cost[6]
 
 
+BIG = 2**25 + 1
+
+
+def _odd_positions(probe: Probe, tick: Any) -> int:
+    """Replays whose batches of 16 steps each hold one step whose positions are not one of its
+    requests' each (a position more), or of another dtype (int32, float). The short path appends
+    such a step's positions as the run's (`CopyBatch._cat` finds them out when the batch is sent);
+    the general path asks each step's."""
+    probe.copy_every = 16
+    runner = GraphedRunner(decode_cuda_graph_runner=GraphRunner(bs=4))
+    decode = Mode("DECODE")
+    rids = ["a", "b", "c"]
+    n = 0
+    for odd in (None, "one more", "int32", "float", None):
+        for k in range(16):
+            n += 1
+            tick()
+            if odd is not None and k == 9:
+                width, dtype = (4, torch.int64) if odd == "one more" else (3, getattr(torch, odd))
+            else:
+                width, dtype = 3, torch.int64
+            # past float32's exact integers: promoted to float, the other steps' would change
+            positions = torch.tensor([BIG + 10 * n + i for i in range(width)], dtype=dtype)
+            fb = Batch(decode, torch.arange(3), positions, list(rids), 3)
+            hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=True), runner, fb)
+    return n
+
+
+@pytest.mark.parametrize("timing", [False, True], ids=["untimed", "timed"])
+def test_replays_with_odd_positions_write_the_bytes_the_general_path_writes(
+        tmp_path: Path, monkeypatch: MP, timing: bool) -> None:
+    """A batch of replays is sent as one concatenation of its positions, without asking each
+    step's tensor its size and dtype (`CopyBatch._cat`); one step whose positions are one more
+    than its requests, or of another dtype, still gets what the general path records of it."""
+    general, short = _by_each_path(tmp_path, monkeypatch, _odd_positions, timing)
+    assert short.general_ends < general.steps / 2
+    assert short.text == general.text
+    recs = [r for r in read_records(tmp_path / "short" / "rank0.jsonl")[0] if isinstance(r, Step)]
+    assert len(recs) == general.steps == 80
+    by_step = {r.step: r for r in recs}
+    assert by_step[26].positions == []  # a position more than its requests: none is theirs
+    for n in (25, 27, 41, 42, 43, 57, 59):  # the steps next to the odd ones, and the int32 one
+        assert [tuple(r) for r in by_step[n].positions] == [(BIG + 10 * n, BIG + 10 * n + 3)]  # [start, end)
+
+
 def _eager_decodes_and_turns(probe: Probe, tick: Any) -> int:
     """Eager decode steps of one rank without DCP (a KV write of one row a request, the first MLP's
     rows), with every turn that ends their run: a batch of copies filling up, a step that records
