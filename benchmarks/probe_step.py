@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import functools
 import gc
 import hashlib
 import random
@@ -222,13 +223,14 @@ def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
 
     later: list[tuple[Any, Any]] = []
     mods, logits = make_modules(layers, hooked, registered, wrap, later)
-    kv_hook = wrap(hooks.after_set_kv_buffer)
+    pool = _kv_pool(wrap(hooks.after_set_kv_buffer))
 
     def forward(_runner: Any, _fb: Any) -> Any:
         if engine_us:
             engine_work(engine_us)
-        for attn, mlp in mods:  # each layer's KV write, attention and MLP, as SGLang calls them
-            kv_hook(None, None, None, None, k, k, dcp_kv_mask=mask)
+        # each layer's KV write, attention and MLP, as SGLang calls them
+        for layer, (attn, mlp) in enumerate(mods):
+            pool.set_kv_buffer(layer, None, k, k, dcp_kv_mask=mask)
             attn(hidden)
             mlp(hidden)
         logits(None, hidden)
@@ -236,11 +238,13 @@ def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
 
     forward.layer_forwards = later  # type: ignore[attr-defined]  # the probe's to take away (`hook_layers`)
 
+    bare_pool = _KVPool()
+
     def bare(_runner: Any, _fb: Any) -> Any:
         if engine_us:
             engine_work(engine_us)
-        for attn, mlp in mods:
-            _noop(None, None, None, None, k, k, dcp_kv_mask=mask)
+        for layer, (attn, mlp) in enumerate(mods):
+            bare_pool.set_kv_buffer(layer, None, k, k, dcp_kv_mask=mask)
             attn(hidden)
             mlp(hidden)
         logits(None, hidden)
@@ -249,8 +253,28 @@ def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
     return (forward if hooked else bare), fb
 
 
-def _noop(*_a: Any, **_k: Any) -> None:
-    return None
+class _KVPool:
+    """SGLang's MHA K/V pool as its attention calls it (`set_kv_buffer`, once a layer)."""
+
+    def set_kv_buffer(self, layer: Any, loc: Any, cache_k: Any, cache_v: Any, *args: Any,
+                      **kwargs: Any) -> None:
+        return None
+
+
+def _kv_pool(hook: Any) -> Any:
+    """A K/V pool whose class's `set_kv_buffer` is wrapped as SGLang's HookRegistry wraps it for an
+    AFTER hook (plugins/hook_registry.py:375-384, `__wrapped__` kept): the probe's hook then finds
+    the pool's own method and skips the later layers' writes, as on a server."""
+    original = _KVPool.set_kv_buffer
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        modified = hook(result, *args, **kwargs)
+        return modified if modified is not None else result
+
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    return type("_HookedKVPool", (_KVPool,), {"set_kv_buffer": wrapper})()
 
 
 class _Alloc:

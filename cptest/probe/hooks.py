@@ -23,6 +23,7 @@ import os
 import re
 import socket
 import sys
+import types
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -306,16 +307,59 @@ def after_set_kv_buffer(_result: Any, pool: Any, layer: Any, loc_info: Any, cach
     Records how many rows the write took and, under DCP, the owner mask SGLang passed
     (triton: `positions % dcp_size == dcp_rank`, layers/attention/triton_backend.py:1230-1239).
     """
-    probe, draft = _first_write()
-    if probe is None or draft is None:
+    probe = _runtime._PROBE  # `_first_write`, inline: every layer of every step comes here
+    draft = probe.current if probe is not None else None
+    if draft is None or draft.kv_rows is not None:
         return
     try:
         draft.kv_rows = int(cache_k.shape[0])
         mask = kwargs.get("dcp_kv_mask", args[3] if len(args) > 3 else None)
         if mask is not None and probe.observe_positions:
             draft.kv_mask_pending = mask  # copied with the step's positions when the forward ends
+        _skip_later_writes(probe, pool)
     except Exception as e:
         probe.call("after_set_kv_buffer", probe.error, "after_set_kv_buffer", e)
+
+
+def _skip_later_writes(probe: Probe, pool: Any) -> None:
+    """After a step's first K/V write: the step's later layers write through the pool's own
+    `set_kv_buffer`, put in the pool's instance dict until the step ends (`Probe.unshadow_kv`),
+    instead of through SGLang's hook wrapper and this hook, which would find nothing to record:
+    two Python calls a layer, the larger part of an eager step's probe time in a deep model. As
+    `Probe.hook_layers` does for the layers' modules."""
+    direct = probe.kv_direct
+    if direct is None or direct[0] is not pool:
+        direct = probe.kv_direct = (pool, _direct_write(pool))
+    if direct[1] is not None:
+        pool.__dict__["set_kv_buffer"] = direct[1]
+        probe.kv_shadowed = pool
+
+
+def _unwrapped(fn: Any) -> Any:
+    """`fn` without the wrappers that keep what they wrap as `__wrapped__` (`Probe.timed_inner`'s)."""
+    for _ in range(8):
+        inner = getattr(fn, "__wrapped__", None)
+        if inner is None:
+            break
+        fn = inner
+    return fn
+
+
+def _direct_write(pool: Any) -> Any:
+    """`pool.set_kv_buffer` without the probe's hook, bound to `pool`; None unless the method its
+    class has is SGLang's hook wrapper (`plugins/hook_registry.py:375-384`, which keeps the
+    function it wraps as `__wrapped__`) around this hook, with no other plugin's wrapper outside
+    it (whose hook would be skipped too), and the pool keeps an instance dict."""
+    wrapper = getattr(type(pool), "set_kv_buffer", None)
+    inner = getattr(wrapper, "__wrapped__", None)
+    cells = getattr(wrapper, "__closure__", None) or ()
+    try:
+        ours = any(_unwrapped(c.cell_contents) is after_set_kv_buffer for c in cells)
+    except ValueError:  # an empty cell
+        ours = False
+    if inner is None or not ours or not hasattr(pool, "__dict__"):
+        return None
+    return types.MethodType(inner, pool)
 
 
 @guards_itself

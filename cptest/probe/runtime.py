@@ -270,6 +270,13 @@ class Probe:
         self.errors: dict[str, int] = {}
         self.step_index = 0
         self.current: StepDraft | None = None
+        self.kv_shadowed: Any = None
+        """The K/V pool whose later layers' writes this step skip the probe's hook
+        (`hooks.after_set_kv_buffer`): its own `set_kv_buffer` in its instance dict until the step
+        ends (`unshadow_kv`)."""
+        self.kv_direct: tuple[Any, Any] | None = None
+        """(pool, its `set_kv_buffer` without the probe's hook, bound; or None where that cannot be
+        had safely): found at the pool's first write (`hooks._direct_write`)."""
         self.graph = GraphCounter()
         self.cp_configured: bool | None = None
         self.warned: set[str] = set()
@@ -390,6 +397,12 @@ class Probe:
             self._pending.append((self.clock(), _Write(self, record)))
             return
         self._write_now(record)
+
+    def unshadow_kv(self) -> None:
+        """At a step's end: the pool's next write goes through the probe's hook again."""
+        pool, self.kv_shadowed = self.kv_shadowed, None
+        if pool is not None:
+            pool.__dict__.pop("set_kv_buffer", None)
 
     def settle_steady(self, disarm: bool = False) -> None:
         """Add the steps that the step hook's short path put on its run since it was armed or last

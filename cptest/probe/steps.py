@@ -160,6 +160,8 @@ def _count_cost(cost: list[Any], t0: int, t1: int, t2: int, t3: int, t4: int) ->
 def _forward_raised(probe: Probe, e: BaseException) -> None:
     draft = probe.current
     probe.current = None
+    if probe.kv_shadowed is not None:
+        probe.unshadow_kv()
     step = draft.step if draft else -1
     if draft is not None:
         probe.recycle(draft)
@@ -240,6 +242,8 @@ _GRAPH_KEYS: dict[tuple[bool, str], tuple[str, str]] = {
 
 def _end_step_body(probe: Probe, runner: Any, fb: Any, result: Any) -> None:
     draft, probe.current = probe.current, None
+    if probe.kv_shadowed is not None:
+        probe.unshadow_kv()
     if draft is None:
         return
     if probe.rank is None:
@@ -524,6 +528,8 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
         raise
     t3 = time.perf_counter_ns() if timed else 0
     probe.current = None
+    if probe.kv_shadowed is not None:  # an eager step's (a replay writes no K/V the probe sees)
+        probe.unshadow_kv()
     t = probe.clock()
     row: tuple[Any, ...] = ()
     try:

@@ -197,3 +197,129 @@ def test_every_target_is_defined_at_its_cited_line_of_the_pinned_release(target:
         assert node is not None, f"{name} not found in {src}"
         body = node.body  # type: ignore[attr-defined]
     assert isinstance(node, ast.FunctionDef) and node.lineno == int(line)
+
+
+class KVPool:
+    """A stand-in K/V pool: `set_kv_buffer` as SGLang's MHA pool takes it, each call counted."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+
+    def set_kv_buffer(self, layer: Any, loc: Any, cache_k: Any, cache_v: Any, *args: Any,
+                      **kwargs: Any) -> None:
+        self.writes += 1
+
+
+def _kv_steps(pool: KVPool, steps: int, layers: int, raise_at: int | None = None) -> None:
+    """Eager decode steps of two requests through the probe's step hook, each writing K/V in every
+    layer as SGLang's attention does (`forward_batch.token_to_kv_pool.set_kv_buffer`); the
+    forward of step `raise_at` raises after its first layer's write."""
+    import torch
+
+    from cptest.probe import hooks
+
+    runner = types.SimpleNamespace(is_draft_worker=False, decode_cuda_graph_runner=None)
+    mode = types.SimpleNamespace(name="DECODE")
+    for n in range(1, steps + 1):
+        fb = types.SimpleNamespace(forward_mode=mode, input_ids=torch.arange(2),
+                                   positions=torch.tensor([n, n]), rids=["a", "b"], batch_size=2,
+                                   extend_seq_lens_cpu=None, extend_prefix_lens_cpu=None)
+
+        def forward(_r: Any, b: Any, n: int = n) -> Any:
+            k = torch.zeros(2, 1, 4)
+            for layer in range(layers):
+                pool.set_kv_buffer(layer, None, k, k)
+                if n == raise_at:
+                    raise RuntimeError("boom")
+            return types.SimpleNamespace(can_run_graph=False)
+
+        if n == raise_at:
+            with pytest.raises(RuntimeError):
+                hooks.around_model_runner_forward(forward, runner, fb)
+        else:
+            hooks.around_model_runner_forward(forward, runner, fb)
+        assert "set_kv_buffer" not in pool.__dict__  # the step's end gave the hook back
+
+
+def _counting(calls: list[int]) -> Any:
+    """The K/V hook, its calls counted, wrapped as `Probe.timed_inner` wraps it (`__wrapped__`)."""
+    import functools
+
+    from cptest.probe import hooks
+
+    @functools.wraps(hooks.after_set_kv_buffer)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return hooks.after_set_kv_buffer(*args, **kwargs)
+
+    return counted
+
+
+@needs_sglang
+@pytest.mark.parametrize("timing", [False, True], ids=["untimed", "timed"])
+def test_a_steps_later_kv_writes_skip_the_hook_and_every_step_is_still_seen(
+    real_registry: Any, probe: Probe, monkeypatch: pytest.MonkeyPatch, timing: bool
+) -> None:
+    """After a step's first K/V write its later layers write through the pool's own method, not
+    through SGLang's hook wrapper and the probe's hook: one hook call a step, not one a layer. Every
+    write still happens, every step's write is recorded (the next step's first write reaches the
+    hook again), and a forward that raises after its first write gives the hook back too."""
+    from cptest.evidence import Step
+    from cptest.probe import hooks
+
+    probe.cp_configured = False
+    probe.timing = timing
+    calls: list[int] = []
+    ours = Target(f"{__name__}.KVPool.set_kv_buffer", "after", _counting(calls), "kv_written", "-",
+                  inner=True)
+    monkeypatch.setattr(plugin, "TARGETS", (ours,))
+    original = KVPool.set_kv_buffer
+    try:
+        plugin.register()
+        real_registry.HookRegistry.apply_hooks()
+        assert KVPool.set_kv_buffer is not original
+        pool = KVPool()
+        _kv_steps(pool, steps=6, layers=4, raise_at=3)
+    finally:
+        KVPool.set_kv_buffer = original  # type: ignore[method-assign]
+    assert pool.writes == 5 * 4 + 1  # every layer's write of every step, and the raising step's first
+    assert len(calls) == 6  # one hook call a step
+    assert probe.flush()
+    steps = [r for r in read_records(probe.out_dir / "rank0.jsonl")[0] if isinstance(r, Step)]
+    assert sorted(s.step for s in steps) == [1, 2, 4, 5, 6]
+    assert all(s.kv_written for s in steps)
+    assert hooks._direct_write(KVPool()) is None  # the class's own method again: nothing to skip
+
+
+def _other_plugin(seen: list[int]) -> Any:
+    def after(_result: Any, *args: Any, **kwargs: Any) -> None:
+        seen.append(1)
+
+    return after
+
+
+@needs_sglang
+@pytest.mark.parametrize("ours_first", [True, False], ids=["ours-inside", "ours-outside"])
+def test_another_plugins_kv_hook_still_sees_every_layer(
+    real_registry: Any, probe: Probe, monkeypatch: pytest.MonkeyPatch, ours_first: bool
+) -> None:
+    """Another plugin's hook on the same method runs for every layer of every step, whether its
+    wrapper is inside the probe's (the pool's own method then means that wrapper) or outside it
+    (then nothing is skipped)."""
+    probe.cp_configured = False
+    calls: list[int] = []
+    seen: list[int] = []
+    ours = Target(f"{__name__}.KVPool.set_kv_buffer", "after", _counting(calls), "kv_written", "-",
+                  inner=True)
+    theirs = Target(f"{__name__}.KVPool.set_kv_buffer", "after", _other_plugin(seen), "other", "-")
+    monkeypatch.setattr(plugin, "TARGETS", (ours, theirs) if ours_first else (theirs, ours))
+    original = KVPool.set_kv_buffer
+    try:
+        plugin.register()
+        real_registry.HookRegistry.apply_hooks()
+        pool = KVPool()
+        _kv_steps(pool, steps=3, layers=4)
+    finally:
+        KVPool.set_kv_buffer = original  # type: ignore[method-assign]
+    assert pool.writes == len(seen) == 12
+    assert len(calls) == (12 if ours_first else 3)  # registered first: SGLang wraps it inside the other
