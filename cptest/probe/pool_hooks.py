@@ -110,33 +110,42 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
     probe = _runtime._PROBE or get_probe()
     if probe is None:
         return
-    # The probe's chores (runtime.Probe.chores) ride on this call too: SGLang makes it on every
-    # loop iteration, idle ones included, where no step runs to do them.
-    now = probe.clock()
-    if now >= probe.next_chores:
-        probe.chores(now)
     sampler = _SAMPLER
-    if probe.rank_json is None or sampler.off or probe.paused:
-        return
     # Timed when the probe measures itself (runtime.ENV_SWITCH): SGLang calls this every scheduler
     # iteration on the engine's thread, outside the forward that steps._timed_forward times.
     # Only a busy iteration's time is counted: one that leads to a forward step. An idle scheduler
     # loops without end and reads the pools each time (idle is never too soon), but no step waits
     # for it, so counting those loops would charge the steps' cost notes with time no step spent.
     t0 = time.perf_counter_ns() if probe.timing else 0
+    # The usual iteration of a decode first (no sample in 15 of 16 while none waits): a batch to
+    # run with requests in it is busy, and a busy iteration too soon after the last sample reads
+    # nothing more. The same rule as below (PoolSampler.too_soon), with fewer reads of SGLang's
+    # objects. Nor does it do the chores: the step it leads to does them
+    # (steps.around_model_runner_forward).
+    try:
+        new = plan.batch_to_run
+        last = sampler.last_step
+        if (new is not None and last is not None and new.reqs and probe.rank_json is not None
+                and not sampler.off and not probe.paused):
+            gap = scheduler.forward_ct - last
+            if gap < sampler.every or (gap < sampler.quiet_every and not scheduler.waiting_queue):
+                if t0:
+                    _count(probe.cost, t0, read=False)
+                return
+    except AttributeError:
+        pass  # said below, where each figure is read again
+    # The probe's chores (runtime.Probe.chores) ride on this call too: SGLang makes it on every
+    # loop iteration, idle ones included, where no step runs to do them.
+    now = probe.clock()
+    if now >= probe.next_chores:
+        probe.chores(now)
+    if probe.rank_json is None or sampler.off or probe.paused:
+        return
+    t0 = time.perf_counter_ns() if probe.timing else 0  # after the chores, which time themselves
     busy = read = False
     try:
         try:
-            # The usual iteration of a decode first (3 in 4: no sample): a batch to run with requests
-            # in it is busy, and a busy iteration too soon after the last sample reads nothing more.
-            # The same rule as below (PoolSampler.too_soon), with fewer reads of SGLang's objects.
             new = plan.batch_to_run
-            last = sampler.last_step
-            if new is not None and last is not None and new.reqs:
-                gap = scheduler.forward_ct - last
-                if gap < sampler.every or (gap < sampler.quiet_every and not scheduler.waiting_queue):
-                    busy = True
-                    return
             running_batch = plan.running_batch
             running = len(running_batch.reqs) if running_batch is not None else 0
             if new is not None and new is not running_batch:
@@ -179,10 +188,14 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
                 probe.write(record)
     finally:
         if busy and t0:
-            dt = time.perf_counter_ns() - t0
-            cost = probe.cost
-            cost[11] += dt
-            cost[12] += 1
-            if read:  # the iterations that read the pools, apart from the early returns
-                cost[13] += dt
-                cost[14] += 1
+            _count(probe.cost, t0, read)
+
+
+def _count(cost: list[Any], t0: int, read: bool) -> None:
+    """A busy iteration's time in the `cost` notes (the pool hook's fields)."""
+    dt = time.perf_counter_ns() - t0
+    cost[11] += dt
+    cost[12] += 1
+    if read:  # the iterations that read the pools, apart from the early returns
+        cost[13] += dt
+        cost[14] += 1

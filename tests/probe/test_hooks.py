@@ -711,6 +711,31 @@ def test_replays_on_the_short_path_stop_being_recorded_when_switched_off_and_are
         p.close()
 
 
+def test_replays_on_the_short_path_do_the_chores_when_they_are_due(tmp_path: Path, monkeypatch: MP) -> None:
+    """A busy scheduler iteration leaves the chores to its step (pool_hooks), so the short path does
+    them after its step, on the clock it read then: every time they are due, and only then."""
+    now = [50.0]
+    p = Probe(tmp_path / "probe", clock=lambda: now[0], graph_flush_s=1e9)
+    p._start_watchdog = lambda: None  # type: ignore[method-assign]
+    runtime.set_probe(p)
+    general = _count_general_ends(monkeypatch)
+    rounds: list[float] = []
+    chores = p.chores
+    monkeypatch.setattr(p, "chores", lambda t: (rounds.append(t), chores(t)))
+    try:
+        calls: list[int] = []
+        replay = _two_request_replays(monkeypatch, p, calls)
+        for pos in range(60):
+            now[0] += 0.01  # 10 ms a step: the chores are due every tenth (runtime.CHORES_S)
+            replay(pos)
+        assert len(general) < 10  # the short path carried the steps
+        gaps = [b - a for a, b in zip(rounds, rounds[1:], strict=False)]
+        assert len(rounds) >= 5 and all(runtime.CHORES_S <= g < runtime.CHORES_S + 0.0101 for g in gaps)
+    finally:
+        runtime.set_probe(None)
+        p.close()
+
+
 def test_a_batch_taken_by_another_thread_while_a_replay_goes_on_it_is_sent_with_that_replay(
         tmp_path: Path, monkeypatch: MP) -> None:
     """The short path appends a replay to the batch being filled without the lock. The watchdog may

@@ -199,3 +199,37 @@ def test_a_sample_made_into_its_line_when_written_is_the_line_the_hook_made_befo
 
     gc.collect()
     assert not gc.is_tracked(late)  # plain values: the collector lets it go, no matter how long it waits
+
+
+def test_a_busy_iteration_too_soon_leaves_the_chores_to_its_step_and_an_idle_one_does_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Most busy iterations of a decode read nothing (too soon after the last sample) and return
+    without reading the clock: the forward step they lead to does the probe's chores
+    (steps.around_model_runner_forward). An idle iteration, which no step follows, does them, and
+    so does a busy one that samples."""
+    now = [100.0]
+    p = Probe(tmp_path, clock=lambda: now[0])
+    runtime.set_probe(p)
+    p.set_rank(R)
+    monkeypatch.setattr(pool_hooks, "_SAMPLER", PoolSampler(every=4, quiet_every=4))
+    rounds: list[float] = []
+    monkeypatch.setattr(p, "chores", lambda t: (rounds.append(t), setattr(p, "next_chores", t + 1.0)))
+    try:
+        plan, sched = _scheduler(free=512, running=2, waiting=0)
+        pool_hooks.after_get_next_batch_to_run(plan, sched)  # the first sample: never too soon
+        assert rounds == [100.0]
+        for k in range(1, 4):  # too soon: no chores, however late they are
+            now[0] = 101.0 + k
+            sched.forward_ct += 1
+            pool_hooks.after_get_next_batch_to_run(plan, sched)
+        assert rounds == [100.0]
+        sched.forward_ct += 1  # four forward batches on: a sample, and the chores with it
+        pool_hooks.after_get_next_batch_to_run(plan, sched)
+        assert rounds == [100.0, 104.0]
+        now[0] = 106.0
+        idle_plan, idle_sched = _scheduler(free=1024, running=0, waiting=0)
+        pool_hooks.after_get_next_batch_to_run(idle_plan, idle_sched)
+        assert rounds == [100.0, 104.0, 106.0]
+    finally:
+        runtime.set_probe(None)
+        p.close()
