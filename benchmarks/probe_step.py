@@ -206,7 +206,7 @@ def make_step(layers: int, batch: int, hooked: bool = True, device: str = "cpu",
     fb = types.SimpleNamespace(
         forward_mode=ForwardMode.DECODE, input_ids=torch.arange(batch, device=device),
         positions=positions, rids=[f"{i:032x}" for i in range(batch)], batch_size=batch,
-        extend_seq_lens_cpu=None, extend_prefix_lens_cpu=None,
+        extend_seq_lens_cpu=None, extend_prefix_lens_cpu=None, num_token_non_padded_cpu=batch,
     )
     k = torch.zeros(batch, 1, 4, device=device)
     mask = positions % 2 == 0 if dcp_mask else None

@@ -61,14 +61,14 @@ class Run:
     requests (the same list, `Probe.same_rids`), tensors, graph size, CP and KV-write shape. Each
     step is kept as a row of its plain values, so the step's draft goes straight back to the probe
     for the next step instead of waiting for the copies, and the batch's `run()` builds the line
-    from columns. `rows`: (step, t, rows_in (None: see `ids`), batch_size, attn_rows, ffn_rows, logits_rows,
+    from columns. `rows`: (step, t, rows_in, batch_size, attn_rows, ffn_rows, logits_rows,
     kv_rows, ffn_out_rows, layers) per step; `first`: the index of the first step's first tensor in
     the batch, the steps' tensors following one another (`len(which)` each). Runs are reused, as drafts are
     (`open`, `Probe.runs`): a fresh one per run would live until its batch is finished, long
     enough for Python's collector to move it to its oldest generation (see StepDraft); the rows,
     tuples of plain values, the collector stops tracking at its first look."""
 
-    __slots__ = ("rids", "which", "cp_configured", "graph_rows", "kv_none", "kv_full", "first", "rows", "ids",
+    __slots__ = ("rids", "which", "cp_configured", "graph_rows", "kv_none", "kv_full", "first", "rows",
                  "pos_2d", "layers", "b")
 
     def __init__(self) -> None:
@@ -87,10 +87,6 @@ class Run:
         self.kv_none = self.kv_full = False
         self.first = 0
         self.rows: list[tuple[Any, ...]] = []
-        self.ids: list[Any] = []
-        """Beside each row: None, or the input ids of a step whose row holds None for its rows_in
-        (the step hook's short path), counted when the batch is finished (`rows_in_of`). A row
-        holds plain values alone, which Python's collector stops tracking."""
 
     @staticmethod
     def open(probe: Probe, draft: StepDraft, first: int) -> Run:
@@ -115,7 +111,6 @@ class Run:
     def close(self, probe: Probe) -> None:
         """Give the run back for reuse, its lines made."""
         self.rows.clear()
-        self.ids.clear()
         self.rids = NO_RIDS
         runs = probe.runs
         if len(runs) < _runtime.MAX_SPARE_DRAFTS:
@@ -124,8 +119,6 @@ class Run:
     def draft(self, probe: Probe, k: int) -> StepDraft:
         """Step `k` as the draft it was made from (a spare one, filled again)."""
         step, t, rows_in, batch_size, attn, ffn, logits, kv_rows, ffn_out, layers = self.rows[k]
-        if rows_in is None:
-            rows_in = rows_in_of(self.ids[k])
         rids = self.rids
         try:  # the watchdog may finish batches while the engine's thread takes drafts too
             d = probe.drafts.pop()
@@ -248,7 +241,6 @@ class CopyBatch:
                     self.end_run()
                 run = self.run_ = Run.open(self.probe, draft, first)
                 self.items.append(run)
-            run.ids.append(None)
             run.rows.append((draft.step, draft.t, draft.rows_in, draft.batch_size, draft.attn_rows_seen,
                              draft.ffn_rows, draft.logits_rows, kv_rows, draft.ffn_out_rows,
                              draft.attn_layers))
@@ -480,9 +472,6 @@ def _run_block_line(probe: Probe, batch: CopyBatch, run: Run, k: int, quoted: st
     if width == 3 and kv == "mask":
         slots = _pool_rows(probe, batch.rows(range(first + 2, end, width), b)).astype("<i4")
     step, clock, rows_in, _, attn, ffn, logits, _, ffn_out, layers = zip(*rows, strict=True)
-    if None in rows_in:
-        rows_in = [n if n is not None else rows_in_of(i)
-                   for n, i in zip(rows_in, run.ids[k:] if k else run.ids, strict=True)]
     # Made into its line by whoever writes it (records.item_line: the probe's writer process, or
     # `Probe.write_items` here): its `t` is each step's _record_t.
     return records.steps_block_late(
@@ -605,13 +594,6 @@ def still_filling(probe: Probe, now: float) -> bool:
         return now - last < _runtime.IDLE_S
 
 
-def rows_in_of(ids: Any) -> int:
-    """A step's `rows_in` from the input ids the step hook's short path kept (`Run.ids`), as the
-    general path counts them (`steps._begin_step_body`): in a loop over the batch's steps, where
-    the short path would have called into torch once a step, cold."""
-    return int(ids.shape[0])
-
-
 def join_run(probe: Probe, draft: StepDraft, pos_t: Any) -> bool:
     """A decode step of positions alone that goes on the run being filled (`CopyBatch.add`'s test,
     inline): its row and positions join the run without the general path's reads of the tensor
@@ -637,7 +619,6 @@ def join_run(probe: Probe, draft: StepDraft, pos_t: Any) -> bool:
         batch.parts.append(pos_t[0] if run.pos_2d else pos_t)
         batch.steps += 1
         batch.held_rows += run.b
-        run.ids.append(None)
         run.rows.append((draft.step, draft.t, draft.rows_in, draft.batch_size, draft.attn_rows_seen,
                          draft.ffn_rows, draft.logits_rows, kv_rows, draft.ffn_out_rows, draft.attn_layers))
         probe.spare = draft  # its run keeps its values: the draft serves the next step

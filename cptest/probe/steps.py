@@ -380,7 +380,7 @@ class Steady:
     (`Probe.steady_spare`), armed again and again."""
 
     __slots__ = ("runner", "mode", "rids", "bs", "graph_runner", "graph_bs", "width", "batch", "run", "draft",
-                 "add_part", "add_row", "add_ids", "b", "pos_2d", "n", "full", "born", "within", "eager",
+                 "add_part", "add_row", "counted", "b", "pos_2d", "n", "full", "born", "within", "eager",
                  "key", "kv_none", "kv_full", "no_layers")
 
     def __init__(self) -> None:
@@ -398,8 +398,12 @@ class Steady:
         """`batch.parts.append`."""
         self.add_row: Any = None
         """`run.rows.append`."""
-        self.add_ids: Any = None
-        """`run.ids.append`: the step's input ids, beside its row (`Run.ids`)."""
+        self.counted = False
+        """The forward batch counts its input ids itself as an int, `num_token_non_padded_cpu`
+        (`len(batch.input_ids)` when SGLang makes it, model_executor/forward_batch_info.py:837-842,
+        changed only by the MLP-sync padding inside the forward, :1394): the short path reads
+        `rows_in` there, as the arming step found it equal to its input ids' rows, instead of
+        asking the tensor (a call into torch, about 1 us once a step on the GPU machine)."""
         self.b = 0
         """`run.b`: the rows each step adds to the batch's `held_rows`."""
         self.pos_2d = False
@@ -460,7 +464,9 @@ def _arm_steady(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> None:
         st.eager, st.key = eager, _EAGER_DECODE if eager else _REPLAY_DECODE
         st.kv_none, st.kv_full, st.no_layers = run.kv_none, run.kv_full, not run.layers
         st.batch, st.run, st.draft = batch, run, draft
-        st.add_part, st.add_row, st.add_ids = batch.parts.append, run.rows.append, run.ids.append
+        st.add_part, st.add_row = batch.parts.append, run.rows.append
+        counted = getattr(fb, "num_token_non_padded_cpu", None)
+        st.counted = counted.__class__ is int and counted == draft.rows_in
         st.b, st.pos_2d = run.b, run.pos_2d
         st.n = 0
         st.full = min(probe.copy_every - batch.steps, -(-(COPY_ROWS - batch.held_rows) // max(run.b, 1)))
@@ -499,9 +505,9 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
                     or (fm is not st.mode and _step_mode(fm) != "decode") or fb.batch_size != st.bs
                     or (rids is not st.rids and rids != st.rids)  # the same requests: equal item by item
                     or (st.eager and read_every and step % read_every == 0))  # its reads: the general end
-        # The tensor itself, counted when its batch is finished (`copy_batches.rows_in_of`): asking it
-        # here is a call into torch, about 2 us once a step after the engine's work
-        ids = fb.input_ids if fits else None
+        # an int: SGLang's own count of the input ids where the arming step found it right
+        # (`Steady.counted`); else the tensor's, as `_begin_step_body` reads it
+        rows_in = (fb.num_token_non_padded_cpu if st.counted else int(fb.input_ids.shape[0])) if fits else 0
     except Exception:  # something the general path reads otherwise, and says why
         fits = False
     if not fits:
@@ -545,13 +551,13 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
                    and (kv_rows is None) is st.kv_none and (kv_rows == st.b) is st.kv_full
                    and (not d.attn_layers) is st.no_layers and records.dp_buffer(fb) is None else None)
             if pos is not None:
-                row = (step, t, None, st.bs, d.attn_rows_seen, d.ffn_rows, d.logits_rows, kv_rows,
+                row = (step, t, rows_in, st.bs, d.attn_rows_seen, d.ffn_rows, d.logits_rows, kv_rows,
                        d.ffn_out_rows, d.attn_layers)
         else:
             gr = runner.decode_cuda_graph_runner if replayed else None
             pos = (fb.positions if gr is not None and gr is st.graph_runner and gr.bs == st.graph_bs
                    and getattr(gr, "captured_req_width", 1) == st.width else None)
-            row = (step, t, None, st.bs, None, None, None, None, None, 0)
+            row = (step, t, rows_in, st.bs, None, None, None, None, None, 0)
     except Exception:
         pos = None
     done = False  # the step went on the run (or failed there, said): the general end must not record it
@@ -565,7 +571,6 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
                 done = True
                 st.add_part(pos[0] if st.pos_2d else pos)
                 st.add_row(row)
-                st.add_ids(ids)
                 st.n = n = st.n + 1  # the batch's counts and the graph counter's, settled later
                 # copy_batches.close_if_due, inline, on this step's clock: sent, the next step opens
                 # a batch by the general end
@@ -585,7 +590,7 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
         try:
             probe.settle_steady(disarm=True)
             probe.spare = None
-            draft.step, draft.mode, draft.batch_size, draft.rows_in = step, "decode", st.bs, int(ids.shape[0])
+            draft.step, draft.mode, draft.batch_size, draft.rows_in = step, "decode", st.bs, rows_in
             draft.rids, draft.cp_configured, draft.graph_rows = st.rids, probe.cp_configured, None
             probe.current = draft
             _end_step_body(probe, runner, fb, result)

@@ -77,6 +77,12 @@ class Batch:
     extend_seq_lens_cpu: list[int] | None = None
     extend_prefix_lens_cpu: list[int] | None = None
     attn_cp_metadata: Any = None
+    num_token_non_padded_cpu: int | None = None
+    """SGLang's count of the input ids as it makes the batch (`len(batch.input_ids)`): theirs unless given."""
+
+    def __post_init__(self) -> None:
+        if self.num_token_non_padded_cpu is None and self.input_ids is not None:
+            self.num_token_non_padded_cpu = int(self.input_ids.shape[0])
 
 
 @dataclass
@@ -706,6 +712,35 @@ def test_replays_on_the_short_path_stop_being_recorded_when_switched_off_and_are
         replays = sum(g.count for g in recs if isinstance(g, Graph) and g.event == "replay")
         assert replays == 35
         assert len(general) < 35 / 2  # most replays went by the short path
+    finally:
+        runtime.set_probe(None)
+        p.close()
+
+
+@pytest.mark.parametrize("count", [2, 99, None], ids=["right", "wrong", "absent"])
+def test_the_short_path_takes_rows_in_from_sglangs_count_only_where_the_arming_step_found_it_right(
+        tmp_path: Path, monkeypatch: MP, count: int | None) -> None:
+    """A run's later steps read `rows_in` from the forward batch's own int count of its input ids
+    (`num_token_non_padded_cpu`) when the step that armed the short path had it equal to its input
+    ids' rows; otherwise (a count that disagrees, or none) they ask the tensor, as the general path
+    does. Either way every step records its input ids' 2 rows, and the short path carries most."""
+    p = Probe(tmp_path / "probe", graph_flush_s=1e9)
+    p._start_watchdog = lambda: None  # type: ignore[method-assign]
+    runtime.set_probe(p)
+    general = _count_general_ends(monkeypatch)
+    try:
+        _fake_parallel_state(monkeypatch, 0)
+        hooks.after_initialize_model_parallel(None)
+        p.cp_configured = False
+        runner = GraphedRunner(decode_cuda_graph_runner=GraphRunner(bs=2))
+        for pos in range(40):
+            fb = Batch(Mode("DECODE"), torch.arange(2), torch.tensor([pos, pos + 1000]), ["a", "b"], 2)
+            fb.num_token_non_padded_cpu = count
+            hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=True), runner, fb)
+        assert p.flush(timeout=10.0)
+        steps = [s for s in _records(p) if isinstance(s, Step)]
+        assert len(steps) == 40 and {s.rows_in for s in steps} == {2}
+        assert len(general) < 10
     finally:
         runtime.set_probe(None)
         p.close()
