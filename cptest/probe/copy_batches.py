@@ -485,10 +485,13 @@ def send_copies(probe: Probe) -> None:
     pending work now (`BatchRecorder.send_all`)."""
     with probe.copy_lock:
         detached, probe.copies = probe.copies, None
+        st = probe.steady_spare
+        if st is not None and st.batch is detached:
+            st.batch = None  # the short path's next step takes the general one
     # The step hook's short path appends to the batch without the lock: a step that read the batch
     # before it was taken finishes going on it first (a few us; bounded, in case that thread is gone).
     give_up = time.monotonic() + 1.0
-    while probe.in_steady and time.monotonic() < give_up:
+    while st is not None and st.busy and time.monotonic() < give_up:
         time.sleep(0)
     # Under `send_lock`, not `copy_lock`: the engine's thread takes copy_lock every step, and the
     # watchdog, which may be sending, must not hold it meanwhile.

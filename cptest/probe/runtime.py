@@ -295,7 +295,7 @@ class Probe:
         self.rid_text = RidText()
         self.copies: CopyBatch | None = None
         """The copy batch being filled with steps' device tensors for deferred work, under copy_lock
-        (the step hook's short path appends to it without the lock: `in_steady`)."""
+        (the step hook's short path appends to it without the lock: `steps.Steady.busy`)."""
         self.copy_lock = threading.RLock()
         self.batches: BatchRecorder | None = None
         """The copy batches as the runtime drives them; None until the first batch opens."""
@@ -314,10 +314,6 @@ class Probe:
         self.steady: Steady | None = None
         """A run of decode-graph replays that the next step may go on by the short path
         (`steps.Steady`, `steps._steady_forward`); None when the next step takes the general one."""
-        self.in_steady = False
-        """True while the engine's thread puts a replay on its run by the step hook's short path,
-        which takes no lock: a thread that takes the batch being filled (`copy_batches.send_copies`)
-        sends it only once this is False again, with the step in it."""
         self.steady_spare: Steady | None = None
         """The probe's one `steps.Steady`, armed again after each general step that can be its first."""
         self._rids: list[str] | None = None
@@ -414,13 +410,15 @@ class Probe:
             return
         if disarm:
             self.steady = None
+        self.step_index = st.step
         n = st.n
         if n:
             st.n = 0
             st.full -= n
             batch = st.batch
-            batch.steps += n
-            batch.held_rows += n * st.b
+            if batch is not None:  # (a batch another thread took is sent: its counts decide nothing)
+                batch.steps += n
+                batch.held_rows += n * st.b
             self.graph.totals[st.key] += n
 
     # ------------------------------------------------------------ per-step objects, kept few

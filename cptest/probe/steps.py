@@ -381,7 +381,8 @@ class Steady:
 
     __slots__ = ("runner", "mode", "rids", "bs", "graph_runner", "graph_bs", "width", "batch", "run", "draft",
                  "add_part", "add_row", "counted", "b", "pos_2d", "n", "full", "born", "within", "eager",
-                 "key", "kv_none", "kv_full", "no_layers")
+                 "key", "kv_none", "kv_full", "no_layers", "step", "busy", "timed", "read_every", "pending",
+                 "clock")
 
     def __init__(self) -> None:
         self.runner: Any = None
@@ -392,6 +393,7 @@ class Steady:
         self.graph_bs = 0
         self.width: Any = 1
         self.batch: CopyBatch | None = None
+        """The batch being filled; None once another thread took it (`copy_batches.send_copies`)."""
         self.run: Run | None = None
         self.draft: StepDraft | None = None
         self.add_part: Any = None
@@ -422,6 +424,19 @@ class Steady:
         """A run of eager decode steps (whose inner hooks fill the draft), not of replays."""
         self.key: Any = _REPLAY_DECODE
         """The graph counter's key of the run's steps."""
+        self.step = 0
+        """The last step's index: `Probe.step_index` while armed (`Probe.settle_steady` writes it back)."""
+        self.busy = False
+        """True while the engine's thread puts a step on its run, which takes no lock: a thread that
+        takes the batch being filled (`copy_batches.send_copies`) sends it only once this is False
+        again, with the step in it."""
+        self.timed = False
+        self.read_every = 0
+        self.pending: Any = None
+        self.clock: Any = None
+        """`Probe.timing`, `read_every`, `_pending` and `clock`, held here as the run is armed: the
+        short path reads its probe's state from this one object's slots, not from the probe's
+        dict of a hundred attributes, each read a cache miss or two once a step on a server."""
         self.kv_none = self.kv_full = self.no_layers = False
         """An eager run's KV write and layers (`Run.kv_none`, `Run.kv_full`, `not Run.layers`): what
         the inner hooks must have seen for a step to go on it (`copy_batches.join_run`)."""
@@ -469,6 +484,8 @@ def _arm_steady(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> None:
         st.counted = counted.__class__ is int and counted == draft.rows_in
         st.b, st.pos_2d = run.b, run.pos_2d
         st.n = 0
+        st.step, st.busy, st.timed, st.read_every = probe.step_index, False, probe.timing, probe.read_every
+        st.pending, st.clock = probe._pending, probe.clock
         st.full = min(probe.copy_every - batch.steps, -(-(COPY_ROWS - batch.held_rows) // max(run.b, 1)))
         st.born, st.within = batch.born, probe.copy_within_s
     probe.steady = st
@@ -492,16 +509,16 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
     as the general begin fills it and the general end, which says what it finds. While the probe
     measures itself (`Probe.timing`) the time is added to `Probe.cost` as `_timed_forward` adds
     it, the checks of a step sent on to the general path counting as its `ready` time."""
-    timed = probe.timing
+    timed = st.timed
     t0 = time.perf_counter_ns() if timed else 0
     try:
-        pending = probe._pending  # Probe.run_ready, inline: finishing due goes by the general path
+        pending = st.pending  # Probe.run_ready, inline: finishing due goes by the general path
         fm = fb.forward_mode
         rids = fb.rids
-        step = probe.step_index + 1
-        read_every = probe.read_every
+        step = st.step + 1
+        read_every = st.read_every
         # (the batch being filled is never ready: its copies are not sent yet)
-        fits = not ((pending and pending[0][1] is not probe.copies and pending[0][1].ready())
+        fits = not ((pending and pending[0][1] is not st.batch and pending[0][1].ready())
                     or (fm is not st.mode and _step_mode(fm) != "decode") or fb.batch_size != st.bs
                     or (rids is not st.rids and rids != st.rids)  # the same requests: equal item by item
                     or (st.eager and read_every and step % read_every == 0))  # its reads: the general end
@@ -515,7 +532,7 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
         if timed:
             _count_checks(probe.cost, t0)
         return _NOT_STEADY
-    probe.step_index = step
+    st.step = step
     draft = probe.current = st.draft  # for the inner hooks (of an eager step, or a replay that runs eager)
     if st.eager and draft is not None:  # what the inner hooks set, as the general begin resets it
         draft.step = step
@@ -534,9 +551,9 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
         raise
     t3 = time.perf_counter_ns() if timed else 0
     probe.current = None
-    if probe.kv_shadowed is not None:  # an eager step's (a replay writes no K/V the probe sees)
+    if st.eager and probe.kv_shadowed is not None:  # (a replay that ran eager ends by the general end)
         probe.unshadow_kv()
-    t = probe.clock()
+    t = st.clock()
     row: tuple[Any, ...] = ()
     try:
         replayed = getattr(result, "can_run_graph", False)
@@ -562,12 +579,13 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
         pos = None
     done = False  # the step went on the run (or failed there, said): the general end must not record it
     if pos is not None:
-        # Without copy_lock: only the watchdog may take the batch meanwhile (`send_copies`), and
-        # it sends what it took only once the engine's thread is out of here (`Probe.in_steady`).
-        probe.in_steady = True
+        # Without copy_lock: only the watchdog may take the batch meanwhile (`send_copies`, which
+        # then clears `st.batch`), and it sends what it took only once the engine's thread is out
+        # of here (`Steady.busy`).
+        st.busy = True
         try:
-            batch = probe.copies
-            if batch is st.batch and batch.run_ is st.run:
+            batch = st.batch
+            if batch is not None and batch.run_ is st.run:
                 done = True
                 st.add_part(pos[0] if st.pos_2d else pos)
                 st.add_row(row)
@@ -583,7 +601,7 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
             probe.settle_steady(disarm=True)
             probe.call("step_end", probe.error, "step_end", e)
         finally:
-            probe.in_steady = False
+            st.busy = False
     if not done:
         # Not on the run: the step as the general begin would have opened it, and the general end
         # (which arms the short path again when the step goes on a run of replays).
