@@ -122,14 +122,15 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
     # nothing more. The same rule as below (PoolSampler.too_soon), with fewer reads of SGLang's
     # objects. Nor does it do the chores: the step it leads to does them
     # (steps.around_model_runner_forward).
+    # (`last_step` is set by a sample alone, which needs the rank, and cleared when samples go
+    # off; a paused probe's step does the chores as well, and its iteration reads nothing)
     try:
         new = plan.batch_to_run
         last = sampler.last_step
-        if (new is not None and last is not None and new.reqs and probe.rank_json is not None
-                and not sampler.off and not probe.paused):
+        if new is not None and last is not None and new.reqs:
             gap = scheduler.forward_ct - last
             if gap < sampler.every or (gap < sampler.quiet_every and not scheduler.waiting_queue):
-                if t0:
+                if t0 and not probe.paused:
                     _count(probe.cost, t0, read=False)
                 return
     except AttributeError:
@@ -161,6 +162,7 @@ def after_get_next_batch_to_run(plan: Any, scheduler: Any, *_args: Any, **_kwarg
             total, free = int(alloc.size), int(alloc.available_size())
         except AttributeError as e:
             sampler.off = True
+            sampler.last_step = None
             probe.warn_once("pool_sample", f"pool samples off: SGLang's scheduler lacks {e}; "
                                            "no pool_sample evidence (capacity transitions is unknown)")
             return
