@@ -512,14 +512,11 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
     timed = st.timed
     t0 = time.perf_counter_ns() if timed else 0
     try:
-        pending = st.pending  # Probe.run_ready, inline: finishing due goes by the general path
         fm = fb.forward_mode
         rids = fb.rids
         step = st.step + 1
         read_every = st.read_every
-        # (the batch being filled is never ready: its copies are not sent yet)
-        fits = not ((pending and pending[0][1] is not st.batch and pending[0][1].ready())
-                    or (fm is not st.mode and _step_mode(fm) != "decode") or fb.batch_size != st.bs
+        fits = not ((fm is not st.mode and _step_mode(fm) != "decode") or fb.batch_size != st.bs
                     or (rids is not st.rids and rids != st.rids)  # the same requests: equal item by item
                     or (st.eager and read_every and step % read_every == 0))  # its reads: the general end
         # an int: SGLang's own count of the input ids where the arming step found it right
@@ -532,6 +529,18 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
         if timed:
             _count_checks(probe.cost, t0)
         return _NOT_STEADY
+    pending = st.pending
+    # Probe.run_ready, inline: earlier batches whose copies have arrived are finished here, as the
+    # general begin finishes them, and the step goes on (the batch being filled is never ready:
+    # its copies are not sent yet). Their lines may end the run (a note goes into the batch being
+    # filled): the step then ends by the general end.
+    t1 = t0
+    if pending and pending[0][1] is not st.batch and pending[0][1].ready():
+        tr = time.perf_counter_ns() if timed else 0
+        probe.settle_steady()  # the counts first, as the general path has them
+        probe._run_pending(None)
+        if timed:  # the finishing is the step's `ready` time, its checks its `begin`
+            t1 = t0 + time.perf_counter_ns() - tr
     st.step = step
     draft = probe.current = st.draft  # for the inner hooks (of an eager step, or a replay that runs eager)
     if st.eager and draft is not None:  # what the inner hooks set, as the general begin resets it
@@ -615,7 +624,7 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
         except Exception as e:
             probe.call("step_end", probe.error, "step_end", e)
     if timed:
-        _count_cost(probe.cost, t0, t0, t2, t3, time.perf_counter_ns())
+        _count_cost(probe.cost, t0, t1, t2, t3, time.perf_counter_ns())
     if t >= probe.next_chores:  # after the step's own time is counted: the chores time themselves
         probe.chores(t)
     return result
