@@ -263,7 +263,7 @@ class _KVPool:
 
 def _kv_pool(hook: Any) -> Any:
     """A K/V pool whose class's `set_kv_buffer` is wrapped as SGLang's HookRegistry wraps it for an
-    AFTER hook (plugins/hook_registry.py:375-384, `__wrapped__` kept): the probe's hook then finds
+    AFTER hook (plugins/hook_registry.py:375-383, `__wrapped__` kept): the probe's hook then finds
     the pool's own method and skips the later layers' writes, as on a server."""
     original = _KVPool.set_kv_buffer
 

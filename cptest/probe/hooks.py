@@ -347,7 +347,7 @@ def _unwrapped(fn: Any) -> Any:
 
 def _direct_write(pool: Any) -> Any:
     """`pool.set_kv_buffer` without the probe's hook, bound to `pool`; None unless the method its
-    class has is SGLang's hook wrapper (`plugins/hook_registry.py:375-384`, which keeps the
+    class has is SGLang's hook wrapper (`plugins/hook_registry.py:375-383`, which keeps the
     function it wraps as `__wrapped__`) around this hook, with no other plugin's wrapper outside
     it (whose hook would be skipped too), and the pool keeps an instance dict."""
     wrapper = getattr(type(pool), "set_kv_buffer", None)

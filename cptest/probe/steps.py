@@ -402,10 +402,11 @@ class Steady:
         """`run.rows.append`."""
         self.counted = False
         """The forward batch counts its input ids itself as an int, `num_token_non_padded_cpu`
-        (`len(batch.input_ids)` when SGLang makes it, model_executor/forward_batch_info.py:837-842,
-        changed only by the MLP-sync padding inside the forward, :1394): the short path reads
-        `rows_in` there, as the arming step found it equal to its input ids' rows, instead of
-        asking the tensor (a call into torch, about 1 us once a step on the GPU machine)."""
+        (`len(batch.input_ids)` when SGLang makes it, model_executor/forward_batch_info.py:837-842),
+        changed only by the MLP-sync padding (model_executor/forward_batch_info.py:1394), which runs
+        inside the forward (model_executor/model_runner.py:1302-1303), after the probe's begin: the
+        short path reads `rows_in` there, as the arming step found it equal to its input ids' rows,
+        instead of asking the tensor (a call into torch, about 1 us once a step on the GPU machine)."""
         self.b = 0
         """`run.b`: the rows each step adds to the batch's `held_rows`."""
         self.pos_2d = False
@@ -482,6 +483,10 @@ def _arm_steady(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> None:
         st.add_part, st.add_row = batch.parts.append, run.rows.append
         counted = getattr(fb, "num_token_non_padded_cpu", None)
         st.counted = counted.__class__ is int and counted == draft.rows_in
+        if counted.__class__ is int and not st.counted:  # the rule Steady.counted reads, not holding
+            probe.warn_once("num_token_non_padded_cpu", f"step {draft.step}: SGLang's count of the input "
+                            f"ids (num_token_non_padded_cpu {counted}) is not their rows ({draft.rows_in}) "
+                            "as the forward begins; the short path counts the tensor's rows instead")
         st.b, st.pos_2d = run.b, run.pos_2d
         st.n = 0
         st.step, st.busy, st.timed, st.read_every = probe.step_index, False, probe.timing, probe.read_every
