@@ -255,6 +255,29 @@ def _counting(calls: list[int]) -> Any:
     return counted
 
 
+def _ours(calls: list[int]) -> Target:
+    """The probe's K/V hook as the plugin registers it (an inner hook), its calls counted."""
+    return Target(f"{__name__}.KVPool.set_kv_buffer", "after", _counting(calls), "kv_written", "-",
+                  inner=True)
+
+
+def _hooked_kv_steps(registry: Any, monkeypatch: pytest.MonkeyPatch, targets: list[Target], steps: int,
+                     raise_at: int | None = None) -> KVPool:
+    """`targets` on `KVPool.set_kv_buffer` in their order, applied by the real HookRegistry, then
+    `_kv_steps` of four layers on a pool: the pool, its class's own method given back."""
+    monkeypatch.setattr(plugin, "TARGETS", tuple(targets))
+    original = KVPool.set_kv_buffer
+    try:
+        plugin.register()
+        registry.HookRegistry.apply_hooks()
+        assert KVPool.set_kv_buffer is not original
+        pool = KVPool()
+        _kv_steps(pool, steps=steps, layers=4, raise_at=raise_at)
+    finally:
+        KVPool.set_kv_buffer = original  # type: ignore[method-assign]
+    return pool
+
+
 @needs_sglang
 @pytest.mark.parametrize("timing", [False, True], ids=["untimed", "timed"])
 def test_a_steps_later_kv_writes_skip_the_hook_and_every_step_is_still_seen(
@@ -270,18 +293,7 @@ def test_a_steps_later_kv_writes_skip_the_hook_and_every_step_is_still_seen(
     probe.cp_configured = False
     probe.timing = timing
     calls: list[int] = []
-    ours = Target(f"{__name__}.KVPool.set_kv_buffer", "after", _counting(calls), "kv_written", "-",
-                  inner=True)
-    monkeypatch.setattr(plugin, "TARGETS", (ours,))
-    original = KVPool.set_kv_buffer
-    try:
-        plugin.register()
-        real_registry.HookRegistry.apply_hooks()
-        assert KVPool.set_kv_buffer is not original
-        pool = KVPool()
-        _kv_steps(pool, steps=6, layers=4, raise_at=3)
-    finally:
-        KVPool.set_kv_buffer = original  # type: ignore[method-assign]
+    pool = _hooked_kv_steps(real_registry, monkeypatch, [_ours(calls)], steps=6, raise_at=3)
     assert pool.writes == 5 * 4 + 1  # every layer's write of every step, and the raising step's first
     assert len(calls) == 6  # one hook call a step
     assert probe.flush()
@@ -309,17 +321,9 @@ def test_another_plugins_kv_hook_still_sees_every_layer(
     probe.cp_configured = False
     calls: list[int] = []
     seen: list[int] = []
-    ours = Target(f"{__name__}.KVPool.set_kv_buffer", "after", _counting(calls), "kv_written", "-",
-                  inner=True)
+    ours = _ours(calls)
     theirs = Target(f"{__name__}.KVPool.set_kv_buffer", "after", _other_plugin(seen), "other", "-")
-    monkeypatch.setattr(plugin, "TARGETS", (ours, theirs) if ours_first else (theirs, ours))
-    original = KVPool.set_kv_buffer
-    try:
-        plugin.register()
-        real_registry.HookRegistry.apply_hooks()
-        pool = KVPool()
-        _kv_steps(pool, steps=3, layers=4)
-    finally:
-        KVPool.set_kv_buffer = original  # type: ignore[method-assign]
+    pool = _hooked_kv_steps(real_registry, monkeypatch, [ours, theirs] if ours_first else [theirs, ours],
+                            steps=3)
     assert pool.writes == len(seen) == 12
     assert len(calls) == (12 if ours_first else 3)  # registered first: SGLang wraps it inside the other
