@@ -574,13 +574,15 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
         if st.eager:
             # `_end_step_body` and `join_run`'s tests of an eager decode step of positions alone
             # that fits its run: no DCP mask or CP split pending, nothing noted, the KV write and
-            # layers the run's steps saw, no attention-DP buffer
+            # layers the run's steps saw, no attention-DP buffer (sized at all: `records.dp_buffer`'s
+            # first test; a sized one, whatever it holds, goes by the general end, which reads it)
             d = draft
             kv_rows = d.kv_rows
             pos = (fb.positions if not replayed and d.kv_mask_pending is None and d.split_pending is None
                    and d.notes is None and d.layer_rows is None and not d.cp_active
                    and (kv_rows is None) is st.kv_none and (kv_rows == st.b) is st.kv_full
-                   and (not d.attn_layers) is st.no_layers and records.dp_buffer(fb) is None else None)
+                   and (not d.attn_layers) is st.no_layers
+                   and getattr(fb, "global_dp_buffer_len", None) is None else None)
             if pos is not None:
                 row = (step, t, rows_in, st.bs, d.attn_rows_seen, d.ffn_rows, d.logits_rows, kv_rows,
                        d.ffn_out_rows, d.attn_layers)

@@ -1352,6 +1352,48 @@ def _eager_decodes_and_turns(probe: Probe, tick: Any) -> int:
     return n
 
 
+def _eager_decodes_with_a_dp_buffer(probe: Probe, tick: Any) -> int:
+    """Eager decode steps of the same three requests whose forwards, from the 12th to the 20th,
+    size an attention-DP buffer (as `prepare_mlp_sync_batch` does): those steps' records carry it,
+    whichever path they take. Returns the number of steps."""
+    runner = GraphedRunner(decode_cuda_graph_runner=GraphRunner(bs=4))
+    mlp = Layer()
+    mlp.register_forward_hook(hooks.on_mlp_input)
+    rids = ["a", "b", "c"]
+    n = 0
+    for n in range(1, 31):
+        tick()
+        positions = torch.tensor([10 * n + k for k in range(3)])
+        fb = Batch(Mode("DECODE"), torch.arange(3), positions, list(rids), 3)
+        sized = 12 <= n <= 20
+
+        def forward(r: Any, b: Batch, sized: bool = sized) -> Output:
+            k_rows = torch.zeros(3, 1, 4)
+            hooks.after_set_kv_buffer(None, object(), object(), torch.arange(3), k_rows, k_rows)
+            if sized:
+                b.original_global_num_tokens_cpu = [3, 5]  # type: ignore[attr-defined]
+                b.global_num_tokens_cpu = [5, 5]  # type: ignore[attr-defined]
+                b.global_dp_buffer_len = 10  # type: ignore[attr-defined]
+                b.dp_padding_mode = types.SimpleNamespace(name="MAX_LEN")  # type: ignore[attr-defined]
+            return Output(can_run_graph=False, logits=mlp(torch.ones(10 if sized else 3, 8)))
+
+        hooks.around_model_runner_forward(forward, runner, fb)
+    return n
+
+
+@pytest.mark.parametrize("timing", [False, True], ids=["untimed", "timed"])
+def test_eager_decode_steps_with_an_attention_dp_buffer_leave_the_short_path(
+        tmp_path: Path, monkeypatch: MP, timing: bool) -> None:
+    """An eager step whose forward sized an attention-DP buffer does not go on its run by the short
+    path: it ends by the general end, which records the buffer on the step's own line, the bytes
+    the general path writes."""
+    general, short = _by_each_path(tmp_path, monkeypatch, _eager_decodes_with_a_dp_buffer, timing)
+    assert short.general_ends < general.steps / 2
+    assert short.text == general.text
+    steps = [r for r in read_records(tmp_path / "short" / "rank0.jsonl")[0] if isinstance(r, Step)]
+    assert [s.step for s in steps if s.dp_buffer is not None] == list(range(12, 21))
+
+
 @pytest.mark.parametrize("timing", [False, True], ids=["untimed", "timed"])
 def test_eager_decode_steps_by_the_short_path_write_the_bytes_the_general_path_writes(
         tmp_path: Path, monkeypatch: MP, timing: bool) -> None:
