@@ -295,11 +295,15 @@ class CopyBatch:
         the usual batch) go into one `torch.cat` as they are: asking each part its size and dtype
         cost more than the concatenation once the engine's work left the caches cold. The result
         must then hold every value `sizes` says, in that dtype (a run's later parts are not asked
-        one by one); otherwise, and for parts of several dtypes, each part is asked."""
+        one by one); otherwise (or where a part is not 1-D, which torch.cat refuses), and for parts
+        of several dtypes, each part is asked."""
         parts, dtype = self.parts, self.dtype
         if dtype is not None and dtype is not _MIXED and len(self.sizes) == len(parts):
-            whole = torch.cat(parts)
-            if whole.dtype == dtype and whole.numel() == sum(self.sizes):
+            try:
+                whole = torch.cat(parts)
+            except RuntimeError:  # a later part that is not 1-D (M-RoPE's [3, n] mid-run)
+                whole = None
+            if whole is not None and whole.dtype == dtype and whole.numel() == sum(self.sizes):
                 return [whole]
         index: dict[Any, int] = {}
         groups: list[list[Any]] = []

@@ -1241,24 +1241,27 @@ BIG = 2**25 + 1
 
 def _odd_positions(probe: Probe, tick: Any) -> int:
     """Replays whose batches of 16 steps each hold one step whose positions are not one of its
-    requests' each (a position more), or of another dtype (int32, float). The short path appends
-    such a step's positions as the run's (`CopyBatch._cat` finds them out when the batch is sent);
-    the general path asks each step's."""
+    requests' each (a position more, or M-RoPE's [3, n] in a run of 1-D ones), or of another dtype
+    (int32, float). The short path appends such a step's positions as the run's (`CopyBatch._cat`
+    finds them out when the batch is sent); the general path asks each step's."""
     probe.copy_every = 16
     runner = GraphedRunner(decode_cuda_graph_runner=GraphRunner(bs=4))
     decode = Mode("DECODE")
     rids = ["a", "b", "c"]
     n = 0
-    for odd in (None, "one more", "int32", "float", None):
+    for odd in (None, "one more", "int32", "float", "mrope", None):
         for k in range(16):
             n += 1
             tick()
             if odd is not None and k == 9:
-                width, dtype = (4, torch.int64) if odd == "one more" else (3, getattr(torch, odd))
+                width, dtype = ((4, torch.int64) if odd == "one more" else (3, torch.int64) if odd == "mrope"
+                                else (3, getattr(torch, odd)))
             else:
                 width, dtype = 3, torch.int64
             # past float32's exact integers: promoted to float, the other steps' would change
             positions = torch.tensor([BIG + 10 * n + i for i in range(width)], dtype=dtype)
+            if odd == "mrope" and k == 9:
+                positions = torch.stack([positions, positions + 1, positions + 2])
             fb = Batch(decode, torch.arange(3), positions, list(rids), 3)
             hooks.around_model_runner_forward(lambda r, b: Output(can_run_graph=True), runner, fb)
     return n
@@ -1269,15 +1272,16 @@ def test_replays_with_odd_positions_write_the_bytes_the_general_path_writes(
         tmp_path: Path, monkeypatch: MP, timing: bool) -> None:
     """A batch of replays is sent as one concatenation of its positions, without asking each
     step's tensor its size and dtype (`CopyBatch._cat`); one step whose positions are one more
-    than its requests, or of another dtype, still gets what the general path records of it."""
+    than its requests, M-RoPE's in a run of 1-D ones, or of another dtype, still gets what the
+    general path records of it."""
     general, short = _by_each_path(tmp_path, monkeypatch, _odd_positions, timing)
     assert short.general_ends < general.steps / 2
     assert short.text == general.text
     recs = [r for r in read_records(tmp_path / "short" / "rank0.jsonl")[0] if isinstance(r, Step)]
-    assert len(recs) == general.steps == 80
+    assert len(recs) == general.steps == 96
     by_step = {r.step: r for r in recs}
     assert by_step[26].positions == []  # a position more than its requests: none is theirs
-    for n in (25, 27, 41, 42, 43, 57, 59):  # the steps next to the odd ones, and the int32 one
+    for n in (25, 27, 41, 42, 43, 57, 59, 73, 75):  # the steps next to the odd ones, and the int32 one
         assert [tuple(r) for r in by_step[n].positions] == [(BIG + 10 * n, BIG + 10 * n + 3)]  # [start, end)
 
 
