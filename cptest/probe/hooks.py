@@ -18,6 +18,7 @@ The SGLang line cited at each function is the pinned release's `sglang/srt/<path
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -335,16 +336,6 @@ def _skip_later_writes(probe: Probe, pool: Any) -> None:
         probe.kv_shadowed = pool
 
 
-def _unwrapped(fn: Any) -> Any:
-    """`fn` without the wrappers that keep what they wrap as `__wrapped__` (`Probe.timed_inner`'s)."""
-    for _ in range(8):
-        inner = getattr(fn, "__wrapped__", None)
-        if inner is None:
-            break
-        fn = inner
-    return fn
-
-
 def _direct_write(pool: Any) -> Any:
     """`pool.set_kv_buffer` without the probe's hook, bound to `pool`; None unless the method its
     class has is SGLang's hook wrapper (`plugins/hook_registry.py:375-383`, which keeps the
@@ -353,9 +344,9 @@ def _direct_write(pool: Any) -> Any:
     wrapper = getattr(type(pool), "set_kv_buffer", None)
     inner = getattr(wrapper, "__wrapped__", None)
     cells = getattr(wrapper, "__closure__", None) or ()
-    try:
-        ours = any(_unwrapped(c.cell_contents) is after_set_kv_buffer for c in cells)
-    except ValueError:  # an empty cell
+    try:  # the hook as registered, under `Probe.timed_inner`'s wrapper while measuring
+        ours = any(inspect.unwrap(c.cell_contents) is after_set_kv_buffer for c in cells)
+    except ValueError:  # an empty cell, or a cycle of `__wrapped__`
         ours = False
     if inner is None or not ours or not hasattr(pool, "__dict__"):
         return None
