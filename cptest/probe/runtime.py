@@ -128,17 +128,17 @@ IDLE_S = 0.15
 by the watchdog when the engine's thread has not come by for this long). The batch being filled
 counts from its last step (`BatchRecorder.filling`): while steps keep joining it, it waits for
 its own bound (COPY_WITHIN_S)."""
-COPY_WITHIN_S = 0.5
+COPY_WITHIN_S = 1.0
 """The longest a copy batch stays open from its first step (`copy_batches.close_if_due`,
 `Probe.copy_within_s`). A batch's send and finishing cost the engine's thread nearly as much for
-many steps as for few (its CUDA calls, its event and its one write are per batch, and each burst
-leaves the caches cold for the steps after it), so the bound is what spreads that cost: at 2 ms a
-decode step, 0.5 s holds about 240 steps. It is also how late a busy rank's step records reach
-the file, and what a rank killed while busy loses."""
-COPY_EVERY = 256
+many steps as for few (its CUDA calls, its event, its one write and the cold caches after each
+are per batch), so the bound is what spreads that cost: at 2 ms a decode step, 1 s holds about
+500 steps, at 4.4 ms (an eager one) about 230. It is also how late a busy rank's step records
+reach the file, and what a rank killed while busy loses."""
+COPY_EVERY = 512
 """The most steps a copy batch holds (`copy_batches.close_if_due`, `Probe.copy_every`), unless
-COPY_WITHIN_S closes it first, which is what decides at the speed of a decode step; it bounds the
-size of one host copy and of one finishing."""
+COPY_WITHIN_S closes it first; it bounds the size of one host copy and of one finishing. Past it a
+batch saves little more: the finishing grows with its steps (benchmarks/probe_step.py --copy-every)."""
 ENV_COPY_EVERY = "CPTEST_PROBE_COPY_EVERY"
 """Steps that replace COPY_EVERY: `tools/device/measure.sh` gives one probed server other bounds
 than the other (P1_ENV), so that one call measures both."""
