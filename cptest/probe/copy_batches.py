@@ -66,7 +66,13 @@ class Run:
     the batch, the steps' tensors following one another (`len(which)` each). Runs are reused, as drafts are
     (`open`, `Probe.runs`): a fresh one per run would live until its batch is finished, long
     enough for Python's collector to move it to its oldest generation (see StepDraft); the rows,
-    tuples of plain values, the collector stops tracking at its first look."""
+    tuples of plain values, the collector stops tracking at its first look.
+
+    A decode-graph replay that the step hook's short path puts on the run is kept as its clock
+    alone, a float (`steps.Steady.compact`): the row before it with the step one further and that
+    clock. Its row holds nothing else of its own (no inner hook fires in a replay, and the short
+    path sends a step whose `rows_in` differs to the general path), and a batch's finishing then
+    touches one object a step instead of three (`_run_block_line`)."""
 
     __slots__ = ("rids", "which", "cp_configured", "graph_rows", "kv_none", "kv_full", "first", "rows",
                  "pos_2d", "layers", "b")
@@ -86,7 +92,8 @@ class Run:
         hooks every layer goes on the run of those that hook the first alone, `Probe.hook_layers`)."""
         self.kv_none = self.kv_full = False
         self.first = 0
-        self.rows: list[tuple[Any, ...]] = []
+        self.rows: list[Any] = []
+        """Each step's row (a tuple), or a replay's clock alone (a float, see the class)."""
 
     @staticmethod
     def open(probe: Probe, draft: StepDraft, first: int) -> Run:
@@ -116,8 +123,21 @@ class Run:
         if len(runs) < _runtime.MAX_SPARE_DRAFTS:
             runs.append(self)
 
+    def expand(self) -> None:
+        """Each compact row (a float) made the row it stands for, in place (the short path's bound
+        `append` stays this list's)."""
+        rows = self.rows
+        last: tuple[Any, ...] = rows[0]
+        if last.__class__ is not tuple:
+            raise ValueError("a run's first row is a whole one")
+        out = []
+        for r in rows:
+            last = (last[0] + 1, r, *last[2:]) if r.__class__ is float else r
+            out.append(last)
+        rows[:] = out
+
     def draft(self, probe: Probe, k: int) -> StepDraft:
-        """Step `k` as the draft it was made from (a spare one, filled again)."""
+        """Step `k` as the draft it was made from (a spare one, filled again; `expand` first)."""
         step, t, rows_in, batch_size, attn, ffn, logits, kv_rows, ffn_out, layers = self.rows[k]
         rids = self.rids
         try:  # the watchdog may finish batches while the engine's thread takes drafts too
@@ -434,10 +454,21 @@ def _run_lines(probe: Probe, batch: CopyBatch, run: Run, lines: list[Any], noted
     are one value per request each; a line of its own for each step before it, and for a step
     left alone (a `steps` line holds two or more). Ids that JSON would escape or that repeat make
     every step a line of its own (`records.finish_step_line` says how)."""
-    n, b, width = len(run.rows), len(run.rids), len(run.which)
+    rows = run.rows
+    n, b, width = len(rows), len(run.rids), len(run.which)
     quoted = probe.rid_text.of(run.rids, distinct=True)
     sizes = batch.sizes
     end = run.first + n * width
+    floats = list(map(type, rows)).count(float)  # compact rows (see Run), counted at C speed
+    if floats:
+        if (floats == n - 1 and rows[0].__class__ is tuple and quoted is not None
+                and sizes[run.first:end].count(b) == n * width):
+            # one whole row and its replays' clocks: one `steps` line, made from them as they are
+            line = probe.call("step_end", _run_block_line, probe, batch, run, 0, quoted, noted)
+            if line is not None:
+                lines.append(line)
+            return
+        run.expand()
     for k in range(n):
         if (quoted is not None and n - k > 1
                 and sizes[run.first + k * width:end].count(b) == (n - k) * width):
@@ -462,6 +493,7 @@ def _run_block_line(probe: Probe, batch: CopyBatch, run: Run, k: int, quoted: st
     b, width = len(run.rids), len(run.which)
     first = run.first + k * width
     head = rows[0]
+    n = len(rows)
     # The KV source is the same for every step of a run (its key); so is a note's pattern, which
     # is said once (Probe.warn_once): the first step's.
     kv, note = records.kv_source_of("decode", head[0], run.graph_rows, head[7], b, b if width >= 2 else None)
@@ -475,7 +507,12 @@ def _run_block_line(probe: Probe, batch: CopyBatch, run: Run, k: int, quoted: st
     slots = None
     if width == 3 and kv == "mask":
         slots = _pool_rows(probe, batch.rows(range(first + 2, end, width), b)).astype("<i4")
-    step, clock, rows_in, _, attn, ffn, logits, _, ffn_out, layers = zip(*rows, strict=True)
+    if rows[-1].__class__ is float:  # the head's row, then its replays' clocks alone (_run_lines)
+        step: Sequence[Any] = range(head[0], head[0] + n)
+        clock: Sequence[Any] = [head[1], *rows[1:]]
+        _, _, rows_in, _, attn, ffn, logits, _, ffn_out, layers = ((v,) * n for v in head)
+    else:
+        step, clock, rows_in, _, attn, ffn, logits, _, ffn_out, layers = zip(*rows, strict=True)
     # Made into its line by whoever writes it (records.item_line: the probe's writer process, or
     # `Probe.write_items` here): its `t` is each step's _record_t.
     return records.steps_block_late(
@@ -593,7 +630,8 @@ def still_filling(probe: Probe, now: float) -> bool:
         for item in reversed(batch.items):
             cls = item.__class__
             if cls is Run:
-                last = item.rows[-1][1] if item.rows else last
+                row = item.rows[-1] if item.rows else None
+                last = last if row is None else row if row.__class__ is float else row[1]
                 break
             if cls is StepDraft:
                 last = item.t

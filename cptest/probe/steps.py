@@ -382,7 +382,7 @@ class Steady:
     __slots__ = ("runner", "mode", "rids", "bs", "graph_runner", "graph_bs", "width", "batch", "run", "draft",
                  "add_part", "add_row", "counted", "b", "pos_2d", "n", "full", "born", "within", "eager",
                  "key", "kv_none", "kv_full", "no_layers", "step", "busy", "timed", "read_every", "pending",
-                 "clock")
+                 "clock", "compact", "rows_in")
 
     def __init__(self) -> None:
         self.runner: Any = None
@@ -438,11 +438,18 @@ class Steady:
         """`Probe.timing`, `read_every`, `_pending` and `clock`, held here as the run is armed: the
         short path reads its probe's state from this one object's slots, not from the probe's
         dict of a hundred attributes, each read a cache miss or two once a step on a server."""
+        self.compact = False
+        self.rows_in = 0
+        """A run of replays whose last row is a replay's row of step `step` with `rows_in` rows in:
+        each step with as many rows in goes on it as its clock alone (`copy_batches.Run`), one
+        that has other rows in by the general end."""
         self.kv_none = self.kv_full = self.no_layers = False
         """An eager run's KV write and layers (`Run.kv_none`, `Run.kv_full`, `not Run.layers`): what
         the inner hooks must have seen for a step to go on it (`copy_batches.join_run`)."""
 
 
+_REPLAY_ROW_TAIL = (None, None, None, None, None, 0)
+"""A replay's row from its batch size on (`copy_batches.Run`): no inner hook fired, no layer."""
 _NOT_STEADY = object()
 """What `_steady_forward` returns when the step is not for it (it called no forward)."""
 _REPLAY_DECODE = _GRAPH_KEYS[True, "decode"]
@@ -489,6 +496,10 @@ def _arm_steady(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> None:
                             "as the forward begins; the short path counts the tensor's rows instead")
         st.b, st.pos_2d = run.b, run.pos_2d
         st.n = 0
+        last = run.rows[-1] if run.rows else None
+        st.compact = (not eager and last.__class__ is tuple and last[0] == probe.step_index
+                      and last[2:] == (draft.rows_in, draft.batch_size, *_REPLAY_ROW_TAIL))
+        st.rows_in = draft.rows_in
         st.step, st.busy, st.timed, st.read_every = probe.step_index, False, probe.timing, probe.read_every
         st.pending, st.clock = probe._pending, probe.clock
         st.full = min(probe.copy_every - batch.steps, -(-(COPY_ROWS - batch.held_rows) // max(run.b, 1)))
@@ -568,7 +579,7 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
     if st.eager and probe.kv_shadowed is not None:  # (a replay that ran eager ends by the general end)
         probe.unshadow_kv()
     t = st.clock()
-    row: tuple[Any, ...] = ()
+    row: Any = ()
     try:
         replayed = getattr(result, "can_run_graph", False)
         if st.eager:
@@ -589,8 +600,9 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
         else:
             gr = runner.decode_cuda_graph_runner if replayed else None
             pos = (fb.positions if gr is not None and gr is st.graph_runner and gr.bs == st.graph_bs
-                   and getattr(gr, "captured_req_width", 1) == st.width else None)
-            row = (step, t, rows_in, st.bs, None, None, None, None, None, 0)
+                   and getattr(gr, "captured_req_width", 1) == st.width and rows_in == st.rows_in else None)
+            # the clock alone, for a row that is the last one's with the step one further (Run)
+            row = t if st.compact else (step, t, rows_in, st.bs, None, None, None, None, None, 0)
     except Exception:
         pos = None
     done = False  # the step went on the run (or failed there, said): the general end must not record it

@@ -1078,7 +1078,8 @@ def _replays_and_turns(probe: Probe, tick: Any = None) -> int:
     in between, the padded size, the captured width and the graph runner changing, other requests,
     a replay without positions, as many other requests, a batch size that is not the run's, a
     prefill over the same requests, M-RoPE positions, a forward that raised, a padded size that
-    cannot be read. After every step no draft is both the spare and among those free for reuse.
+    cannot be read, input ids of another length (the short path keeps a replay as its clock alone
+    where its row is the last one's but for the step, `copy_batches.Run`). After every step no draft is both the spare and among those free for reuse.
     `tick`, when given, is called before each step (a clock the scenario moves). Returns the number
     of steps."""
     decode = Mode("DECODE")
@@ -1087,7 +1088,8 @@ def _replays_and_turns(probe: Probe, tick: Any = None) -> int:
     mlp = Layer()
     n = 0
 
-    def step(rids: list[str], kind: str = "replay", positions: Any = "1d", bs: int | None = None) -> None:
+    def step(rids: list[str], kind: str = "replay", positions: Any = "1d", bs: int | None = None,
+             rows: int | None = None) -> None:
         nonlocal n
         n += 1
         if tick is not None:
@@ -1097,7 +1099,7 @@ def _replays_and_turns(probe: Probe, tick: Any = None) -> int:
         elif positions == "mrope":
             text = [10 * n + k for k in range(len(rids))]
             positions = torch.tensor([text, [7] * len(rids), [8] * len(rids)])  # text, height, width
-        fb = Batch(decode, torch.arange(len(rids)), positions, list(rids), bs or len(rids))
+        fb = Batch(decode, torch.arange(rows or len(rids)), positions, list(rids), bs or len(rids))
         if kind == "extend":  # one new token for each request, as a prefill of the same requests
             fb = Batch(Mode("EXTEND"), fb.input_ids, positions, list(rids), len(rids), [1] * len(rids),
                        [10 * n] * len(rids))
@@ -1158,6 +1160,9 @@ def _replays_and_turns(probe: Probe, tick: Any = None) -> int:
     gr.bs = None  # type: ignore[assignment]
     step(abc)
     gr.bs = 8
+    for _ in range(3):
+        step(abc)
+    step(abc, rows=4)  # input ids of another length: the record says so, and the next step's again
     for _ in range(3):
         step(abc)
     return n
