@@ -559,9 +559,10 @@ def close_locked(probe: Probe, on_engine_thread: bool = False) -> None:
 def attach_record(probe: Probe, record: Any) -> bool:
     """Put `record` into the batch being filled, after its steps so far (`Probe.write`): the
     batch stays open, and is sent when full; the next step starts a new run.
-    A pool sample (a tuple, `records.pool_sample_late`) is the exception: the run goes on, and the
-    sample is written after the run's steps (`CopyBatch.later`). With no batch being filled, a
-    pool sample joins the last closed batch still waiting to be written (`_after_closed`). False
+    A record made late (a tuple: a pool sample, `records.pool_sample_late`, or the graph counts,
+    `records.graph_count_late`) is the exception: the run goes on, and the record is written after
+    the run's steps (`CopyBatch.later`). With no batch being filled, it joins the last closed batch
+    still waiting to be written (`_after_closed`). False
     when it joined neither. The batch being filled is the last of the pending work: a record
     written after it opened went into it, and it is detached before it is sent."""
     with probe.copy_lock:

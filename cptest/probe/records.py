@@ -746,9 +746,26 @@ def pool_sample_late(rank_json: str, clock: float, step: int, total: int, free: 
             scheduler_total, idle)
 
 
+def graph_count_line(*, rank_json: str, t: float, event: str, phase: str, count: int) -> str:
+    """The JSON line of a `Graph` count (what its `model_dump_json()` makes, field for field), without
+    pydantic: the chores write one a second on the engine's thread."""
+    return (f'{{"v":{SCHEMA_VERSION},"t":{float(t)!r},"kind":"graph","rank":{rank_json},"event":"{event}",'
+            f'"phase":"{phase}","batch_sizes":[],"count":{int(count)}}}')
+
+
+def graph_count_late(rank_json: str, clock: float, event: str, phase: str, count: int) -> tuple[Any, ...]:
+    """A `Graph` count made into its line when written (`late_line`), as a pool sample is: it joins
+    the copy batch being filled without ending its run of steps (`copy_batches.attach_record`)."""
+    return ("graph", rank_json, clock, event, phase, count)
+
+
 def late_line(record: tuple[Any, ...], t0: float) -> str:
-    """The line of a record made by `pool_sample_late`, `t0` being the probe's clock at its start:
-    its `t` is what `Probe.now` said when the record was made (round(clock - t0, 6))."""
+    """The line of a record made by `pool_sample_late` or `graph_count_late`, `t0` being the probe's
+    clock at its start: its `t` is what `Probe.now` said when the record was made (round(clock - t0, 6))."""
+    if record[0] == "graph":
+        _, rank_json, clock, event, phase, count = record
+        return graph_count_line(rank_json=rank_json, t=round(clock - t0, 6), event=event, phase=phase,
+                                count=count)
     kind, rank_json, clock, step, total, free, evictable, protected, running, waiting, sched, idle = record
     if kind != "pool_sample":
         raise ValueError(f"not a record made late: {kind!r}")
@@ -836,9 +853,17 @@ class GraphCounter:
         return now - self.last_flush >= every_s and bool(self.pending)
 
     def flush(self, *, rank: RankId, now: float) -> list[Graph]:
+        return [Graph(t=now, rank=rank, event=ev, phase=ph, count=n) for ev, ph, n in self._take(now)]
+
+    def flush_late(self, rank_json: str, clock: float) -> list[tuple[Any, ...]]:
+        """`flush`, as records made into their lines when written (`graph_count_late`)."""
+        return [graph_count_late(rank_json, clock, ev, ph, n) for ev, ph, n in self._take(clock)]
+
+    def _take(self, now: float) -> list[tuple[str, str, int]]:
+        """The counts since the last flush, which they become."""
         seen = dict(self.totals)  # one snapshot: the deltas written are exactly what is marked flushed
-        out = [Graph(t=now, rank=rank, event=ev, phase=ph, count=n - self.flushed[(ev, ph)])
-               for (ev, ph), n in sorted(seen.items()) if n != self.flushed[(ev, ph)]]
+        out = [(ev, ph, n - self.flushed[(ev, ph)]) for (ev, ph), n in sorted(seen.items())
+               if n != self.flushed[(ev, ph)]]
         self.flushed = seen
         self.last_flush = now
         return out

@@ -374,9 +374,12 @@ class Probe:
             now = self.clock()
             if not (self.graph.pending and (force or self.graph.due(now, self.graph_flush_s))):
                 return
-            counts = self.graph.flush(rank=self.rank, now=now)
+            assert self.rank_json is not None
+            # made into their lines when written, as pool samples are: into the batch being filled
+            # without ending its run of steps, which a record would end (`copy_batches.attach_record`)
+            counts = self.graph.flush_late(self.rank_json, now)
         for g in counts:
-            self.write(g.model_copy(update={"t": self.now()}))
+            self.write(g)
 
     def write(self, record: Record) -> None:
         """Write a record (or its JSON lines, made by the caller, or a tuple of `records.late_line`,

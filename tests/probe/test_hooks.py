@@ -774,6 +774,33 @@ def test_replays_on_the_short_path_do_the_chores_when_they_are_due(tmp_path: Pat
         p.close()
 
 
+def test_the_graph_counts_written_while_replays_fill_a_batch_leave_their_run_whole(
+        tmp_path: Path, monkeypatch: MP) -> None:
+    """The chores write the graph counts once a second, in the middle of a batch of replays: they
+    follow the run's one `steps` line instead of ending the run (a record would, and the next
+    replay would start another run by the general path). Every replay is counted once."""
+    now = [50.0]
+    p = Probe(tmp_path / "probe", clock=lambda: now[0], graph_flush_s=0.25)
+    p._start_watchdog = lambda: None  # type: ignore[method-assign]
+    runtime.set_probe(p)
+    general = _count_general_ends(monkeypatch)
+    try:
+        replay = _two_request_replays(monkeypatch, p, [])
+        for pos in range(100):
+            now[0] += 0.01  # a second of replays: the counts are due about four times, one batch
+            replay(pos)
+        assert len(general) == 1  # the run's first step alone; the counts did not end the run
+        lines = (p.out_dir / "rank0.jsonl").read_text().splitlines() if p.flush(timeout=10.0) else []
+        kinds = [json.loads(line)["kind"] for line in lines]
+        assert kinds.count("steps") == 1 and kinds.index("steps") < kinds.index("graph")
+        recs = read_records(p.out_dir / "rank0.jsonl")[0]
+        counts = [g for g in recs if isinstance(g, Graph) and g.event == "replay"]
+        assert len(counts) >= 3 and sum(g.count for g in counts) == 100
+    finally:
+        runtime.set_probe(None)
+        p.close()
+
+
 def test_a_batch_taken_by_another_thread_while_a_replay_goes_on_it_is_sent_with_that_replay(
         tmp_path: Path, monkeypatch: MP) -> None:
     """The short path appends a replay to the batch being filled without the lock. The watchdog may
@@ -1079,9 +1106,9 @@ def _replays_and_turns(probe: Probe, tick: Any = None) -> int:
     a replay without positions, as many other requests, a batch size that is not the run's, a
     prefill over the same requests, M-RoPE positions, a forward that raised, a padded size that
     cannot be read, input ids of another length (the short path keeps a replay as its clock alone
-    where its row is the last one's but for the step, `copy_batches.Run`). After every step no draft is both the spare and among those free for reuse.
-    `tick`, when given, is called before each step (a clock the scenario moves). Returns the number
-    of steps."""
+    where its row is the last one's but for the step, `copy_batches.Run`). After every step no
+    draft is both the spare and among those free for reuse. `tick`, when given, is called before
+    each step (a clock the scenario moves). Returns the number of steps."""
     decode = Mode("DECODE")
     gr = GraphRunner(bs=4)
     runner = GraphedRunner(decode_cuda_graph_runner=gr)

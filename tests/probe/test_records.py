@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cptest.evidence import RankId, parse_record
+from cptest.evidence import Graph, RankId, parse_record
 from cptest.probe import records
 from cptest.probe.records import GraphCounter, StepDraft
 
@@ -154,6 +155,23 @@ def test_graph_counter_flushes_deltas_and_then_starts_again() -> None:
     recs = c.flush(rank=RANK, now=1.0)
     assert {(r.event, r.phase, r.count) for r in recs} == {("replay", "decode", 3), ("eager", "prefill", 1)}
     assert not c.due(5.0, 1.0)
+
+
+@pytest.mark.parametrize("clock", [1000.0, 1000.000123, 1001.5, 13345.678901])
+def test_graph_counts_made_late_are_the_records_json(clock: float) -> None:
+    """The chores keep the graph counts as tuples, made into their lines when written
+    (`graph_count_late`, `late_line`): the text of each `Graph`'s `model_dump_json()` at the same
+    `t`, which reads back as that record."""
+    c = GraphCounter(last_flush=0.0)
+    for _ in range(3):
+        c.add("replay", "decode")
+    c.add("eager", "prefill")
+    late = c.flush_late(RANK.model_dump_json(), clock)
+    t = round(clock - 1000.0, 6)
+    want = [Graph(t=t, rank=RANK, event="eager", phase="prefill", count=1),
+            Graph(t=t, rank=RANK, event="replay", phase="decode", count=3)]
+    assert [records.late_line(g, 1000.0) for g in late] == [g.model_dump_json() for g in want]
+    assert c.pending == {} and c.flush_late(RANK.model_dump_json(), clock) == []
 
 
 def test_graph_counts_made_while_another_thread_flushes_are_all_written_once() -> None:
