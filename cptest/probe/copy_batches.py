@@ -559,12 +559,13 @@ def close_locked(probe: Probe, on_engine_thread: bool = False) -> None:
 def attach_record(probe: Probe, record: Any) -> bool:
     """Put `record` into the batch being filled, after its steps so far (`Probe.write`): the
     batch stays open, and is sent when full; the next step starts a new run.
-    A record made late (a tuple: a pool sample, `records.pool_sample_late`, or the graph counts,
-    `records.graph_count_late`) is the exception: the run goes on, and the record is written after
-    the run's steps (`CopyBatch.later`). With no batch being filled, it joins the last closed batch
-    still waiting to be written (`_after_closed`). False
-    when it joined neither. The batch being filled is the last of the pending work: a record
-    written after it opened went into it, and it is detached before it is sent."""
+    A record made late (a tuple: a pool sample, `records.pool_sample_late`, the graph counts,
+    `records.graph_count_late`, or the measuring's notes, `records.note_late`) is the exception:
+    the run goes on, and the record is written after the run's steps (`CopyBatch.later`). With no
+    batch being filled, it joins the last closed batch still waiting to be written
+    (`_after_closed`). False when it joined neither. The batch being filled is the last of the
+    pending work: a record written after it opened went into it, and it is detached before it is
+    sent."""
     with probe.copy_lock:
         batch = probe.copies
         if batch is None or batch.host is not None:

@@ -8,6 +8,7 @@ on a CPU.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from binascii import b2a_base64
@@ -759,13 +760,30 @@ def graph_count_late(rank_json: str, clock: float, event: str, phase: str, count
     return ("graph", rank_json, clock, event, phase, count)
 
 
+def note_line(*, rank_json: str, t: float, level: str, message: str) -> str:
+    """The JSON line of a `ProbeNote` of a rank (what its `model_dump_json()` makes), without pydantic:
+    the measuring's notes are written every second on the engine's thread."""
+    return (f'{{"v":{SCHEMA_VERSION},"t":{float(t)!r},"kind":"probe_note","rank":{rank_json},'
+            f'"level":"{level}","message":{json.dumps(message, ensure_ascii=False)}}}')
+
+
+def note_late(rank_json: str, clock: float, message: str, level: str = "info") -> tuple[Any, ...]:
+    """A note made into its line when written (`late_line`): it joins the copy batch being filled
+    without ending its run of steps, as the graph counts do."""
+    return ("probe_note", rank_json, clock, level, message)
+
+
 def late_line(record: tuple[Any, ...], t0: float) -> str:
-    """The line of a record made by `pool_sample_late` or `graph_count_late`, `t0` being the probe's
-    clock at its start: its `t` is what `Probe.now` said when the record was made (round(clock - t0, 6))."""
+    """The line of a record made by `pool_sample_late`, `graph_count_late` or `note_late`, `t0`
+    being the probe's clock at its start: its `t` is what `Probe.now` said when the record was made
+    (round(clock - t0, 6))."""
     if record[0] == "graph":
         _, rank_json, clock, event, phase, count = record
         return graph_count_line(rank_json=rank_json, t=round(clock - t0, 6), event=event, phase=phase,
                                 count=count)
+    if record[0] == "probe_note":
+        _, rank_json, clock, level, message = record
+        return note_line(rank_json=rank_json, t=round(clock - t0, 6), level=level, message=message)
     kind, rank_json, clock, step, total, free, evictable, protected, running, waiting, sched, idle = record
     if kind != "pool_sample":
         raise ValueError(f"not a record made late: {kind!r}")

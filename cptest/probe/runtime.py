@@ -60,7 +60,7 @@ from pydantic import BaseModel
 
 from cptest.evidence import ProbeNote, RankId, dump_record
 from cptest.probe.line_writer import LineWriter
-from cptest.probe.records import GraphCounter, RidText, StepDraft, item_line
+from cptest.probe.records import GraphCounter, RidText, StepDraft, item_line, note_late
 from cptest.store import rank_file_name
 
 if TYPE_CHECKING:
@@ -708,8 +708,10 @@ class Probe:
     def _write_gc(self) -> None:
         if self._gc_seen and self.rank is not None:
             seen, self._gc_seen = self._gc_seen, []
-            # "gc [[epoch_end, generation, seconds, collected], ...]"
-            self.write(ProbeNote(t=self.now(), rank=self.rank, message="gc " + json.dumps(seen)))
+            # "gc [[epoch_end, generation, seconds, collected], ...]"; a record made late, as the
+            # cost note: it follows the run of steps being filled instead of ending it
+            assert self.rank_json is not None
+            self.write(note_late(self.rank_json, self.clock(), "gc " + json.dumps(seen)))
 
     def _write_cost(self) -> None:
         """Write what `cost` gathered as a note `cost [epoch, steps, probe_ns, span_ns, ready_ns,
@@ -735,7 +737,8 @@ class Probe:
         cost, self.cost = self.cost, [0] * COST_FIELDS
         if cost[1] and self.rank is not None:
             seen = [round(time.time(), 4), cost[1], cost[0], cost[3] - cost[2], *cost[4:]]
-            self.write(ProbeNote(t=self.now(), rank=self.rank, message="cost " + json.dumps(seen)))
+            assert self.rank_json is not None
+            self.write(note_late(self.rank_json, self.clock(), "cost " + json.dumps(seen)))
 
     def _watch_loop(self) -> None:
         """Every WATCH_S: when the engine's thread has not done its chores for IDLE_S, send and finish

@@ -774,11 +774,13 @@ def test_replays_on_the_short_path_do_the_chores_when_they_are_due(tmp_path: Pat
         p.close()
 
 
-def test_the_graph_counts_written_while_replays_fill_a_batch_leave_their_run_whole(
-        tmp_path: Path, monkeypatch: MP) -> None:
-    """The chores write the graph counts once a second, in the middle of a batch of replays: they
-    follow the run's one `steps` line instead of ending the run (a record would, and the next
-    replay would start another run by the general path). Every replay is counted once."""
+@pytest.mark.parametrize("timing", [False, True], ids=["untimed", "timed"])
+def test_the_graph_counts_and_notes_written_while_replays_fill_a_batch_leave_their_run_whole(
+        tmp_path: Path, monkeypatch: MP, timing: bool) -> None:
+    """The chores write the graph counts once a second, and while the probe measures itself its
+    cost note, in the middle of a batch of replays: they follow the run's one `steps` line instead
+    of ending the run (a record would, and the next replay would start another run by the general
+    path). Every replay is counted once."""
     now = [50.0]
     p = Probe(tmp_path / "probe", clock=lambda: now[0], graph_flush_s=0.25)
     p._start_watchdog = lambda: None  # type: ignore[method-assign]
@@ -786,16 +788,20 @@ def test_the_graph_counts_written_while_replays_fill_a_batch_leave_their_run_who
     general = _count_general_ends(monkeypatch)
     try:
         replay = _two_request_replays(monkeypatch, p, [])
-        for pos in range(100):
-            now[0] += 0.01  # a second of replays: the counts are due about four times, one batch
+        p.timing = timing
+        p._last_notes = 49.6  # the measuring's notes due half way
+        for pos in range(95):
+            now[0] += 0.01  # most of a second of replays: the counts are due about four times, one batch
             replay(pos)
-        assert len(general) == 1  # the run's first step alone; the counts did not end the run
+        assert len(general) == 1  # the run's first step alone; nothing written ended the run
         lines = (p.out_dir / "rank0.jsonl").read_text().splitlines() if p.flush(timeout=10.0) else []
         kinds = [json.loads(line)["kind"] for line in lines]
         assert kinds.count("steps") == 1 and kinds.index("steps") < kinds.index("graph")
+        costs = [k for k, line in enumerate(lines) if '"message":"cost [' in line]
+        assert bool(costs) is timing and all(k > kinds.index("steps") for k in costs)
         recs = read_records(p.out_dir / "rank0.jsonl")[0]
         counts = [g for g in recs if isinstance(g, Graph) and g.event == "replay"]
-        assert len(counts) >= 3 and sum(g.count for g in counts) == 100
+        assert len(counts) >= 3 and sum(g.count for g in counts) == 95
     finally:
         runtime.set_probe(None)
         p.close()
