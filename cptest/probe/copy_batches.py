@@ -611,7 +611,7 @@ def close_if_due(probe: Probe, batch: CopyBatch) -> None:
     COPY_ROWS rows), or once its first step is `probe.copy_within_s` old (slow steps: records stay
     timely)."""
     if (batch.steps >= probe.copy_every or batch.held_rows >= COPY_ROWS
-            or probe.clock() - batch.born >= probe.copy_within_s):
+            or probe.clock() >= batch.born + probe.copy_within_s):
         close_locked(probe, on_engine_thread=True)
 
 
@@ -623,7 +623,7 @@ def still_filling(probe: Probe, now: float) -> bool:
     from the batch's items, so the steps pay nothing for it."""
     with probe.copy_lock:
         batch = probe.copies
-        if batch is None or batch.host is not None or now - batch.born >= probe.copy_within_s:
+        if batch is None or batch.host is not None or now >= batch.born + probe.copy_within_s:
             return False
         pending = probe._pending
         if not pending or pending[0][1] is not batch:

@@ -380,7 +380,7 @@ class Steady:
     (`Probe.steady_spare`), armed again and again."""
 
     __slots__ = ("runner", "mode", "rids", "bs", "graph_runner", "graph_bs", "width", "batch", "run", "draft",
-                 "add_part", "add_row", "counted", "b", "pos_2d", "n", "full", "born", "within", "eager",
+                 "add_part", "add_row", "counted", "b", "pos_2d", "n", "full", "due", "eager",
                  "key", "kv_none", "kv_full", "no_layers", "step", "busy", "timed", "read_every", "pending",
                  "clock", "compact", "rows_in")
 
@@ -418,9 +418,8 @@ class Steady:
         self.full = 0
         """Steps more that fill the batch (`copy_batches.close_if_due`): to `Probe.copy_every`
         steps, or to COPY_ROWS rows of its runs, from what it held when armed."""
-        self.born = 0.0
-        self.within = 0.0
-        """The batch's first step's clock and `Probe.copy_within_s`: it is sent once that old."""
+        self.due = 0.0
+        """The clock at which the batch is sent: its first step's plus `Probe.copy_within_s`."""
         self.eager = False
         """A run of eager decode steps (whose inner hooks fill the draft), not of replays."""
         self.key: Any = _REPLAY_DECODE
@@ -503,7 +502,7 @@ def _arm_steady(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> None:
         st.step, st.busy, st.timed, st.read_every = probe.step_index, False, probe.timing, probe.read_every
         st.pending, st.clock = probe._pending, probe.clock
         st.full = min(probe.copy_every - batch.steps, -(-(COPY_ROWS - batch.held_rows) // max(run.b, 1)))
-        st.born, st.within = batch.born, probe.copy_within_s
+        st.due = batch.born + probe.copy_within_s
     probe.steady = st
 
 
@@ -620,7 +619,7 @@ def _steady_forward(probe: Probe, st: Steady, original: Any, runner: Any, fb: An
                 st.n = n = st.n + 1  # the batch's counts and the graph counter's, settled later
                 # copy_batches.close_if_due, inline, on this step's clock: sent, the next step opens
                 # a batch by the general end
-                if n >= st.full or t - st.born >= st.within:
+                if n >= st.full or t >= st.due:
                     probe.settle_steady(disarm=True)
                     with probe.copy_lock:
                         close_locked(probe, on_engine_thread=True)
