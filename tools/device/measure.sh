@@ -37,6 +37,14 @@ mkdir -p "$OUT" "$WORK"
 rm -rf "$WORK"/probe-* "$WORK"/server-*.log "$WORK"/switch-* "$WORK/fidelity"  # an earlier call's, same machine
 LOG="$OUT/measure.log"
 say() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
+# A `timeout` around an earlier call ends this script alone (bash takes SIGTERM without its EXIT
+# trap), so that call's servers may still answer on these ports: the windows would measure them.
+for port in 31000 31001 31002; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    say "port $port answers: a server of an earlier call is still up; stop it (or use a fresh machine) first"
+    exit 3
+  fi
+done
 PGS=()
 finish() {
   for g in "${PGS[@]}"; do kill -TERM -- "-$g" 2>/dev/null; done
