@@ -497,6 +497,7 @@ def _arm_steady(probe: Probe, runner: Any, fb: Any, draft: StepDraft) -> None:
         st.n = 0
         last = run.rows[-1] if run.rows else None
         st.compact = (not eager and last.__class__ is tuple and last[0] == probe.step_index
+                      and last[1].__class__ is float  # a clock of floats: a float row is a clock
                       and last[2:] == (draft.rows_in, draft.batch_size, *_REPLAY_ROW_TAIL))
         st.rows_in = draft.rows_in
         st.step, st.busy, st.timed, st.read_every = probe.step_index, False, probe.timing, probe.read_every

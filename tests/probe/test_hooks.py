@@ -774,6 +774,28 @@ def test_replays_on_the_short_path_do_the_chores_when_they_are_due(tmp_path: Pat
         p.close()
 
 
+def test_replays_under_a_clock_of_ints_keep_whole_rows(tmp_path: Path, monkeypatch: MP) -> None:
+    """A replay kept as its clock alone is told from a whole row by being a float
+    (`copy_batches.Run`): under a clock that gives ints the short path keeps whole rows, and every
+    replay is recorded at its own step and time."""
+    p = Probe(tmp_path / "probe", clock=lambda: 1000, graph_flush_s=1e9)
+    p._start_watchdog = lambda: None  # type: ignore[method-assign]
+    runtime.set_probe(p)
+    general = _count_general_ends(monkeypatch)
+    try:
+        replay = _two_request_replays(monkeypatch, p, [])
+        for pos in range(20):  # all at one time: an int clock ticks in whole seconds
+            replay(pos)
+        assert p.steady is not None and not p.steady.compact
+        assert len(general) < 5  # the short path carried the replays
+        steps = [s for s in _records(p) if isinstance(s, Step)]
+        want = [(k, 0.0, k - 1) for k in range(1, 21)]
+        assert [(s.step, s.t, s.seq_positions["a"][0][0]) for s in steps] == want
+    finally:
+        runtime.set_probe(None)
+        p.close()
+
+
 @pytest.mark.parametrize("timing", [False, True], ids=["untimed", "timed"])
 def test_the_graph_counts_and_notes_written_while_replays_fill_a_batch_leave_their_run_whole(
         tmp_path: Path, monkeypatch: MP, timing: bool) -> None:
