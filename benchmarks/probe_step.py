@@ -589,7 +589,9 @@ def timed_parts(probe: Probe, iteration: Any, step: Any, steps: int, off_cpu: fl
     return (f"  parts (timed): {us[0]:.1f} us/step = ready {us[1]:.1f} / begin {us[2]:.1f} / end {us[3]:.1f} "
             f"(send {us[4]:.1f}); slow steps (> {SLOW_NS / 1e3:.0f} us) {c[8]} of {c[1]}, "
             f"{c[9] / max(c[8], 1) / 1e3:.0f} us each, {c[9] / n / 1e3:.1f} us per step of all\n"
-            f"  pool hook    : {pool_ns / steps / 1e3:8.1f} us/step on the engine thread (with the "
+            + (f"  finishing    : lines {c[21] / n / 1e3:.1f} / write {c[22] / n / 1e3:.1f} / give back "
+               f"{c[23] / n / 1e3:.1f} us/step (the copy batches', by phase)\n" if len(c) > 23 else "")
+            + f"  pool hook    : {pool_ns / steps / 1e3:8.1f} us/step on the engine thread (with the "
             f"scheduler's own figures and the chores; outside the parts), {c[11] / n / 1e3:.1f} of it the "
             f"hook's own (the cost notes' pool_ns)\n"
             f"  chores       : {chores / n / 1e3:8.1f} us/step; inner hooks {inner / n / 1e3:.1f} us/step "

@@ -116,6 +116,34 @@ def test_probe_windows_splits_the_pool_hooks_and_the_writers_time(tmp_path: Path
         "sends_and_polls": pytest.approx(1.0), "finishing": pytest.approx(3.0), "lines": pytest.approx(2.0)}
 
 
+def test_probe_windows_splits_the_copy_batches_finishing_by_phase(tmp_path: Path) -> None:
+    """The 22nd to 24th fields: the finishing's lines, write and giving back, per step; notes without
+    them give no split."""
+    pw = _load("probe_windows")
+    probe_dir = tmp_path / "probe-p0"
+    p = Probe(probe_dir, switch=tmp_path / "switch")
+    p.set_rank(RankId(world=0))
+    for _ in range(2):
+        p.cost = [2_000_000, 100, 1_000, 1_000 + 100_000_000, 900_000, 0, 0, 0, 0, 0, 0, 400_000, 100,
+                  0, 0, 0, 0, 0, 100_000, 0, 0, 300_000, 200_000, 100_000]
+        p._write_cost()
+    p.close()
+    share = pw.engine_share(pw.probe_notes(probe_dir, "cost"))
+    assert share is not None
+    assert share["finishing_us_per_step_by_phase"] == {
+        "lines": pytest.approx(3.0), "write": pytest.approx(2.0), "give_back": pytest.approx(1.0)}
+    older = tmp_path / "probe-p1"
+    q = Probe(older, switch=tmp_path / "switch")
+    q.set_rank(RankId(world=0))
+    for _ in range(2):
+        q.cost = [2_000_000, 100, 1_000, 1_000 + 100_000_000, 0, 0, 0, 0, 0, 0, 0, 400_000, 100,
+                  0, 0, 0, 0, 0, 100_000, 500_000, 0]
+        q._write_cost()
+    q.close()
+    older_share = pw.engine_share(pw.probe_notes(older, "cost"))
+    assert older_share is not None and "finishing_us_per_step_by_phase" not in older_share
+
+
 def test_probe_windows_adds_the_chores_and_the_inner_hooks_to_the_whole_share(tmp_path: Path) -> None:
     """D114: the chores (19th field) and the inner hooks (20th) run on the engine's thread outside
     both hooks' figures; the whole share adds them."""

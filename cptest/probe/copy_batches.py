@@ -415,6 +415,10 @@ class CopyBatch:
         noted: list[Any] = []
         """Drafts (whose notes are written after the lines, in order, then given back) and notes."""
         runs: list[Run] = []
+        # While measuring, the finishing's three phases go into the cost notes apart (their last
+        # three fields): making the lines, writing them (or handing them to the writer process),
+        # giving the drafts, runs and host copies back.
+        t0 = time.perf_counter_ns() if probe.timing else 0
         self.end_run()
         for item in self.items:
             cls = item.__class__
@@ -425,7 +429,7 @@ class CopyBatch:
             if cls is StepDraft:
                 line = probe.call("step_end", _step_line, probe, self, item)
                 noted.append(item)
-            elif cls is tuple:  # a pool sample (records.pool_sample_late): made into its line when written
+            elif cls is tuple:  # a record made late (records.late_line): made into its line when written
                 line = item
             else:
                 line = probe.call("write", probe.text, item)
@@ -433,8 +437,10 @@ class CopyBatch:
                 lines.append(line)
         self.items = []
         self.run_ = None
+        t1 = time.perf_counter_ns() if t0 else 0
         if lines:
             probe.write_items(lines)  # before the host copies, which its `steps` lines view, are given back
+        t2 = time.perf_counter_ns() if t0 else 0
         for draft in noted:
             if draft.__class__ is str:
                 probe.warn_once(re.sub(r"\d+", "N", draft), draft)
@@ -447,6 +453,11 @@ class CopyBatch:
             run.close(probe)
         self.values_ = None
         self.host = ()  # done with, and not None: a send that finds it still in line skips it
+        if t0:
+            cost = probe.cost
+            cost[21] += t1 - t0
+            cost[22] += t2 - t1
+            cost[23] += time.perf_counter_ns() - t2
 
 
 def _run_lines(probe: Probe, batch: CopyBatch, run: Run, lines: list[Any], noted: list[Any]) -> None:

@@ -207,7 +207,7 @@ def enabled(environ: dict[str, str] | None = None) -> bool:
     return bool(env.get(ENV_DIR, "").strip())
 
 
-COST_FIELDS = 21
+COST_FIELDS = 24
 """The length of `Probe.cost` (and of a `cost` note: epoch, steps, probe_ns, span_ns, then cost[4:])."""
 
 
@@ -332,7 +332,9 @@ class Probe:
         the engine's thread in busy scheduler iterations (pool_hooks.after_get_next_batch_to_run),
         those iterations, the ns and number of those that read the pools (not too soon), and the
         watchdog's CPU ns by phase: sends, finishing records, writing lines; the chores' ns; the
-        inner hooks' ns (`timed_inner`); the measuring's own ns within the chores (`chores`)."""
+        inner hooks' ns (`timed_inner`); the measuring's own ns within the chores (`chores`); the
+        finishing of copy batches by phase, on whichever thread finished them: making the lines,
+        writing them, giving back what the batch held (`copy_batches.CopyBatch.run`)."""
 
     # ------------------------------------------------------------ writing
     def now(self) -> float:
@@ -717,7 +719,7 @@ class Probe:
         """Write what `cost` gathered as a note `cost [epoch, steps, probe_ns, span_ns, ready_ns,
         begin_ns, end_ns, send_ns, slow_steps, slow_ns, watchdog_ns, pool_ns, pool_calls,
         pool_read_ns, pool_reads, watchdog_send_ns, watchdog_finish_ns, watchdog_lines_ns, chores_ns,
-        inner_ns, measuring_ns]`:
+        inner_ns, measuring_ns, finish_lines_ns, finish_write_ns, finish_give_back_ns]`:
         - the probe's own time in the per-step hooks' begin and end (deferred records, copies
           included) over `steps` steps that took `span_ns` from the first one's start to the last
           one's end, then that time by part (steps._timed_forward), and the steps whose probe work
@@ -731,7 +733,9 @@ class Probe:
         - the inner hooks' own time inside the forwards (`timed_inner`: the KV write, the CP split
           and the layers' row hooks, outside `probe_ns`);
         - the part of the chores' time that is the measuring's own (the run-time switch's stat, the
-          collector's and these notes), which an evidence run does not spend.
+          collector's and these notes), which an evidence run does not spend;
+        - the copy batches' finishing by phase (in `ready_ns` where the engine's thread finished
+          them): making the lines, writing them, giving back what the batch held.
         The fields keep their places from when a writer thread did the watchdog's work every round:
         tools/device/probe_windows.py reads notes of every layout."""
         cost, self.cost = self.cost, [0] * COST_FIELDS

@@ -891,7 +891,7 @@ def test_a_timing_probe_notes_its_own_time_per_step_never_more_than_the_steps_to
     cost = json.loads(note.message[5:])
     (_epoch, steps, probe_ns, span_ns, ready_ns, begin_ns, end_ns, send_ns, slow, slow_ns, watchdog_ns,
      pool_ns, pool_calls, pool_read_ns, pool_reads, w_send_ns, w_finish_ns, w_lines_ns, chores_ns,
-     inner_ns, measuring_ns) = cost
+     inner_ns, measuring_ns, fin_lines_ns, fin_write_ns, fin_give_back_ns) = cost
     assert steps == copy_batches.COPY_EVERY + 4 and 0 < probe_ns <= span_ns
     assert ready_ns + begin_ns + end_ns == probe_ns  # the parts are the whole
     assert 0 < send_ns <= end_ns  # the engine's thread sends the full batch as its step ends
@@ -902,6 +902,8 @@ def test_a_timing_probe_notes_its_own_time_per_step_never_more_than_the_steps_to
     assert chores_ns > 0  # the first step's chores, outside the step's parts
     assert 0 <= measuring_ns <= chores_ns  # the measuring's own work is part of the chores'
     assert inner_ns == 0  # this test calls the inner hooks as they are, not as registered (timed_inner)
+    # the batches' finishing by phase: the full one in a step's `ready`, the last one by the flush
+    assert fin_lines_ns > 0 and fin_write_ns > 0 and fin_give_back_ns > 0
     assert len([r for r in _records(probe) if isinstance(r, Step)]) == steps  # timing changes no record
 
 
@@ -1294,6 +1296,8 @@ def test_replays_by_the_short_path_write_the_bytes_the_general_path_writes(
     if timing:  # [probe ns, counted steps, ...]: each step that returned counted once
         assert general.cost[1] == short.cost[1] == steps - 1
         assert short.cost[0] == short.cost[4] + short.cost[5] + short.cost[6]
+        for run in (general, short):  # the batches' finishing by phase, within the steps' `ready`
+            assert all(run.cost[i] > 0 for i in (21, 22, 23)) and sum(run.cost[21:24]) <= run.cost[4]
 
 
 BIG = 2**25 + 1

@@ -232,6 +232,12 @@ def engine_share(costs: list[list[float]], n: int = 10_000, seed: int = 1) -> di
             out["engine_evidence"] = {
                 "share": evidence(with_pool), "ci95": [boot[int(0.025 * n)], boot[int(0.975 * n) - 1]],
                 "us_per_step": out["engine_all"]["us_per_step"] - out["measuring_us_per_step"]}
+    finishing = [c for c in costs if len(c) >= 24]  # the copy batches' finishing by phase
+    if finishing:
+        n_fin = sum(c[1] for c in finishing)
+        out["finishing_us_per_step_by_phase"] = {
+            name: sum(c[i] for c in finishing) / n_fin / 1000
+            for i, name in ((21, "lines"), (22, "write"), (23, "give_back"))}
     split = [c for c in costs if len(c) >= 18]  # D73: the pool hook's and the writer's figures split
     if split:
         n_split = sum(c[1] for c in split)
@@ -390,6 +396,9 @@ def main() -> None:
                 print(f"{name}: by part (us per step): {parts}; steps over {SLOW_NS // 1000} us: "
                       f"{sl['steps']} of {sl['of']}, {sl['us_per_step_of_all']:.1f} us per step of all",
                       flush=True)
+            if "finishing_us_per_step_by_phase" in e:
+                phases = ", ".join(f"{k} {v:.1f}" for k, v in e["finishing_us_per_step_by_phase"].items())
+                print(f"{name}: the copy batches' finishing by phase (us per step): {phases}", flush=True)
             if "engine_all" in e:
                 a_ = e["engine_all"]
                 extra = "".join(f", {label} {e[key]:.1f}" for key, label in (
