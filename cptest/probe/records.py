@@ -870,20 +870,14 @@ class GraphCounter:
     def due(self, now: float, every_s: float) -> bool:
         return now - self.last_flush >= every_s and bool(self.pending)
 
-    def flush(self, *, rank: RankId, now: float) -> list[Graph]:
-        return [Graph(t=now, rank=rank, event=ev, phase=ph, count=n) for ev, ph, n in self._take(now)]
-
     def flush_late(self, rank_json: str, clock: float) -> list[tuple[Any, ...]]:
-        """`flush`, as records made into their lines when written (`graph_count_late`)."""
-        return [graph_count_late(rank_json, clock, ev, ph, n) for ev, ph, n in self._take(clock)]
-
-    def _take(self, now: float) -> list[tuple[str, str, int]]:
-        """The counts since the last flush, which they become."""
+        """The counts since the last flush, which they become, as `Graph` records made into their
+        lines when written (`graph_count_late`)."""
         seen = dict(self.totals)  # one snapshot: the deltas written are exactly what is marked flushed
-        out = [(ev, ph, n - self.flushed[(ev, ph)]) for (ev, ph), n in sorted(seen.items())
-               if n != self.flushed[(ev, ph)]]
+        out = [graph_count_late(rank_json, clock, ev, ph, n - self.flushed[(ev, ph)])
+               for (ev, ph), n in sorted(seen.items()) if n != self.flushed[(ev, ph)]]
         self.flushed = seen
-        self.last_flush = now
+        self.last_flush = clock
         return out
 
 

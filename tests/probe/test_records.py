@@ -14,6 +14,7 @@ from cptest.probe import records
 from cptest.probe.records import GraphCounter, StepDraft
 
 RANK = RankId(world=1, tp=1, dcp=1)
+RANK_JSON = RANK.model_dump_json()
 
 
 @dataclass
@@ -152,7 +153,7 @@ def test_graph_counter_flushes_deltas_and_then_starts_again() -> None:
         c.add("replay", "decode")
     c.add("eager", "prefill")
     assert not c.due(0.5, 1.0) and c.due(1.0, 1.0)
-    recs = c.flush(rank=RANK, now=1.0)
+    recs = [parse_record(records.late_line(g, 0.0)) for g in c.flush_late(RANK_JSON, 1.0)]
     assert {(r.event, r.phase, r.count) for r in recs} == {("replay", "decode", 3), ("eager", "prefill", 1)}
     assert not c.due(5.0, 1.0)
 
@@ -166,12 +167,12 @@ def test_graph_counts_made_late_are_the_records_json(clock: float) -> None:
     for _ in range(3):
         c.add("replay", "decode")
     c.add("eager", "prefill")
-    late = c.flush_late(RANK.model_dump_json(), clock)
+    late = c.flush_late(RANK_JSON, clock)
     t = round(clock - 1000.0, 6)
     want = [Graph(t=t, rank=RANK, event="eager", phase="prefill", count=1),
             Graph(t=t, rank=RANK, event="replay", phase="decode", count=3)]
     assert [records.late_line(g, 1000.0) for g in late] == [g.model_dump_json() for g in want]
-    assert c.pending == {} and c.flush_late(RANK.model_dump_json(), clock) == []
+    assert c.pending == {} and c.flush_late(RANK_JSON, clock) == []
 
 
 @settings(max_examples=300, deadline=None)
@@ -202,7 +203,7 @@ def test_graph_counts_made_while_another_thread_flushes_are_all_written_once() -
 
     def flusher() -> None:
         while not done.is_set():
-            flushed.extend(r.count for r in c.flush(rank=RANK, now=1.0))
+            flushed.extend(g[-1] for g in c.flush_late(RANK_JSON, 1.0))  # each record's count
 
     t = threading.Thread(target=flusher)
     t.start()
@@ -210,9 +211,9 @@ def test_graph_counts_made_while_another_thread_flushes_are_all_written_once() -
         c.add("eager" if i % 3 else "replay", "decode")
     done.set()
     t.join()
-    flushed.extend(r.count for r in c.flush(rank=RANK, now=2.0))
+    flushed.extend(g[-1] for g in c.flush_late(RANK_JSON, 2.0))
     assert sum(flushed) == n and all(k > 0 for k in flushed)
-    assert c.pending == {} and c.flush(rank=RANK, now=3.0) == []
+    assert c.pending == {} and c.flush_late(RANK_JSON, 3.0) == []
 
 
 def test_eager_runner_bound_to_a_phase_means_its_graph_is_disabled() -> None:
