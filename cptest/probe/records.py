@@ -723,14 +723,21 @@ def _json_ints(values: Sequence[int | None]) -> str:
     return ",".join(map(str, values)).replace("None", "null")  # `str` of an int holds no "None"
 
 
+def _line_head(t: float, kind: str, rank_json: str) -> str:
+    """The fields every record's JSON line opens with, in pydantic's order (`record_base._Record`),
+    for the lines the probe makes without pydantic (`pool_sample_line`, `graph_count_line`,
+    `note_line`)."""
+    return f'{{"v":{SCHEMA_VERSION},"t":{float(t)!r},"kind":"{kind}","rank":{rank_json},'
+
+
 def pool_sample_line(*, rank_json: str, t: float, step: int, total: int, free: int, evictable: int | None,
                      protected: int | None, running: int, waiting: int, scheduler_total: int | None,
                      idle: bool) -> str:
     """The JSON line of a `PoolSample` (what its `model_dump_json()` makes, field for field), without
     pydantic: the pool hook runs on the engine's thread (probe.pool_hooks)."""
     return (
-        f'{{"v":{SCHEMA_VERSION},"t":{float(t)!r},"kind":"pool_sample","rank":{rank_json},'
-        f'"step":{int(step)},"total":{int(total)},"free":{int(free)},"evictable":{_json_int(evictable)},'
+        _line_head(t, "pool_sample", rank_json)
+        + f'"step":{int(step)},"total":{int(total)},"free":{int(free)},"evictable":{_json_int(evictable)},'
         f'"protected":{_json_int(protected)},"running":{int(running)},"waiting":{int(waiting)},'
         f'"scheduler_total":{_json_int(scheduler_total)},"idle":{"true" if idle else "false"}}}'
     )
@@ -750,8 +757,8 @@ def pool_sample_late(rank_json: str, clock: float, step: int, total: int, free: 
 def graph_count_line(*, rank_json: str, t: float, event: str, phase: str, count: int) -> str:
     """The JSON line of a `Graph` count (what its `model_dump_json()` makes, field for field), without
     pydantic: the chores write one a second on the engine's thread."""
-    return (f'{{"v":{SCHEMA_VERSION},"t":{float(t)!r},"kind":"graph","rank":{rank_json},"event":"{event}",'
-            f'"phase":"{phase}","batch_sizes":[],"count":{int(count)}}}')
+    return (_line_head(t, "graph", rank_json)
+            + f'"event":"{event}","phase":"{phase}","batch_sizes":[],"count":{int(count)}}}')
 
 
 def graph_count_late(rank_json: str, clock: float, event: str, phase: str, count: int) -> tuple[Any, ...]:
@@ -763,8 +770,8 @@ def graph_count_late(rank_json: str, clock: float, event: str, phase: str, count
 def note_line(*, rank_json: str, t: float, level: str, message: str) -> str:
     """The JSON line of a `ProbeNote` of a rank (what its `model_dump_json()` makes), without pydantic:
     the measuring's notes are written every second on the engine's thread."""
-    return (f'{{"v":{SCHEMA_VERSION},"t":{float(t)!r},"kind":"probe_note","rank":{rank_json},'
-            f'"level":"{level}","message":{json.dumps(message, ensure_ascii=False)}}}')
+    return (_line_head(t, "probe_note", rank_json)
+            + f'"level":"{level}","message":{json.dumps(message, ensure_ascii=False)}}}')
 
 
 def note_late(rank_json: str, clock: float, message: str, level: str = "info") -> tuple[Any, ...]:
