@@ -23,7 +23,9 @@
 # GRAPHS_P0=1 (p0 runs with decode CUDA graphs, SGLang's default, instead of eager: the probe's
 # cost under replay next to p1's eager), GRAPHS_P1=1 (the same for p1: two servers under replay),
 # P0_ENV / P1_ENV (more VAR=value words for that probed server, e.g. P1_ENV=CPTEST_PROBE_READ_EVERY=0:
-# two servers that differ in one probe knob, each measured against itself in its windows).
+# two servers that differ in one probe knob, each measured against itself in its windows),
+# P0_PRELOAD / P1_PRELOAD (a folder, from the repository root, first on that server's PYTHONPATH:
+# tools/device/finish_profile with P0_ENV=CPTEST_FINPROF_OUT=<dir> profiles its batches' finishing).
 # On a 1-GPU machine all three servers share GPU 0.
 # Run it as `COMMIT=<the commit, from here> bash tools/device/measure.sh`: the machine's copy of .git
 # may be stale, so its own `git rev-parse` named an older commit in the first three runs' manifests.
@@ -83,6 +85,10 @@ launch() {  # name gpu port cpuset model probe(0/1) [extra args...]
     read -r -a knobs <<< "${!knobs_var:-}"
     envs+=("${knobs[@]}")
     [ ${#knobs[@]} -eq 0 ] || say "$name: probe knobs ${knobs[*]}"
+    # P0_PRELOAD / P1_PRELOAD: a folder put first on that server's PYTHONPATH, for a diagnostic's
+    # sitecustomize (tools/device/finish_profile)
+    local preload_var="${name^^}_PRELOAD"
+    [ -z "${!preload_var:-}" ] || envs+=(PYTHONPATH="$PWD/${!preload_var}:$PYTHONPATH")
     extra+=(--forward-hooks "$HOOKS")
   fi
   env "${envs[@]}" setsid python3 -c 'import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")}); os.execvp(sys.argv[2], sys.argv[2:])' \
