@@ -51,6 +51,7 @@ from cptest.record_base import (
     ranges_minus,
     slot_pairs,
     slot_runs_from,
+    slot_runs_of,
 )
 from cptest.topology import Degrees, PlacementMode
 
@@ -59,6 +60,7 @@ __all__ = [
     "ProbeNote", "RankEvidence", "RankId", "Ranges", "Record", "RequestResult", "RoleEvidence", "RunRole",
     "RunnerEvidence", "Step", "StepBlock", "dump_record", "parse_record", "ranges_from", "ranges_iter",
     "ranges_len", "ranges_merge", "ranges_minus", "read_records", "SlotRuns", "slot_pairs", "slot_runs_from",
+    "slot_runs_of",
 ]  # fmt: skip
 """The records and helpers other modules import from here, wherever they are defined."""
 

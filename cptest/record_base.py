@@ -6,7 +6,7 @@ builds or reads them). `cptest.evidence` re-exports all of it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
@@ -50,8 +50,24 @@ class RankId(BaseModel):
 
 
 # ---------------------------------------------------------------- position ranges
+ARRAY_FROM = 64
+"""From this many values, `ranges_from` first asks whether they are one run of consecutive values
+(as a prefill's positions are) and `slot_runs_of` cuts them with numpy: a prefill's positions and
+pool rows are thousands, and a loop over each value made a prefill step's record take milliseconds
+of the engine's thread (the probe finishes it there). Below it, the checks cost more than the loop."""
+
+
 def ranges_from(values: Iterable[int]) -> Ranges:
     """Sorted merged half-open ranges covering exactly `values`."""
+    if values.__class__ is not list:
+        values = list(values)
+    n = len(values)  # type: ignore[arg-type]
+    if n >= ARRAY_FROM:
+        first = values[0]  # type: ignore[index]
+        # one compare of two lists at C speed, where the loop below takes each value in turn
+        if (first.__class__ is int and values[-1] - first == n - 1  # type: ignore[index]
+                and values == list(range(first, first + n))):
+            return [(first, first + n)]
     out: Ranges = []
     for v in sorted(set(values)):
         if out and out[-1][1] == v:
@@ -118,6 +134,51 @@ def slot_runs_from(pairs: Iterable[tuple[int, int]]) -> SlotRuns:
             out.append((p, p + 1, s))
             n = 1
     return out
+
+
+def slot_runs_of(positions: Sequence[int], slots: Sequence[int]) -> SlotRuns:
+    """`slot_runs_from` of the pairs (positions[i], slots[i]) whose position is not negative (a row
+    this rank did not write): lists or numpy arrays of one length, cut with numpy from ARRAY_FROM
+    pairs."""
+    n = len(positions)
+    if n >= ARRAY_FROM:
+        p0, s0 = positions[0], slots[0]
+        # a request's prefill in one allocation: one run, found by two compares at C speed
+        if (p0.__class__ is int and s0.__class__ is int and p0 >= 0 and positions[-1] - p0 == n - 1
+                and slots[-1] - s0 == n - 1 and positions == list(range(p0, p0 + n))
+                and slots == list(range(s0, s0 + n))):
+            return [(p0, p0 + n, s0)]
+        got = _slot_runs_array(positions, slots)
+        if got is not None:
+            return got
+    return slot_runs_from((p, s) for p, s in zip(positions, slots, strict=True) if p >= 0)
+
+
+def _slot_runs_array(positions: Sequence[int], slots: Sequence[int]) -> SlotRuns | None:
+    """`slot_runs_of` by numpy: the distinct pairs sorted as tuples are (position, then row), a run
+    cut where a row is not the last one's plus one. None where numpy cannot hold them as int64."""
+    import numpy as np
+
+    try:
+        p = np.asarray(positions, dtype=np.int64)
+        s = np.asarray(slots, dtype=np.int64)
+    except (OverflowError, TypeError, ValueError):
+        return None
+    if p.shape != s.shape or p.ndim != 1:
+        return None
+    keep = p >= 0
+    p, s = p[keep], s[keep]
+    if not len(p):
+        return []
+    order = np.lexsort((s, p))
+    p, s = p[order], s[order]
+    repeat = np.concatenate(([False], (np.diff(p) == 0) & (np.diff(s) == 0)))
+    if repeat.any():
+        p, s = p[~repeat], s[~repeat]
+    cut = np.flatnonzero(np.diff(s) != 1) + 1
+    starts = np.concatenate(([0], cut))
+    ends = np.concatenate((cut, [len(p)]))
+    return list(zip(p[starts].tolist(), (p[ends - 1] + 1).tolist(), s[starts].tolist(), strict=True))
 
 
 def slot_pairs(runs: Iterable[tuple[int, int, int]], positions: Iterable[tuple[int, int]]

@@ -30,7 +30,7 @@ from cptest.evidence import (
     Step,
     ranges_from,
     ranges_merge,
-    slot_runs_from,
+    slot_runs_of,
 )
 from cptest.rank_records import KV_WRITE_UNMAPPED, DpBuffer, LayerPart
 
@@ -398,7 +398,7 @@ def finish_step(draft: StepDraft, *, rank: RankId, t: float, positions: Sequence
             owned = list(positions)
         if owned:
             kv_written = {
-                rid: ranges_from(p for p in ps if p >= 0)
+                rid: ranges_from(ps if min(ps, default=0) >= 0 else [p for p in ps if p >= 0])
                 for rid, ps in split_per_request(owned, draft.rids, lens).items()
             }
             kv_slots = _kv_slots(draft, owned, lens)
@@ -462,13 +462,14 @@ def _kv_slots(draft: StepDraft, owned: Sequence[int], lens: Sequence[int]) -> di
     if len(slots) != len(owned):
         draft.note(f"step {draft.step}: {len(slots)} KV slots for {len(owned)} rows; kv_slots left empty")
         return {}
-    pairs: dict[str, list[tuple[int, int]]] = {}
+    rows: dict[str, tuple[list[int], list[int]]] = {}
     at = 0
     for rid, n in zip(draft.rids, lens, strict=True):
-        mine = pairs.setdefault(rid, [])
-        mine.extend((p, s) for p, s in zip(owned[at:at + n], slots[at:at + n], strict=True) if p >= 0)
+        mine = rows.setdefault(rid, ([], []))
+        mine[0].extend(owned[at:at + n])
+        mine[1].extend(slots[at:at + n])
         at += n
-    return {rid: slot_runs_from(ps) for rid, ps in pairs.items() if ps}
+    return {rid: runs for rid, (ps, ss) in rows.items() if (runs := slot_runs_of(ps, ss))}
 
 
 def read_rows(table: Any, lens: Sequence[int], rids: Sequence[str], dcp: int, dcp_rank: int,
