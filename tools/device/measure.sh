@@ -62,8 +62,10 @@ trap finish EXIT
 source tools/device/cptest-env.sh
 
 say "probe tests on the GPU"
+# the whole output beside the log (a failure's assertion comes back with it), its summary in the log
 [ "${SKIP_TESTS:-0}" = 1 ] || python3 -m pytest -p no:cacheprovider tests/probe/test_hooks_cuda.py tests/probe/test_hooks.py \
-  tests/probe/test_runtime.py 2>&1 | tail -n 3 | tee -a "$LOG"
+  tests/probe/test_runtime.py tests/test_record_ranges.py > "$OUT/gpu-tests.log" 2>&1
+[ "${SKIP_TESTS:-0}" = 1 ] || tail -n 3 "$OUT/gpu-tests.log" | tee -a "$LOG"
 [ "${SKIP_TESTS:-0}" = 1 ] || for dev in cpu cuda; do
   python3 benchmarks/probe_step.py --steps 4000 --layers 4 --batch 64 --device $dev 2>&1 | tee -a "$LOG"
 done
