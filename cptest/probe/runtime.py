@@ -645,6 +645,18 @@ class Probe:
             else:
                 module.__dict__.pop("forward", None)
 
+    def _settle_read_credit(self, running: bool) -> None:
+        """At a pause or a resume: the read credit grows by the time up to now only where the probe
+        was running (`running`), never by a paused spell. The share is of the probe's running time:
+        a measuring probe's paused windows would otherwise save up credit that its next running
+        window spends, and its cost notes would charge reads twice what an evidence run (never
+        paused) pays."""
+        now = self.clock()
+        if running:
+            credit = self.read_credit_ns + self.read_share * (now - self._read_credit_t) * 1e9
+            self.read_credit_ns = min(credit, READ_CREDIT_MAX_NS)
+        self._read_credit_t = now
+
     def reads_due(self, now: float) -> bool:
         """Whether a sampled decode step (its clock `now`) may record its reads: while the reads'
         credit is not spent. The credit grows by `read_share` of the time that passes, up to
@@ -689,6 +701,7 @@ class Probe:
         if paused != self.paused:
             with contextlib.suppress(Exception):
                 self._write_cost()  # a cost note never spans a pause
+            self._settle_read_credit(running=not self.paused)
             self.paused = paused
             self.settle_steady(disarm=True)  # the step hook's short path does not ask whether it is paused
             self.note(f"probe {'paused' if paused else 'resumed'} by {self.switch}", "info")

@@ -532,6 +532,38 @@ def test_sampled_steps_skip_their_reads_while_finishing_reads_is_over_its_share(
     assert any(m.startswith("2 sampled step(s) recorded no reads") for m in messages)
 
 
+def test_a_paused_spell_saves_up_no_read_credit(tmp_path: Path, monkeypatch: MP) -> None:
+    """The reads' share is of the probe's running time: a measuring probe paused by its switch
+    saves up no credit meanwhile, so its next running window does not spend a pause's worth of
+    reads on top of its own (an evidence run is never paused)."""
+    now = [100.0]
+    switch = tmp_path / "switch"
+    switch.write_text("on", encoding="utf-8")
+    probe = Probe(tmp_path, clock=lambda: now[0], graph_flush_s=0.0, switch=switch)
+    runtime.set_probe(probe)
+    try:
+        step = _reading_every_step(probe, monkeypatch)
+        probe.poll_switch()
+        probe.read_credit_ns = -5_000_000  # reads that took 5 ms
+        now[0] = 101.0  # 1 s running: 2.5 ms of credit at 0.25 %
+        switch.write_text("off", encoding="utf-8")
+        probe.poll_switch()
+        assert probe.paused
+        now[0] = 111.0  # 10 s paused: nothing saved up
+        switch.write_text("on", encoding="utf-8")
+        probe.poll_switch()
+        assert not probe.paused
+        now[0] = 111.5  # 0.5 s running since: still 1.25 ms over
+        step()
+        now[0] = 112.5  # 1 s more: 1.25 ms to spend
+        step()
+        probe.close()
+    finally:
+        runtime.set_probe(None)
+    assert [s.kv_read for s in _steps(probe)] == [{}, {"a": [(0, 4)]}]
+    assert probe.reads_skipped == 1
+
+
 def test_sampled_steps_stop_recording_reads_once_their_lines_reach_the_files_share(
         tmp_path: Path, monkeypatch: MP) -> None:
     """A rank file must stay within what cptest reads of an evidence file: once the lines of the
