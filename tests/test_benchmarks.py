@@ -41,6 +41,11 @@ def test_the_read_rows_benchmark_reads_every_shape_alike_both_ways() -> None:
     assert len(re.findall(r"request\(s\) of +\d+ tokens: read_rows +\d", out)) == 6
 
 
+def test_the_step_record_benchmark_makes_the_same_record_both_ways() -> None:
+    out = _run("benchmarks/step_record.py", "--repeat", "1", "--requests", "8", "--tokens", "80")
+    assert out.count("same record") == 3 and "DIFFER" not in out
+
+
 def test_the_driver_stream_benchmark_has_every_request_answered() -> None:
     out = _run("benchmarks/driver_stream.py", "--requests", "16", "--concurrency", "4", "--tokens", "16",
                "--compare", "1")
