@@ -59,17 +59,15 @@ of the engine's thread (the probe finishes it there). Below it, the checks cost 
 
 def ranges_from(values: Iterable[int]) -> Ranges:
     """Sorted merged half-open ranges covering exactly `values`."""
-    if values.__class__ is not list:
-        values = list(values)
-    n = len(values)  # type: ignore[arg-type]
+    taken = values if isinstance(values, list) else list(values)
+    n = len(taken)
     if n >= ARRAY_FROM:
-        first = values[0]  # type: ignore[index]
+        first = taken[0]
         # one compare of two lists at C speed, where the loop below takes each value in turn
-        if (first.__class__ is int and values[-1] - first == n - 1  # type: ignore[index]
-                and values == list(range(first, first + n))):
+        if first.__class__ is int and taken[-1] - first == n - 1 and taken == list(range(first, first + n)):
             return [(first, first + n)]
     out: Ranges = []
-    for v in sorted(set(values)):
+    for v in sorted(set(taken)):
         if out and out[-1][1] == v:
             out[-1] = (out[-1][0], v + 1)
         else:
@@ -138,8 +136,9 @@ def slot_runs_from(pairs: Iterable[tuple[int, int]]) -> SlotRuns:
 
 def slot_runs_of(positions: Sequence[int], slots: Sequence[int]) -> SlotRuns:
     """`slot_runs_from` of the pairs (positions[i], slots[i]) whose position is not negative (a row
-    this rank did not write): lists or numpy arrays of one length, cut with numpy from ARRAY_FROM
-    pairs."""
+    this rank did not write), from lists or numpy arrays of one length. From ARRAY_FROM pairs, one
+    run of consecutive positions in consecutive rows is found at once, and any other pairs are cut
+    with numpy."""
     n = len(positions)
     if n >= ARRAY_FROM:
         p0, s0 = positions[0], slots[0]

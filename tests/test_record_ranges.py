@@ -101,7 +101,8 @@ def _no_sort(*_args: Any, **_kwargs: Any) -> Any:
     raise AssertionError("sorted per value")
 
 
-def test_values_numpy_cannot_hold_go_by_the_loop() -> None:
+def test_values_beyond_int64_are_cut_exactly_too() -> None:
+    """numpy cannot hold them: slot runs go by the loop, ranges by the one-run check."""
     big = [2**70 + 2 * i for i in range(ARRAY_FROM)]
     assert slot_runs_of(big, big) == slot_runs_from(zip(big, big, strict=True))
     assert ranges_from([2**70 + i for i in range(ARRAY_FROM)]) == [(2**70, 2**70 + ARRAY_FROM)]
