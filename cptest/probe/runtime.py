@@ -388,13 +388,18 @@ class Probe:
         once the rank is known)."""
         if self._pending and threading.get_ident() != self._runner:
             batches = self.batches
-            if self.copies is not None and batches is not None:
+            if batches is not None:
                 # A copy batch is being filled: the record joins it after its steps so far, and the
                 # batch's later steps come after the record. Closing the batch instead sent it at
-                # once, from this thread (the engine's, for a pool sample every 4 steps).
+                # once, from this thread (the engine's, for a pool sample every 4 steps). Between
+                # two batches a record made late (the chores' graph counts and notes, run by the
+                # scheduler's hook before the next step opens its batch) joins the closed batch's
+                # write, as a pool sample does, instead of a write of its own that a later sample
+                # could not join either.
                 if batches.attach(self, record):
                     return
-                batches.send_all(self)  # close the batch being filled: its later steps come after this record
+                if self.copies is not None:  # close the batch being filled: its later steps follow this
+                    batches.send_all(self)
             self._pending.append((self.clock(), _Write(self, record)))
             return
         self._write_now(record)
