@@ -658,9 +658,16 @@ class Probe:
         paused) pays."""
         now = self.clock()
         if running:
-            credit = self.read_credit_ns + self.read_share * (now - self._read_credit_t) * 1e9
-            self.read_credit_ns = min(credit, READ_CREDIT_MAX_NS)
+            self._grow_read_credit(now)
         self._read_credit_t = now
+
+    def _grow_read_credit(self, now: float) -> float:
+        """The read credit grown by `read_share` of the time since it last grew, up to
+        READ_CREDIT_MAX_NS, as of `now`."""
+        credit = self.read_credit_ns + self.read_share * (now - self._read_credit_t) * 1e9
+        self.read_credit_ns = credit = min(credit, READ_CREDIT_MAX_NS)
+        self._read_credit_t = now
+        return credit
 
     def reads_due(self, now: float) -> bool:
         """Whether a sampled decode step (its clock `now`) may record its reads: while the reads'
@@ -669,9 +676,7 @@ class Probe:
         (`copy_batches._step_line`). Once the lines of those steps reach READ_BYTES_MAX, none
         is due. Each kind of skip is noted once, with the figures; `close` notes how many were
         skipped."""
-        credit = self.read_credit_ns + self.read_share * (now - self._read_credit_t) * 1e9
-        self.read_credit_ns = credit = min(credit, READ_CREDIT_MAX_NS)
-        self._read_credit_t = now
+        credit = self._grow_read_credit(now)
         if self.read_bytes >= READ_BYTES_MAX:
             self.reads_skipped += 1
             if "read_bytes" not in self.warned:
