@@ -61,11 +61,8 @@ def ranges_from(values: Iterable[int]) -> Ranges:
     """Sorted merged half-open ranges covering exactly `values`."""
     taken = values if isinstance(values, list) else list(values)
     n = len(taken)
-    if n >= ARRAY_FROM:
-        first = taken[0]
-        # one compare of two lists at C speed, where the loop below takes each value in turn
-        if first.__class__ is int and taken[-1] - first == n - 1 and taken == list(range(first, first + n)):
-            return [(first, first + n)]
+    if n >= ARRAY_FROM and _consecutive(taken):
+        return [(taken[0], taken[0] + n)]
     out: Ranges = []
     for v in sorted(set(taken)):
         if out and out[-1][1] == v:
@@ -73,6 +70,14 @@ def ranges_from(values: Iterable[int]) -> Ranges:
         else:
             out.append((v, v + 1))
     return out
+
+
+def _consecutive(values: Sequence[int]) -> bool:
+    """Whether `values` (not empty) are the ints first, first + 1, ...: one compare of two lists
+    at C speed, where a loop takes each value in turn. Anything but a list of ints says no."""
+    first = values[0]
+    n = len(values)
+    return first.__class__ is int and values[-1] - first == n - 1 and values == list(range(first, first + n))
 
 
 def ranges_merge(ranges: Iterable[tuple[int, int]]) -> Ranges:
@@ -141,12 +146,9 @@ def slot_runs_of(positions: Sequence[int], slots: Sequence[int]) -> SlotRuns:
     with numpy."""
     n = len(positions)
     if n >= ARRAY_FROM:
-        p0, s0 = positions[0], slots[0]
-        # a request's prefill in one allocation: one run, found by two compares at C speed
-        if (p0.__class__ is int and s0.__class__ is int and p0 >= 0 and positions[-1] - p0 == n - 1
-                and slots[-1] - s0 == n - 1 and positions == list(range(p0, p0 + n))
-                and slots == list(range(s0, s0 + n))):
-            return [(p0, p0 + n, s0)]
+        # a request's prefill in one allocation: one run
+        if len(slots) == n and _consecutive(positions) and positions[0] >= 0 and _consecutive(slots):
+            return [(positions[0], positions[0] + n, slots[0])]
         got = _slot_runs_array(positions, slots)
         if got is not None:
             return got
