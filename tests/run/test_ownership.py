@@ -210,7 +210,11 @@ def test_a_stray_in_this_runs_session_is_this_runs_orphan(tmp_path: Path, port: 
         owned = sup.start(fake_node(port), tmp_path / "engine.log", {}, "main", writer)
         wait_until(lambda: len(owned.handle.pids()) >= 5, 20, "the fake tree")
         sup.sample("running", "main", writer)
-        sched = [p for p in owned.handle.pids() if psutil.Process(p).name().startswith("sglang::")]
+        # The schedulers are the head's children: a title test would also catch a helper caught
+        # between fork and exec, which still wears its scheduler's title and then loses it.
+        head = owned.handle.main_pid()
+        sched = [p for p in owned.handle.pids() if psutil.Process(p).ppid() == head]
+        assert len(sched) == 2
         owned.handle.known.clear()  # forget the tree: its schedulers are now strays to the sampler
         real = owned.handle.alive_pids
         owned.handle.alive_pids = lambda: [p for p in real() if p not in sched]  # type: ignore[method-assign]
