@@ -5,8 +5,9 @@ The real figure is the decode-throughput overhead on the GPU machine
 for finding where the time goes. One simulated SGLang step drives the same hook bodies SGLang's
 wrappers call: `ModelRunner.forward` (AROUND), the KV write of every layer (AFTER, with a DCP
 owner mask), every layer's attention and MLP module calls with the probe's row hooks on them (the
-first layer's registered with torch as SGLang's `--forward-hooks` does, the others wrapped as the
-probe does; `--registered`: all registered), the logits one. With `--device cpu`
+first layer's and the logits' registered with torch as SGLang's `--forward-hooks` does, then moved
+into wrapped forwards as the probe does, the others wrapped; `--registered`: all left registered),
+the logits one. With `--device cpu`
 (default) the tensors are small CPU tensors and the figures are pure Python; with `--device cuda`
 they live on the GPU and the figures include the probe's device copies and events.
 
@@ -163,8 +164,9 @@ class _Logits(torch.nn.Module):
 def make_modules(layers: int, hooked: bool, registered: bool, wrap: Callable[[Any], Any] = _same,
                  later: list[tuple[Any, Any]] | None = None) -> tuple[list[tuple[Any, Any]], Any]:
     """Each layer's attention and MLP modules and the logits processor, hooked as in SGLang: the
-    first layer's and the logits' by `register_forward_hook` (`--forward-hooks`), the others' by
-    `hooks.wrap_forward` (`hooks._hook_every_layer`), or every one registered with `registered`.
+    first layer's and the logits' by `register_forward_hook` (`--forward-hooks`) and then moved
+    into their forwards (`hooks.unregister_into_forward`), the others' by `hooks.wrap_forward`
+    (`hooks._hook_every_layer`), or every one left registered with `registered`.
     `wrap` is what the probe does to each inner hook when it is installed (`Probe.timed_inner`).
     `later`, when given, gets each wrapped module and its forward, as `Probe.layer_forwards` does."""
     mods = [(_Pass(i), _Pass()) for i in range(layers)]
@@ -181,6 +183,9 @@ def make_modules(layers: int, hooked: bool, registered: bool, wrap: Callable[[An
                     if later is not None:
                         later.append((module, forward))
         logits.register_forward_hook(wrap(hooks.on_logits_input))
+        if not registered:
+            for module in (*mods[0], logits):
+                hooks.unregister_into_forward(module)
     return mods, logits
 
 
@@ -406,7 +411,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=0, metavar="K",
                     help="also measure the engine thread's cost in K alternating pairs of blocks, with a CI")
     ap.add_argument("--registered", action="store_true",
-                    help="every layer's row hooks registered with torch (before D114), not wrapped")
+                    help="every row hook left registered with torch, none wrapped")
     ap.add_argument("--control", action="store_true",
                     help="with --blocks, also the unhooked step against itself (the method's floor)")
     ap.add_argument("--reads", type=int, default=0, metavar="CONTEXT",

@@ -171,7 +171,8 @@ the plain one), and the MLP."""
 
 
 def _hook_every_layer(runner: Any, probe: Probe) -> None:
-    """Give every layer the attention and MLP hooks that `--forward-hooks` gave the first.
+    """Give every layer the attention and MLP hooks that `--forward-hooks` gave the first, and move
+    the hooks SGLang registered into instance forwards (`unregister_into_forward`).
 
     The plan's argv names the first layer's modules alone (`forward_hooks.MODULES`), and archives
     pin that argv: the other layers are hooked here, where the model is at hand. SGLang registers
@@ -189,8 +190,11 @@ def _hook_every_layer(runner: Any, probe: Probe) -> None:
     hooks = {"self_attn.attn": ("cptest_attn_rows", on_attn_input), "mlp": ("cptest_mlp_rows", on_mlp_input)}
     hooked_by_spec = {module for _, module in MODULES.values()}
     for name, module in runner.model.named_modules():
+        if name in hooked_by_spec:
+            unregister_into_forward(module)
+            continue
         m = _LAYER_MODULE.fullmatch(name)
-        if m is None or name in hooked_by_spec or (first_only and m.group(1) != "0"):
+        if m is None or (first_only and m.group(1) != "0"):
             continue
         spec, hook = hooks["mlp" if m.group(2) == "mlp" else "self_attn.attn"]
         if spec in given:
@@ -207,8 +211,9 @@ def wrap_forward(module: Any, hook: Any) -> Any:
     """Call `hook(module, args, output)` after each forward of `module`, as `register_forward_hook`
     would, through an instance `forward` instead: a module with a registered hook leaves torch's
     fast call path, where an instance `forward` costs one Python call (benchmarks/probe_step.py
-    --registered compares the two). The layers after the first are hooked this way; the first
-    layer's hooks are SGLang's (`--forward-hooks`, registered). Keyword arguments reach `forward`
+    --registered compares the two). The layers after the first are hooked this way, and the first
+    layer's and the logits' hooks that SGLang registered are moved here (`unregister_into_forward`).
+    Keyword arguments reach `forward`
     and not the hook, as with a registered hook. Returns the instance `forward` it set, None when
     `module` was wrapped already."""
     if getattr(module, WRAPPED, None) is not None:
@@ -223,6 +228,28 @@ def wrap_forward(module: Any, hook: Any) -> Any:
     module.forward = forward
     setattr(module, WRAPPED, hook)
     return forward
+
+
+def unregister_into_forward(module: Any) -> bool:
+    """Move the probe's row hook that SGLang registered on `module` (`--forward-hooks`,
+    model_executor/hook_manager.py:55) into an instance `forward` (`wrap_forward`). A module with
+    any registered forward hook leaves torch's fast call path on every call, while the probe is
+    paused or switched off too, and that dispatch is outside the hook's own timing
+    (`Probe.timed_inner`); SGLang keeps no handle, so the hook is the module's to move. Another
+    plugin's hooks stay registered. Returns whether a hook was moved."""
+    registered = getattr(module, "_forward_hooks", None)
+    if not registered or getattr(module, WRAPPED, None) is not None:
+        return False
+    for key, hook in list(registered.items()):
+        try:
+            ours = inspect.unwrap(hook) in (on_attn_input, on_mlp_input, on_logits_input)
+        except ValueError:  # a cycle of `__wrapped__`: not a wrapper of ours
+            ours = False
+        if ours:
+            del registered[key]  # registered without kwargs or always_call: no other dict holds it
+            wrap_forward(module, hook)
+            return True
+    return False
 
 
 # ---------------------------------------------------------------- inner hooks of a forward

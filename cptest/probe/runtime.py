@@ -855,7 +855,7 @@ class Probe:
     def timed_inner(self, fn: F) -> F:
         """`fn`, a hook that fires inside a forward, timed into the `cost` notes' inner field while
         the probe measures itself (`timing`, ENV_SWITCH); `fn` itself otherwise, so that evidence
-        runs pay nothing for it. What it cannot count: the call into it (torch's hook dispatch,
+        runs pay nothing for it. What it cannot count: the call into it (a wrapped module's forward,
         SGLang's hook registry), which benchmarks/probe_step.py bounds."""
         if not self.timing:
             return fn

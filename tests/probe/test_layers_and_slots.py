@@ -298,6 +298,44 @@ def test_the_graph_setup_hook_gives_every_layer_the_first_layers_forward_hooks(
     assert (s.layers, s.ffn_rows, s.ffn_out_rows, s.layer_rows) == (3, 4, 4, None)
 
 
+class _Logits(torch.nn.Module):
+    """SGLang's `logits_processor`: called with the input ids, then the hidden states."""
+
+    def forward(self, _ids: Any, hidden: Any) -> Any:
+        return hidden
+
+
+def test_the_hooks_sglang_registered_move_into_forwards_and_another_plugins_hook_stays(
+        probe: Probe, monkeypatch: MP) -> None:
+    model = _Model(2)
+    model.logits_processor = _Logits()
+    theirs: list[int] = []
+    first = model.model.layers[0]
+    first.mlp.register_forward_hook(lambda m, a, o: theirs.append(int(o.shape[0])))
+    _graph_setup(probe, monkeypatch, list(forward_hooks.MODULES), model)
+    moved = (first.self_attn.attn, first.mlp, model.logits_processor)
+    assert [getattr(m, hooks.WRAPPED, None) is not None for m in moved] == [True, True, True]
+    # Nothing of the probe's is left registered: torch's fast call path, bar the other plugin's.
+    assert [len(m._forward_hooks) for m in moved] == [0, 1, 0]
+
+    def forward(runner: Runner, fb: Batch) -> Output:
+        k = torch.zeros(4, 1, 4)
+        hooks.after_set_kv_buffer(None, object(), object(), None, k, k)
+        model.logits_processor(None, model(torch.zeros(4, 8)))
+        return Output(can_run_graph=False)
+
+    hooks.around_model_runner_forward(forward, Runner(), _extend())
+    (s,) = _steps(probe)
+    assert (s.layers, s.ffn_rows, s.logits_rows, theirs) == (2, 4, 4, [4])
+
+
+def test_a_module_keeps_a_registered_hook_that_is_not_the_probes() -> None:
+    module = Rows()
+    module.register_forward_hook(lambda m, a, o: None)
+    assert not hooks.unregister_into_forward(module)
+    assert len(module._forward_hooks) == 1 and getattr(module, hooks.WRAPPED, None) is None
+
+
 def test_a_layer_is_not_hooked_for_a_spec_the_server_was_not_given(probe: Probe, monkeypatch: MP) -> None:
     model = _graph_setup(probe, monkeypatch, ["cptest_mlp_rows"])
     attn_hooks = [_hooks(layer.self_attn.attn) for layer in model.model.layers]

@@ -327,3 +327,87 @@ def test_another_plugins_kv_hook_still_sees_every_layer(
                             steps=3)
     assert pool.writes == len(seen) == 12
     assert len(calls) == (12 if ours_first else 3)  # registered first: SGLang wraps it inside the other
+
+
+
+def _llama(layers: int) -> Any:
+    """A model with SGLang's Llama module names: `model.layers.<i>.self_attn.attn`,
+    `model.layers.<i>.mlp`, `logits_processor` (called with the input ids, then the hidden states)."""
+    import torch
+
+    class Rows(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            return x
+
+    class Logits(torch.nn.Module):
+        def forward(self, _ids: Any, hidden: Any) -> Any:
+            return hidden
+
+    class Llama(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = torch.nn.Module()
+            self.model.layers = torch.nn.ModuleList()
+            for _ in range(layers):
+                layer = torch.nn.Module()
+                layer.self_attn = torch.nn.Module()
+                layer.self_attn.attn = Rows()
+                layer.mlp = Rows()
+                self.model.layers.append(layer)
+            self.logits_processor = Logits()
+
+        def forward(self, x: Any) -> Any:
+            for layer in self.model.layers:
+                x = layer.mlp(layer.self_attn.attn(x))
+            return self.logits_processor(None, x)
+
+    return Llama()
+
+
+def _real_hook_manager(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """SGLang's own `model_executor/hook_manager.py` (it imports torch and the stdlib alone)."""
+    assert ROOT is not None
+    spec = importlib.util.spec_from_file_location(
+        "sglang.srt.model_executor.hook_manager", ROOT / "sglang/srt/model_executor/hook_manager.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@needs_sglang
+def test_the_forward_hooks_sglang_registers_leave_torchs_hook_dispatch_and_still_count_rows(
+    probe: Probe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--forward-hooks` as SGLang's own hook manager registers them, then the probe's graph-setup
+    hook: no module keeps a registered hook (each call takes torch's fast path), and a step still
+    counts every layer's rows and the logits' rows."""
+    import torch
+
+    from cptest.evidence import Step
+    from cptest.probe import forward_hooks, hooks
+
+    model = _llama(3)
+    specs = json.loads(forward_hooks.spec())
+    _real_hook_manager(monkeypatch).register_forward_hooks(model, specs)
+    assert len(model.model.layers[0].mlp._forward_hooks) == 1  # SGLang's registration, as it leaves it
+    runner = types.SimpleNamespace(model=model, is_draft_worker=False,
+                                   server_args=types.SimpleNamespace(forward_hooks=specs))
+    hooks.after_capture_cuda_graphs(types.SimpleNamespace(prefill=None, decode=None), model_runner=runner)
+    assert [name for name, m in model.named_modules() if m._forward_hooks] == []
+    assert sum(getattr(m, hooks.WRAPPED, None) is not None for m in model.modules()) == 7
+
+    def forward(_runner: Any, _fb: Any) -> Any:
+        k = torch.zeros(5, 1, 4)
+        hooks.after_set_kv_buffer(None, object(), object(), None, k, k)
+        model(torch.zeros(5, 8))
+        return types.SimpleNamespace(can_run_graph=False)
+
+    fb = types.SimpleNamespace(forward_mode=types.SimpleNamespace(name="EXTEND"), input_ids=torch.arange(5),
+                               positions=torch.arange(5), rids=["a"], batch_size=1, extend_seq_lens_cpu=[5],
+                               extend_prefix_lens_cpu=[0])
+    hooks.around_model_runner_forward(forward, types.SimpleNamespace(is_draft_worker=False), fb)
+    assert probe.flush()
+    (step,) = [r for r in read_records(probe.out_dir / "rank0.jsonl")[0] if isinstance(r, Step)]
+    assert (step.layers, step.ffn_rows, step.ffn_out_rows, step.logits_rows) == (3, 5, 5, 5)
