@@ -92,15 +92,34 @@ def process_title(pid: int) -> str | None:
 
 
 def find_titled(pids: list[int], title: str) -> int | None:
-    """The pid among `pids` whose title is exactly `title` (not a prefix: TP1 is not TP10)."""
+    """The pid among `pids` whose title is exactly `title` (not a prefix: TP1 is not TP10). A child
+    that the titled process forks wears its title until it execs: a match whose parent matches too
+    is such a child, never the process asked for."""
+    exact = _not_forks([pid for pid in pids if process_title(pid) == title])
+    if exact:
+        return exact[0]
+    short: list[int] = []  # setproctitle also sets comm, truncated to 15 bytes: only a unique match
     for pid in pids:
-        if process_title(pid) == title:
-            return pid
-    for pid in pids:  # setproctitle also sets comm, truncated to 15 bytes; match it only when unique
         with contextlib.suppress(psutil.Error):
             if psutil.Process(pid).name() == title:
-                return pid
-    return None
+                short.append(pid)
+    short = _not_forks(short)
+    return short[0] if len(short) == 1 else None
+
+
+def _not_forks(matches: list[int]) -> list[int]:
+    """`matches` without those whose parent is among them."""
+    if len(matches) < 2:
+        return matches
+    kept = []
+    for pid in matches:
+        try:
+            parent = psutil.Process(pid).ppid()
+        except psutil.Error:
+            parent = None  # no parent to be read: nothing says it is a fork
+        if parent not in matches:
+            kept.append(pid)
+    return kept
 
 
 class SignalFault:

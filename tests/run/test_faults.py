@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +19,14 @@ from cptest.evidence import Lifecycle, RequestResult, read_records
 from cptest.plan.model import FaultPlan
 from cptest.probe.runtime import COPY_WITHIN_S, ENV_COPY_WITHIN_S, IDLE_S
 from cptest.run.evidence_writer import RecordWriter
-from cptest.run.faults import DecodeStepCounter, FaultInjector, SignalFault, find_titled, probe_env
+from cptest.run.faults import (
+    DecodeStepCounter,
+    FaultInjector,
+    SignalFault,
+    find_titled,
+    probe_env,
+    process_title,
+)
 from cptest.run.process import ProcessLauncher
 
 from conftest import fake_node, wait_until  # isort: skip
@@ -151,9 +162,6 @@ def test_an_action_the_fault_cannot_do_is_refused_up_front(tmp_path: Path) -> No
 
 
 def test_titles_match_exactly_not_by_prefix(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
     procs = [
         subprocess.Popen(
             [
@@ -177,6 +185,26 @@ def test_titles_match_exactly_not_by_prefix(tmp_path: Path) -> None:
         for p in procs:
             p.kill()
             p.wait()
+
+
+FORKS = ("import os, setproctitle, sys, time; setproctitle.setproctitle(sys.argv[1]); "
+         "child = os.fork(); print(child or os.getpid(), flush=True); time.sleep(30)")
+
+
+def test_a_fork_that_still_wears_its_parents_title_is_not_the_titled_process() -> None:
+    """A scheduler's child between fork and exec carries the scheduler's title; the fault must
+    signal the scheduler, wherever the child comes in the list."""
+    proc = subprocess.Popen([sys.executable, "-c", FORKS, "sglang::scheduler_TP1"], stdout=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline())
+        wait_until(lambda: process_title(child) == "sglang::scheduler_TP1", 10, "the fork's title")
+        assert find_titled([child, proc.pid], "sglang::scheduler_TP1") == proc.pid
+        assert find_titled([child], "sglang::scheduler_TP1") == child  # alone, it is the one there is
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def test_killing_a_rank_by_title_brings_the_server_down_and_is_recorded(tmp_path: Path, port: int) -> None:
