@@ -11,6 +11,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -197,6 +198,32 @@ def test_probe_windows_gives_the_share_an_evidence_run_pays_without_the_measurin
     q.close()
     older_share = pw.engine_share(pw.probe_notes(older, "cost"))
     assert older_share is not None and "engine_evidence" not in older_share
+
+
+def test_probe_windows_says_whether_every_server_meets_the_target_with_its_interval(tmp_path: Path) -> None:
+    """The target is judged on the upper bound of the share an evidence run pays: a mean below it
+    is not enough, and a server whose notes cannot say leaves the verdict unknown."""
+    pw = _load("probe_windows")
+
+    def server(name: str, probe_ns: list[int]) -> dict[str, Any]:
+        d = tmp_path / f"probe-{name}"
+        p = Probe(d, switch=tmp_path / "switch")
+        p.set_rank(RankId(world=0))
+        for ns in probe_ns:  # each note: 100 steps over 100 ms
+            p.cost = [ns, 100, 1_000, 1_000 + 100_000_000, 0, 0, 0, 0, 0, 0, 0, 0, 100,
+                      0, 0, 0, 0, 0, 0, 0, 0]
+            p._write_cost()
+        p.close()
+        return pw.engine_share(pw.probe_notes(d, "cost"))
+
+    low = server("low", [500_000, 600_000, 700_000])
+    across = server("across", [600_000, 1_300_000])  # its mean is under 1 %, its upper bound is not
+    assert across["engine_evidence"]["share"] < pw.TARGET_SHARE < across["engine_evidence"]["ci95"][1]
+    assert low["engine_evidence"]["within_target"] is True
+    assert across["engine_evidence"]["within_target"] is False
+    assert pw.target_met([low]) is True
+    assert pw.target_met([low, across]) is False
+    assert pw.target_met([low, None]) is None
 
 
 def test_the_chores_time_the_measurings_own_work_apart(tmp_path: Path) -> None:
