@@ -213,9 +213,8 @@ def wrap_forward(module: Any, hook: Any) -> Any:
     fast call path, where an instance `forward` costs one Python call (benchmarks/probe_step.py
     --registered compares the two). The layers after the first are hooked this way, and the first
     layer's and the logits' hooks that SGLang registered are moved here (`unregister_into_forward`).
-    Keyword arguments reach `forward`
-    and not the hook, as with a registered hook. Returns the instance `forward` it set, None when
-    `module` was wrapped already."""
+    Keyword arguments reach `forward` and not the hook, as with a registered hook. Returns the
+    instance `forward` it set, None when `module` was wrapped already."""
     if getattr(module, WRAPPED, None) is not None:
         return None
     inner = module.forward
