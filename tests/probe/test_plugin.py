@@ -330,40 +330,6 @@ def test_another_plugins_kv_hook_still_sees_every_layer(
 
 
 
-def _llama(layers: int) -> Any:
-    """A model with SGLang's Llama module names: `model.layers.<i>.self_attn.attn`,
-    `model.layers.<i>.mlp`, `logits_processor` (called with the input ids, then the hidden states)."""
-    import torch
-
-    class Rows(torch.nn.Module):
-        def forward(self, x: Any) -> Any:
-            return x
-
-    class Logits(torch.nn.Module):
-        def forward(self, _ids: Any, hidden: Any) -> Any:
-            return hidden
-
-    class Llama(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = torch.nn.Module()
-            self.model.layers = torch.nn.ModuleList()
-            for _ in range(layers):
-                layer = torch.nn.Module()
-                layer.self_attn = torch.nn.Module()
-                layer.self_attn.attn = Rows()
-                layer.mlp = Rows()
-                self.model.layers.append(layer)
-            self.logits_processor = Logits()
-
-        def forward(self, x: Any) -> Any:
-            for layer in self.model.layers:
-                x = layer.mlp(layer.self_attn.attn(x))
-            return self.logits_processor(None, x)
-
-    return Llama()
-
-
 def _real_hook_manager(monkeypatch: pytest.MonkeyPatch) -> Any:
     """SGLang's own `model_executor/hook_manager.py` (it imports torch and the stdlib alone)."""
     assert ROOT is not None
@@ -387,8 +353,10 @@ def test_the_forward_hooks_sglang_registers_leave_torchs_hook_dispatch_and_still
 
     from cptest.evidence import Step
     from cptest.probe import forward_hooks, hooks
+    from tests.probe.test_layers_and_slots import _Logits, _Model
 
-    model = _llama(3)
+    model = _Model(3)
+    model.logits_processor = _Logits()
     specs = json.loads(forward_hooks.spec())
     _real_hook_manager(monkeypatch).register_forward_hooks(model, specs)
     assert len(model.model.layers[0].mlp._forward_hooks) == 1  # SGLang's registration, as it leaves it
@@ -401,7 +369,7 @@ def test_the_forward_hooks_sglang_registers_leave_torchs_hook_dispatch_and_still
     def forward(_runner: Any, _fb: Any) -> Any:
         k = torch.zeros(5, 1, 4)
         hooks.after_set_kv_buffer(None, object(), object(), None, k, k)
-        model(torch.zeros(5, 8))
+        model.logits_processor(None, model(torch.zeros(5, 8)))
         return types.SimpleNamespace(can_run_graph=False)
 
     fb = types.SimpleNamespace(forward_mode=types.SimpleNamespace(name="EXTEND"), input_ids=torch.arange(5),
