@@ -65,9 +65,13 @@ class OverBound(IntegrityError):
 
 
 def _hint(bound: Bound) -> str:
-    return (f"cptest reads at most {size_text(bound.bytes)} of {bound.what} (cptest/bounds.py), so that "
-            "checking any archive stays within a stated memory figure; no run of today's scenarios "
-            "comes near it: was the archive edited or made elsewhere (`cptest verify DIR`)?")
+    why = (f"cptest reads at most {size_text(bound.bytes)} of {bound.what} (cptest/bounds.py), so that "
+           "checking any archive stays within a stated memory figure")
+    if bound.grows_with_the_workload:
+        return (f"{why}; a longer workload makes a larger one: shorten the scenario's workload, or raise "
+                "the figure there with its memory cost (or was the archive edited: `cptest verify DIR`?)")
+    return (f"{why}; no run of today's scenarios comes near it: was the archive edited or made elsewhere "
+            "(`cptest verify DIR`)?")
 
 
 def kind_of(mode: int) -> str:

@@ -92,6 +92,8 @@ def test_an_evidence_file_over_its_bound_is_not_read_and_nothing_is_judged(archi
     assert "rank0.jsonl is 16,777,217 bytes, larger than an evidence file may be (16 MiB); not read" in (
         verdict.verdicts[-1].reason)
     assert all("not judged: evidence not read:" in v.reason for v in verdict.verdicts[:-1])
+    # A fresh run's own long workload is a cause as likely as an edit, and the reason says what to do.
+    assert "a longer workload makes more evidence: shorten it" in verdict.verdicts[-1].reason
 
 
 def test_a_packed_file_is_refused_as_soon_as_it_unpacks_past_its_bound(archive: Path) -> None:
@@ -127,8 +129,13 @@ def test_an_engine_log_over_its_bound_is_not_read(archive: Path) -> None:
 
 def test_a_plan_or_manifest_over_its_bound_is_an_integrity_error(archive: Path) -> None:
     sparse(archive / "manifest.json", bounds.MANIFEST.bytes + 1)
-    with pytest.raises(store.OverBound, match=r"manifest.json is 1,048,577 bytes, larger than a manifest"):
+    over = r"manifest.json is 1,048,577 bytes, larger than a manifest"
+    with pytest.raises(store.OverBound, match=over) as e:
         checks.check(archive)
+    # No workload makes a manifest this large, so the hint asks about an edit and never says to
+    # shorten anything.
+    assert "was the archive edited or made elsewhere" in str(e.value.problems[0].hint)
+    assert "workload" not in str(e.value.problems[0].hint)
     sparse(archive / "plan.json", 2 << 30)
     with pytest.raises(store.OverBound, match=r"plan.json is 2,048 MiB, larger than a plan may be \(16 MiB"):
         checks.load_plan(archive)
@@ -146,6 +153,14 @@ def test_verify_names_a_file_stored_over_its_bound_and_does_not_hash_it(archive:
     sparse(archive / "plan.json", 64 << 30)  # hashed, it would take a minute
     problems = [p.message for p in store.verify(archive)]
     assert problems == ["plan.json is 65,536 MiB, larger than a plan may be (16 MiB)"]
+
+
+def test_verify_tells_an_evidence_file_a_long_workload_can_outgrow(archive: Path) -> None:
+    sparse(archive / "evidence/main/rank0.jsonl", bounds.EVIDENCE.bytes + 1)
+    # verify also names the file's hash, which no longer matches the seal; the size is its own problem.
+    [problem] = [p for p in store.verify(archive) if "larger than an evidence file may be" in p.message]
+    assert problem.message.startswith("evidence/main/rank0.jsonl is 16,777,217 bytes")
+    assert "a longer workload makes a larger one: shorten the scenario's workload" in str(problem.hint)
 
 
 def test_an_archive_of_more_entries_than_it_may_hold_is_refused_unwalked(archive: Path) -> None:

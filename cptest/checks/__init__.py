@@ -100,8 +100,9 @@ def not_judged(archive: Archive) -> ScenarioVerdict:
     plan = archive.plan
     verdicts = [apply_expectation(unknown(e.kind, f"not judged: evidence not read: {why}"),
                                   e.expect_violation, e.source) for e in plan.expectations]
-    verdicts.append(unknown("evidence", f"evidence larger than cptest reads was not read: {why}",
-                            refused=len(refused)))
+    verdicts.append(unknown("evidence", f"evidence larger than cptest reads was not read: {why} (a longer "
+                            "workload makes more evidence: shorten it, or raise the figures in "
+                            "cptest/bounds.py with their memory cost)", refused=len(refused)))
     return scenario_verdict(plan.scenario, plan.main.engine, plan.main.release, verdicts, plan.placement)
 
 
