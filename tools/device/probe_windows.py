@@ -164,6 +164,12 @@ def gc_collections(probe_dir: Path) -> list[list[float]]:
     return [c for note in probe_notes(probe_dir, "gc") for c in note]
 
 
+def _interval(boot: list[float]) -> list[float]:
+    """The 95 % interval of sorted bootstrap resamples: their 2.5th and 97.5th percentiles."""
+    n = len(boot)
+    return [boot[int(0.025 * n)], boot[int(0.975 * n) - 1]]
+
+
 def _share_ci(costs: list[list[float]], fields: tuple[int, ...], rng: random.Random,
               n: int) -> tuple[float, list[float]]:
     """The notes' `fields` summed over their steps' span (the note's 4th field), and its 95 %
@@ -172,7 +178,7 @@ def _share_ci(costs: list[list[float]], fields: tuple[int, ...], rng: random.Ran
         return sum(c[i] for c in cs for i in fields) / sum(c[3] for c in cs)
 
     boot = sorted(share(rng.choices(costs, k=len(costs))) for _ in range(n))
-    return share(costs), [boot[int(0.025 * n)], boot[int(0.975 * n) - 1]]
+    return share(costs), _interval(boot)
 
 
 TARGET_SHARE = 0.01
@@ -234,7 +240,7 @@ def engine_share(costs: list[list[float]], n: int = 10_000, seed: int = 1) -> di
 
             boot = sorted(evidence(rng.choices(with_pool, k=len(with_pool))) for _ in range(n))
             out["measuring_us_per_step"] = sum(c[20] for c in with_pool) / n_pool / 1000
-            ci95 = [boot[int(0.025 * n)], boot[int(0.975 * n) - 1]]
+            ci95 = _interval(boot)
             out["engine_evidence"] = {
                 "share": evidence(with_pool), "ci95": ci95,
                 "us_per_step": out["engine_all"]["us_per_step"] - out["measuring_us_per_step"],
@@ -273,7 +279,8 @@ def target_met(shares: list[dict[str, Any] | None]) -> bool | None:
 def bootstrap(values: list[float], n: int = 10_000, seed: int = 1) -> tuple[float, float]:
     rng = random.Random(seed)
     means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(n))
-    return means[int(0.025 * n)], means[int(0.975 * n) - 1]
+    lo, hi = _interval(means)
+    return lo, hi
 
 
 def summary(values: list[float]) -> dict[str, Any]:
