@@ -226,20 +226,27 @@ def _ports(server: ServerPlan) -> list[Cause]:
         head = server.nodes[0]
         wanted.append((head.host, head.port + RENDEZVOUS_PORT_OFFSET, "rendezvous port"))
     for host, port, what in wanted:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            # SO_REUSEADDR as the engine's server sets it: a port left in TIME_WAIT by an earlier run
-            # is free for it; a port something listens on is not.
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((host, port))
-            except OSError as e:
-                if e.errno != errno.EADDRINUSE:
-                    raise
-                causes.append(Cause("port_in_use", f"{server.role} server's {what} {host}:{port} is "
-                                    "in use by another process",
-                                    f"stop it (`ss -ltnp | grep :{port}` names it) or give other ports: "
-                                    "--ports MAIN,BASELINE"))
+        if not server_can_bind(host, port):
+            causes.append(Cause("port_in_use", f"{server.role} server's {what} {host}:{port} is "
+                                "in use by another process",
+                                f"stop it (`ss -ltnp | grep :{port}` names it) or give other ports: "
+                                "--ports MAIN,BASELINE"))
     return causes
+
+
+def server_can_bind(host: str, port: int) -> bool:
+    """Whether a server could bind `host:port` now. SO_REUSEADDR as the engine's server sets it: a
+    port left in TIME_WAIT by an earlier run is free for it; one that something listens on, or holds
+    bound without SO_REUSEADDR, is not. `host` "" is every address: any holder of the port refuses."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+            return False
+    return True
 
 
 def _gpus(servers: list[ServerPlan], gpus: GpuFree) -> list[Cause]:

@@ -5,7 +5,8 @@ each (a co-located server's node ports and rendezvous lie inside its block). A c
 `flock` on the slot's file in a claims folder. It is atomic between processes, and the kernel drops
 it when the file is closed or its holder exits by any path, SIGKILL included: no claim outlives the
 process that made it, and nothing has to be cleaned up after a crash. A slot whose ports something
-else already listens on (a server cptest did not start) is passed over.
+else already listens on (a server cptest did not start), or whose main or baseline port a server
+could not bind, is passed over.
 
 `cptest run` claims a slot unless `--ports` names the ports; `cptest suite` claims one per scenario
 it starts and hands its ports to the scenario's run.
@@ -22,6 +23,7 @@ from pathlib import Path
 import psutil
 
 from cptest.errors import Problem, RunError
+from cptest.run.preflight import server_can_bind
 from cptest.suite.machine import PORT_BASE, PORT_BLOCK, SLOT_STRIDE
 
 CLAIMS_ENV = "CPTEST_PORT_CLAIMS"
@@ -68,13 +70,16 @@ class Claim:
 
 
 def ports_free(main: int, baseline: int) -> bool:
-    """True when nothing listens on any port of the two blocks. Listeners only: a client socket of
-    another process may hold a port of the block for a moment (the OS hands out ephemeral ports in
-    this range), and passing a slot over for it would scatter runs; a port truly taken at launch is
-    preflight's to report (`port_in_use`, unknown)."""
+    """True when nothing listens on any port of the two blocks and a server could bind the main and
+    the baseline port, the test preflight makes (`port_in_use`, unknown): a slot preflight would
+    refuse is passed over here instead. The rest of a block is judged by listeners only: a client
+    socket of another process may hold one of its ports for a moment (the OS hands out ephemeral
+    ports in this range), and passing a slot over for that would scatter runs."""
     wanted = {p for first in (main, baseline) for p in range(first, min(first + PORT_BLOCK, 65536))}
-    return not any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in wanted
-                   for c in psutil.net_connections(kind="tcp"))
+    if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in wanted
+           for c in psutil.net_connections(kind="tcp")):
+        return False
+    return server_can_bind("", main) and server_can_bind("", baseline)
 
 
 def try_claim(main: int, baseline: int, folder: Path | None = None) -> Claim | None:

@@ -60,6 +60,21 @@ def test_a_slot_something_listens_on_is_passed_over(claims: Path) -> None:
     c.release()
 
 
+def test_a_slot_whose_main_port_is_held_without_a_listener_is_passed_over(claims: Path) -> None:
+    # A socket bound to the port and not listening (no SO_REUSEADDR): no listener to see, yet the
+    # server's bind, and so preflight, would refuse the port.
+    base = free_slots(3)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", base))
+        assert try_claim(base, base + PORT_BLOCK) is None
+        c = claim_slot(base)
+        assert c.main == base + SLOT_STRIDE
+        c.release()
+    c = claim_slot(base)
+    assert c.main == base
+    c.release()
+
+
 def test_a_claim_ends_with_its_holder_even_when_it_is_killed(claims: Path, tmp_path: Path) -> None:
     base = free_slots(3)
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
