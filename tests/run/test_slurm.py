@@ -65,6 +65,56 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _cancel_jobs_of(results: Path) -> list[str]:
+    """scancel every job of the runs under `results` (a job's name starts `cptest-<run folder>-`),
+    wait until squeue lists none of them; the jobs squeue still lists after 30 s."""
+    prefixes = tuple(f"cptest-{run.name}-" for run in results.glob("*/*") if run.is_dir())
+    if not prefixes:
+        return []
+
+    def listed() -> list[str]:
+        return [line.split()[0] for line in _jobs_named("cptest-") if line.split()[-1].startswith(prefixes)]
+
+    jobs = listed()
+    if jobs:
+        subprocess.run(["scancel", *jobs], capture_output=True, timeout=30)
+    deadline = time.monotonic() + 30
+    while jobs and time.monotonic() < deadline:
+        time.sleep(0.5)
+        jobs = listed()
+    return jobs
+
+
+def _story(results: Path) -> str:
+    """What the runs under `results` recorded: their lifecycle events and the tail of each log."""
+    lines = []
+    for runner in sorted(results.glob("*/*/evidence/*/runner.jsonl")):
+        for r in _records(runner):
+            lines.append(f"{r.get('t', 0):8.2f} {r.get('event') or r.get('kind')} "
+                         f"{json.dumps(r.get('detail', {}))[:300]}")
+    for log in sorted(results.glob("*/*/logs/*.log")):
+        lines.append(f"-- {log.name}, last lines:")
+        lines.extend(log.read_text(errors="replace").splitlines()[-15:])
+    return "\n".join(lines)
+
+
+def _cptest_run(argv: list[str], results: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """`python -m cptest <argv>`. One that overruns is killed with its Slurm jobs, and the test fails
+    with what it had said and recorded: a hung run must not leave its servers on the ports that the
+    tests after it claim."""
+    proc = subprocess.Popen([sys.executable, "-m", "cptest", *argv], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        left = _cancel_jobs_of(results)
+        pytest.fail(f"cptest {' '.join(argv[:2])} did not end within {timeout_s:.0f} s; jobs left after "
+                    f"scancel: {left}\n-- its stderr:\n{err[-4000:]}\n-- its records:\n{_story(results)}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 # ------------------------------------------------------------------------------ pure pieces
 def test_the_rendezvous_flags_come_from_the_job_and_the_port_from_the_plan() -> None:
     argv = ["python3", "-m", "x", "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "127.0.0.1:30050"]
@@ -132,10 +182,8 @@ def test_a_two_node_run_with_a_rank_kill_goes_through_slurm_and_passes_check(tmp
                                                                                models: Path) -> None:
     results = tmp_path / "runs"
     t0 = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "cptest", "run", str(SCENARIO), "--launcher", "slurm",
-                          "--engine", "reference", "--results", str(results), "--models", str(models),
-                          "--no-baseline-cache"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    run = _cptest_run(["run", str(SCENARIO), "--launcher", "slurm", "--engine", "reference", "--results",
+                       str(results), "--models", str(models), "--no-baseline-cache"], results, 300)
     took = time.monotonic() - t0
     assert run.returncode == 0, run.stdout + run.stderr
     archive = _archive(results)
@@ -223,6 +271,7 @@ def test_sigkill_of_cptest_mid_run_leaves_no_job_and_no_engine_process(tmp_path:
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+        _cancel_jobs_of(results)  # whatever failed above, no server of this run outlives the test
 
 
 @needs_cluster
