@@ -1,8 +1,8 @@
 # A DCP2 server over two nodes, one rank each (SGLang's `--nnodes 2 --node-rank k --dist-init-addr`),
 # and SIGKILL of the rank on node 1 under load. Written for the reference engine (CI has no GPU)
 # and for `--launcher slurm` (docs/slurm.md): the fault reaches the rank through a Slurm step on
-# its node. Rank 0 sees the peer's death over gloo, node 0's server fails its in-flight requests
-# and SIGKILLs itself (SIGQUIT path, status -9), node 1's process kills itself the same way.
+# its node. Rank 0 sees the peer's death through its lifeline (cptest/reference/lifeline.py);
+# node 0's server fails its in-flight requests and SIGKILLs itself (SIGQUIT path, status -9).
 # In-flight requests must fail, not hang; no process may survive.
 cptest 1
 scenario reference_two_node_kill_rank {

@@ -6,7 +6,8 @@ from the logits and sends token events back, with the logprobs a request asked f
 tokens' top-k; with the first token, its input positions' logprobs and top-k). Every rank writes
 the probe's evidence records to `$CPTEST_PROBE_DIR/rank<world>.jsonl` (Geometry, KvPool, Capacity,
 Graph `disabled`, one Step per forward), flushed line by line so a killed rank leaves at most one
-truncated line.
+truncated line. Rank 0 and every other rank hold a lifeline (`lifeline.py`): a peer's death stops
+the rank that sees it even where gloo would leave it waiting in a collective.
 
 With attention DP the leader keeps one scheduler (and one pool's accounting) per DP rank, hands each
 request to the next DP rank in turn (SGLang's default `round_robin` load balancing), and every step
@@ -46,6 +47,7 @@ from cptest.evidence import (
 )
 from cptest.probe.pool_hooks import PoolSampler
 from cptest.reference.layout import Layout
+from cptest.reference.lifeline import Lifelines
 from cptest.reference.modeling import DpSizes, Model, ModelConfig, SeqRows, SoloComm, load_shard
 from cptest.reference.modeling import KvPool as Pool
 from cptest.reference.scheduler import BlockView, Request, Scheduler
@@ -162,8 +164,10 @@ def rank_main(rank: int, args: RankArgs, conn: Any, parent: int) -> None:
     if args.degrees.tp > 1:
         dist.init_process_group("gloo", init_method=args.rendezvous, rank=rank,
                                 world_size=args.degrees.tp, timeout=GLOO_TIMEOUT)
+        lifelines = Lifelines.join(rank, args.degrees.tp, args.rendezvous, _exchange)
         comm: Any = GlooComm(layout)
     else:
+        lifelines = Lifelines(rank, {})
         comm = SoloComm()
     from cptest.reference.modeling import load_config
 
@@ -177,9 +181,9 @@ def rank_main(rank: int, args: RankArgs, conn: Any, parent: int) -> None:
         dist.barrier()
     try:
         if rank == 0:
-            _Leader(args, layout, cfg, model, ev, rid, conn).loop()
+            _Leader(args, layout, cfg, model, ev, rid, conn, lifelines).loop()
         else:
-            _follow(args, model, ev, rid)
+            _follow(args, model, ev, rid, lifelines)
     except (RuntimeError, OSError, EOFError) as e:
         # A peer died (gloo reports the reset) or the HTTP process went away: the server's watcher
         # handles it (SIGQUIT path); one line here, not a traceback that reads like an engine bug.
@@ -298,13 +302,20 @@ def _broadcast(msg: dict[str, Any] | None, world: int) -> dict[str, Any]:
     return box[0]
 
 
-def _follow(args: RankArgs, model: Model, ev: Evidence, rid: RankId) -> None:
+def _exchange(box: list[Any]) -> list[Any]:
+    """Rank 0's `box` on every rank (the world group's broadcast)."""
+    dist.broadcast_object_list(box, src=0)
+    return box
+
+
+def _follow(args: RankArgs, model: Model, ev: Evidence, rid: RankId, lifelines: Lifelines) -> None:
     dcp = args.degrees.dcp
     view = BlockView(args.rows // args.page, args.page * dcp)
     sampler = PoolSampler()
     while True:
         msg = _broadcast(None, args.degrees.tp)
         if msg.get("exit"):
+            lifelines.closing()
             return
         # This rank's pool sample at the leader's iteration: its own block count (BlockView) of its
         # DP rank's pool, that DP rank's queue length (only the leader holds the queues).
@@ -396,9 +407,10 @@ class _Leader:
     """Rank 0: the schedulers (one per attention-DP rank), step broadcaster, sampler."""
 
     def __init__(self, args: RankArgs, layout: Layout, cfg: ModelConfig, model: Model, ev: Evidence,
-                 rid: RankId, conn: Any) -> None:
+                 rid: RankId, conn: Any, lifelines: Lifelines) -> None:
         self.args, self.layout, self.cfg, self.model, self.ev, self.rid, self.conn = (
             args, layout, cfg, model, ev, rid, conn)
+        self.lifelines = lifelines
         blocks = args.rows // args.page
         self.scheds = [Scheduler(blocks, args.page * layout.dcp, max_running=args.max_running)
                        for _ in range(layout.attn_dp)]
@@ -427,6 +439,7 @@ class _Leader:
                 self._drained()
             self._receive(block=self.idle())
             if self.stopping and self.idle():
+                self.lifelines.closing()
                 _broadcast({"exit": True}, self.args.degrees.tp)
                 return
             batches = [s.next_batch() for s in self.scheds]
