@@ -65,3 +65,9 @@ def test_the_check_memory_benchmark_refuses_every_hostile_archive_within_its_fig
                     "main node 0 argv differs from what scenario.cps plans",
                     "the archive holds more than 4,096 files and folders"):
         assert refusal in out, refusal
+
+
+def test_the_peer_death_benchmark_ends_every_trial_with_lifelines() -> None:
+    pytest.importorskip("torch")
+    out = _run("benchmarks/peer_death.py", "--trials", "3", "--lifelines")
+    assert re.search(r"with lifelines: 3 trials .* hung 0 ", out), out

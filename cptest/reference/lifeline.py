@@ -25,6 +25,7 @@ import struct
 import sys
 import threading
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 ACCEPT_S = 120.0
@@ -48,7 +49,7 @@ class Lifelines:
                              daemon=True).start()
 
     @classmethod
-    def join(cls, rank: int, world: int, rendezvous: str, exchange: Callable[[list[object]], list[object]],
+    def join(cls, rank: int, world: int, rendezvous: str, exchange: Callable[[list[Any]], list[Any]],
              on_death: Callable[[str], None] | None = None) -> Lifelines:
         """Connect the lifelines of a world of `world` ranks. Every rank calls it at the same point:
         `exchange` is the world's broadcast from rank 0 (it carries rank 0's port to the others).
@@ -68,7 +69,7 @@ class Lifelines:
                     sock.settimeout(None)
                     peers[peer] = sock
             return cls(rank, peers, on_death)
-        port = int(exchange([None])[0])  # type: ignore[call-overload]
+        port = int(exchange([None])[0])
         sock = socket.create_connection((host, port), timeout=ACCEPT_S)
         sock.sendall(_RANK.pack(rank))
         sock.settimeout(None)
