@@ -45,31 +45,22 @@ def test_two_claims_get_two_slots_and_a_released_slot_is_taken_again(claims: Pat
     third.release()
 
 
-def test_a_slot_something_listens_on_is_passed_over(claims: Path) -> None:
+@pytest.mark.parametrize("how", ["a listener in the baseline block", "the main port bound, not listening"])
+def test_a_slot_whose_ports_are_taken_is_passed_over_until_they_are_let_go(claims: Path, how: str) -> None:
     base = free_slots(3)
     with socket.socket() as s:
-        s.bind(("127.0.0.1", base + PORT_BLOCK + 7))  # inside the first slot's baseline block
-        s.listen()
+        if how.startswith("a listener"):
+            s.bind(("127.0.0.1", base + PORT_BLOCK + 7))
+            s.listen()
+        else:
+            # No listener to see (and no SO_REUSEADDR), yet the server's bind, and so preflight,
+            # would refuse the port.
+            s.bind(("127.0.0.1", base))
         assert try_claim(base, base + PORT_BLOCK) is None
         c = claim_slot(base)
         assert c.main == base + SLOT_STRIDE
         c.release()
-    # once the listener is gone the slot is free again, and the claim above was let go
-    c = claim_slot(base)
-    assert c.main == base
-    c.release()
-
-
-def test_a_slot_whose_main_port_is_held_without_a_listener_is_passed_over(claims: Path) -> None:
-    # A socket bound to the port and not listening (no SO_REUSEADDR): no listener to see, yet the
-    # server's bind, and so preflight, would refuse the port.
-    base = free_slots(3)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", base))
-        assert try_claim(base, base + PORT_BLOCK) is None
-        c = claim_slot(base)
-        assert c.main == base + SLOT_STRIDE
-        c.release()
+    # once the socket is gone the slot is free again, and the claim above was let go
     c = claim_slot(base)
     assert c.main == base
     c.release()
