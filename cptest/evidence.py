@@ -385,6 +385,9 @@ class RoleEvidence:
     logs: dict[int, str] = field(default_factory=dict)
     """Node rank -> the engine's stdout+stderr (of a co-located follower node, up to the line where
     its ranks had ended: `follower_tails`)."""
+    log_files: dict[int, str] = field(default_factory=dict)
+    """Node rank -> the archive-relative path its log was read from: `logs/<role>-node<k>.log`, or
+    with the node's name where the launcher names its nodes (Slurm: `logs/main-node1-n2.log`)."""
     follower_tails: dict[int, int] = field(default_factory=dict)
     """Co-located only: node rank -> how many lines its log has after its ranks ended, set apart from
     `logs`. What a follower node's own launcher does then is the placement's (a single-node server has
@@ -397,6 +400,10 @@ class RoleEvidence:
     @property
     def log_text(self) -> str:
         return "\n".join(self.logs[k] for k in sorted(self.logs))
+
+    def log_file(self, node: int) -> str:
+        """The archive-relative path of node `node`'s log, as the archive names it."""
+        return self.log_files.get(node) or f"logs/{self.role}-node{node}.log"
 
 
 @dataclass

@@ -73,6 +73,7 @@ def load_role(layout: Layout, server: ServerPlan, budget: Budget | None = None,
                 if tail:
                     ev.follower_tails[node] = tail
             ev.logs[node] = text
+            ev.log_files[node] = layout.relative(p)
         else:
             ev.missing.append(layout.relative(p))
     return ev

@@ -65,7 +65,7 @@ def check(evidence: Evidence, p: LaunchParams) -> Verdict:
             return failed(
                 NAME,
                 f"{role} failed to launch (status {d.get('status')}): {d.get('reason', '')}"
-                f"; see logs/{role}-node0.log",
+                f"; see {ev.log_file(0)}",
                 status=d.get("status"),
                 launch_reason=d.get("reason"),
             )
@@ -104,7 +104,7 @@ def check(evidence: Evidence, p: LaunchParams) -> Verdict:
     return failed(
         NAME,
         f"{role} failed to launch, but no log line matches {pattern!r}: "
-        f"{d.get('reason', '')}; see logs/{role}-node0.log",
+        f"{d.get('reason', '')}; see {ev.log_file(0)}",
         status=d.get("status"),
         launch_reason=d.get("reason"),
     )

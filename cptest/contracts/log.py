@@ -58,10 +58,10 @@ def check(evidence: Evidence, p: LogParams) -> Verdict:
         try:
             m = patterns.search(pattern, text)
         except patterns.PatternTimeout as err:
-            return unknown(NAME, f"{err} on logs/{role}-node{node}.log", timeout_s=err.timeout_s)
+            return unknown(NAME, f"{err} on {ev.log_file(node)}", timeout_s=err.timeout_s)
         if m:
             line = text[text.rfind("\n", 0, m.start()) + 1 :].split("\n", 1)[0].strip()
-            where = f"logs/{role}-node{node}.log"
+            where = ev.log_file(node)
             if present:
                 return passed(NAME, f"{pattern!r} found in {where}: {line}", file=where, line=line)
             return failed(

@@ -244,6 +244,20 @@ def test_log_pattern_expected_absent_but_present_fails(tmp_path: Path) -> None:
     }
 
 
+def test_a_log_kept_under_its_nodes_name_is_the_file_the_verdict_names(tmp_path: Path) -> None:
+    # A launcher that names its nodes (Slurm) keeps `logs/main-node1-n2.log`: the verdict must name
+    # the file the archive holds, not the one without the name.
+    logs = {"main-node0-n1.log": "[t] ready\n", "main-node1-n2.log": "[t] SIGQUIT received: a rank died\n"}
+    v = _one(tmp_path, LogParams(pattern="SIGQUIT received"), [], logs=logs,
+             main=server_plan(world=2, dcp=2, nodes=2))
+    assert v.status == "pass" and v.figures["file"] == "logs/main-node1-n2.log"
+    assert (tmp_path / v.figures["file"]).is_file() and "logs/main-node1-n2.log" in v.reason
+    failed_launch = [Lifecycle(event="launch_failed", detail={"status": 1, "reason": "exited"})]
+    launch = _one(tmp_path / "launch", LaunchParams(accepted=True), failed_launch, logs=logs,
+                  main=server_plan(world=2, dcp=2, nodes=2))
+    assert launch.status == "fail" and launch.reason.endswith("; see logs/main-node0-n1.log")
+
+
 def test_log_pattern_without_logs_is_unknown(tmp_path: Path) -> None:
     expect = LogParams(pattern=r"Traceback", present=False)
     assert _one(tmp_path, expect, []).status == "unknown"
