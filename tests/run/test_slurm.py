@@ -26,7 +26,7 @@ import pytest
 from cptest.errors import EvidenceError
 from cptest.plan.model import NodeLaunch
 from cptest.run.reaper import ident
-from cptest.run.slurm import exit_status, key_values, nodes_of, preflight_causes, with_job
+from cptest.run.slurm import SlurmLauncher, exit_status, key_values, nodes_of, preflight_causes, with_job
 from cptest.store import Layout, node_named
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,23 +66,20 @@ def _records(path: Path) -> list[dict]:
 
 
 def _cancel_jobs_of(results: Path) -> list[str]:
-    """scancel every job of the runs under `results` (a job's name starts `cptest-<run folder>-`),
-    wait until squeue lists none of them; the jobs squeue still lists after 30 s."""
-    prefixes = tuple(f"cptest-{run.name}-" for run in results.glob("*/*") if run.is_dir())
-    if not prefixes:
-        return []
+    """Cancel every job of the runs under `results` (the launcher's own crash-recovery `sweep`, by
+    run id) and wait until squeue lists none of them; the jobs squeue still lists after 30 s."""
+    runs = [run.name for run in results.glob("*/*") if run.is_dir()]
+    prefixes = tuple(f"cptest-{run}-" for run in runs)
+    for run in runs:
+        SlurmLauncher().sweep({"cptest.run": run})
 
     def listed() -> list[str]:
-        return [line.split()[0] for line in _jobs_named("cptest-") if line.split()[-1].startswith(prefixes)]
+        return [line for line in _jobs_named("cptest-") if line.split()[-1].startswith(prefixes)]
 
-    jobs = listed()
-    if jobs:
-        subprocess.run(["scancel", *jobs], capture_output=True, timeout=30)
     deadline = time.monotonic() + 30
-    while jobs and time.monotonic() < deadline:
+    while listed() and time.monotonic() < deadline:
         time.sleep(0.5)
-        jobs = listed()
-    return jobs
+    return listed()
 
 
 def _story(results: Path) -> str:
