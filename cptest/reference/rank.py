@@ -295,9 +295,7 @@ def _gather_logits(model: Model, msg: dict[str, Any], logits: torch.Tensor | Non
 
 
 def _broadcast(msg: dict[str, Any] | None, world: int) -> dict[str, Any]:
-    box = [msg]
-    if world > 1:
-        dist.broadcast_object_list(box, src=0)
+    box = _exchange([msg]) if world > 1 else [msg]
     assert box[0] is not None
     return box[0]
 
